@@ -1,0 +1,36 @@
+/* Shared by every kernel file: sizes, the ISA macros, OpenMP if present.
+ *
+ * The build defines nothing of its own: which vector code a file compiles is
+ * decided by the compiler's own macros (__AVX512F__, __AVX2__, __FMA__,
+ * __AVX512BF16__, __AVX512VNNI__), which follow the -m flags of the ISA level.
+ * A file written for AVX-512 therefore always has an AVX2 and a plain-C branch.
+ */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SM_AVX512 1
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#define SM_AVX2 1
+#endif
+
+/* An empty asm that "might change" v: stops the compiler hoisting work on v
+ * out of a loop, without emitting any instruction. */
+#if defined(__GNUC__)
+#define SM_OPAQUE(v) __asm__ volatile("" : "+r,m"(v))
+#define SM_OPAQUE_VEC(v) __asm__ volatile("" : "+x"(v))
+#else
+#define SM_OPAQUE(v) ((void)0)
+#define SM_OPAQUE_VEC(v) ((void)0)
+#endif

@@ -1,0 +1,264 @@
+/* Chapter 1: probes for the machine's limits.
+ *
+ * Each probe returns the number of operations it performed (a multiply and an
+ * add count as two, as in every FLOP count of this book) so that Python only
+ * divides by the time it measured. Results go to a sink so the compiler cannot
+ * drop the work.
+ */
+#include "common.h"
+#include "probes.h"
+
+/* --8<-- [start:add_chain] */
+/* The clock, measured: 64 integer adds per iteration, each waiting for the one
+ * before. An add has a latency of one cycle on every core we know of, so
+ * adds per second is cycles per second. The empty asm keeps the compiler from
+ * folding the 64 adds into one. */
+double probe_add_chain(long long iters)
+{
+    long long x = 0;
+    for (long long i = 0; i < iters; i++) {
+#define ADD1 x += 1; SM_OPAQUE(x);
+#define ADD8 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1
+        ADD8 ADD8 ADD8 ADD8 ADD8 ADD8 ADD8 ADD8
+    }
+    return (double)x;
+}
+/* --8<-- [end:add_chain] */
+
+/* --8<-- [start:fma] */
+/* Peak f32: NACC independent accumulators, each updated acc = acc*a + b.
+ * An FMA takes 4 cycles and two can start every cycle, so at least 4*2 = 8
+ * chains must be in flight to keep both pipes busy; we use more. a and b keep
+ * acc near 1.0 so no denormals (which are slow) ever appear. */
+static float fma_one_thread(long long iters)
+{
+#if defined(SM_AVX512)
+    enum { NACC = 16, LANES = 16 };
+    __m512 acc[NACC], a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+    for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_ps(1.0f + k);
+    for (long long i = 0; i < iters; i++)
+        for (int k = 0; k < NACC; k++) acc[k] = _mm512_fmadd_ps(acc[k], a, b);
+    for (int k = 1; k < NACC; k++) acc[0] = _mm512_add_ps(acc[0], acc[k]);
+    return _mm512_reduce_add_ps(acc[0]);
+#elif defined(SM_AVX2)
+    enum { NACC = 12, LANES = 8 };
+    __m256 acc[NACC], a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+    for (int k = 0; k < NACC; k++) acc[k] = _mm256_set1_ps(1.0f + k);
+    for (long long i = 0; i < iters; i++)
+        for (int k = 0; k < NACC; k++) acc[k] = _mm256_fmadd_ps(acc[k], a, b);
+    for (int k = 1; k < NACC; k++) acc[0] = _mm256_add_ps(acc[0], acc[k]);
+    float out[LANES];
+    _mm256_storeu_ps(out, acc[0]);
+    float s = 0;
+    for (int l = 0; l < LANES; l++) s += out[l];
+    return s;
+#else
+    /* Plain C: the compiler vectorises the inner loop with whatever the
+     * baseline ISA offers (SSE2 on x86-64, NEON on arm64). */
+    enum { NACC = 12, LANES = 8 };
+    float acc[NACC][LANES];
+    for (int k = 0; k < NACC; k++)
+        for (int l = 0; l < LANES; l++) acc[k][l] = 1.0f + k;
+    for (long long i = 0; i < iters; i++)
+        for (int k = 0; k < NACC; k++)
+            for (int l = 0; l < LANES; l++) acc[k][l] = acc[k][l] * 0.999f + 0.001f;
+    float s = 0;
+    for (int k = 0; k < NACC; k++)
+        for (int l = 0; l < LANES; l++) s += acc[k][l];
+    return s;
+#endif
+}
+
+static int fma_ops_per_iter(void)
+{
+#if defined(SM_AVX512)
+    return 16 * 16 * 2;
+#else
+    return 12 * 8 * 2;
+#endif
+}
+/* --8<-- [end:fma] */
+
+/* Runs fn on nthreads threads at once; returns the sum of what they return. */
+#define ON_THREADS(nthreads, T, expr, sink)                        \
+    do {                                                           \
+        T total_ = 0;                                              \
+        _Pragma("omp parallel num_threads(nthreads) reduction(+:total_)") \
+        { total_ += (expr); }                                      \
+        *(sink) = total_;                                          \
+    } while (0)
+
+double probe_fma_f32(long long iters, int nthreads, float *sink)
+{
+    ON_THREADS(nthreads, float, fma_one_thread(iters), sink);
+    return (double)iters * fma_ops_per_iter() * nthreads;
+}
+
+/* --8<-- [start:bf16] */
+/* bf16 dot: vdpbf16ps multiplies 32 pairs of bf16 and adds them, two by two,
+ * into 16 f32 lanes: 64 operations per instruction, twice the f32 FMA's 32.
+ * Without it (AVX2, or AVX-512 without BF16) a bf16 number is widened to f32
+ * by a 16-bit shift and the product is an ordinary FMA. */
+static float bf16_one_thread(long long iters)
+{
+#if defined(__AVX512BF16__)
+    enum { NACC = 16 };
+    __m512 acc[NACC];
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);   /* 1.0 */
+    __m512bh b = (__m512bh)_mm512_set1_epi16(0x0000);   /* 0.0: acc stays put */
+    for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_ps(1.0f + k);
+    for (long long i = 0; i < iters; i++)
+        for (int k = 0; k < NACC; k++) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
+    for (int k = 1; k < NACC; k++) acc[0] = _mm512_add_ps(acc[0], acc[k]);
+    return _mm512_reduce_add_ps(acc[0]);
+#elif defined(SM_AVX2)
+    /* 8 f32 lanes per register: each iteration widens a fresh pair of bf16
+     * vectors (the empty asm makes them "fresh") into even and odd halves. */
+    enum { NACC = 6 };
+    __m256 acc[NACC];
+    __m256i x = _mm256_set1_epi32(0x3f7f3f7f), y = _mm256_set1_epi32(0x3a833a83);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
+    for (int k = 0; k < NACC; k++) acc[k] = _mm256_set1_ps(1.0f + k);
+    for (long long i = 0; i < iters; i++) {
+        SM_OPAQUE_VEC(x);
+        SM_OPAQUE_VEC(y);
+        __m256 x0 = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+        __m256 x1 = _mm256_castsi256_ps(_mm256_and_si256(x, hi));
+        __m256 y0 = _mm256_castsi256_ps(_mm256_slli_epi32(y, 16));
+        __m256 y1 = _mm256_castsi256_ps(_mm256_and_si256(y, hi));
+        for (int k = 0; k < NACC; k++)
+            acc[k] = _mm256_fmadd_ps(x1, y1, _mm256_fmadd_ps(x0, acc[k], y0));
+    }
+    for (int k = 1; k < NACC; k++) acc[0] = _mm256_add_ps(acc[0], acc[k]);
+    float out[8];
+    _mm256_storeu_ps(out, acc[0]);
+    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+#else
+    enum { NACC = 8, LANES = 8 };
+    float acc[NACC][LANES];
+    uint16_t x[2 * LANES], y[2 * LANES];
+    for (int l = 0; l < 2 * LANES; l++) { x[l] = 0x3f7f; y[l] = 0x3a83; }
+    for (int k = 0; k < NACC; k++)
+        for (int l = 0; l < LANES; l++) acc[k][l] = 1.0f + k;
+    for (long long i = 0; i < iters; i++) {
+        float xf[2 * LANES], yf[2 * LANES];
+        for (int l = 0; l < 2 * LANES; l++) {
+            uint32_t ux = (uint32_t)x[l] << 16, uy = (uint32_t)y[l] << 16;
+            memcpy(&xf[l], &ux, 4);
+            memcpy(&yf[l], &uy, 4);
+        }
+        for (int k = 0; k < NACC; k++)
+            for (int l = 0; l < LANES; l++)
+                acc[k][l] = xf[2 * l + 1] * yf[2 * l + 1] + (xf[2 * l] * acc[k][l] + yf[2 * l]);
+    }
+    float s = 0;
+    for (int k = 0; k < NACC; k++)
+        for (int l = 0; l < LANES; l++) s += acc[k][l];
+    return s;
+#endif
+}
+
+static double bf16_ops_per_iter(void)
+{
+#if defined(__AVX512BF16__)
+    return 16 * 64;
+#elif defined(SM_AVX2)
+    return 6 * 2 * 8 * 2;   /* 6 accumulators x 2 FMAs x 8 lanes x 2 ops */
+#else
+    return 8 * 8 * 2 * 2;
+#endif
+}
+/* --8<-- [end:bf16] */
+
+double probe_dot_bf16(long long iters, int nthreads, float *sink)
+{
+    ON_THREADS(nthreads, float, bf16_one_thread(iters), sink);
+    return (double)iters * bf16_ops_per_iter() * nthreads;
+}
+
+/* --8<-- [start:int8] */
+/* int8 dot: vpdpbusd multiplies 64 pairs (unsigned x signed bytes) and adds
+ * them, four by four, into 16 int32 lanes: 128 operations per instruction.
+ * AVX2 needs three instructions for 32 pairs: vpmaddubsw (pairs to int16),
+ * vpmaddwd by ones (int16 pairs to int32), vpaddd (accumulate). */
+static int32_t int8_one_thread(long long iters)
+{
+#if defined(__AVX512VNNI__)
+    enum { NACC = 16 };
+    __m512i acc[NACC];
+    __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
+    for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_epi32(k);
+    for (long long i = 0; i < iters; i++)
+        for (int k = 0; k < NACC; k++) acc[k] = _mm512_dpbusd_epi32(acc[k], a, b);
+    for (int k = 1; k < NACC; k++) acc[0] = _mm512_add_epi32(acc[0], acc[k]);
+    return _mm512_reduce_add_epi32(acc[0]);
+#elif defined(SM_AVX2)
+    enum { NACC = 6 };
+    __m256i acc[NACC], a[NACC];
+    __m256i b = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+    for (int k = 0; k < NACC; k++) {
+        acc[k] = _mm256_set1_epi32(k);
+        a[k] = _mm256_set1_epi8((char)(k + 1));
+    }
+    for (long long i = 0; i < iters; i++) {
+        for (int k = 0; k < NACC; k++) {
+            SM_OPAQUE_VEC(a[k]);   /* a fresh input each time, as in a real dot product */
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a[k], b), ones);
+            acc[k] = _mm256_add_epi32(acc[k], p);
+        }
+    }
+    for (int k = 1; k < NACC; k++) acc[0] = _mm256_add_epi32(acc[0], acc[k]);
+    int32_t out[8];
+    _mm256_storeu_si256((__m256i *)out, acc[0]);
+    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+#else
+    enum { N = 64 };
+    uint8_t a[N];
+    int8_t b[N];
+    uint32_t acc[N / 4] = {0};   /* unsigned: wrapping is defined, signed overflow is not */
+    for (int l = 0; l < N; l++) { a[l] = (uint8_t)l; b[l] = (int8_t)(l - 32); }
+    for (long long i = 0; i < iters; i++) {
+        for (int l = 0; l < N; l++) acc[l / 4] += (uint32_t)((int32_t)a[l] * b[l]);
+        a[i & (N - 1)] += 1;   /* keeps the products from being computed once */
+    }
+    uint32_t s = 0;
+    for (int l = 0; l < N / 4; l++) s += acc[l];
+    return (int32_t)s;
+#endif
+}
+
+static double int8_ops_per_iter(void)
+{
+#if defined(__AVX512VNNI__)
+    return 16 * 128;
+#elif defined(SM_AVX2)
+    return 6 * 32 * 2;
+#else
+    return 64 * 2;
+#endif
+}
+/* --8<-- [end:int8] */
+
+double probe_dot_int8(long long iters, int nthreads, int32_t *sink)
+{
+    ON_THREADS(nthreads, int32_t, int8_one_thread(iters), sink);
+    return (double)iters * int8_ops_per_iter() * nthreads;
+}
+
+int probe_has_native_bf16(void)
+{
+#if defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int probe_has_native_int8(void)
+{
+#if defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -1,0 +1,199 @@
+"""Build the C kernels with cffi, on first use, into a cache.
+
+Each ``kernels_c/<name>.c`` becomes one Python extension module per ISA level;
+its exported functions are declared, and only declared, in ``kernels_c/<name>.h``
+(plain prototypes that cffi reads as they are; the ``.c`` includes the header).
+The module's file name carries a hash of everything that changes the machine
+code: the kernel source, every header in ``kernels_c/``, the cffi declarations,
+the compiler and its version, the flags and the ISA. Edit a kernel, call it
+again, and it is rebuilt; nothing else is.
+
+We run the compiler ourselves (cffi only writes the wrapper C file) so that a
+failure can quote the compiler's own message and name the kernel file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import io
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+from . import isa
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS_DIR = Path(os.environ.get("SMALLEM_KERNELS", ROOT / "kernels_c"))
+BASE_FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wall", "-Wno-unused-function",
+              # keep our copy loops as loops: glibc's memcpy would change what STREAM measures
+              "-fno-tree-loop-distribute-patterns"]
+
+
+class BuildError(RuntimeError):
+    """A kernel could not be compiled or loaded; the message quotes the compiler."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("SMALLEM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "smallem")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def compiler() -> str:
+    """The C compiler: $CC, else cc, gcc or clang, whichever exists first."""
+    for name in filter(None, [os.environ.get("CC"), "cc", "gcc", "clang"]):
+        path = shutil.which(name.split()[0])
+        if path:
+            return path
+    raise BuildError(
+        "no C compiler found (looked for $CC, cc, gcc, clang). smallem builds its kernels "
+        "on first use: install one (Debian/Ubuntu: apt install gcc; macOS: xcode-select "
+        "--install) or point CC at it.")
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(cc: str) -> str:
+    out = subprocess.run([cc, "--version"], capture_output=True, text=True)
+    return out.stdout.splitlines()[0] if out.stdout else cc
+
+
+@functools.lru_cache(maxsize=None)
+def openmp_flags(cc: str) -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) for OpenMP, or empty lists if the compiler has none."""
+    if os.environ.get("SMALLEM_OPENMP", "1") == "0":
+        return [], []
+    candidates = [(["-fopenmp"], ["-fopenmp"])]
+    if platform.system() == "Darwin":  # Apple clang: OpenMP comes from Homebrew's libomp
+        prefix = "/opt/homebrew/opt/libomp" if platform.machine() == "arm64" else "/usr/local/opt/libomp"
+        candidates.insert(0, (["-Xpreprocessor", "-fopenmp", f"-I{prefix}/include"],
+                              [f"-L{prefix}/lib", "-lomp"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "t.c")
+        src.write_text("#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n")
+        for cflags, lflags in candidates:
+            r = subprocess.run([cc, *cflags, str(src), "-o", str(Path(tmp, "t")), *lflags],
+                               capture_output=True)
+            if r.returncode == 0:
+                return cflags, lflags
+    return [], []
+
+
+def _sources(name: str) -> tuple[Path, list[Path]]:
+    src = KERNELS_DIR / f"{name}.c"
+    if not src.is_file():
+        raise BuildError(f"kernel source {src} does not exist")
+    return src, sorted(KERNELS_DIR.glob("*.h"))
+
+
+def cdef_of(name: str) -> str:
+    """The declarations cffi exposes: the kernel's header, verbatim."""
+    header = KERNELS_DIR / f"{name}.h"
+    if not header.is_file():
+        raise BuildError(f"{KERNELS_DIR / (name + '.c')} has no header {header} declaring its functions")
+    return header.read_text()
+
+
+def _key(name: str, level: str, exts: tuple[str, ...], cc: str) -> tuple[str, list[str], list[str]]:
+    src, headers = _sources(name)
+    cdef = cdef_of(name)
+    omp_c, omp_l = openmp_flags(cc)
+    cflags = BASE_FLAGS + isa.compile_flags(level, exts) + omp_c
+    h = hashlib.sha256()
+    for part in [src.read_bytes(), *(p.name.encode() + p.read_bytes() for p in headers),
+                 cdef.encode(), " ".join(cflags + omp_l).encode(), compiler_version(cc).encode(),
+                 level.encode(), sys.version.encode(), platform.machine().encode()]:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:16], cflags, omp_l
+
+
+def module_path(name: str, level: str, exts: tuple[str, ...]) -> Path:
+    cc = compiler()
+    digest, _, _ = _key(name, level, exts, cc)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return cache_dir() / f"_smallem_{name}_{level}_{digest}{suffix}"
+
+
+def compile_module(name: str, level: str, exts: tuple[str, ...] | None = None) -> Path:
+    """Compile ``kernels_c/<name>.c`` for ``level`` unless the cache already has it."""
+    import cffi
+
+    cc = compiler()
+    exts = isa.extensions(level) if exts is None else exts
+    digest, cflags, lflags = _key(name, level, exts, cc)
+    target = module_path(name, level, exts)
+    if target.exists():
+        return target
+    src, _ = _sources(name)
+    modname = target.name.split(".")[0]
+    ffi = cffi.FFI()
+    ffi.cdef(cdef_of(name))
+    # Including the file (rather than pasting it) makes the compiler name the real file and line.
+    ffi.set_source(modname, f'#include "{src}"')
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        wrapper = Path(tmp, modname + ".c")
+        with contextlib.redirect_stdout(io.StringIO()):  # cffi prints 'generating ...'
+            ffi.emit_c_code(str(wrapper))
+        out = Path(tmp, target.name)
+        shared = ["-bundle", "-undefined", "dynamic_lookup"] if platform.system() == "Darwin" else ["-shared"]
+        cmd = [cc, *cflags, f"-I{KERNELS_DIR}", f"-I{sysconfig.get_paths()['include']}",
+               str(wrapper), *shared, "-o", str(out), *lflags, "-lm"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            msg = (r.stderr or r.stdout).strip()
+            raise BuildError(f"compiling {src} for ISA {level} failed:\n$ {' '.join(cmd)}\n{msg}")
+        os.replace(out, target)  # atomic: a parallel build of the same key just wins or loses
+    return target
+
+
+@functools.lru_cache(maxsize=None)
+def _import(path: str):
+    modname = Path(path).name.split(".")[0]
+    spec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        raise BuildError(f"could not load the compiled kernel {path}: {e}") from e
+    return module
+
+
+def _stamp(name: str) -> tuple:
+    src, headers = _sources(name)
+    return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in [src, *headers])
+
+
+def load(name: str, level: str | None = None):
+    """Return ``(ffi, lib)`` for ``kernels_c/<name>.c``, building it if needed.
+
+    ``level`` defaults to :func:`smallem.isa.selected` (``SMALLEM_ISA`` or the best
+    level). A level the CPU cannot run raises :class:`smallem.isa.ISAError`
+    before anything is loaded, so no illegal instruction can be reached.
+    """
+    level = level or isa.selected()
+    if not isa.supported(level):
+        raise isa.ISAError(f"ISA level {level!r} cannot run on this CPU; "
+                           f"use smallem.build.compile_module to build it without loading")
+    return _load(name, level, _stamp(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str, level: str, stamp: tuple):
+    # ``stamp`` (file times and sizes) keeps repeated calls cheap; the hash decides rebuilds.
+    path = compile_module(name, level)
+    module = _import(str(path))
+    return module.ffi, module.lib
+
+
+def kernel_names() -> list[str]:
+    return sorted(p.stem for p in KERNELS_DIR.glob("*.c"))

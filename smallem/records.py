@@ -1,0 +1,124 @@
+"""Measurement records: one JSON schema for every number in the book.
+
+A record is one file, ``<records dir>/<name>.json``::
+
+    {"schema": "smallem.record/1", "name": "ch1.peaks",
+     "date": "...", "commit": "abc1234", "dirty": false,
+     "machine": {cpu, arch, cores, isa, caches, os, ...},
+     "settings": {...},                        # what the whole run used
+     "results": [{"name": ..., "params": {...}, "unit": "Gop/s",
+                  "value": {"median", "min", "max", "n"},
+                  "seconds": {"median", "min", "max", "n"}}, ...]}
+
+The records folder is ``figures/records/`` in the repository (committed: they
+are what the site shows), or ``$SMALLEM_RECORDS``. Figures and tables are made
+from records by :mod:`smallem.figures`, never by hand.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from . import machine_info
+from .build import ROOT
+
+SCHEMA = "smallem.record/1"
+
+
+class RecordError(ValueError):
+    """A record file is missing, unreadable or not a smallem record."""
+
+
+def records_dir() -> Path:
+    return Path(os.environ.get("SMALLEM_RECORDS", ROOT / "figures" / "records"))
+
+
+def git_commit() -> tuple[str, bool]:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if sha.returncode == 0:
+            return sha.stdout.strip(), bool(dirty.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "unknown", False
+
+
+class Record:
+    """Collects results of one measurement run, then writes them as one file."""
+
+    def __init__(self, name: str, settings: dict | None = None, machine: dict | None = None):
+        self.name = name
+        commit, dirty = git_commit()
+        self.data = {
+            "schema": SCHEMA,
+            "name": name,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit,
+            "dirty": dirty,
+            "machine": machine or machine_info.fingerprint(),
+            "settings": dict(settings or {}),
+            "results": [],
+        }
+
+    def add(self, name: str, unit: str, value: dict, *, seconds: dict | None = None, **params):
+        """One result. ``value`` holds median/min/max/n (see :class:`smallem.timing.Timing`)."""
+        if not {"median", "min", "max"} <= set(value):
+            raise ValueError(f"result {name!r}: value needs median, min and max, got {sorted(value)}")
+        entry = {"name": name, "params": params, "unit": unit, "value": value}
+        if seconds is not None:
+            entry["seconds"] = seconds
+        self.data["results"].append(entry)
+        return entry
+
+    def save(self, folder: Path | None = None) -> Path:
+        folder = Path(folder or records_dir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.name}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def load(name: str, folder: Path | None = None) -> dict:
+    path = Path(folder or records_dir()) / f"{name}.json"
+    if not path.is_file():
+        raise RecordError(f"no record {path}: run the measurement first (e.g. `smallem machine`)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RecordError(f"record {path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise RecordError(f"{path} is not a {SCHEMA} record")
+    return data
+
+
+def exists(name: str, folder: Path | None = None) -> bool:
+    return (Path(folder or records_dir()) / f"{name}.json").is_file()
+
+
+def results(data: dict, name: str | None = None, **params) -> list[dict]:
+    """The results of a record, filtered by name and by exact parameter values."""
+    out = []
+    for r in data["results"]:
+        if name is not None and r["name"] != name:
+            continue
+        if any(r["params"].get(k) != v for k, v in params.items()):
+            continue
+        out.append(r)
+    return out
+
+
+def value(data: dict, name: str, stat: str = "median", **params) -> float:
+    """The single result matching ``name`` and ``params``; error if none or several."""
+    found = results(data, name, **params)
+    if len(found) != 1:
+        raise RecordError(f"record {data['name']!r}: {len(found)} results match {name} {params}")
+    return found[0]["value"][stat]

@@ -1,0 +1,69 @@
+"""The timing harness every chapter uses: warm up, repeat, keep every sample.
+
+The machines this book is measured on are shared and noisy, so we report the
+median of repeated runs and keep min and max beside it. A sample is one call
+of ``fn``; when one call is too short to time reliably the harness groups
+calls until a sample lasts at least ``min_sample`` seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Timing:
+    seconds: list[float] = field(default_factory=list)  # per call
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def min(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def max(self) -> float:
+        return max(self.seconds)
+
+    def stats(self) -> dict:
+        return {"median": self.median, "min": self.min, "max": self.max, "n": len(self.seconds)}
+
+    def rate(self, work: float) -> dict:
+        """``work`` per second: the median rate is work / median time; min comes from max time."""
+        return {"median": work / self.median, "min": work / self.max, "max": work / self.min,
+                "n": len(self.seconds)}
+
+
+def measure(fn, *, repeats: int = 5, warmup: int = 1, min_sample: float = 0.0,
+            max_time: float | None = None) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` samples.
+
+    ``max_time`` stops early (after at least 3 samples, or 1 if the first is
+    already over budget) so a slow rung cannot hold the whole run hostage.
+    """
+    for _ in range(warmup):
+        fn()
+    calls = 1
+    if min_sample > 0:  # find how many calls make one sample long enough
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if time.perf_counter() - t0 >= min_sample or calls >= 1 << 20:
+                break
+            calls *= 2
+    out = Timing()
+    start = time.perf_counter()
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.seconds.append((time.perf_counter() - t0) / calls)
+        spent = time.perf_counter() - start
+        if max_time is not None and spent > max_time and (i >= 2 or spent > 3 * max_time / repeats):
+            break
+    return out
