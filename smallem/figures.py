@@ -1,0 +1,99 @@
+"""Figures, tables and prose values, made from measurement records only.
+
+Each chapter module has ``make_figures(rec_dir) -> dict`` which reads its
+records, saves figures with :func:`save`, writes Markdown tables with
+:func:`write_table`, and returns the values the chapter's prose quotes
+(``{"ch1.f32_peak": "102 Gop/s", ...}``). ``smallem figures`` runs them all,
+in chapter order, and writes the values to ``figures/tables/values.json``,
+where the site's hook (``chapters/hooks/values.py``) substitutes
+``{{ ch1.f32_peak }}`` in the pages. Nothing here is typed by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+from . import records
+from .build import ROOT
+
+# chapter order; "module:function"
+GENERATORS = [
+    "smallem.machine:make_figures",
+]
+
+
+def figures_dir() -> Path:
+    path = Path(os.environ.get("SMALLEM_FIGURES", ROOT / "figures"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def tables_dir() -> Path:
+    path = figures_dir() / "tables"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save(fig, name: str) -> list[Path]:
+    """Save a matplotlib figure as ``figures/<name>.png`` and ``.svg``."""
+    import matplotlib.pyplot as plt
+
+    out = []
+    for ext in ("png", "svg"):
+        path = figures_dir() / f"{name}.{ext}"
+        fig.savefig(path, dpi=130 if ext == "png" else None, bbox_inches="tight",
+                    metadata={"Date": None} if ext == "svg" else None)
+        out.append(path)
+    plt.close(fig)
+    return out
+
+
+def write_table(name: str, rows: list[list], header: list[str], note: str = "") -> Path:
+    """Write a Markdown table to ``figures/tables/<name>.md`` (included by the pages)."""
+    def cell(x):
+        return str(x).replace("|", "\\|")
+    lines = ["| " + " | ".join(map(cell, header)) + " |",
+             "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
+    if note:
+        lines += ["", note]
+    path = tables_dir() / f"{name}.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def fmt(x: float, unit: str = "", digits: int = 3) -> str:
+    """A number for prose and tables: 3 significant digits, thin-space thousands."""
+    if x != x:  # NaN
+        return "n/a"
+    if abs(x) >= 1000:
+        s = f"{x:,.0f}".replace(",", "\u202f")
+    else:
+        s = f"{x:.{digits}g}"
+    return f"{s} {unit}".strip()
+
+
+def machine_line(rec: dict) -> str:
+    m = rec["machine"]
+    return (f"{m['cpu']}, {m['cores']} cores, ISA {m['isa']['isa']}"
+            f"{' + ' + '/'.join(m['isa']['extensions']) if m['isa']['extensions'] else ''}; "
+            f"measured {rec['date'][:10]}, commit {rec['commit']}")
+
+
+def make_all(rec_dir: Path | None = None, only: list[str] | None = None) -> dict:
+    rec_dir = Path(rec_dir or records.records_dir())
+    values: dict = {}
+    for spec in GENERATORS:
+        module, func = spec.split(":")
+        if only and not any(o in module for o in only):
+            continue
+        fn = getattr(importlib.import_module(module), func)
+        values.update(fn(rec_dir) or {})
+    path = tables_dir() / "values.json"
+    old = json.loads(path.read_text()) if path.exists() and only else {}
+    old.update(values)
+    path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    return values

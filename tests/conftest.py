@@ -1,0 +1,43 @@
+"""Shared test fixtures.
+
+- ``level``: parametrizes a test over every ISA level this CPU can run; levels
+  it cannot run appear as visible skips, never as silent passes.
+- ``rng``: a seeded numpy Generator.
+- ``records_tmp``: an empty records folder (SMALLEM_RECORDS) so tests never
+  overwrite the committed records.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from smallem import isa
+
+
+@pytest.fixture(params=isa.LEVELS)
+def level(request, monkeypatch):
+    lvl = request.param
+    if not isa.supported(lvl):
+        pytest.skip(f"ISA {lvl} cannot run on this CPU ({isa.cpu_flags() and 'flags lack it' or 'not x86'}); "
+                    f"it is compile-checked by test_build.py")
+    monkeypatch.setenv("SMALLEM_ISA", lvl)
+    return lvl
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def records_tmp(tmp_path, monkeypatch):
+    folder = tmp_path / "records"
+    monkeypatch.setenv("SMALLEM_RECORDS", str(folder))
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
+    return folder
+
+
+def pytest_report_header(config):
+    return (f"smallem: CPU ISA levels runnable here: {', '.join(l for l in isa.LEVELS if isa.supported(l))}; "
+            f"SMALLEM_ISA={os.environ.get('SMALLEM_ISA', '(unset)')}")
