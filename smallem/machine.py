@@ -1,0 +1,502 @@
+"""Chapter 1: what a CPU is worth.
+
+Measures this machine's limits and writes them to one record, ``ch1.machine``:
+
+- the clock, from a chain of dependent integer adds (one cycle each);
+- peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
+- the memory staircase: STREAM copy/scale/add/triad over working sets from
+  16 KiB to 1 GiB, on one core and on all, with numpy's copy as a peer;
+- the starting point of chapter 2: a naive 1024^3 matrix product.
+
+The theoretical peak is computed, not assumed:
+cores x FMA pipes x lanes x 2 (multiply and add) x measured clock.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+
+import numpy as np
+
+from . import build, checks, figures, isa, machine_info, records, reference
+from .timing import measure
+
+RECORD = "ch1.machine"
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+STREAM_KERNELS = {  # name: (arrays touched, bytes moved per element as STREAM counts them)
+    "copy": (2, 16), "scale": (2, 16), "add": (3, 24), "triad": (3, 24)}
+
+
+def quick_mode() -> bool:
+    return os.environ.get("SMALLEM_QUICK") == "1"
+
+
+# ---------------------------------------------------------------- the theoretical peak
+
+def fma_units() -> tuple[int, int, str]:
+    """(FMA pipes per core, bits per pipe, where this came from) for this CPU.
+
+    No operating system reports the number of FMA pipes, so we look the core up
+    in the vendors' optimisation manuals (see bibliography.md). An unknown core
+    gets ``(0, 0, "unknown")`` and the caller infers the pipes from the
+    measurement, saying so.
+    """
+    flags = isa.cpu_flags()
+    model = machine_info.cpu_model()
+    family = _cpuinfo_int("cpu family")
+    if "AMD" in model or "AuthenticAMD" in _cpuinfo_str("vendor_id"):
+        if family == 0x17 and _cpuinfo_int("model") < 0x30:
+            return 2, 128, "AMD Zen 1: two 128-bit FMA pipes"
+        if family in (0x17, 0x19):
+            return 2, 256, "AMD Zen 2/3/4: two 256-bit FMA pipes (Zen 4 splits AVX-512 in two halves)"
+        if family == 0x1A:
+            return 2, 512, "AMD Zen 5: two 512-bit FMA pipes"
+    if "Intel" in model and "fma" in flags:
+        if "avx512f" in flags and ("Xeon" in model):
+            return 2, 512, "Intel Xeon with AVX-512: two 512-bit FMA pipes (some SKUs have one)"
+        return 2, 256, "Intel core with FMA: two 256-bit FMA pipes"
+    if platform.machine() in ("arm64", "aarch64"):
+        if "Apple" in model or platform.system() == "Darwin":
+            return 4, 128, "Apple M-series: four 128-bit NEON FMA pipes"
+    return 0, 0, "unknown"
+
+
+def _cpuinfo_str(key: str) -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _cpuinfo_int(key: str) -> int:
+    value = _cpuinfo_str(key)
+    try:
+        return int(value, 0)
+    except ValueError:
+        return -1
+
+
+def vector_bits(level: str) -> int:
+    return {"avx512": 512, "avx2": 256}.get(level, 128)
+
+
+def theoretical_peak(clock_hz: float, cores: int, level: str, measured_per_core: float) -> dict:
+    """f32 peak = cores x pipes x lanes x 2 x clock, for the vector width ``level`` uses."""
+    pipes, pipe_bits, source = fma_units()
+    width = vector_bits(level)
+    if pipes == 0:  # unknown core: the number of pipes that explains the measurement
+        lanes_per_pipe = width // 32
+        pipes = max(1, round(measured_per_core / (clock_hz * lanes_per_pipe * 2)))
+        pipe_bits, source = width, "inferred from the measured FMA rate (core not in our table)"
+    # A vector wider than a pipe occupies several pipes (Zen 4 runs AVX-512 on two 256-bit halves).
+    lanes = pipes * min(width, pipe_bits) // 32
+    flops_per_cycle = lanes * 2
+    return {"pipes": pipes, "pipe_bits": pipe_bits, "vector_bits": width, "source": source,
+            "flops_per_cycle_per_core": flops_per_cycle,
+            "gops_per_core": flops_per_cycle * clock_hz / 1e9,
+            "gops_all": flops_per_cycle * clock_hz * cores / 1e9}
+
+
+# ---------------------------------------------------------------- probes
+
+def _probes():
+    return build.load("probes")
+
+
+def measure_clock(repeats: int = 5) -> dict:
+    """Cycles per second, from adds that each wait one cycle for the previous one."""
+    _, lib = _probes()
+    iters = 2_000_000 if quick_mode() else 10_000_000  # 64 adds each: ~40 or ~200 ms at 3 GHz
+    t = measure(lambda: lib.probe_add_chain(iters), repeats=repeats)
+    return t.rate(iters * 64.0)
+
+
+def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
+    """Gop/s of one of the compute probes ('f32', 'bf16', 'int8') on ``threads`` threads."""
+    threads = checks.positive_int(threads, "threads", limit=4096)
+    ffi, lib = _probes()
+    fn = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16, "int8": lib.probe_dot_int8}.get(kind)
+    if fn is None:
+        raise ValueError(f"kind: expected 'f32', 'bf16' or 'int8', got {kind!r}")
+    sink = ffi.new("int32_t *" if kind == "int8" else "float *")
+    iters = 200_000 if quick_mode() else 2_000_000
+    ops = fn(iters, threads, sink)  # also the warm-up: threads spawned, clocks up
+    t = measure(lambda: fn(iters, threads, sink), repeats=repeats, warmup=0)
+    return {"value": t.rate(ops / 1e9), "seconds": t.stats()}
+
+
+def native(kind: str) -> bool:
+    _, lib = _probes()
+    return bool({"f32": 1, "bf16": lib.probe_has_native_bf16(),
+                 "int8": lib.probe_has_native_int8()}[kind])
+
+
+# ---------------------------------------------------------------- the memory staircase
+
+def stream_sizes(quick: bool) -> list[int]:
+    """Working sets, in bytes, from 16 KiB to 1 GiB (quick: 16 KiB to 64 MiB), by factors of 2."""
+    top = 64 * MiB if quick else GiB
+    sizes, s = [], 16 * KiB
+    while s <= top:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+class Stream:
+    """Three arrays big enough for the largest working set, first-touched by ``threads``."""
+
+    def __init__(self, max_bytes: int, threads: int):
+        self.ffi, self.lib = build.load("stream")
+        n = max_bytes // (8 * 2) + 64
+        self.a, self.b, self.c = (np.empty(n) for _ in range(3))
+        self.lib.stream_init(*self._ptrs(n), n, threads)
+
+    def _ptrs(self, n):
+        return [self.ffi.cast("double *", x.ctypes.data) for x in (self.a, self.b, self.c)]
+
+    def run(self, kernel: str, n: int, reps: int, threads: int):
+        a, b, c = self._ptrs(n)
+        if kernel == "copy":
+            self.lib.stream_copy(a, b, n, reps, threads)
+        elif kernel == "scale":
+            self.lib.stream_scale(a, b, 3.0, n, reps, threads)
+        elif kernel == "add":
+            self.lib.stream_add(a, b, c, n, reps, threads)
+        elif kernel == "triad":
+            self.lib.stream_triad(a, b, c, 3.0, n, reps, threads)
+        else:
+            raise ValueError(f"kernel: expected one of {list(STREAM_KERNELS)}, got {kernel!r}")
+
+
+def measure_stream_point(s: Stream, kernel: str, ws_bytes: int, threads: int,
+                         repeats: int = 5) -> dict:
+    arrays, per_elem = STREAM_KERNELS[kernel]
+    n = max(threads * 8, ws_bytes // (8 * arrays))
+    # Enough passes that one sample moves ~512 MiB (milliseconds even in L1): call overhead vanishes.
+    reps = max(1, int(512 * MiB / (n * per_elem)))
+    s.run(kernel, n, reps, threads)  # warm-up: bring the working set into the cache under test
+    t = measure(lambda: s.run(kernel, n, reps, threads), repeats=repeats, warmup=0)
+    return {"value": t.rate(n * per_elem * reps / 1e9), "seconds": t.stats(),
+            "n": n, "reps": reps}
+
+
+def measure_numpy_copy(ws_bytes: int, repeats: int = 5) -> dict:
+    """numpy's copy of one array into another: the peer for the DRAM plateau."""
+    n = ws_bytes // 16
+    src = np.ones(n)
+    dst = np.zeros(n)
+    t = measure(lambda: np.copyto(dst, src), repeats=repeats)
+    return {"value": t.rate(16.0 * n / 1e9), "seconds": t.stats()}
+
+
+def plateau_ranges(caches: dict, threads: int) -> dict:
+    """Working-set ranges (bytes, totals over ``threads``) that sit well inside each level.
+
+    A level's plateau is where the data fits comfortably in it (at most half of
+    it) and no longer in the level above (at least twice that level's size).
+    Private caches (L1, L2) add up across cores; the L3 counts once per instance.
+    """
+    l1 = caches["L1d_bytes"] * threads
+    l2 = caches["L2_bytes"] * threads
+    l3 = caches["L3_bytes"] * min(threads, caches["L3_instances"])
+    return {"L1": (0, l1 / 2), "L2": (2 * l1, l2 / 2), "L3": (2 * l2, l3 / 2),
+            "DRAM": (4 * l3, math.inf)}
+
+
+def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
+    """Median bandwidth of the points inside each level's range (NaN if none)."""
+    out = {}
+    for level, (lo, hi) in plateau_ranges(caches, threads).items():
+        inside = [p["value"]["median"] for p in points if lo <= p["params"]["bytes"] <= hi]
+        out[level] = float(np.median(inside)) if inside else float("nan")
+    return out
+
+
+# ---------------------------------------------------------------- the naive product
+
+def measure_naive_gemm(n: int, repeats: int = 3) -> dict:
+    ffi, lib = build.load("gemm")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.empty((n, n), np.float32)
+    pa, pb, pc = (ffi.cast("float *", x.ctypes.data) for x in (a, b, c))
+    t = measure(lambda: lib.gemm_naive(n, n, n, pa, n, pb, n, pc, n, 1),
+                repeats=repeats, warmup=0, max_time=30)
+    return {"value": t.rate(2.0 * n**3 / 1e9), "seconds": t.stats()}
+
+
+# ---------------------------------------------------------------- the whole chapter
+
+def run(quick: bool | None = None, progress: bool = True) -> records.Record:
+    """Measure everything chapter 1 shows; returns the (unsaved) record."""
+    from tqdm import tqdm
+
+    quick = quick_mode() if quick is None else quick
+    cores = machine_info.usable_cores()
+    thread_counts = sorted({1, cores})
+    level = isa.selected()
+    sizes = stream_sizes(quick)
+    gemm_n = 256 if quick else 1024
+    rec = records.Record(RECORD, settings={
+        "quick": quick, "threads": thread_counts, "isa": level, "gemm_naive_n": gemm_n,
+        "stream_sizes": sizes, "compiler": build.compiler_version(build.compiler()),
+        "cflags": build.BASE_FLAGS + isa.compile_flags(level, isa.extensions(level))})
+
+    steps = 1 + 3 * len(thread_counts) + len(sizes) * len(STREAM_KERNELS) * len(thread_counts) + 2
+    bar = tqdm(total=steps, desc="chapter 1", disable=not progress, unit="probe")
+
+    clock = measure_clock()
+    rec.add("clock", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock.items()})
+    bar.update()
+    for kind in ("f32", "bf16", "int8"):
+        for th in thread_counts:
+            bar.set_postfix_str(f"{kind} peak, {th} thread(s)")
+            r = measure_peak(kind, th)
+            rec.add("peak", "Gop/s", r["value"], seconds=r["seconds"], kind=kind, threads=th,
+                    native=native(kind))
+            bar.update()
+
+    stream = Stream(max(sizes), cores)
+    for th in thread_counts:
+        for kernel in STREAM_KERNELS:
+            for ws in sizes:
+                bar.set_postfix_str(f"{kernel} {ws // KiB} KiB, {th} thread(s)")
+                r = measure_stream_point(stream, kernel, ws, th)
+                rec.add("stream", "GB/s", r["value"], seconds=r["seconds"], kernel=kernel,
+                        threads=th, bytes=ws, reps=r["reps"])
+                bar.update()
+    del stream
+
+    r = measure_numpy_copy(max(sizes))
+    rec.add("numpy_copy", "GB/s", r["value"], seconds=r["seconds"], bytes=max(sizes), threads=1)
+    bar.update()
+    bar.set_postfix_str(f"naive {gemm_n}^3 product")
+    r = measure_naive_gemm(gemm_n)
+    rec.add("gemm_naive", "Gop/s", r["value"], seconds=r["seconds"], M=gemm_n, N=gemm_n, K=gemm_n,
+            threads=1)
+    bar.update()
+    bar.close()
+
+    clock_hz = clock["median"]
+    f32_core = records.value(rec.data, "peak", kind="f32", threads=1) * 1e9
+    rec.data["settings"]["theory"] = theoretical_peak(clock_hz, cores, level, f32_core)
+    return rec
+
+
+# ---------------------------------------------------------------- reading the record
+
+def summary(rec: dict) -> dict:
+    """The chapter's numbers, derived from one ``ch1.machine`` record."""
+    s = rec["settings"]
+    cores = max(s["threads"])
+    caches = rec["machine"]["caches"]
+    peak = {(r["params"]["kind"], r["params"]["threads"]): r
+            for r in records.results(rec, "peak")}
+    stairs = {}
+    for th in s["threads"]:
+        pts = records.results(rec, "stream", kernel="triad", threads=th)
+        stairs[th] = plateaus(pts, caches, th)
+    out = {
+        "cores": cores,
+        "clock_ghz": records.value(rec, "clock"),
+        "theory": s["theory"],
+        "peak": {k: v["value"]["median"] for k, v in peak.items()},
+        "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
+        "triad_plateaus": stairs,
+        "numpy_copy": records.value(rec, "numpy_copy"),
+        "naive_gops": records.value(rec, "gemm_naive"),
+        "naive_n": s["gemm_naive_n"],
+    }
+    out["dram_triad_vs_numpy"] = stairs[cores]["DRAM"] / out["numpy_copy"]
+    out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / s["theory"]["gops_all"]
+    out["naive_below_peak"] = out["peak"][("f32", cores)] / out["naive_gops"]
+    return out
+
+
+def staircase_distinct(plateau: dict, factor: float = 1.15) -> bool:
+    """True if L1 > L2 > L3 > DRAM, each by at least ``factor``."""
+    v = [plateau[k] for k in ("L1", "L2", "L3", "DRAM")]
+    return all(not math.isnan(x) for x in v) and all(a >= factor * b for a, b in zip(v, v[1:]))
+
+
+def naive_gemm_intensity(n: int) -> float:
+    """Flop per byte if each matrix crossed the memory bus once: 2n^3 / (3 n^2 x 4 bytes)."""
+    return 2.0 * n**3 / (3 * n * n * 4)
+
+
+def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict | None = None):
+    """Chapter 1's roofline with ``points`` [(label, flop per byte, Gop/s)] placed on it.
+
+    The ceilings are this machine's measured ones (all cores): the f32, bf16 and
+    int8 peaks, and one bandwidth slope per level of the staircase (triad).
+    Later chapters call this to place their kernels.
+    """
+    import matplotlib.pyplot as plt
+
+    rec = rec or records.load(RECORD)
+    sm = summary(rec)
+    cores = sm["cores"]
+    x = np.logspace(-2, 3, 400)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    f32 = sm["peak"][("f32", cores)]
+    colors = {"L1": "#2a9d8f", "L2": "#8ab17d", "L3": "#e9c46a", "DRAM": "#e76f51"}
+    for level, bw in sm["triad_plateaus"][cores].items():
+        if math.isnan(bw):
+            continue
+        ax.plot(x, np.minimum(bw * x, f32), color=colors[level], lw=1.6,
+                label=f"{level} {figures.fmt(bw, 'GB/s')}")
+    for kind, style in (("bf16", ":"), ("int8", "--")):
+        ax.axhline(sm["peak"][(kind, cores)], color="grey", ls=style, lw=1,
+                   label=f"{kind} peak {figures.fmt(sm['peak'][(kind, cores)], 'Gop/s')}")
+    ax.axhline(f32, color="black", lw=1.2, label=f"f32 peak {figures.fmt(f32, 'Gop/s')}")
+    for label, ai, gops in points:
+        ax.plot([ai], [gops], "o", ms=7)
+        ax.annotate(label, (ai, gops), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (operations per byte)")
+    ax.set_ylabel("Gop/s")
+    ax.set_title(f"Roofline, {cores} cores: {rec['machine']['cpu']}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")
+    return figures.save(fig, name)
+
+
+def staircase_figure(rec: dict, name: str = "ch1_staircase"):
+    import matplotlib.pyplot as plt
+
+    s = rec["settings"]
+    caches = rec["machine"]["caches"]
+    fig, axes = plt.subplots(1, len(s["threads"]), figsize=(11, 4.2), sharey=True, squeeze=False)
+    for ax, th in zip(axes[0], s["threads"]):
+        for kernel in STREAM_KERNELS:
+            pts = records.results(rec, "stream", kernel=kernel, threads=th)
+            ax.plot([p["params"]["bytes"] for p in pts], [p["value"]["median"] for p in pts],
+                    marker=".", label=kernel)
+        for level, key in (("L1", "L1d_bytes"), ("L2", "L2_bytes"), ("L3", "L3_bytes")):
+            size = caches[key] * (min(th, caches["L3_instances"]) if level == "L3" else th)
+            ax.axvline(size, color="grey", ls=":", lw=1)
+            ax.text(size, 0.98, f" {level}", fontsize=8, color="grey",
+                    transform=ax.get_xaxis_transform(), va="top")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("working set (bytes)")
+        ax.set_title(f"{th} thread{'s' if th > 1 else ''}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.25)
+    axes[0][0].set_ylabel("GB/s (STREAM counting)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"The memory staircase: {rec['machine']['cpu']}", fontsize=10)
+    return figures.save(fig, name)
+
+
+def table_rows(rec: dict) -> tuple[list[list], dict]:
+    """The chapter-1 table and the values the prose quotes."""
+    sm = summary(rec)
+    cores = sm["cores"]
+    th = sm["theory"]
+    f = figures.fmt
+
+    def peak_row(kind, what):
+        nat = "" if sm["native"][kind] else " (emulated)"
+        return [f"{what}{nat}", f(sm["peak"][(kind, 1)], "Gop/s"),
+                f(sm["peak"][(kind, cores)], "Gop/s")]
+
+    rows = [
+        ["Clock, measured", f(sm["clock_ghz"], "GHz"), "", "—"],
+        ["f32 FMA peak, theoretical", f(th["gops_per_core"], "Gop/s"), f(th["gops_all"], "Gop/s"), "—"],
+        peak_row("f32", "f32 FMA peak, measured") + [f(reference.CH1_F32_PEAK_GOPS, "Gop/s")],
+        peak_row("bf16", "bf16 dot peak") + ["—"],
+        peak_row("int8", "int8 dot peak") + ["—"],
+    ]
+    for level in ("L1", "L2", "L3", "DRAM"):
+        rows.append([f"{level} bandwidth (triad)", f(sm["triad_plateaus"][1][level], "GB/s"),
+                     f(sm["triad_plateaus"][cores][level], "GB/s"), "—"])
+    rows.append([f"numpy copy, {f(rec['settings']['stream_sizes'][-1] / GiB)} GiB",
+                 f(sm["numpy_copy"], "GB/s"), "", "—"])
+    n = sm["naive_n"]
+    rows.append([f"Naive {n}³ product", f(sm["naive_gops"], "Gop/s"), "",
+                 f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s")])
+    values = {
+        "ch1.cpu": rec["machine"]["cpu"],
+        "ch1.cores": str(cores),
+        "ch1.isa": rec["settings"]["isa"],
+        "ch1.clock": f(sm["clock_ghz"], "GHz"),
+        "ch1.fma_pipes": str(th["pipes"]),
+        "ch1.fma_pipe_bits": str(th["pipe_bits"]),
+        "ch1.fma_source": th["source"],
+        "ch1.flops_per_cycle": str(th["flops_per_cycle_per_core"]),
+        "ch1.lanes": str(th["vector_bits"] // 32),
+        "ch1.f32_theory_core": f(th["gops_per_core"], "Gop/s"),
+        "ch1.f32_theory_all": f(th["gops_all"], "Gop/s"),
+        "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
+        "ch1.f32_peak_all": f(sm["peak"][("f32", cores)], "Gop/s"),
+        "ch1.f32_fraction": f"{100 * sm['f32_fraction_of_theory']:.0f} %",
+        "ch1.bf16_peak_all": f(sm["peak"][("bf16", cores)], "Gop/s"),
+        "ch1.int8_peak_all": f(sm["peak"][("int8", cores)], "Gop/s"),
+        "ch1.bf16_native": "native" if sm["native"]["bf16"] else "emulated (no AVX512_BF16 here)",
+        "ch1.int8_native": "native" if sm["native"]["int8"] else "emulated (no AVX512_VNNI here)",
+        "ch1.naive_n": str(n),
+        "ch1.naive_gops": f(sm["naive_gops"], "Gop/s"),
+        "ch1.naive_below_peak": f(sm["naive_below_peak"]),
+        "ch1.naive_ai": f(naive_gemm_intensity(n), "op/byte"),
+        "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),
+        "ch1.dram_vs_numpy": f"{100 * sm['dram_triad_vs_numpy']:.0f} %",
+        "ch1.staircase_distinct": "four distinct plateaus" if staircase_distinct(
+            sm["triad_plateaus"][cores]) else "fewer than four clearly distinct plateaus",
+        "ch1.machine": figures.machine_line(rec),
+        "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
+    }
+    for th_ in (1, cores):
+        for level in ("L1", "L2", "L3", "DRAM"):
+            key = f"ch1.{level.lower()}_{'core' if th_ == 1 else 'all'}"
+            values[key] = f(sm["triad_plateaus"][th_][level], "GB/s")
+    return rows, values
+
+
+def make_figures(rec_dir) -> dict:
+    rec = records.load(RECORD, rec_dir)
+    rows, values = table_rows(rec)
+    cores = max(rec["settings"]["threads"])
+    figures.write_table(
+        "ch1_machine", rows,
+        ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
+         f"Reference: {reference.MACHINE.split(' vs ')[0]}"],
+        note=f"This machine: {figures.machine_line(rec)}. "
+             f"Reference: quoted from {reference.CITE}, not measured here.")
+    staircase_figure(rec)
+    n = rec["settings"]["gemm_naive_n"]
+    roofline_figure([(f"naive {n}³ product", naive_gemm_intensity(n),
+                      records.value(rec, "gemm_naive"))], "ch1_roofline", rec)
+    return values
+
+
+# ---------------------------------------------------------------- command line
+
+def add_machine_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
+    p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+
+
+def cmd_machine(args) -> int:
+    quick = args.quick or quick_mode()
+    rec = run(quick=quick)
+    rows, values = table_rows(rec.data)
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{figures.machine_line(rec.data)}")
+    print(f"theoretical f32 peak: {rec.data['settings']['theory']['source']}")
+    for r in rows:
+        print(f"  {r[0]:<{width}}  " + "  ".join(f"{c:>14}" for c in r[1:]))
+    print(f"  DRAM triad (all cores) vs numpy copy: {values['ch1.dram_vs_numpy']}; "
+          f"f32 measured / theoretical: {values['ch1.f32_fraction']}; staircase: "
+          f"{values['ch1.staircase_distinct']}")
+    if not args.no_save:
+        print(f"record written to {rec.save()}")
+    return 0
