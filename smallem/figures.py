@@ -51,8 +51,8 @@ def save(fig, name: str) -> list[Path]:
     return out
 
 
-def write_table(name: str, rows: list[list], header: list[str], note: str = "") -> Path:
-    """Write a Markdown table to ``figures/tables/<name>.md`` (included by the pages)."""
+def table_markdown(rows: list[list], header: list[str], note: str = "") -> str:
+    """A Markdown table: first column left-aligned, the numbers right-aligned."""
     def cell(x):
         return str(x).replace("|", "\\|")
     lines = ["| " + " | ".join(map(cell, header)) + " |",
@@ -60,8 +60,13 @@ def write_table(name: str, rows: list[list], header: list[str], note: str = "") 
     lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
     if note:
         lines += ["", note]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(name: str, rows: list[list], header: list[str], note: str = "") -> Path:
+    """Write a Markdown table to ``figures/tables/<name>.md`` (included by the pages)."""
     path = tables_dir() / f"{name}.md"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(table_markdown(rows, header, note))
     return path
 
 

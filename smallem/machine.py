@@ -452,6 +452,10 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ch1.staircase_distinct": "four distinct plateaus" if staircase_distinct(
             sm["triad_plateaus"][cores]) else "fewer than four clearly distinct plateaus",
         "ch1.machine": figures.machine_line(rec),
+        "ref.machine": reference.MACHINE,
+        "ref.ch1_f32_peak": f(reference.CH1_F32_PEAK_GOPS, "Gop/s"),
+        "ref.ch2_naive": f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"),
+        "ref.ch2_naive_below_peak": f(reference.CH1_F32_PEAK_GOPS / reference.CH2_GEMM_1024_NAIVE_GOPS),
         "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
     }
     for th_ in (1, cores):
@@ -461,16 +465,20 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
-def make_figures(rec_dir) -> dict:
-    rec = records.load(RECORD, rec_dir)
-    rows, values = table_rows(rec)
+def table_markdown(rec: dict) -> str:
+    rows, _ = table_rows(rec)
     cores = max(rec["settings"]["threads"])
-    figures.write_table(
-        "ch1_machine", rows,
-        ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
-         f"Reference: {reference.MACHINE.split(' vs ')[0]}"],
+    return figures.table_markdown(
+        rows, ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
+               f"Reference: {reference.MACHINE.split(' vs ')[0]}"],
         note=f"This machine: {figures.machine_line(rec)}. "
              f"Reference: quoted from {reference.CITE}, not measured here.")
+
+
+def make_figures(rec_dir) -> dict:
+    rec = records.load(RECORD, rec_dir)
+    _, values = table_rows(rec)
+    (figures.tables_dir() / "ch1_machine.md").write_text(table_markdown(rec))
     staircase_figure(rec)
     n = rec["settings"]["gemm_naive_n"]
     roofline_figure([(f"naive {n}³ product", naive_gemm_intensity(n),

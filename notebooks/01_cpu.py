@@ -1,0 +1,89 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 1, the notebook: what this CPU is worth
+#
+# This notebook regenerates chapter 1's table and figures on the machine it runs on.
+# By default it reads this machine's record (`figures/records/ch1.machine.json`, written by
+# `smallem machine`) and measures only if there is none. Set `SMALLEM_QUICK=1` for a
+# seconds-long run on tiny sizes (that is how the test suite runs it), or `SMALLEM_REMEASURE=1`
+# to measure again in full (about half a minute).
+
+# %%
+import os
+
+from IPython.display import SVG, Markdown, display
+
+from smallem import figures, isa, machine, machine_info, records
+
+QUICK = os.environ.get("SMALLEM_QUICK") == "1"
+REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
+
+print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |",
+      "ISA", isa.selected(), isa.extensions(isa.selected()))
+print("caches:", {k: v for k, v in machine_info.caches().items() if k.endswith("bytes")})
+
+# %% [markdown]
+# ## Measure, or read the record
+#
+# The record keeps every sample's median, minimum and maximum, the machine's fingerprint,
+# the compiler flags and the commit. Everything below is computed from it.
+
+# %%
+if QUICK or REMEASURE or not records.exists(machine.RECORD):
+    rec = machine.run(quick=QUICK, progress=False)
+    rec.save()
+    data = rec.data
+else:
+    data = records.load(machine.RECORD)
+print(figures.machine_line(data))
+print("theoretical f32 peak from:", data["settings"]["theory"]["source"])
+
+# %% [markdown]
+# ## The table
+#
+# Peaks in Gop/s (a multiply and an add count as two operations), bandwidths in GB/s as
+# STREAM counts them. "Emulated" means the instruction is missing on this CPU and the probe
+# runs the fallback that the AVX2 or plain-C path would use.
+
+# %%
+display(Markdown(machine.table_markdown(data)))
+summary = machine.summary(data)
+print(f"f32: measured / theoretical = {summary['f32_fraction_of_theory']:.1%}")
+print(f"DRAM triad on all cores / numpy copy = {summary['dram_triad_vs_numpy']:.1%}")
+print(f"naive product: {summary['naive_below_peak']:.0f} times below the measured f32 peak")
+
+# %% [markdown]
+# ## The clock, live
+#
+# One more measurement of the clock, now: 64 dependent integer adds per loop iteration,
+# one cycle each. Under load or on battery it moves; that is why the peak is computed from
+# the clock measured in the same run, not from the box's label.
+
+# %%
+clock = machine.measure_clock(repeats=3)
+print(f"clock now: {clock['median'] / 1e9:.2f} GHz (min {clock['min'] / 1e9:.2f}, "
+      f"max {clock['max'] / 1e9:.2f})")
+
+# %% [markdown]
+# ## The staircase and the roofline
+
+# %%
+machine.staircase_figure(data)
+display(SVG(filename=str(figures.figures_dir() / "ch1_staircase.svg")))
+
+# %%
+n = data["settings"]["gemm_naive_n"]
+machine.roofline_figure([(f"naive {n}³ product", machine.naive_gemm_intensity(n),
+                          records.value(data, "gemm_naive"))], "ch1_roofline", data)
+display(SVG(filename=str(figures.figures_dir() / "ch1_roofline.svg")))
