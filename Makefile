@@ -1,0 +1,69 @@
+# The two commands of the README:
+#   make test   set up .venv, make figures from the committed records, run every test
+#   make book   set up .venv, measure this machine, redraw the figures, build the site
+#
+# Set-up is a stamp file: the first run creates .venv and installs the package with its book and
+# test extras; later runs skip that until pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.smallem-installed
+SITE   := site
+
+# The measurements `make book` runs, in chapter order: each is a `smallem <command>` that writes
+# its record under figures/records/. A chapter appends its own: MEASURE += gemm
+MEASURE = machine
+
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: setup test book chromium figures build site clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[book,test]'
+	@# the notebooks' kernel must be this venv's python, whatever else is installed
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@touch $@
+
+# Debian's chromium for the browser test (Playwright drives it; it never downloads a browser).
+chromium:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium for the browser test"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+	  || { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+	  || echo "could not install chromium: the browser test will be skipped"; \
+	else \
+	  echo "no /usr/bin/chromium (install Debian's chromium package): the browser test will be skipped"; \
+	fi
+
+figures: setup
+	$(PY) -m smallem figures
+
+test: setup chromium
+	$(PY) -m smallem figures
+	$(PY) -m pytest tests
+
+build: setup
+	$(PY) -m smallem build
+
+site: setup
+	$(VENV)/bin/mkdocs build --strict --site-dir $(SITE)
+
+book: setup
+	$(PY) -m smallem build
+	@for m in $(MEASURE); do \
+	  echo "== smallem $$m"; $(PY) -m smallem $$m || exit 1; \
+	done
+	$(PY) -m smallem figures
+	$(VENV)/bin/mkdocs build --strict --site-dir $(SITE)
+	@echo
+	@echo "The book is in $(SITE)/index.html. To read it, serve it and open the address:"
+	@echo "    $(PY) -m http.server -d $(SITE)    # then http://127.0.0.1:8000/"
+
+clean:
+	rm -rf $(SITE) build
