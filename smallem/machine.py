@@ -149,30 +149,44 @@ def stream_sizes(quick: bool) -> list[int]:
     return sizes
 
 
+def stream_kernel(kernel: str, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None,
+                  scalar: float = 3.0, reps: int = 1, threads: int = 1) -> None:
+    """Run one STREAM kernel in place on float64 arrays: a = b, s*b, b+c or b+s*c."""
+    if kernel not in STREAM_KERNELS:
+        raise ValueError(f"kernel: expected one of {list(STREAM_KERNELS)}, got {kernel!r}")
+    checks.array(a, "a", np.float64, ndim=1, writable=True)
+    checks.array(b, "b", np.float64, shape=a.shape)
+    if STREAM_KERNELS[kernel][0] == 3:
+        if c is None:
+            raise ValueError(f"c: the {kernel} kernel reads a third array")
+        checks.array(c, "c", np.float64, shape=a.shape)
+    n = checks.positive_int(a.size, "len(a)", limit=2**62)
+    reps = checks.positive_int(reps, "reps")
+    threads = checks.positive_int(threads, "threads", limit=4096)
+    ffi, lib = build.load("stream")
+    pa, pb = ffi.from_buffer("double[]", a), ffi.from_buffer("double[]", b)
+    if kernel == "copy":
+        lib.stream_copy(pa, pb, n, reps, threads)
+    elif kernel == "scale":
+        lib.stream_scale(pa, pb, float(scalar), n, reps, threads)
+    elif kernel == "add":
+        lib.stream_add(pa, pb, ffi.from_buffer("double[]", c), n, reps, threads)
+    else:
+        lib.stream_triad(pa, pb, ffi.from_buffer("double[]", c), float(scalar), n, reps, threads)
+
+
 class Stream:
     """Three arrays big enough for the largest working set, first-touched by ``threads``."""
 
     def __init__(self, max_bytes: int, threads: int):
-        self.ffi, self.lib = build.load("stream")
+        ffi, lib = build.load("stream")
         n = max_bytes // (8 * 2) + 64
         self.a, self.b, self.c = (np.empty(n) for _ in range(3))
-        self.lib.stream_init(*self._ptrs(n), n, threads)
-
-    def _ptrs(self, n):
-        return [self.ffi.cast("double *", x.ctypes.data) for x in (self.a, self.b, self.c)]
+        lib.stream_init(*(ffi.from_buffer("double[]", x) for x in (self.a, self.b, self.c)),
+                        n, threads)
 
     def run(self, kernel: str, n: int, reps: int, threads: int):
-        a, b, c = self._ptrs(n)
-        if kernel == "copy":
-            self.lib.stream_copy(a, b, n, reps, threads)
-        elif kernel == "scale":
-            self.lib.stream_scale(a, b, 3.0, n, reps, threads)
-        elif kernel == "add":
-            self.lib.stream_add(a, b, c, n, reps, threads)
-        elif kernel == "triad":
-            self.lib.stream_triad(a, b, c, 3.0, n, reps, threads)
-        else:
-            raise ValueError(f"kernel: expected one of {list(STREAM_KERNELS)}, got {kernel!r}")
+        stream_kernel(kernel, self.a[:n], self.b[:n], self.c[:n], 3.0, reps, threads)
 
 
 def measure_stream_point(s: Stream, kernel: str, ws_bytes: int, threads: int,

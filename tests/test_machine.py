@@ -1,0 +1,148 @@
+"""Chapter 1: the probes, STREAM kernels and naive product against numpy, and the
+record-to-table logic on synthetic records."""
+
+import math
+
+import numpy as np
+import pytest
+
+from smallem import build, checks, machine, records
+
+
+def test_clock_is_plausible(level):
+    clock = machine.measure_clock(repeats=1)
+    assert 0.2e9 < clock["median"] < 8e9, clock
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fma_probe_matches_numpy_model(level, threads):
+    # acc = acc * 0.999 + 0.001, from 1 + k, `iters` times, summed over accumulators and lanes.
+    ffi, lib = build.load("probes")
+    sink = ffi.new("float *")
+    iters = 7
+    ops = lib.probe_fma_f32(iters, threads, sink)
+    nacc, lanes = {"avx512": (16, 16)}.get(level, (12, 8))
+    assert ops == iters * nacc * lanes * 2 * threads
+    acc = 1.0 + np.arange(nacc, dtype=np.float64)
+    for _ in range(iters):
+        acc = acc * np.float64(np.float32(0.999)) + np.float64(np.float32(0.001))
+    expected = threads * lanes * acc.sum()
+    assert sink[0] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16", "int8"])
+def test_peak_probes_count_operations(level, kind, monkeypatch):
+    monkeypatch.setenv("SMALLEM_QUICK", "1")
+    r = machine.measure_peak(kind, 1, repeats=1)
+    assert r["value"]["median"] > 0.1  # Gop/s: any CPU does better than that
+
+
+def test_peak_probe_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="kind"):
+        machine.measure_peak("f64", 1)
+    with pytest.raises(ValueError, match="threads"):
+        machine.measure_peak("f32", 0)
+    with pytest.raises(TypeError, match="threads"):
+        machine.measure_peak("f32", 1.5)
+
+
+@pytest.mark.parametrize("kernel", list(machine.STREAM_KERNELS))
+@pytest.mark.parametrize("n", [1, 7, 1009, 65537])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stream_kernels_match_numpy(level, rng, kernel, n, threads):
+    a = np.zeros(n)
+    b = rng.standard_normal(n)
+    c = rng.standard_normal(n)
+    machine.stream_kernel(kernel, a, b, c, scalar=3.0, reps=2, threads=threads)
+    expected = {"copy": b, "scale": 3.0 * b, "add": b + c, "triad": b + 3.0 * c}[kernel]
+    checks.assert_close(a, expected, k=2, name=kernel)
+
+
+def test_stream_kernel_rejects_bad_input():
+    a, b = np.zeros(8), np.zeros(8)
+    with pytest.raises(TypeError, match="b: expected dtype float64"):
+        machine.stream_kernel("copy", a, b.astype(np.float32))
+    with pytest.raises(ValueError, match="b: expected shape"):
+        machine.stream_kernel("copy", a, np.zeros(9))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        machine.stream_kernel("copy", np.zeros(16)[::2], b)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.zeros(8)
+        ro.flags.writeable = False
+        machine.stream_kernel("copy", ro, b)
+    with pytest.raises(ValueError, match="third array"):
+        machine.stream_kernel("triad", a, b)
+    with pytest.raises(ValueError, match="kernel"):
+        machine.stream_kernel("memset", a, b)
+    with pytest.raises(ValueError, match="reps"):
+        machine.stream_kernel("copy", a, b, reps=0)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (3, 5, 7), (17, 1, 13), (31, 29, 37)])
+def test_naive_gemm_matches_numpy_with_padding(level, rng, m, n, k):
+    # leading dimensions wider than the matrices: the kernel must honour lda/ldb/ldc
+    ffi, lib = build.load("gemm")
+    A = rng.standard_normal((m, k + 3), dtype=np.float32)
+    B = rng.standard_normal((k, n + 5), dtype=np.float32)
+    C = np.full((m, n + 2), np.nan, dtype=np.float32)
+    f = lambda x: ffi.from_buffer("float[]", x)
+    lib.gemm_naive(m, n, k, f(A), k + 3, f(B), n + 5, f(C), n + 2, 1)
+    checks.assert_close(C[:, :n], A[:, :k] @ B[:, :n], k=k)
+    assert np.isnan(C[:, n:]).all(), "wrote outside the n columns"
+
+
+def _fake_record(bw_by_size, threads=(1, 2)):
+    caches = {"L1d_bytes": 32 * 1024, "L2_bytes": 512 * 1024, "L3_bytes": 32 * 1024**2,
+              "L1d_instances": 2, "L2_instances": 2, "L3_instances": 1}
+    rec = records.Record("ch1.machine", settings={"threads": list(threads)},
+                         machine={"caches": caches, "cpu": "test"})
+    for th in threads:
+        for size, bw in bw_by_size(th):
+            rec.add("stream", "GB/s", {"median": bw, "min": bw, "max": bw}, kernel="triad",
+                    threads=th, bytes=size)
+    return rec.data, caches
+
+
+def test_plateaus_pick_each_level():
+    def stairs(th):
+        out = []
+        for p in range(14, 31):
+            size = 2**p
+            per_thread = size / th
+            bw = 100 if per_thread <= 32768 else 60 if per_thread <= 2**19 else 30 if size <= 2**25 else 10
+            out.append((size, bw * th if per_thread <= 2**19 else bw))
+        return out
+
+    data, caches = _fake_record(stairs)
+    one = machine.plateaus(records.results(data, "stream", threads=1), caches, 1)
+    assert one == {"L1": 100, "L2": 60, "L3": 30, "DRAM": 10}
+    assert machine.staircase_distinct(one)
+    flat = dict(one, L3=58)
+    assert not machine.staircase_distinct(flat)
+    assert not machine.staircase_distinct(dict(one, DRAM=math.nan))
+
+
+def test_theoretical_peak_infers_unknown_cores(monkeypatch):
+    monkeypatch.setattr(machine, "fma_units", lambda: (0, 0, "unknown"))
+    t = machine.theoretical_peak(3e9, 4, "avx2", measured_per_core=3e9 * 8 * 2 * 2 * 0.97)
+    assert t["pipes"] == 2 and "inferred" in t["source"]
+    assert t["gops_all"] == pytest.approx(4 * 32 * 3)
+
+
+def test_zen4_avx512_peak_counts_half_width_pipes(monkeypatch):
+    monkeypatch.setattr(machine, "fma_units", lambda: (2, 256, "Zen 4"))
+    assert machine.theoretical_peak(5e9, 8, "avx512", 0)["gops_all"] == pytest.approx(1280)
+
+
+def test_quick_run_makes_table_and_figures(records_tmp, monkeypatch):
+    monkeypatch.setenv("SMALLEM_QUICK", "1")
+    rec = machine.run(quick=True, progress=False)
+    rec.save()
+    values = machine.make_figures(records_tmp)
+    from smallem import figures
+    table = (figures.tables_dir() / "ch1_machine.md").read_text()
+    assert "f32 FMA peak, measured" in table and figures.fmt(1314, "Gop/s") in table
+    for name in ("ch1_staircase", "ch1_roofline"):
+        assert (figures.figures_dir() / f"{name}.svg").stat().st_size > 1000
+    assert values["ch1.cores"] == str(max(rec.data["settings"]["threads"]))
+    assert all(isinstance(v, str) and v for v in values.values())
