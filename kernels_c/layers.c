@@ -1,0 +1,478 @@
+/* Chapter 3: every layer of the GPT that is not a matrix product.
+ *
+ * The products (about 95% of a training step's FLOPs) go to chapter 2's GEMM.
+ * What is left here is memory-bound: each kernel reads and writes its tensor
+ * once or twice and does a handful of operations per float, so the goal is one
+ * pass over memory, not peak FLOPs. The exception is exp(): softmax, the
+ * cross-entropy and GELU all need it, and libm's expf is a scalar call that the
+ * compiler cannot vectorise, so vec_exp below has an AVX-512, an AVX2 and a
+ * plain-C branch.
+ *
+ * All tensors are row-major f32; N counts rows (tokens), C columns (features).
+ * Threads split rows; kernels that reduce over rows (bias and LayerNorm weight
+ * gradients, embedding scatter-add) split columns instead, so that no two
+ * threads ever write the same float.
+ */
+#include <math.h>
+#include "common.h"
+#include "layers.h"
+
+/* ------------------------------------------------------------------ exp */
+/* --8<-- [start:exp] */
+/* exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln2 / 2, exp(r) by a
+ * degree-6 polynomial (Cephes' expf coefficients, about 1 ulp); 2^n is built
+ * by writing n + 127 into the float's exponent bits. Inputs are clamped to
+ * [-87, 88] so that 2^n stays a normal float. */
+#define EXP_HI 88.0f
+#define EXP_LO -87.0f
+#define LOG2E 1.44269504089f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+#define P0 1.9875691500e-4f
+#define P1 1.3981999507e-3f
+#define P2 8.3334519073e-3f
+#define P3 4.1665795894e-2f
+#define P4 1.6666665459e-1f
+#define P5 5.0000001201e-1f
+
+static inline float exp_scalar(float x)
+{
+    x = x > EXP_HI ? EXP_HI : (x < EXP_LO ? EXP_LO : x);
+    float n = nearbyintf(x * LOG2E);
+    float r = x - n * LN2_HI - n * LN2_LO;
+    float p = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5;
+    p = p * r * r + r + 1.0f;
+    union { float f; int32_t i; } u = {p};
+    u.i += (int32_t)n << 23;
+    return u.f;
+}
+
+#if defined(SM_AVX512)
+static inline __m512 exp_vec(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_set1_ps(P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+}
+#define VW 16
+#define VEC __m512
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#elif defined(SM_AVX2)
+static inline __m256 exp_vec(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    __m256 p = _mm256_set1_ps(P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+#define VW 8
+#define VEC __m256
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#endif
+
+/* In place, x[i] = exp(x[i]) for a contiguous run. */
+static inline void exp_inplace(float *x, long long n)
+{
+    long long i = 0;
+#if defined(VW)
+    for (; i + VW <= n; i += VW) VSTORE(x + i, exp_vec(VLOAD(x + i)));
+#endif
+    for (; i < n; i++) x[i] = exp_scalar(x[i]);
+}
+/* --8<-- [end:exp] */
+
+void vec_exp(float *x, long long n) { exp_inplace(x, n); }
+
+static inline float row_max(const float *x, int n)
+{
+    float m = -INFINITY;
+    #pragma omp simd reduction(max:m)
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static inline float row_sum(const float *x, int n)
+{
+    float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (int i = 0; i < n; i++) s += x[i];
+    return s;
+}
+
+/* ------------------------------------------------------------------ bias, residual */
+void add_bias(float *y, const float *b, int N, int C, int nthreads)
+{
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int n = 0; n < N; n++) {
+        float *row = y + (size_t)n * C;
+        #pragma omp simd
+        for (int c = 0; c < C; c++) row[c] += b[c];
+    }
+}
+
+/* db[c] = sum over rows of dy[n, c]; threads own column blocks of 64 floats
+ * (one 256-byte stripe of every row), so their sums never collide. */
+void col_sum(const float *dy, float *db, int N, int C, int nthreads)
+{
+    int blocks = (C + 63) / 64;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int blk = 0; blk < blocks; blk++) {
+        int c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        float acc[64] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *row = dy + (size_t)n * C;
+            #pragma omp simd
+            for (int c = c0; c < c1; c++) acc[c - c0] += row[c];
+        }
+        for (int c = c0; c < c1; c++) db[c] = acc[c - c0];
+    }
+}
+
+void residual_add(const float *a, const float *b, float *out, long long n, int nthreads)
+{
+    #pragma omp parallel for simd schedule(static) num_threads(nthreads)
+    for (long long i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* ------------------------------------------------------------------ embedding */
+/* out[b, t] = wte[idx[b, t]] + wpe[t]. Returns how many ids are outside
+ * [0, V) (those rows are zeroed): a bad id must not read past the table. */
+int embedding_forward(const int *idx, const float *wte, const float *wpe, float *out,
+                      int B, int T, int C, int V, int nthreads)
+{
+    int bad = 0;
+    #pragma omp parallel for schedule(static) reduction(+:bad) num_threads(nthreads)
+    for (int bt = 0; bt < B * T; bt++) {
+        int id = idx[bt], t = bt % T;
+        float *o = out + (size_t)bt * C;
+        if (id < 0 || id >= V) {
+            bad++;
+            memset(o, 0, sizeof(float) * C);
+            continue;
+        }
+        const float *e = wte + (size_t)id * C, *p = wpe + (size_t)t * C;
+        #pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+    return bad;
+}
+
+/* dwpe[t] = sum over b of dout[b, t] (overwritten); dwte[idx] += dout
+ * (accumulated: the tied LM head has already written its share). Two tokens
+ * may share an id, so threads split the columns, never the tokens. */
+int embedding_backward(const int *idx, const float *dout, float *dwte, float *dwpe,
+                       int B, int T, int C, int V, int nthreads)
+{
+    int blocks = (C + 63) / 64, bad = 0;
+    for (int bt = 0; bt < B * T; bt++) bad += idx[bt] < 0 || idx[bt] >= V;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int blk = 0; blk < blocks; blk++) {
+        int c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        for (int t = 0; t < T; t++)
+            for (int c = c0; c < c1; c++) dwpe[(size_t)t * C + c] = 0.0f;
+        for (int bt = 0; bt < B * T; bt++) {
+            int id = idx[bt], t = bt % T;
+            const float *d = dout + (size_t)bt * C;
+            float *p = dwpe + (size_t)t * C;
+            for (int c = c0; c < c1; c++) p[c] += d[c];
+            if (id < 0 || id >= V) continue;
+            float *e = dwte + (size_t)id * C;
+            for (int c = c0; c < c1; c++) e[c] += d[c];
+        }
+    }
+    return bad;
+}
+
+/* ------------------------------------------------------------------ LayerNorm */
+/* --8<-- [start:layernorm] */
+/* y = (x - mean) * rstd * w + b over each row of C floats. Two passes over the
+ * row (mean, then variance of the centred values) rather than E[x^2] - mean^2,
+ * which cancels catastrophically when the mean is large. mean and rstd are
+ * kept for the backward pass: 8 bytes per token instead of recomputing. */
+void layernorm_forward(const float *x, const float *w, const float *b, float *out,
+                       float *mean, float *rstd, int N, int C, int nthreads)
+{
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C;
+        float *yr = out + (size_t)n * C;
+        float m = row_sum(xr, C) / C, var = 0.0f;
+        #pragma omp simd reduction(+:var)
+        for (int c = 0; c < C; c++) var += (xr[c] - m) * (xr[c] - m);
+        float rs = 1.0f / sqrtf(var / C + 1e-5f);
+        #pragma omp simd
+        for (int c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = rs;
+    }
+}
+/* --8<-- [end:layernorm] */
+
+/* --8<-- [start:layernorm_backward] */
+/* With xh = (x - mean) * rstd and g = dy * w, the input gradient is
+ *   dx = rstd * (g - mean(g) - xh * mean(g * xh))
+ * and it is ADDED to dx: the block's residual stream already holds the
+ * gradient that flows around the LayerNorm, so this one pass does the
+ * residual's backward too. dw and db (sums over rows) come after, by column
+ * blocks. */
+void layernorm_backward(const float *dy, const float *x, const float *w, const float *mean,
+                        const float *rstd, float *dx, float *dw, float *db, int N, int C,
+                        int nthreads)
+{
+    #pragma omp parallel num_threads(nthreads)
+    {
+        #pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *xr = x + (size_t)n * C, *gr = dy + (size_t)n * C;
+            float *dr = dx + (size_t)n * C;
+            float m = mean[n], rs = rstd[n], sg = 0.0f, sgx = 0.0f;
+            #pragma omp simd reduction(+:sg, sgx)
+            for (int c = 0; c < C; c++) {
+                float g = gr[c] * w[c];
+                sg += g;
+                sgx += g * (xr[c] - m) * rs;
+            }
+            sg /= C;
+            sgx /= C;
+            #pragma omp simd
+            for (int c = 0; c < C; c++) {
+                float xh = (xr[c] - m) * rs;
+                dr[c] += rs * (gr[c] * w[c] - sg - xh * sgx);
+            }
+        }
+        int blocks = (C + 63) / 64;
+        #pragma omp for schedule(static)
+        for (int blk = 0; blk < blocks; blk++) {
+            int c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+            float aw[64] = {0}, ab[64] = {0};
+            for (int n = 0; n < N; n++) {
+                const float *xr = x + (size_t)n * C, *gr = dy + (size_t)n * C;
+                float m = mean[n], rs = rstd[n];
+                #pragma omp simd
+                for (int c = c0; c < c1; c++) {
+                    aw[c - c0] += gr[c] * (xr[c] - m) * rs;
+                    ab[c - c0] += gr[c];
+                }
+            }
+            for (int c = c0; c < c1; c++) {
+                dw[c] = aw[c - c0];
+                db[c] = ab[c - c0];
+            }
+        }
+    }
+}
+/* --8<-- [end:layernorm_backward] */
+
+/* ------------------------------------------------------------------ GELU */
+/* --8<-- [start:gelu] */
+/* GPT-2's tanh GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3),
+ * rewritten as x * sigmoid(2u) = x * e / (1 + e), e = exp(2u): one exp and one
+ * division per float instead of a libm tanhf call. Work goes in chunks of 256
+ * floats (1 KiB, stays in L1) so that the exp pass is vectorised. */
+#define GELU_K 0.7978845608f /* sqrt(2 / pi) */
+#define GELU_A 0.044715f
+#define CHUNK 256
+
+void gelu_forward(const float *x, float *out, long long n, int nthreads)
+{
+    long long chunks = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long long ch = 0; ch < chunks; ch++) {
+        long long i0 = ch * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        float e[CHUNK];
+        const float *xc = x + i0;
+        #pragma omp simd
+        for (int i = 0; i < len; i++) e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
+        exp_inplace(e, len);
+        #pragma omp simd
+        for (int i = 0; i < len; i++) out[i0 + i] = xc[i] * (1.0f - 1.0f / (1.0f + e[i]));
+    }
+}
+/* --8<-- [end:gelu] */
+
+/* d/dx [x s(z)] = s + x s (1 - s) dz/dx, s = sigmoid(z), z = 2u. */
+void gelu_backward(const float *x, const float *dy, float *dx, long long n, int nthreads)
+{
+    long long chunks = (n + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long long ch = 0; ch < chunks; ch++) {
+        long long i0 = ch * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        float e[CHUNK];
+        const float *xc = x + i0;
+        #pragma omp simd
+        for (int i = 0; i < len; i++) e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
+        exp_inplace(e, len);
+        #pragma omp simd
+        for (int i = 0; i < len; i++) {
+            float s = 1.0f - 1.0f / (1.0f + e[i]), xi = xc[i];
+            float dz = 2.0f * GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
+            dx[i0 + i] = dy[i0 + i] * (s + xi * s * (1.0f - s) * dz);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ heads */
+/* x is (B, T, parts, H, hd): the output of the fused QKV product (parts = 3)
+ * or the attention output (parts = 1). Each part becomes (B, H, T, hd), so
+ * that one head of one sequence is a contiguous T x hd matrix: the shape the
+ * GEMM wants. Unused part pointers may be NULL. */
+void heads_split(const float *x, float *q, float *k, float *v, int B, int T, int H, int hd,
+                 int parts, int nthreads)
+{
+    float *dst[3] = {q, k, v};
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < parts; p++)
+                for (int h = 0; h < H; h++) {
+                    const float *src = x + ((((size_t)b * T + t) * parts + p) * H + h) * hd;
+                    memcpy(dst[p] + (((size_t)b * H + h) * T + t) * hd, src, sizeof(float) * hd);
+                }
+}
+
+void heads_merge(const float *q, const float *k, const float *v, float *x, int B, int T, int H,
+                 int hd, int parts, int nthreads)
+{
+    const float *srcs[3] = {q, k, v};
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int p = 0; p < parts; p++)
+                for (int h = 0; h < H; h++) {
+                    float *dst = x + ((((size_t)b * T + t) * parts + p) * H + h) * hd;
+                    memcpy(dst, srcs[p] + (((size_t)b * H + h) * T + t) * hd, sizeof(float) * hd);
+                }
+}
+
+/* ------------------------------------------------------------------ attention softmax */
+/* --8<-- [start:attn_softmax] */
+/* s holds BH score matrices of T x T (S = Q K^T, unscaled). Row i of each
+ * becomes softmax(scale * s[i, 0..i]) and zeros after i: the causal mask is
+ * not a -inf added to the scores, it is the loop bound. Rows get longer down
+ * the matrix, so threads take rows in small dynamic chunks. */
+void attn_softmax_forward(float *s, int BH, int T, float scale, int nthreads)
+{
+    #pragma omp parallel for schedule(dynamic, 32) num_threads(nthreads)
+    for (long long r = 0; r < (long long)BH * T; r++) {
+        int i = (int)(r % T), n = i + 1;
+        float *row = s + (size_t)r * T;
+        float m = row_max(row, n) * scale;
+        #pragma omp simd
+        for (int j = 0; j < n; j++) row[j] = row[j] * scale - m;
+        exp_inplace(row, n);
+        float inv = 1.0f / row_sum(row, n);
+        #pragma omp simd
+        for (int j = 0; j < n; j++) row[j] *= inv;
+        memset(row + n, 0, sizeof(float) * (T - n));
+    }
+}
+/* --8<-- [end:attn_softmax] */
+
+/* --8<-- [start:attn_softmax_backward] */
+/* Given P and dP = dO V^T, the gradient of the unscaled scores, in place:
+ *   dS[i, j] = scale * P[i, j] * (dP[i, j] - sum_k P[i, k] dP[i, k]).  */
+void attn_softmax_backward(const float *p, float *dp, int BH, int T, float scale, int nthreads)
+{
+    #pragma omp parallel for schedule(dynamic, 32) num_threads(nthreads)
+    for (long long r = 0; r < (long long)BH * T; r++) {
+        int i = (int)(r % T), n = i + 1;
+        const float *pr = p + (size_t)r * T;
+        float *dr = dp + (size_t)r * T, dot = 0.0f;
+        #pragma omp simd reduction(+:dot)
+        for (int j = 0; j < n; j++) dot += pr[j] * dr[j];
+        #pragma omp simd
+        for (int j = 0; j < n; j++) dr[j] = scale * pr[j] * (dr[j] - dot);
+        memset(dr + n, 0, sizeof(float) * (T - n));
+    }
+}
+/* --8<-- [end:attn_softmax_backward] */
+
+/* ------------------------------------------------------------------ cross-entropy */
+/* --8<-- [start:cross_entropy] */
+/* Softmax, loss and gradient of the loss in one pass per row of V logits:
+ *   losses[n] = logsumexp(z) - z[target],  dlogits = (softmax(z) - onehot) * dscale.
+ * dscale is 1/N for a mean loss. Returns the count of targets outside [0, V)
+ * (their loss is NaN and their gradient row zero). */
+int cross_entropy(const float *logits, const int *targets, float *losses, float *dlogits,
+                  int N, int V, float dscale, int nthreads)
+{
+    int bad = 0;
+    #pragma omp parallel for schedule(static) reduction(+:bad) num_threads(nthreads)
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * V;
+        float *d = dlogits + (size_t)n * V;
+        int t = targets[n];
+        if (t < 0 || t >= V) {
+            bad++;
+            losses[n] = NAN;
+            memset(d, 0, sizeof(float) * V);
+            continue;
+        }
+        float m = row_max(z, V);
+        #pragma omp simd
+        for (int j = 0; j < V; j++) d[j] = z[j] - m;
+        exp_inplace(d, V);
+        float sum = row_sum(d, V), inv = dscale / sum;
+        losses[n] = logf(sum) + m - z[t];
+        #pragma omp simd
+        for (int j = 0; j < V; j++) d[j] *= inv;
+        d[t] -= dscale;
+    }
+    return bad;
+}
+/* --8<-- [end:cross_entropy] */
+
+/* ------------------------------------------------------------------ optimiser */
+/* --8<-- [start:adamw] */
+/* AdamW (Loshchilov and Hutter), in PyTorch's order: decay the weight, update
+ * both moments, step by lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps). gscale folds
+ * gradient clipping into the same pass. Per float: 16 bytes read, 12 written
+ * (p, m, v; g is read only), 3 state arrays the size of the model: for 25 M
+ * parameters that is 700 MB of traffic per step, a few ms at DRAM speed. */
+void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1,
+           float beta2, float eps, float wd, float gscale, float bc1, float bc2, int nthreads)
+{
+    float decay = 1.0f - lr * wd, step = lr / bc1, rbc2 = 1.0f / sqrtf(bc2);
+    #pragma omp parallel for simd schedule(static) num_threads(nthreads)
+    for (long long i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step * mi / (sqrtf(vi) * rbc2 + eps);
+    }
+}
+/* --8<-- [end:adamw] */
+
+/* Sum of squares in double: 25 M squares summed in f32 would lose the small ones. */
+double sum_squares(const float *x, long long n, int nthreads)
+{
+    double s = 0.0;
+    #pragma omp parallel for simd schedule(static) reduction(+:s) num_threads(nthreads)
+    for (long long i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}

@@ -1,0 +1,17 @@
+void vec_exp(float *x, long long n);
+void add_bias(float *y, const float *b, int N, int C, int nthreads);
+void col_sum(const float *dy, float *db, int N, int C, int nthreads);
+void residual_add(const float *a, const float *b, float *out, long long n, int nthreads);
+int embedding_forward(const int *idx, const float *wte, const float *wpe, float *out, int B, int T, int C, int V, int nthreads);
+int embedding_backward(const int *idx, const float *dout, float *dwte, float *dwpe, int B, int T, int C, int V, int nthreads);
+void layernorm_forward(const float *x, const float *w, const float *b, float *out, float *mean, float *rstd, int N, int C, int nthreads);
+void layernorm_backward(const float *dy, const float *x, const float *w, const float *mean, const float *rstd, float *dx, float *dw, float *db, int N, int C, int nthreads);
+void gelu_forward(const float *x, float *out, long long n, int nthreads);
+void gelu_backward(const float *x, const float *dy, float *dx, long long n, int nthreads);
+void heads_split(const float *x, float *q, float *k, float *v, int B, int T, int H, int hd, int parts, int nthreads);
+void heads_merge(const float *q, const float *k, const float *v, float *x, int B, int T, int H, int hd, int parts, int nthreads);
+void attn_softmax_forward(float *s, int BH, int T, float scale, int nthreads);
+void attn_softmax_backward(const float *p, float *dp, int BH, int T, float scale, int nthreads);
+int cross_entropy(const float *logits, const int *targets, float *losses, float *dlogits, int N, int V, float dscale, int nthreads);
+void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2, int nthreads);
+double sum_squares(const float *x, long long n, int nthreads);
