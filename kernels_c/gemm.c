@@ -3,9 +3,45 @@
  * Every rung has the same prototype: row-major A (M x K, leading dimension
  * lda), B (K x N, ldb), C (M x N, ldc), and a thread count that the
  * single-threaded rungs ignore. C is overwritten.
+ *
+ * Rungs 2 to 5 also have an `_ex` form that takes the block sizes (mc, kc, nc)
+ * and, from rung 4 on, the packing buffer: Python computes the blocks from the
+ * machine's caches and owns the buffer, so nothing here is tuned for one machine
+ * and nothing is allocated per call. The short forms use defaults that Python
+ * sets once (gemm_set_defaults) and allocate their own buffer.
  */
+#include <stdlib.h>
 #include "common.h"
 #include "gemm.h"
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#include <pthread.h>
+
+/* The micro-kernel's shape: MR rows of A times NR columns of B, kept in
+ * registers. smallem.gemm.micro_shape derives the same numbers from the
+ * register file (test_gemm checks that they agree). */
+#if defined(SM_AVX512)
+#define MR 14 /* 14 x 2 zmm accumulators + 2 for B + 1 for A = 31 of 32 registers */
+#define NR 32
+#elif defined(SM_AVX2)
+#define MR 6 /* 6 x 2 ymm accumulators + 2 for B + 1 for A = 15 of 16 registers */
+#define NR 16
+#else
+#define MR 6 /* plain C; the compiler's SSE2 has 16 xmm of 4 floats: 6 x 2 + 2 + 1 */
+#define NR 8
+#endif
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ROUND_UP(x, m) (((x) + (m) - 1) / (m) * (m))
+
+void gemm_micro_shape(int *mr, int *nr)
+{
+    *mr = MR;
+    *nr = NR;
+}
 
 /* --8<-- [start:naive] */
 /* Rung 0: the textbook triple loop. The inner loop walks down a column of B,
@@ -22,3 +58,597 @@ void gemm_naive(int M, int N, int K, const float *A, int lda, const float *B, in
         }
 }
 /* --8<-- [end:naive] */
+
+/* --8<-- [start:loop_order] */
+/* Rung 1: the same sums in the order (i, k, j). The inner loop now reads a row
+ * of B and updates a row of C, both contiguous: every byte of each 64-byte
+ * line is used, and the N independent updates vectorise (8 lanes with AVX2). */
+void gemm_loop_order(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     float *C, int ldc, int nthreads)
+{
+    (void)nthreads;
+    for (int i = 0; i < M; i++) {
+        float *c = C + (size_t)i * ldc;
+        for (int j = 0; j < N; j++) c[j] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            const float a = A[(size_t)i * lda + k];
+            const float *b = B + (size_t)k * ldb;
+            for (int j = 0; j < N; j++) c[j] += a * b[j];
+        }
+    }
+}
+/* --8<-- [end:loop_order] */
+
+/* Block sizes for the short forms; Python replaces them with the cache model's. */
+static int default_mc = 96, default_kc = 256, default_nc = 4096;
+
+void gemm_set_defaults(int mc, int kc, int nc)
+{
+    if (mc > 0) default_mc = mc;
+    if (kc > 0) default_kc = kc;
+    if (nc > 0) default_nc = nc;
+}
+
+/* --8<-- [start:blocked] */
+/* Rung 2: the Goto/BLIS loop nest. A kc x nc block of B (kept in L3), an
+ * mc x kc block of A (kept in L2); inside, rung 1's loops on the blocks. */
+void gemm_blocked_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     float *C, int ldc, int nthreads, int mc, int kc, int nc)
+{
+    (void)nthreads;
+    for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, sizeof(float) * N);
+    for (int jc = 0; jc < N; jc += nc) {
+        const int nb = MIN(nc, N - jc);
+        for (int pc = 0; pc < K; pc += kc) {
+            const int kb = MIN(kc, K - pc);
+            for (int ic = 0; ic < M; ic += mc) {
+                const int mb = MIN(mc, M - ic);
+                for (int i = ic; i < ic + mb; i++) {
+                    float *c = C + (size_t)i * ldc + jc;
+                    for (int k = pc; k < pc + kb; k++) {
+                        const float a = A[(size_t)i * lda + k];
+                        const float *b = B + (size_t)k * ldb + jc;
+                        for (int j = 0; j < nb; j++) c[j] += a * b[j];
+                    }
+                }
+            }
+        }
+    }
+}
+/* --8<-- [end:blocked] */
+
+/* ------------------------------------------------------------------ micro-kernel */
+
+/* --8<-- [start:microkernel] */
+/* The micro-kernel: an MR x NR tile of C, held in registers for all kc steps.
+ * Each step loads NR floats of B (NR/VL vectors), broadcasts MR floats of A and
+ * issues MR x NR/VL independent FMAs, enough to cover the FMA latency (4 cycles)
+ * times the 2 FMA pipes. a(r, k) is a[r*rs_a + k*cs_a]; row k of b is b + k*rs_b.
+ * The tile then goes to C once: c = alpha*ab (beta == 0) or alpha*ab + beta*c. */
+#if defined(SM_AVX512) || defined(SM_AVX2)
+#if defined(SM_AVX512)
+typedef __m512 vec;
+#define VL 16
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#define vfma _mm512_fmadd_ps
+#define vmul _mm512_mul_ps
+#else
+typedef __m256 vec;
+#define VL 8
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#define vfma _mm256_fmadd_ps
+#define vmul _mm256_mul_ps
+#endif
+#define NV (NR / VL)
+
+static inline __attribute__((always_inline)) void
+micro_kernel(int kc, const float *a, int rs_a, int cs_a, const float *b, int rs_b,
+             float *c, int ldc, float alpha, float beta)
+{
+    vec acc[MR][NV];
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; r++) { /* C's rows arrive from L2/L3 while the FMAs run */
+        _mm_prefetch((const char *)(c + (size_t)r * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + (size_t)r * ldc + NR - 1), _MM_HINT_T0);
+        for (int v = 0; v < NV; v++) acc[r][v] = vzero();
+    }
+    for (int k = 0; k < kc; k++) {
+        vec bv[NV];
+        for (int v = 0; v < NV; v++) bv[v] = vload(b + (size_t)k * rs_b + v * VL);
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; r++) {
+            const vec ar = vset1(a[(size_t)r * rs_a + (size_t)k * cs_a]);
+            for (int v = 0; v < NV; v++) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
+        }
+    }
+    const vec va = vset1(alpha), vb = vset1(beta);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < NV; v++) {
+            float *cp = c + (size_t)r * ldc + v * VL;
+            vec t = vmul(va, acc[r][v]);
+            if (beta != 0.0f) t = vfma(vb, vload(cp), t);
+            vstore(cp, t);
+        }
+}
+#else
+/* Plain C: the same tile as an array the compiler keeps in (SSE2) registers. */
+static inline void micro_kernel(int kc, const float *a, int rs_a, int cs_a, const float *b,
+                                int rs_b, float *c, int ldc, float alpha, float beta)
+{
+    float acc[MR][NR] = {{0}};
+    for (int k = 0; k < kc; k++)
+        for (int r = 0; r < MR; r++) {
+            const float ar = a[(size_t)r * rs_a + (size_t)k * cs_a];
+            for (int j = 0; j < NR; j++) acc[r][j] += ar * b[(size_t)k * rs_b + j];
+        }
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NR; j++) {
+            float *cp = c + (size_t)r * ldc + j;
+            *cp = beta != 0.0f ? alpha * acc[r][j] + beta * *cp : alpha * acc[r][j];
+        }
+}
+#endif
+/* --8<-- [end:microkernel] */
+
+/* Rung 3's edge: a tile cut short by M or N, done with scalar loops. */
+static void edge_tile(int mr, int nr, int kc, const float *a, int lda, const float *b,
+                      int ldb, float *c, int ldc, float beta)
+{
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) {
+            float sum = beta != 0.0f ? c[(size_t)r * ldc + j] : 0.0f;
+            for (int k = 0; k < kc; k++) sum += a[(size_t)r * lda + k] * b[(size_t)k * ldb + j];
+            c[(size_t)r * ldc + j] = sum;
+        }
+}
+
+/* --8<-- [start:registers] */
+/* Rung 3: rung 2's blocks, now cut into MR x NR tiles (jr, ir loops), each
+ * computed by the micro-kernel straight from A and B. The kc x NR sliver of B
+ * is reused by every tile of the column (ir loop) and stays in L1. */
+void gemm_registers_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                       float *C, int ldc, int nthreads, int mc, int kc, int nc)
+{
+    (void)nthreads;
+    for (int jc = 0; jc < N; jc += nc) {
+        const int nb = MIN(nc, N - jc);
+        for (int pc = 0; pc < K; pc += kc) {
+            const int kb = MIN(kc, K - pc);
+            const float beta = pc == 0 ? 0.0f : 1.0f; /* first slice overwrites C */
+            for (int ic = 0; ic < M; ic += mc) {
+                const int mb = MIN(mc, M - ic);
+                for (int jr = 0; jr < nb; jr += NR)
+                    for (int ir = 0; ir < mb; ir += MR) {
+                        const float *a = A + (size_t)(ic + ir) * lda + pc;
+                        const float *b = B + (size_t)pc * ldb + jc + jr;
+                        float *c = C + (size_t)(ic + ir) * ldc + jc + jr;
+                        if (ir + MR <= mb && jr + NR <= nb)
+                            micro_kernel(kb, a, lda, 1, b, ldb, c, ldc, 1.0f, beta);
+                        else
+                            edge_tile(MIN(MR, mb - ir), MIN(NR, nb - jr), kb, a, lda, b, ldb,
+                                      c, ldc, beta);
+                    }
+            }
+        }
+    }
+}
+/* --8<-- [end:registers] */
+
+/* ------------------------------------------------------------------ packing */
+
+/* --8<-- [start:packing] */
+/* Packing copies a block into the order the micro-kernel reads it: A as MR-row
+ * panels (for each k, MR floats side by side), B as NR-column panels (for each
+ * k, NR floats). Rows or columns past the matrix's edge are zeros, so every
+ * tile is a full MR x NR tile and one micro-kernel serves every shape.
+ * Element (i, k) of op(A) is a[i*rs + k*cs]: (lda, 1) as stored, (1, lda)
+ * transposed; the transpose costs nothing beyond this index arithmetic. */
+static void pack_a(int mb, int kb, const float *a, size_t rs, size_t cs, float *ap)
+{
+    for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb) {
+        const int mr = MIN(MR, mb - ir);
+        for (int k = 0; k < kb; k++)
+            for (int r = 0; r < MR; r++)
+                ap[(size_t)k * MR + r] = r < mr ? a[(ir + r) * rs + k * cs] : 0.0f;
+    }
+}
+
+static void pack_b_panel(int nr, int kb, const float *b, size_t rs, size_t cs, float *bp)
+{
+    for (int k = 0; k < kb; k++)
+        for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = j < nr ? b[k * rs + j * cs] : 0.0f;
+}
+/* --8<-- [end:packing] */
+
+static void pack_b(int nb, int kb, const float *b, size_t rs, size_t cs, float *bp)
+{
+    for (int jr = 0; jr < nb; jr += NR)
+        pack_b_panel(MIN(NR, nb - jr), kb, b + jr * cs, rs, cs, bp + (size_t)jr * kb);
+}
+
+/* A tile cut short by the matrix edge: compute the full tile into a scratch
+ * tile, then copy the part inside C. */
+static void store_tile(int kb, const float *ap, const float *bp, float *c, int ldc, int mr,
+                       int nr, float alpha, float beta)
+{
+    if (mr == MR && nr == NR) {
+        micro_kernel(kb, ap, 1, MR, bp, NR, c, ldc, alpha, beta);
+        return;
+    }
+    float t[MR * NR] __attribute__((aligned(64)));
+    micro_kernel(kb, ap, 1, MR, bp, NR, t, NR, 1.0f, 0.0f);
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) {
+            float *cp = c + (size_t)r * ldc + j;
+            *cp = beta != 0.0f ? alpha * t[r * NR + j] + beta * *cp : alpha * t[r * NR + j];
+        }
+}
+
+/* Packed blocks start on a 64-byte boundary: whole cache lines, aligned loads. */
+static float *align64(float *p)
+{
+    return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+}
+
+/* Floats the packing buffer needs: one A block per thread, one shared B block. */
+long long gemm_work_floats(int N, int mc, int kc, int nc, int nthreads)
+{
+    const long long mcr = ROUND_UP(mc, MR), ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR);
+    return (long long)nthreads * (mcr * kc + 16) + ncr * kc + 32;
+}
+
+/* --8<-- [start:packed] */
+/* Rung 4: rung 3 with both blocks packed. The micro-kernel now reads A and B
+ * as two contiguous streams, 64-byte aligned, and edge tiles are zero-padded. */
+void gemm_packed_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work)
+{
+    (void)nthreads;
+    float *ap = align64(work);
+    float *bp = align64(ap + (size_t)ROUND_UP(mc, MR) * kc);
+    for (int jc = 0; jc < N; jc += nc) {
+        const int nb = MIN(nc, N - jc);
+        for (int pc = 0; pc < K; pc += kc) {
+            const int kb = MIN(kc, K - pc);
+            const float beta = pc == 0 ? 0.0f : 1.0f;
+            pack_b(nb, kb, B + (size_t)pc * ldb + jc, ldb, 1, bp);
+            for (int ic = 0; ic < M; ic += mc) {
+                const int mb = MIN(mc, M - ic);
+                pack_a(mb, kb, A + (size_t)ic * lda + pc, lda, 1, ap);
+                for (int jr = 0; jr < nb; jr += NR)
+                    for (int ir = 0; ir < mb; ir += MR)
+                        store_tile(kb, ap + (size_t)ir * kb, bp + (size_t)jr * kb,
+                                   C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
+                                   MIN(MR, mb - ir), MIN(NR, nb - jr), 1.0f, beta);
+            }
+        }
+    }
+}
+/* --8<-- [end:packed] */
+
+/* ------------------------------------------------------------------ bf16 inputs */
+
+/* bf16 is the top half of an f32: widening is a 16-bit shift. */
+static inline float bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* The same packing for bf16 inputs, widened to f32 on the way: the micro-kernel
+ * is the f32 one, and the widening costs O(mk + kn) per block, not O(mnk). */
+static void pack_a_bf16(int mb, int kb, const uint16_t *a, size_t rs, size_t cs, float *ap)
+{
+    for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb) {
+        const int mr = MIN(MR, mb - ir);
+        for (int k = 0; k < kb; k++)
+            for (int r = 0; r < MR; r++)
+                ap[(size_t)k * MR + r] = r < mr ? bf16_to_f32(a[(ir + r) * rs + k * cs]) : 0.0f;
+    }
+}
+
+static void pack_b_panel_bf16(int nr, int kb, const uint16_t *b, size_t rs, size_t cs, float *bp)
+{
+    for (int k = 0; k < kb; k++)
+        for (int j = 0; j < NR; j++)
+            bp[(size_t)k * NR + j] = j < nr ? bf16_to_f32(b[k * rs + j * cs]) : 0.0f;
+}
+
+#if defined(SM_AVX512) && defined(__AVX512BF16__)
+/* --8<-- [start:bf16_kernel] */
+/* Native bf16: vdpbf16ps multiplies pairs of bf16 (k, k+1) and adds both
+ * products into one f32 lane, so A is packed as 32-bit pairs (broadcast once
+ * per pair) and B as NR columns of pairs. kc is padded to even with a zero. */
+#define NATIVE_BF16 1
+static void pack_a_pairs(int mb, int kb, const uint16_t *a, size_t rs, size_t cs, uint16_t *ap)
+{
+    const int kp = (kb + 1) / 2;
+    /* panels stay MR*kb floats apart, as the driver expects: MR*kp pairs fit in that */
+    for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb * 2) {
+        const int mr = MIN(MR, mb - ir);
+        for (int k = 0; k < 2 * kp; k++)
+            for (int r = 0; r < MR; r++)
+                ap[((size_t)(k / 2) * MR + r) * 2 + k % 2] =
+                    r < mr && k < kb ? a[(ir + r) * rs + k * cs] : 0;
+    }
+}
+
+static void pack_b_panel_pairs(int nr, int kb, const uint16_t *b, size_t rs, size_t cs,
+                               uint16_t *bp)
+{
+    const int kp = (kb + 1) / 2;
+    for (int k = 0; k < 2 * kp; k++)
+        for (int j = 0; j < NR; j++)
+            bp[((size_t)(k / 2) * NR + j) * 2 + k % 2] = j < nr && k < kb ? b[k * rs + j * cs] : 0;
+}
+
+static void micro_kernel_bf16(int kb, const uint16_t *a, const uint16_t *b, float *c, int ldc,
+                              float alpha, float beta)
+{
+    const int kp = (kb + 1) / 2;
+    __m512 acc[MR][2];
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const uint32_t *a32 = (const uint32_t *)a;
+    for (int p = 0; p < kp; p++) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR * 2);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR * 2 + 32);
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; r++) {
+            const __m512bh ar = (__m512bh)_mm512_set1_epi32((int)a32[(size_t)p * MR + r]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, b1);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < 2; v++) {
+            float *cp = c + (size_t)r * ldc + v * 16;
+            __m512 t = _mm512_mul_ps(va, acc[r][v]);
+            if (beta != 0.0f) t = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cp), t);
+            _mm512_storeu_ps(cp, t);
+        }
+}
+/* --8<-- [end:bf16_kernel] */
+#endif
+
+/* ------------------------------------------------------------------ the final GEMM */
+
+enum { F32 = 0, BF16 = 1 };
+
+/* One packing call for either input type; `native` selects the bf16 pair layout. */
+static void pack_a_any(int dtype, int mb, int kb, const void *a, size_t rs, size_t cs, float *ap)
+{
+#ifdef NATIVE_BF16
+    if (dtype == BF16) {
+        pack_a_pairs(mb, kb, (const uint16_t *)a, rs, cs, (uint16_t *)ap);
+        return;
+    }
+#endif
+    if (dtype == BF16)
+        pack_a_bf16(mb, kb, (const uint16_t *)a, rs, cs, ap);
+    else
+        pack_a(mb, kb, (const float *)a, rs, cs, ap);
+}
+
+static void pack_b_panel_any(int dtype, int nr, int kb, const void *b, size_t rs, size_t cs,
+                             float *bp)
+{
+#ifdef NATIVE_BF16
+    if (dtype == BF16) {
+        pack_b_panel_pairs(nr, kb, (const uint16_t *)b, rs, cs, (uint16_t *)bp);
+        return;
+    }
+#endif
+    if (dtype == BF16)
+        pack_b_panel_bf16(nr, kb, (const uint16_t *)b, rs, cs, bp);
+    else
+        pack_b_panel(nr, kb, (const float *)b, rs, cs, bp);
+}
+
+static void tile_any(int dtype, int kb, const float *ap, const float *bp, float *c, int ldc,
+                     int mr, int nr, float alpha, float beta)
+{
+#ifdef NATIVE_BF16
+    if (dtype == BF16) {
+        if (mr == MR && nr == NR) {
+            micro_kernel_bf16(kb, (const uint16_t *)ap, (const uint16_t *)bp, c, ldc, alpha, beta);
+            return;
+        }
+        float t[MR * NR] __attribute__((aligned(64)));
+        micro_kernel_bf16(kb, (const uint16_t *)ap, (const uint16_t *)bp, t, NR, 1.0f, 0.0f);
+        for (int r = 0; r < mr; r++)
+            for (int j = 0; j < nr; j++) {
+                float *cp = c + (size_t)r * ldc + j;
+                *cp = beta != 0.0f ? alpha * t[r * NR + j] + beta * *cp : alpha * t[r * NR + j];
+            }
+        return;
+    }
+#endif
+    (void)dtype;
+    store_tile(kb, ap, bp, c, ldc, mr, nr, alpha, beta);
+}
+
+/* --8<-- [start:threads] */
+/* Rung 5 and the package's GEMM: C = alpha op(A) op(B) + beta C on nthreads
+ * threads. Each L2 is private to its core, the L3 is shared: the threads pack
+ * one kc x nc block of B together (it lives in L3, read by all), then each
+ * takes its own share of the rows of C (the ic loop) and packs its own mc x kc
+ * block of A into its own L2. Row shares are fixed (static), so the sums, and
+ * their rounding, are the same on every call. OpenMP keeps its threads alive
+ * between parallel regions (a persistent pool), so a call costs a wake-up,
+ * not a thread creation. */
+static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                        const void *A, int lda, const void *B, int ldb, float beta, float *C,
+                        int ldc, int nthreads, int mc, int kc, int nc, float *work)
+{
+    const size_t es = dtype == BF16 ? 2 : 4; /* element size, bytes */
+    const size_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
+    const size_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
+    const int mcr = ROUND_UP(mc, MR), ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR);
+    nc = MIN(nc, ncr);
+    float *bp = align64(work);
+    const int panels = (M + MR - 1) / MR; /* MR-row panels of C, shared out below */
+    if (nthreads > panels) nthreads = panels;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        float *ap = align64(bp + (size_t)ncr * kc + 16 + (size_t)t * (mcr * (size_t)kc + 16));
+        const int m0 = (int)((long long)panels * t / nt) * MR;
+        const int m1 = MIN(M, (int)((long long)panels * (t + 1) / nt) * MR);
+        for (int jc = 0; jc < N; jc += nc) {
+            const int nb = MIN(nc, N - jc);
+            for (int pc = 0; pc < K; pc += kc) {
+                const int kb = MIN(kc, K - pc);
+                const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
+                #pragma omp for schedule(static)
+                for (int jr = 0; jr < nb; jr += NR)
+                    pack_b_panel_any(dtype, MIN(NR, nb - jr), kb,
+                                     (const char *)B + (pc * rs_b + (jc + jr) * cs_b) * es,
+                                     rs_b, cs_b, bp + (size_t)jr * kb);
+                /* the implicit barrier above: B is packed before anyone reads it */
+                for (int ic = m0; ic < m1; ic += mcr) {
+                    const int mb = MIN(mcr, m1 - ic);
+                    pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
+                               rs_a, cs_a, ap);
+                    for (int jr = 0; jr < nb; jr += NR)
+                        for (int ir = 0; ir < mb; ir += MR)
+                            tile_any(dtype, kb, ap + (size_t)ir * kb, bp + (size_t)jr * kb,
+                                     C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
+                                     MIN(MR, mb - ir), MIN(NR, nb - jr), alpha, bt);
+                }
+                #pragma omp barrier /* everyone is done with B before it is repacked */
+            }
+        }
+    }
+}
+/* --8<-- [end:threads] */
+
+void gemm_threads_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work)
+{
+    gemm_driver(F32, 0, 0, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, nthreads, mc, kc, nc,
+                work);
+}
+
+void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+              int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads,
+              int mc, int kc, int nc, float *work)
+{
+    gemm_driver(F32, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
+                mc, kc, nc, work);
+}
+
+void gemm_bf16(int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A,
+               int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads,
+               int mc, int kc, int nc, float *work)
+{
+    gemm_driver(BF16, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
+                mc, kc, nc, work);
+}
+
+int gemm_native_bf16(void)
+{
+#ifdef NATIVE_BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ------------------------------------------------------------------ short forms */
+
+void gemm_blocked(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                  float *C, int ldc, int nthreads)
+{
+    gemm_blocked_ex(M, N, K, A, lda, B, ldb, C, ldc, nthreads, default_mc, default_kc,
+                    default_nc);
+}
+
+void gemm_registers(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                    float *C, int ldc, int nthreads)
+{
+    gemm_registers_ex(M, N, K, A, lda, B, ldb, C, ldc, nthreads, default_mc, default_kc,
+                      default_nc);
+}
+
+void gemm_packed(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                 float *C, int ldc, int nthreads)
+{
+    float *work = malloc(sizeof(float) * gemm_work_floats(N, default_mc, default_kc, default_nc, 1));
+    if (!work) return;
+    gemm_packed_ex(M, N, K, A, lda, B, ldb, C, ldc, 1, default_mc, default_kc, default_nc, work);
+    free(work);
+}
+
+void gemm_threads(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                  float *C, int ldc, int nthreads)
+{
+    float *work = malloc(sizeof(float) *
+                         gemm_work_floats(N, default_mc, default_kc, default_nc, nthreads));
+    if (!work) return;
+    gemm_threads_ex(M, N, K, A, lda, B, ldb, C, ldc, nthreads, default_mc, default_kc,
+                    default_nc, work);
+    free(work);
+}
+
+/* ------------------------------------------------------------------ the thread pool */
+
+/* The kernel-thread id of each OpenMP thread: equal ids on two calls show that
+ * the pool's threads were reused, not created again. */
+int gemm_pool_ids(int nthreads, long long *ids)
+{
+    int n = 1;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        #pragma omp single
+        n = omp_get_num_threads();
+#endif
+#if defined(__linux__)
+        ids[t] = (long long)syscall(SYS_gettid);
+#else
+        ids[t] = (long long)t;
+#endif
+    }
+    return n;
+}
+
+/* What a parallel region costs once the pool exists: an empty one, `reps` times. */
+void gemm_empty_regions(int reps, int nthreads)
+{
+    for (int r = 0; r < reps; r++) {
+        #pragma omp parallel num_threads(nthreads)
+        {
+            int x = r;
+            SM_OPAQUE(x);
+        }
+    }
+}
+
+static void *noop(void *arg) { return arg; }
+
+/* What it would cost without a pool: create and join nthreads - 1 threads. */
+void gemm_spawn_join(int reps, int nthreads)
+{
+    pthread_t th[256];
+    if (nthreads > 256) nthreads = 256;
+    for (int r = 0; r < reps; r++) {
+        for (int t = 1; t < nthreads; t++) pthread_create(&th[t], NULL, noop, NULL);
+        for (int t = 1; t < nthreads; t++) pthread_join(th[t], NULL);
+    }
+}
