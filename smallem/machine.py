@@ -181,7 +181,10 @@ class Stream:
     def __init__(self, max_bytes: int, threads: int):
         ffi, lib = build.load("stream")
         n = max_bytes // (8 * 2) + 64
-        self.a, self.b, self.c = (np.empty(n) for _ in range(3))
+        # Large arrays all start at the same offset within a 4 KiB page, so a[i], b[i] and c[i]
+        # would share the low 12 address bits and the core would mistake loads for dependents of
+        # earlier stores ("4K aliasing"). Shift b and c by a little over 1 and 2 KiB.
+        self.a, self.b, self.c = (np.empty(n + 512)[off:off + n] for off in (0, 136, 272))
         lib.stream_init(*(ffi.from_buffer("double[]", x) for x in (self.a, self.b, self.c)),
                         n, threads)
 
