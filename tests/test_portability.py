@@ -1,0 +1,25 @@
+"""Nothing assumes x86: every kernel's plain-C path must compile for arm64.
+
+A cross compiler (Debian's gcc-aarch64-linux-gnu, which `make test` installs when
+it can) compiles each kernels_c/*.c to an object file with the generic level's
+flags. Without one the test is skipped, visibly.
+"""
+
+import shutil
+import subprocess
+
+import pytest
+
+from smallem import build
+
+CROSS = shutil.which("aarch64-linux-gnu-gcc")
+
+
+@pytest.mark.skipif(CROSS is None, reason="no aarch64-linux-gnu-gcc (apt install gcc-aarch64-linux-gnu)")
+@pytest.mark.parametrize("name", build.kernel_names())
+def test_generic_path_compiles_for_arm64(name, tmp_path):
+    src = build.KERNELS_DIR / f"{name}.c"
+    cmd = [CROSS, *build.BASE_FLAGS, "-fopenmp", "-Werror", f"-I{build.KERNELS_DIR}", "-c", str(src),
+           "-o", str(tmp_path / f"{name}.o")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"{src} does not build for arm64:\n{r.stderr}"
