@@ -2,6 +2,7 @@
 
     smallem build [--isa LEVEL|all]    compile the C kernels into the cache
     smallem machine [--quick]          chapter 1: measure this machine, write the record
+    smallem gemm [--quick]             chapter 2: the matrix-product ladder, write the record
     smallem figures                    regenerate figures and tables from records
 
 Each subcommand lives in its chapter's module; this file only dispatches.
@@ -18,7 +19,10 @@ import sys
 COMMANDS = {
     "build": ("smallem.cli:cmd_build", "compile the C kernels into the cache"),
     "machine": ("smallem.machine:cmd_machine", "chapter 1: measure this machine"),
+    "gemm": ("smallem.gemm:cmd_gemm", "chapter 2: measure the matrix-product ladder"),
     "figures": ("smallem.cli:cmd_figures", "regenerate figures and tables from records"),
+    "train": ("smallem.train:cmd_train", "chapter 3: train a GPT on the CPU"),
+    "bench-train": ("smallem.train:cmd_bench_train", "chapter 3: time training steps, write records"),
 }
 
 

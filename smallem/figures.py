@@ -22,6 +22,8 @@ from .build import ROOT
 # chapter order; "module:function"
 GENERATORS = [
     "smallem.machine:make_figures",
+    "smallem.gemm:make_figures",
+    "smallem.train:make_figures",
 ]
 
 

@@ -411,9 +411,14 @@ class KernelOps:
     name = "kernels"
 
     def __init__(self, threads=None):
+        import functools
+        import inspect
+
         from .gemm import matmul
-        self.matmul = matmul
         self.threads = checks.threads(threads)
+        self.matmul = matmul
+        if "threads" in inspect.signature(matmul).parameters:
+            self.matmul = functools.partial(matmul, threads=self.threads)
         _lib()  # build now, not inside the first timed step
 
     # --8<-- [start:kernel_linear]
