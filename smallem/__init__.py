@@ -7,3 +7,14 @@ train and run a GPT. C kernels live in ``kernels_c/`` and are built on first use
 """
 
 __version__ = "0.1.0"
+
+
+_LAZY = {"matmul": "smallem.gemm", "matmul_bf16": "smallem.gemm"}
+
+
+def __getattr__(name):
+    # ``import smallem`` stays light: the GEMM (and numpy, cffi) load on first use.
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'smallem' has no attribute {name!r}")

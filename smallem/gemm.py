@@ -1,0 +1,810 @@
+"""Chapter 2: the matrix product, from three loops to the machine's peak.
+
+The C kernels are in ``kernels_c/gemm.c``, one function per rung of the ladder:
+
+0. naive (i, j, k)                      3. a register-blocked micro-kernel
+1. loop order (i, k, j)                 4. packing A and B into panels
+2. cache blocking (jc, pc, ic loops)    5. threads (OpenMP, over the rows of C)
+
+:data:`LADDER` lists them, in order; the benchmark, the tests, the table and
+the figures all read that one list. The block sizes come from the machine's
+caches by the analytical model of Low et al. (2016), see :func:`block_sizes`.
+
+The package's GEMM is the last rung, generalised:
+:func:`matmul` computes ``C = alpha op(A) op(B) + beta C`` for f32 and
+:func:`matmul_bf16` the same with bf16 inputs (stored as ``uint16``) and f32
+output. Both take the transposes in packing, never by copying, and allocate
+nothing per call but the result (none when ``out=`` is given): the packing
+buffer is kept per Python thread and reused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import build, checks, figures, isa, machine_info, records, reference
+from .timing import measure
+
+RECORD = "ch2.gemm"
+F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
+
+# ---------------------------------------------------------------- the analytical model
+
+# Per ISA level: floats per vector register, and vector registers.
+REGISTER_FILE = {"avx512": (16, 32), "avx2": (8, 16), "generic": (4, 16)}  # generic: SSE2/NEON-ish
+FMA_LATENCY = 4   # cycles, Zen 3 / Zen 4 / Skylake-X and later (Agner Fog's tables)
+FMA_PIPES = 2
+
+
+def micro_shape(vec_floats: int, registers: int, latency: int = FMA_LATENCY,
+                pipes: int = FMA_PIPES) -> tuple[int, int]:
+    """(MR, NR) of the micro-kernel from the register file.
+
+    NR is two vectors, so one broadcast of A feeds two FMAs; MR is as many rows
+    as the registers hold: MR * NR/VL accumulators + NR/VL for B + 1 for A.
+    Low et al.'s condition, MR * NR >= VL * latency * pipes (enough independent
+    FMAs in flight to hide the latency on every pipe), must then hold.
+    """
+    nv = 2
+    nr = nv * vec_floats
+    mr = (registers - nv - 1) // nv
+    if mr * nr < vec_floats * latency * pipes:
+        raise ValueError(f"{mr}x{nr} tile cannot hide a {latency}-cycle FMA on {pipes} pipes")
+    return mr, nr
+
+
+def cache_geometry() -> dict:
+    """Size, ways and line size of L1d, L2, L3 (sizes from machine_info.caches())."""
+    sizes = machine_info.caches()
+    defaults = {"L1d": (32 * 1024, 8), "L2": (512 * 1024, 8), "L3": (8 * 1024**2, 16)}
+    out = {}
+    for name, (size, ways) in defaults.items():
+        out[name] = {"bytes": sizes.get(f"{name}_bytes") or size, "ways": ways, "line": 64,
+                     "instances": sizes.get(f"{name}_instances", 1)}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(base.glob("index*")) if base.is_dir() else []:
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            ways = int((index / "ways_of_associativity").read_text())
+            line = int((index / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        name = {"1": "L1d", "2": "L2", "3": "L3"}.get(level)
+        if name and kind != "Instruction" and ways > 0 and line > 0:
+            out[name].update(ways=ways, line=line)
+    return out
+
+
+def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1,
+                elem: int = 4) -> dict:
+    """KC, MC, NC by Low et al. (2016), section 4: one way of each cache is left free.
+
+    - L1 holds an MR x KC sliver of A and a KC x NR sliver of B, in ways shared in
+      the ratio MR : NR: KC = C_A * sets * line / (MR * 4) with
+      C_A = floor((ways - 1) / (1 + NR/MR)).
+    - L2 holds the MC x KC block of A beside one KC x NR sliver of B.
+    - L3 holds the KC x NC block of B beside every thread's block of A.
+    """
+    g = geometry or cache_geometry()
+
+    def sets(c):
+        return c["bytes"] // (c["ways"] * c["line"])
+
+    l1, l2, l3 = g["L1d"], g["L2"], g["L3"]
+    ca = max(1, math.floor((l1["ways"] - 1) / (1 + nr / mr)))
+    kc = max(1, ca * sets(l1) * l1["line"] // (mr * elem))
+    way2 = sets(l2) * l2["line"]
+    cb2 = math.ceil(nr * kc * elem / way2)
+    mc = max(mr, (l2["ways"] - 1 - cb2) * way2 // (kc * elem) // mr * mr)
+    way3 = sets(l3) * l3["line"]
+    a_blocks = max(1, threads // max(1, l3["instances"]))
+    ca3 = math.ceil(a_blocks * mc * kc * elem / way3)
+    nc = max(nr, (l3["ways"] - 1 - ca3) * way3 // (kc * elem) // nr * nr)
+    return {"mc": int(mc), "kc": int(kc), "nc": int(nc)}
+
+
+# ---------------------------------------------------------------- loading the kernels
+
+_lock = threading.Lock()
+_defaults_set: set = set()
+
+
+def _load(level: str | None = None):
+    """(ffi, lib, MR, NR, default blocks) for ``level`` (default: the selected ISA)."""
+    level = level or isa.selected()
+    ffi, lib = build.load("gemm", level)
+    key = (level, id(lib))
+    if key not in _defaults_set:
+        with _lock:
+            mr, nr = ffi.new("int *"), ffi.new("int *")
+            lib.gemm_micro_shape(mr, nr)
+            blocks = block_sizes(mr[0], nr[0], threads=checks.threads(None))
+            lib.gemm_set_defaults(blocks["mc"], blocks["kc"], blocks["nc"])
+            _shapes[level] = (mr[0], nr[0], blocks)
+            _defaults_set.add(key)
+    mr, nr, blocks = _shapes[level]
+    return ffi, lib, mr, nr, blocks
+
+
+_shapes: dict = {}
+
+
+def kernel_shape(level: str | None = None) -> tuple[int, int]:
+    """(MR, NR) as compiled into the kernel for ``level``."""
+    return _load(level)[2:4]
+
+
+def default_blocks(level: str | None = None) -> dict:
+    return dict(_load(level)[4])
+
+
+def _blocks(blocks, level) -> tuple[int, int, int]:
+    b = default_blocks(level)
+    if blocks is not None:
+        if isinstance(blocks, dict):
+            unknown = set(blocks) - {"mc", "kc", "nc"}
+            if unknown:
+                raise ValueError(f"blocks: unknown keys {sorted(unknown)}; use mc, kc, nc")
+            b.update(blocks)
+        else:
+            b.update(zip(("mc", "kc", "nc"), blocks))
+    return (checks.positive_int(b["mc"], "blocks['mc']"), checks.positive_int(b["kc"], "blocks['kc']"),
+            checks.positive_int(b["nc"], "blocks['nc']"))
+
+
+_work = threading.local()  # one packing buffer per Python thread: concurrent calls never share
+
+
+def _workspace(ffi, lib, level, n, mc, kc, nc, nthreads):
+    need = int(lib.gemm_work_floats(n, mc, kc, nc, nthreads))
+    bufs = getattr(_work, "bufs", None)
+    if bufs is None:
+        bufs = _work.bufs = {}
+    buf = bufs.get(level)
+    if buf is None or buf.size < need:
+        buf = bufs[level] = np.empty(max(need, int(1.25 * buf.size) if buf is not None else 0), F32)
+    return ffi.cast("float *", buf.ctypes.data)
+
+
+# ---------------------------------------------------------------- argument checks
+
+def _matrix(x, name: str, dtype, writable: bool = False) -> tuple[np.ndarray, int]:
+    """A 2-D array of ``dtype`` whose rows are contiguous; returns it and its leading dimension.
+
+    Rows may be further apart than their width (a slice ``big[:, :k]``: lda > k),
+    but the elements of a row must be adjacent; anything else is an error, not a copy.
+    """
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+    dtype = np.dtype(dtype)
+    if x.dtype != dtype:
+        hint = "f32_to_bf16" if dtype == U16 else f"{name}.astype(np.{dtype})"
+        raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype} (convert with {hint})")
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D matrix, got shape {x.shape}")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{name}: array is read-only but the kernel writes into it")
+    rows, cols = x.shape
+    es = x.itemsize
+    if cols > 1 and x.strides[1] != es:
+        raise ValueError(f"{name}: the elements of a row are not adjacent (strides {x.strides}); "
+                         f"pass np.ascontiguousarray({name}), or use trans_a/trans_b for a transpose")
+    ld = x.strides[0] // es if rows > 1 else max(cols, 1)
+    if rows > 1 and (x.strides[0] % es or ld < cols):
+        raise ValueError(f"{name}: rows overlap or are misaligned (strides {x.strides}); "
+                         f"pass np.ascontiguousarray({name})")
+    if ld > 2**31 - 1 or rows > 2**31 - 1 or cols > 2**31 - 1:
+        raise ValueError(f"{name}: shape {x.shape} too large for the C kernels' int sizes")
+    return x, max(ld, 1)
+
+
+def _ptr(ffi, x, ctype="float *"):
+    return ffi.cast(ctype, x.__array_interface__["data"][0])
+
+
+def _scalar(v, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a real number, got {type(v).__name__}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {v}")
+    return v
+
+
+def _out(out, name, shape):
+    if out is None:
+        return np.empty(shape, F32), shape[1]
+    out, ldc = _matrix(out, name, F32, writable=True)
+    if out.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {out.shape}")
+    return out, ldc
+
+
+# ---------------------------------------------------------------- the ladder
+
+@dataclass(frozen=True)
+class Rung:
+    index: int
+    name: str          # C function: gemm_<name>
+    label: str
+    what: str          # one line for tables
+    threaded: bool     # uses all cores
+    blocked: bool      # takes mc/kc/nc
+    packed: bool       # takes a packing buffer
+    slow: bool         # measured at one size only, few repeats
+
+    def __call__(self, a, b, out=None, *, threads=None, blocks=None, level=None):
+        """C = A B with this rung. Same signature for every rung."""
+        return run_rung(self, a, b, out, threads=threads, blocks=blocks, level=level)
+
+
+LADDER = [
+    Rung(0, "naive", "0 naive (i,j,k)", "textbook loops; B walked down a column", False, False, False, True),
+    Rung(1, "loop_order", "1 loop order (i,k,j)", "inner loop streams rows; vectorised", False, False, False, True),
+    Rung(2, "blocked", "2 cache blocking", "jc, pc, ic loops: NC, KC, MC blocks", False, True, False, True),
+    Rung(3, "registers", "3 micro-kernel", "MR x NR tile in registers over KC", False, True, False, True),
+    Rung(4, "packed", "4 packing", "A and B packed into panels; zero-padded edges", False, True, True, False),
+    Rung(5, "threads", "5 threads", "all cores, split over the rows of C (ic)", True, True, True, False),
+]
+
+
+def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=None):
+    a, lda = _matrix(a, "a", F32)
+    b, ldb = _matrix(b, "b", F32)
+    (M, K), (K2, N) = a.shape, b.shape
+    if K != K2:
+        raise ValueError(f"a and b: inner dimensions differ, {a.shape} @ {b.shape}")
+    out, ldc = _out(out, "out", (M, N))
+    nthreads = checks.threads(threads) if rung.threaded else 1
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        out[...] = 0.0
+        return out
+    ffi, lib, *_ = _load(level)
+    args = [M, N, K, _ptr(ffi, a), lda, _ptr(ffi, b), ldb, _ptr(ffi, out), ldc, nthreads]
+    fn = getattr(lib, f"gemm_{rung.name}")
+    if rung.blocked:
+        mc, kc, nc = _blocks(blocks, level)
+        args += [mc, kc, nc]
+        fn = getattr(lib, f"gemm_{rung.name}_ex")
+        if rung.packed:
+            args.append(_workspace(ffi, lib, level or isa.selected(), N, mc, kc, nc, nthreads))
+    fn(*args)
+    return out
+
+
+# ---------------------------------------------------------------- the package's GEMM
+
+def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level):
+    dtype = F32 if kind == "f32" else U16
+    a, lda = _matrix(a, "a", dtype)
+    b, ldb = _matrix(b, "b", dtype)
+    alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
+    M, K = a.shape[::-1] if trans_a else a.shape
+    K2, N = b.shape[::-1] if trans_b else b.shape
+    if K != K2:
+        raise ValueError(f"a and b: inner dimensions differ: op(a) is {M}x{K}, op(b) is {K2}x{N} "
+                         f"(trans_a={trans_a}, trans_b={trans_b})")
+    if out is None and beta != 0.0:
+        raise ValueError("beta != 0 needs out= (the C that beta scales)")
+    out, ldc = _out(out, "out", (M, N))
+    for x, name in ((a, "a"), (b, "b")):
+        if np.may_share_memory(out, x):
+            raise ValueError(f"out overlaps {name}: the result would overwrite its own input")
+    nthreads = checks.threads(threads)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:  # an empty sum: C = beta C
+        if beta == 0.0:
+            out[...] = 0.0
+        else:
+            out *= np.float32(beta)
+        return out
+    ffi, lib, *_ = _load(level)
+    mc, kc, nc = _blocks(blocks, level)
+    work = _workspace(ffi, lib, level or isa.selected(), N, mc, kc, nc, nthreads)
+    ctype = "float *" if kind == "f32" else "uint16_t *"
+    fn = lib.gemm_f32 if kind == "f32" else lib.gemm_bf16
+    fn(int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
+       _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, mc, kc, nc, work)
+    return out
+
+
+def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
+           threads=None, blocks=None, level=None) -> np.ndarray:
+    """``C = alpha op(a) op(b) + beta C`` in f32; ``op`` transposes when ``trans_*`` is set.
+
+    ``a`` is M x K (K x M with ``trans_a``), ``b`` is K x N (N x K with ``trans_b``);
+    both float32 with adjacent elements in each row (row slices are fine).
+    ``out`` (M x N float32) receives the result; ``beta != 0`` needs it. ``threads``
+    defaults to every usable core; ``blocks`` ({"mc", "kc", "nc"}) overrides the
+    cache model's block sizes and ``level`` the ISA, for tests.
+    """
+    return _gemm("f32", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level)
+
+
+def matmul_bf16(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
+                threads=None, blocks=None, level=None) -> np.ndarray:
+    """:func:`matmul` for bf16 inputs (``uint16`` arrays, see :func:`f32_to_bf16`), f32 out.
+
+    Products are summed in f32. With AVX512_BF16 the micro-kernel multiplies
+    bf16 pairs natively (vdpbf16ps); elsewhere packing widens to f32 and the f32
+    micro-kernel runs.
+    """
+    return _gemm("bf16", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level)
+
+
+def native_bf16(level: str | None = None) -> bool:
+    return bool(_load(level)[1].gemm_native_bf16())
+
+
+def f32_to_bf16(x) -> np.ndarray:
+    """Round float32 to bf16 (nearest, ties to even), returned as uint16 bits."""
+    x = np.asarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    nan = np.isnan(x)
+    out = rounded.astype(np.uint16)
+    if nan.any():  # keep NaN a NaN (rounding could carry it into infinity): quiet, same sign
+        out[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    return out
+
+
+def bf16_to_f32(h) -> np.ndarray:
+    """Widen bf16 bits (uint16) to float32: exact, a 16-bit shift."""
+    h = np.asarray(h)
+    if h.dtype != U16:
+        raise TypeError(f"h: expected dtype uint16 (bf16 bits), got {h.dtype}")
+    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+# ---------------------------------------------------------------- the thread pool
+
+def pool_ids(threads: int | None = None, level: str | None = None) -> list[int]:
+    """Kernel thread ids of the OpenMP team; the same on every call means a persistent pool."""
+    n = checks.threads(threads)
+    ffi, lib, *_ = _load(level)
+    ids = ffi.new("long long[]", n)
+    got = lib.gemm_pool_ids(n, ids)
+    return [int(ids[i]) for i in range(got)]
+
+
+# ---------------------------------------------------------------- measuring
+
+def quick_mode() -> bool:
+    return os.environ.get("SMALLEM_QUICK") == "1"
+
+
+def gops(m, n, k, seconds):
+    return 2.0 * m * n * k / seconds / 1e9
+
+
+def _numpy_pinned(threads):
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
+def blas_info() -> list[dict]:
+    from threadpoolctl import threadpool_info
+    keep = ("user_api", "internal_api", "version", "num_threads", "architecture", "threading_layer")
+    return [{k: d.get(k) for k in keep} for d in threadpool_info()]
+
+
+def _measure_gops(fn, m, n, k, slow=False, quick=False):
+    if slow:
+        t = measure(fn, repeats=2 if not quick else 3, warmup=0 if not quick else 1)
+    else:
+        t = measure(fn, repeats=3 if quick else 5, warmup=1, min_sample=0.02 if quick else 0.1,
+                    max_time=2.0 if quick else 8.0)
+    return {"value": t.rate(2.0 * m * n * k / 1e9), "seconds": t.stats()}
+
+
+def _square(n, rng):
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    return a, b, np.empty((n, n), np.float32)
+
+
+def model_shapes() -> list[dict]:
+    """The GPT-2-small products of chapter 3 at 8 x 1024 tokens (d=768, 4d=3072)."""
+    T, d, f = 8192, 768, 3072
+    return [
+        {"label": "x W1 (8192x768 · 768x3072)", "M": T, "K": d, "N": f, "ta": False, "tb": False},
+        {"label": "h W2 (8192x3072 · 3072x768)", "M": T, "K": f, "N": d, "ta": False, "tb": False},
+        {"label": "dY W1ᵀ (8192x3072 · (768x3072)ᵀ)", "M": T, "K": f, "N": d, "ta": False, "tb": True},
+        {"label": "xᵀ dY (768x8192ᵀ · 8192x3072)", "M": d, "K": T, "N": f, "ta": True, "tb": False},
+    ]
+
+
+def run(quick: bool | None = None, progress: bool = True) -> records.Record:
+    """Measure the ladder, the sweep, the model shapes, bf16 and the pool; one record."""
+    from tqdm import tqdm
+
+    from . import machine
+
+    quick = quick_mode() if quick is None else quick
+    cores = checks.threads(None)
+    level = isa.selected()
+    ffi, lib, mr, nr, blocks = _load(level)
+    n_ladder = 128 if quick else 1024
+    sweep = [32, 64, 128, 256] if quick else [64, 128, 256, 512, 1024, 2048, 4096]
+    shapes = model_shapes()
+    if quick:  # the same products, every size divided by 16
+        shapes = [dict(s, M=s["M"] // 16, K=s["K"] // 16, N=s["N"] // 16) for s in shapes]
+    rec = records.Record(RECORD, settings={
+        "quick": quick, "threads": cores, "isa": level, "mr": mr, "nr": nr, "blocks": blocks,
+        "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
+        "blas": blas_info(), "native_bf16": native_bf16(level),
+        "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+                                               "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
+    rng = np.random.default_rng(0)
+    steps = 2 + len(LADDER) + 2 * len(sweep) + 2 * len(shapes) + 4 + 1
+    bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
+
+    def step(what):
+        bar.set_postfix_str(what)
+        bar.update(1)
+
+    peak = machine.measure_peak("f32", cores)
+    rec.add("peak_f32", "Gop/s", peak["value"], seconds=peak["seconds"], threads=cores)
+    step("f32 peak")
+    n = n_ladder
+    a, b, c = _square(n, rng)
+    for th in sorted({1, cores}):
+        with _numpy_pinned(th):
+            r = _measure_gops(lambda: np.matmul(a, b, out=c), n, n, n, quick=quick)
+            rec.data["settings"].setdefault("blas_pinned", blas_info())
+        rec.add("numpy", "Gop/s", r["value"], seconds=r["seconds"], M=n, N=n, K=n, threads=th)
+    step("numpy")
+    for rung in LADDER:
+        th = cores if rung.threaded else 1
+        r = _measure_gops(lambda: rung(a, b, c, threads=th), n, n, n, slow=rung.slow, quick=quick)
+        rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index, kernel=rung.name,
+                M=n, N=n, K=n, threads=th)
+        step(rung.name)
+    for s in sweep:
+        a, b, c = _square(s, rng)
+        r = _measure_gops(lambda: matmul(a, b, out=c), s, s, s, quick=quick)
+        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="smallem", n=s, threads=cores)
+        step(f"sweep {s}")
+        with _numpy_pinned(cores):
+            r = _measure_gops(lambda: np.matmul(a, b, out=c), s, s, s, quick=quick)
+        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="numpy", n=s, threads=cores)
+        step(f"numpy {s}")
+    del a, b, c
+    for sh in shapes:
+        M, K, N, ta, tb = sh["M"], sh["K"], sh["N"], sh["ta"], sh["tb"]
+        a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+        c = np.empty((M, N), np.float32)
+        opa, opb = (a.T if ta else a), (b.T if tb else b)
+        r = _measure_gops(lambda: matmul(a, b, trans_a=ta, trans_b=tb, out=c), M, N, K, quick=quick)
+        params = dict(label=sh["label"], M=M, N=N, K=K, trans_a=ta, trans_b=tb, threads=cores)
+        rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl="smallem", **params)
+        step(sh["label"])
+        with _numpy_pinned(cores):
+            r = _measure_gops(lambda: np.matmul(opa, opb, out=c), M, N, K, quick=quick)
+        rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl="numpy", **params)
+        step("numpy " + sh["label"])
+    del a, b, c
+    for M, K, N in ((n_ladder, n_ladder, n_ladder), (shapes[0]["M"], shapes[0]["K"], shapes[0]["N"])):
+        a = rng.standard_normal((M, K), dtype=np.float32)
+        b = rng.standard_normal((K, N), dtype=np.float32)
+        c = np.empty((M, N), np.float32)
+        ha, hb = f32_to_bf16(a), f32_to_bf16(b)
+        for kind, fn in (("f32", lambda: matmul(a, b, out=c)),
+                         ("bf16", lambda: matmul_bf16(ha, hb, out=c))):
+            r = _measure_gops(fn, M, N, K, quick=quick)
+            rec.add("dtype", "Gop/s", r["value"], seconds=r["seconds"], dtype=kind, M=M, N=N, K=K,
+                    threads=cores)
+            step(f"{kind} {M}x{K}x{N}")
+    reps = 200 if quick else 2000
+    for name, fn in (("empty_region", lambda: lib.gemm_empty_regions(reps, cores)),
+                     ("spawn_join", lambda: lib.gemm_spawn_join(reps // 10, cores))):
+        t = measure(fn, repeats=5, warmup=1)
+        per = reps if name == "empty_region" else reps // 10
+        secs = {k: v / per * 1e6 for k, v in t.stats().items() if k != "n"}
+        rec.add("pool", "µs", {**secs, "n": t.stats()["n"]}, what=name, threads=cores)
+    ids = [pool_ids(cores, level) for _ in range(3)]
+    rec.data["settings"]["pool_ids"] = ids
+    step("thread pool")
+    bar.close()
+    return rec
+
+
+# ---------------------------------------------------------------- reading the record
+
+def _peak(rec: dict, rec_dir) -> tuple[float, str]:
+    """The f32 peak for '% of peak': chapter 1's record if present, else this run's probe."""
+    try:
+        from . import machine
+        ch1 = records.load(machine.RECORD, rec_dir)
+        cores = max(ch1["settings"]["threads"])
+        return machine.summary(ch1)["peak"][("f32", cores)], "chapter 1's record"
+    except (records.RecordError, KeyError, ImportError, ValueError):
+        return records.value(rec, "peak_f32"), "this run's probe"
+
+
+def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
+    f = figures.fmt
+    s = rec["settings"]
+    n = s["n_ladder"]
+    cores = s["threads"]
+    peak, peak_src = _peak(rec, rec_dir)
+    numpy_all = records.value(rec, "numpy", threads=cores, M=n)
+    numpy_one = records.value(rec, "numpy", threads=1, M=n)
+    rows = [[f"numpy (OpenBLAS), {cores} threads", f(numpy_all, "Gop/s"),
+             f"{100 * numpy_all / peak:.0f} %", "", "—"]]
+    if cores != 1:
+        rows.append([f"numpy (OpenBLAS), 1 thread", f(numpy_one, "Gop/s"),
+                     f"{100 * numpy_one / peak:.0f} %", "", "—"])
+    prev = None
+    ref = {0: reference.CH2_GEMM_1024_NAIVE_GOPS, len(LADDER) - 1: reference.CH2_GEMM_1024_FINAL_GOPS}
+    gains = {}
+    for rung in LADDER:
+        g = records.value(rec, "rung", rung=rung.index, M=n)
+        gains[rung.index] = g / prev if prev else float("nan")
+        th = cores if rung.threaded else 1
+        rows.append([f"{rung.label}, {th} thread{'s' if th > 1 else ''}", f(g, "Gop/s"),
+                     f"{100 * g / peak:.1f} %" if g / peak < 0.1 else f"{100 * g / peak:.0f} %",
+                     f"× {f(g / prev)}" if prev else "", f(ref[rung.index], "Gop/s") if rung.index in ref else "—"])
+        prev = g
+    rows.append([f"f32 FMA peak, {cores} cores ({peak_src})", f(peak, "Gop/s"), "100 %", "",
+                 f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
+    final = records.value(rec, "rung", rung=len(LADDER) - 1, M=n)
+    naive = records.value(rec, "rung", rung=0, M=n)
+    values = {
+        "ch2.n": str(n),
+        "ch2.threads": str(cores),
+        "ch2.isa": s["isa"],
+        "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
+        "ch2.mc": str(s["blocks"]["mc"]), "ch2.kc": str(s["blocks"]["kc"]), "ch2.nc": str(s["blocks"]["nc"]),
+        "ch2.peak": f(peak, "Gop/s"),
+        "ch2.peak_source": peak_src,
+        "ch2.numpy_gops": f(numpy_all, "Gop/s"),
+        "ch2.numpy_1t_gops": f(numpy_one, "Gop/s"),
+        "ch2.final_gops": f(final, "Gop/s"),
+        "ch2.final_pct_peak": f"{100 * final / peak:.0f} %",
+        "ch2.final_vs_numpy": f"{100 * final / numpy_all:.0f} %",
+        "ch2.naive_gops": f(naive, "Gop/s"),
+        "ch2.climb": f(final / naive),
+        "ch2.machine": figures.machine_line(rec),
+        "ch2.blas": _blas_line(rec),
+    }
+    for rung in LADDER:
+        values[f"ch2.rung{rung.index}_gops"] = f(records.value(rec, "rung", rung=rung.index, M=n), "Gop/s")
+        if rung.index:
+            values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
+    one_core = records.value(rec, "rung", rung=len(LADDER) - 2, M=n)
+    values["ch2.thread_speedup"] = f(final / one_core)
+    values["ch2.packed_pct_core"] = f"{100 * one_core / (peak / cores):.0f} %"
+    return rows, values
+
+
+def _blas_line(rec: dict) -> str:
+    blas = [b for b in rec["settings"].get("blas_pinned", rec["settings"]["blas"])
+            if b.get("user_api") == "blas"]
+    if not blas:
+        return "unknown BLAS"
+    b = blas[0]
+    return f"{b.get('internal_api')} {b.get('version')}, kernel {b.get('architecture')}"
+
+
+def sweep_rows(rec: dict) -> tuple[list[list], dict]:
+    f = figures.fmt
+    rows, values = [], {}
+    for s in rec["settings"]["sweep"]:
+        ours = records.value(rec, "sweep", impl="smallem", n=s)
+        theirs = records.value(rec, "sweep", impl="numpy", n=s)
+        rows.append([f"{s}³", f(ours, "Gop/s"), f(theirs, "Gop/s"), f"{100 * ours / theirs:.0f} %"])
+        values[f"ch2.sweep_{s}"] = f(ours, "Gop/s")
+        values[f"ch2.sweep_numpy_{s}"] = f(theirs, "Gop/s")
+        values[f"ch2.sweep_ratio_{s}"] = f"{100 * ours / theirs:.0f} %"
+    return rows, values
+
+
+def shape_rows(rec: dict) -> tuple[list[list], dict]:
+    f = figures.fmt
+    rows, values = [], {}
+    labels = list(dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape")))
+    for i, label in enumerate(labels):
+        ours = records.value(rec, "shape", impl="smallem", label=label)
+        theirs = records.value(rec, "shape", impl="numpy", label=label)
+        p = records.results(rec, "shape", impl="smallem", label=label)[0]["params"]
+        rows.append([label, f"{p['M']}×{p['K']}×{p['N']}", f(ours, "Gop/s"), f(theirs, "Gop/s"),
+                     f"{100 * ours / theirs:.0f} %"])
+        values[f"ch2.shape{i}_gops"] = f(ours, "Gop/s")
+        values[f"ch2.shape{i}_ratio"] = f"{100 * ours / theirs:.0f} %"
+    return rows, values
+
+
+def dtype_rows(rec: dict) -> tuple[list[list], dict]:
+    f = figures.fmt
+    rows, values = [], {}
+    sizes = list(dict.fromkeys((r["params"]["M"], r["params"]["K"], r["params"]["N"])
+                               for r in records.results(rec, "dtype")))
+    for i, (M, K, N) in enumerate(sizes):
+        g32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
+        g16 = records.value(rec, "dtype", dtype="bf16", M=M, K=K, N=N)
+        rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), f(g16, "Gop/s"), f"{100 * g16 / g32:.0f} %"])
+        values[f"ch2.bf16_{i}_gops"] = f(g16, "Gop/s")
+        values[f"ch2.bf16_{i}_ratio"] = f"{100 * g16 / g32:.0f} %"
+    values["ch2.bf16_path"] = ("native vdpbf16ps" if rec["settings"]["native_bf16"]
+                               else "widened to f32 in packing (no AVX512_BF16 here)")
+    return rows, values
+
+
+def pool_values(rec: dict) -> dict:
+    f = figures.fmt
+    empty = records.value(rec, "pool", what="empty_region")
+    spawn = records.value(rec, "pool", what="spawn_join")
+    ids = rec["settings"]["pool_ids"]
+    same = all(i == ids[0] for i in ids)
+    return {"ch2.pool_region_us": f(empty, "µs"), "ch2.pool_spawn_us": f(spawn, "µs"),
+            "ch2.pool_ratio": f(spawn / empty),
+            "ch2.pool_persistent": ("the same thread ids on every call: the pool persists" if same
+                                    else "different thread ids between calls: no persistent pool"),
+            "ch2.pool_calls": str(len(ids))}
+
+
+def ladder_figure(rec: dict, peak: float, name: str = "ch2_ladder"):
+    import matplotlib.pyplot as plt
+
+    n = rec["settings"]["n_ladder"]
+    cores = rec["settings"]["threads"]
+    labels = [r.label for r in LADDER]
+    vals = [records.value(rec, "rung", rung=r.index, M=n) for r in LADDER]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    bars = ax.barh(labels[::-1], vals[::-1], color="#457b9d")
+    for bar_, v in zip(bars, vals[::-1]):
+        ax.text(v * 1.08, bar_.get_y() + bar_.get_height() / 2, figures.fmt(v, "Gop/s"),
+                va="center", fontsize=8)
+    ax.axvline(peak, color="black", lw=1.2, label=f"f32 peak, {cores} cores")
+    ax.axvline(records.value(rec, "numpy", threads=cores, M=n), color="#e76f51", ls="--", lw=1.2,
+               label=f"numpy, {cores} threads")
+    ax.set_xscale("log")
+    ax.set_xlim(min(vals) / 2, peak * 3)
+    ax.set_xlabel(f"Gop/s, {n}³ f32 product (log scale)")
+    ax.set_title(f"The ladder: {rec['machine']['cpu']}", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", which="both", alpha=0.25)
+    return figures.save(fig, name)
+
+
+def sweep_figure(rec: dict, peak: float, name: str = "ch2_sweep"):
+    import matplotlib.pyplot as plt
+
+    sizes = rec["settings"]["sweep"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for impl, style in (("smallem", "o-"), ("numpy", "s--")):
+        ax.plot(sizes, [records.value(rec, "sweep", impl=impl, n=s) for s in sizes], style,
+                label="smallem.matmul" if impl == "smallem" else "numpy (OpenBLAS)")
+    ax.axhline(peak, color="black", lw=1, label="f32 peak")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("n (n×n times n×n, f32)")
+    ax.set_ylabel("Gop/s")
+    ax.set_ylim(0, peak * 1.1)
+    ax.set_title(f"Size sweep, {rec['settings']['threads']} threads", fontsize=10)
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=8)
+    return figures.save(fig, name)
+
+
+def roofline_points(rec: dict) -> list[tuple[str, float, float]]:
+    """Each rung at the intensity an n³ product has if each matrix crosses DRAM once."""
+    n = rec["settings"]["n_ladder"]
+    ai = 2.0 * n**3 / (3 * n * n * 4)
+    return [(r.label, ai, records.value(rec, "rung", rung=r.index, M=n)) for r in LADDER]
+
+
+def roofline(rec: dict, rec_dir, name: str = "ch2_roofline"):
+    """Chapter 1's roofline with the rungs on it, or a small stand-in if chapter 1 has no record."""
+    from . import machine
+
+    points = roofline_points(rec)
+    try:
+        ch1 = records.load(machine.RECORD, rec_dir)
+    except records.RecordError:
+        ch1 = None
+    if ch1 is not None and hasattr(machine, "roofline_figure"):
+        return machine.roofline_figure(points, name, ch1)
+    import matplotlib.pyplot as plt  # stand-in: the peak only, no bandwidth slopes
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    peak = records.value(rec, "peak_f32")
+    ax.axhline(peak, color="black", label="f32 peak (this run)")
+    for label, x, y in points:
+        ax.plot([x], [y], "o")
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("operations per byte")
+    ax.set_ylabel("Gop/s")
+    ax.legend(fontsize=8)
+    return figures.save(fig, name)
+
+
+def make_figures(rec_dir) -> dict:
+    if not records.exists(RECORD, rec_dir):
+        print(f"chapter 2: no record {RECORD} in {rec_dir}; run `smallem gemm` (skipped)")
+        return {}
+    rec = records.load(RECORD, rec_dir)
+    peak, _ = _peak(rec, rec_dir)
+    cores = rec["settings"]["threads"]
+    note = f"This machine: {figures.machine_line(rec)}; numpy: {_blas_line(rec)}."
+    rows, values = ladder_rows(rec, rec_dir)
+    figures.write_table("ch2_ladder", rows,
+                        ["Rung", f"Gop/s, {rec['settings']['n_ladder']}³", "of peak", "gain",
+                         f"Reference: {reference.MACHINE.split(' vs ')[0]}, 8 threads"],
+                        note=note + f" Reference: quoted from {reference.CITE}, not measured here.")
+    r, v = sweep_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_sweep", r, ["Size", f"smallem, {cores} threads",
+                                         f"numpy, {cores} threads", "smallem / numpy"], note=note)
+    r, v = shape_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_shapes", r, ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy"],
+                        note=note)
+    r, v = dtype_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_bf16", r, ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"],
+                        note=note + f" bf16 path: {values['ch2.bf16_path']}.")
+    values.update(pool_values(rec))
+    ladder_figure(rec, peak)
+    sweep_figure(rec, peak)
+    roofline(rec, rec_dir)
+    values["ch2.ai"] = figures.fmt(roofline_points(rec)[0][1], "op/byte")
+    return values
+
+
+# ---------------------------------------------------------------- command line
+
+def add_gemm_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
+    p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+
+
+def cmd_gemm(args) -> int:
+    # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (set on some machines for old OpenBLAS builds)
+    # slow a current one down; OpenBLAS reads them when it loads, so the benchmark
+    # runs in a child process without them. Tests and other commands keep them.
+    pinned = [k for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ]
+    if pinned and not os.environ.get("_SMALLEM_GEMM_CHILD"):
+        env = {k: v for k, v in os.environ.items() if k not in pinned}
+        env["_SMALLEM_GEMM_CHILD"] = "1"
+        argv = [sys.executable, "-m", "smallem", "gemm"] + (["--quick"] if args.quick else []) + (
+            ["--no-save"] if args.no_save else [])
+        print(f"running the benchmark without {', '.join(pinned)} (numpy's peer)", file=sys.stderr)
+        return subprocess.call(argv, env=env)
+    quick = args.quick or quick_mode()
+    rec = run(quick=quick)
+    rows, values = ladder_rows(rec.data)
+    print(f"\n{figures.machine_line(rec.data)}; numpy: {_blas_line(rec.data)}")
+    print(f"micro-kernel {values['ch2.mr']}x{values['ch2.nr']}, blocks MC={values['ch2.mc']} "
+          f"KC={values['ch2.kc']} NC={values['ch2.nc']}")
+    width = max(len(r[0]) for r in rows)
+    for r in rows:
+        print(f"  {r[0]:<{width}}  " + "  ".join(f"{c:>12}" for c in r[1:4]))
+    for r in sweep_rows(rec.data)[0]:
+        print(f"  sweep {r[0]:>7}: smallem {r[1]:>12}  numpy {r[2]:>12}  ({r[3]})")
+    for r in shape_rows(rec.data)[0]:
+        print(f"  {r[0]:<36} smallem {r[2]:>12}  numpy {r[3]:>12}  ({r[4]})")
+    for r in dtype_rows(rec.data)[0]:
+        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 {r[2]:>12}  ({r[3]})")
+    pv = pool_values(rec.data)
+    print(f"  parallel region {pv['ch2.pool_region_us']} vs create+join {pv['ch2.pool_spawn_us']}; "
+          f"{pv['ch2.pool_persistent']}")
+    if not args.no_save:
+        path = rec.save()
+        print(f"wrote {path}")
+    return 0
