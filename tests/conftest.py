@@ -5,6 +5,8 @@
 - ``rng``: a seeded numpy Generator.
 - ``records_tmp``: an empty records folder (SMALLEM_RECORDS) so tests never
   overwrite the committed records.
+- ``built_site``: the site, built once a session from the committed records
+  (tests/site_build.py); its ``.returncode``, ``.log`` and ``.dir``.
 """
 
 import os
@@ -36,6 +38,21 @@ def records_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("SMALLEM_RECORDS", str(folder))
     monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
     return folder
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory):
+    """The book's site, built once a session with ``mkdocs build --strict`` (tests/site_build.py),
+    after ``smallem figures`` has made the tables and values from the records."""
+    import site_build
+    from smallem import figures
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SMALLEM_FIGURES", raising=False)  # the pages include the repository's figures/
+        figures.make_all()
+    tmp = tmp_path_factory.mktemp("site")
+    docs, stand_ins = site_build.docs_dir_for_tests(tmp)
+    return site_build.build(tmp / "site", docs_dir=docs, stand_ins=stand_ins)
 
 
 def pytest_report_header(config):
