@@ -23,6 +23,7 @@ from .build import ROOT
 GENERATORS = [
     "smallem.machine:make_figures",
     "smallem.gemm:make_figures",
+    "smallem.gpu:make_figures",
     "smallem.train:make_figures",
 ]
 

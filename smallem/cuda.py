@@ -1,0 +1,370 @@
+"""The CUDA kernels of ``kernels_cuda/``, loaded through CuPy, and their Python entries.
+
+Each ``kernels_cuda/<name>.cu`` is one CuPy ``RawModule``: NVRTC compiles it for the
+current device on first use and CuPy caches the binary on disk (``~/.cupy/kernel_cache``),
+keyed by source and options, so an edited kernel is recompiled and nothing else is. The
+``.cu`` files include no header, so no CUDA toolkit is needed beside CuPy and NVRTC.
+
+CuPy is optional (``pip install 'smallem[gpu]'``). Without it, or without a device, the
+package still imports and the CPU chapters work; any GPU entry raises
+:class:`GPUUnavailable` saying what is missing. Every entry validates its arrays
+(:func:`array`) before a kernel sees them: the same rules as :func:`smallem.checks.array`,
+plus the device the array lives on.
+
+bf16 matrices are CuPy ``uint16`` arrays holding bf16 bit patterns (CuPy and numpy have no
+bf16 type): :func:`to_bf16` and :func:`bf16_bits` make them from float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import checks
+from .build import ROOT
+
+KERNELS_DIR = Path(os.environ.get("SMALLEM_CUDA_KERNELS", ROOT / "kernels_cuda"))
+OPTIONS = ("-std=c++17",)
+INSTALL_HINT = ("pip install 'smallem[gpu]' (CuPy for CUDA 12 with its toolkit wheels; on a "
+                "CUDA 13 driver `pip install 'cupy-cuda13x[ctk]'` works too)")
+
+
+class GPUUnavailable(RuntimeError):
+    """A GPU entry was called where CuPy or a CUDA device is missing; the message says which."""
+
+
+class CompilerUnavailable(RuntimeError):
+    """Neither NVRTC (through CuPy) nor nvcc is available to compile a .cu file."""
+
+
+# ---------------------------------------------------------------- is there a GPU?
+
+@functools.lru_cache(maxsize=1)
+def why_unavailable() -> str | None:
+    """None if CuPy and a CUDA device are usable, else one sentence saying what is missing."""
+    try:
+        import cupy
+    except ImportError as e:
+        return f"CuPy is not installed ({e}); {INSTALL_HINT}"
+    except Exception as e:  # a broken CUDA library can raise anything at import
+        return f"CuPy failed to import: {type(e).__name__}: {e}"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return f"CuPy {cupy.__version__} is installed but finds no CUDA device ({type(e).__name__}: {e})"
+    if n < 1:
+        return f"CuPy {cupy.__version__} is installed but this machine has no CUDA device"
+    return None
+
+
+def available() -> bool:
+    return why_unavailable() is None
+
+
+def require():
+    """The ``cupy`` module, or :class:`GPUUnavailable` if there is no usable GPU."""
+    reason = why_unavailable()
+    if reason:
+        raise GPUUnavailable(f"no GPU for smallem: {reason}")
+    import cupy
+    return cupy
+
+
+def device_info() -> dict:
+    """The GPU part of a record's machine description."""
+    cp = require()
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    name = props.get("name", b"?")
+    info = {
+        "name": name.decode() if isinstance(name, bytes) else str(name),
+        "compute_capability": dev.compute_capability,
+        "sms": int(props.get("multiProcessorCount", 0)),
+        "memory_bytes": int(props.get("totalGlobalMem", 0)),
+        "l2_bytes": int(props.get("l2CacheSize", 0)),
+        "smem_per_sm_bytes": int(props.get("sharedMemPerMultiprocessor", 0)),
+        "driver": cp.cuda.runtime.driverGetVersion(),
+        "runtime": cp.cuda.runtime.runtimeGetVersion(),
+        "cupy": cp.__version__,
+    }
+    for key, out in (("clockRate", "clock_khz"), ("memoryClockRate", "memory_clock_khz"),
+                     ("memoryBusWidth", "memory_bus_bits")):
+        if key in props:  # CUDA 13 dropped some of these from the properties
+            info[out] = int(props[key])
+    return info
+
+
+# ---------------------------------------------------------------- loading kernels
+
+def source_path(name: str) -> Path:
+    path = KERNELS_DIR / f"{name}.cu"
+    if not path.is_file():
+        raise FileNotFoundError(f"CUDA kernel source {path} does not exist")
+    return path
+
+
+def kernel_names() -> list[str]:
+    return sorted(p.stem for p in KERNELS_DIR.glob("*.cu"))
+
+
+def module(name: str):
+    """The CuPy ``RawModule`` of ``kernels_cuda/<name>.cu`` for the current device."""
+    cp = require()
+    code = source_path(name).read_text()
+    digest = hashlib.sha256(code.encode()).hexdigest()[:16]
+    return _module(name, digest, cp.cuda.Device().id, code)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str, digest: str, device: int, code: str):
+    import cupy
+    mod = cupy.RawModule(code=code, options=OPTIONS, name_expressions=None)
+    mod.compile()  # compile now, so an error names the file rather than the first launch
+    return mod
+
+
+def kernel(name: str, func: str):
+    """The function ``func`` (declared ``extern "C"``) of ``kernels_cuda/<name>.cu``."""
+    return module(name).get_function(func)
+
+
+def compile_check(name: str, arch: str) -> str:
+    """Compile ``kernels_cuda/<name>.cu`` for ``arch`` (e.g. ``sm_80``) without a GPU.
+
+    Uses the NVRTC that CuPy loads (the compiler the kernels meet at run time) and
+    falls back to ``nvcc``; both produce machine code, so the PTX assembler checks
+    the inline ``asm`` too. Returns the tool used; raises RuntimeError quoting the
+    compiler on failure and :class:`CompilerUnavailable` if there is no compiler.
+    """
+    src = source_path(name)
+    nvrtc = _nvrtc()
+    if nvrtc is not None:
+        prog = nvrtc.createProgram(src.read_text(), src.name, [], [])
+        try:
+            nvrtc.compileProgram(prog, [f"-arch={arch}", *OPTIONS])
+            nvrtc.getCUBIN(prog)
+        except Exception as e:
+            log = ""
+            try:
+                log = nvrtc.getProgramLog(prog)
+            except Exception:
+                pass
+            raise RuntimeError(f"NVRTC failed on {src} for {arch}: {e}\n{log}") from e
+        finally:
+            try:
+                nvrtc.destroyProgram(prog)
+            except Exception:
+                pass
+        return "nvrtc"
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise CompilerUnavailable(
+            f"cannot compile {src}: neither CuPy's NVRTC ({INSTALL_HINT}) nor nvcc is available")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [nvcc, "-cubin", f"-arch={arch}", *OPTIONS, str(src), "-o", str(Path(tmp, "k.cubin"))]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {src} for {arch}:\n$ {' '.join(cmd)}\n"
+                               f"{(r.stderr or r.stdout).strip()}")
+    return "nvcc"
+
+
+def _nvrtc():
+    """CuPy's low-level NVRTC binding if it can load the library, else None."""
+    mod = None
+    for path in ("cupy_backends.cuda.libs.nvrtc", "cupy.cuda.nvrtc"):
+        try:
+            mod = __import__(path, fromlist=["x"])
+            break
+        except Exception:
+            continue
+    if mod is None:
+        return None
+    try:
+        mod.getVersion()
+    except Exception:  # CuPy without the NVRTC library
+        return None
+    return mod
+
+
+def nvcc_path() -> str | None:
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).is_file():
+            return cand
+    return None
+
+
+# ---------------------------------------------------------------- validation
+
+def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = None):
+    """Check that ``x`` is a C-contiguous CuPy array of ``dtype`` on the current device.
+
+    The rules of :func:`smallem.checks.array` (TypeError for the wrong type or dtype,
+    ValueError for a wrong shape or layout), plus the device: an array on another GPU
+    is a ValueError, since a kernel launched here would read another device's memory.
+    """
+    cp = require()
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a cupy.ndarray on the GPU, got a numpy.ndarray "
+                        f"(move it with cupy.asarray({name}))")
+    if not isinstance(x, cp.ndarray):
+        raise TypeError(f"{name}: expected a cupy.ndarray, got {type(x).__name__}")
+    dtype = np.dtype(dtype)
+    if x.dtype != dtype:
+        what = " (bf16 bits: make them with smallem.cuda.to_bf16)" if dtype == np.uint16 else ""
+        raise TypeError(f"{name}: expected dtype {dtype}{what}, got {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
+    if shape is not None:
+        if len(shape) != x.ndim or any(s is not None and s != d for s, d in zip(shape, x.shape)):
+            want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name}: array is not C-contiguous (strides {x.strides}); "
+                         f"pass cupy.ascontiguousarray({name})")
+    here = cp.cuda.Device().id
+    if x.device.id != here:
+        raise ValueError(f"{name}: array lives on GPU {x.device.id} but kernels run on GPU {here}")
+    return x
+
+
+# ---------------------------------------------------------------- bf16
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounding to nearest even, on the host."""
+    x = checks.array(np.ascontiguousarray(x, dtype=np.float32), "x", np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded).astype(np.uint16)
+
+
+def bf16_to_f32(bits) -> np.ndarray:
+    """bf16 bit patterns (uint16, numpy or CuPy) -> float32 values (same library)."""
+    xp = np if isinstance(bits, np.ndarray) else require()
+    return (bits.astype(xp.uint32) << 16).view(xp.float32)
+
+
+def to_bf16(x):
+    """A CuPy float32 array -> a new CuPy uint16 array of its bf16 bits (nearest even)."""
+    cp = require()
+    array(x, "x", np.float32)
+    y = cp.empty(x.shape, dtype=cp.uint16)
+    n = x.size
+    if n:
+        blocks = min(-(-n // 256), 65535)
+        kernel("gemm", "f32_to_bf16")((blocks,), (256,), (x, y, np.int64(n)))
+    return y
+
+
+# ---------------------------------------------------------------- the GEMM ladder
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of chapter 2's GPU ladder: a kernel of gemm.cu and how to launch it."""
+    number: int
+    name: str
+    func: str
+    dtype: str          # "f32" or "bf16" (inputs; outputs are always f32)
+    threads: tuple      # block shape
+    tile: tuple         # (rows of C, columns of C) one block computes
+    rows_on_x: bool     # grid x walks the rows of C (only the naive rung)
+    title: str
+
+    def grid(self, M: int, N: int) -> tuple:
+        gx, gy = (_cdiv(M, self.tile[0]), _cdiv(N, self.tile[1])) if self.rows_on_x else \
+                 (_cdiv(N, self.tile[1]), _cdiv(M, self.tile[0]))
+        if gy > 65535 or gx > 2**31 - 1:
+            raise ValueError(f"{self.name}: matrix too large for this launch ({M} x {N})")
+        return (gx, gy)
+
+
+GPU_LADDER = [
+    Rung(0, "naive", "sgemm_naive", "f32", (32, 8), (32, 8), True,
+         "naive: one thread per element, a warp reads 32 rows of A"),
+    Rung(1, "coalesced", "sgemm_coalesced", "f32", (32, 8), (8, 32), False,
+         "coalesced: a warp reads one 128-byte row of B"),
+    Rung(2, "smem", "sgemm_smem", "f32", (32, 32), (32, 32), False,
+         "shared-memory tiles, 32 x 32"),
+    Rung(3, "block1d", "sgemm_block1d", "f32", (512,), (64, 64), False,
+         "1-D register blocking: 8 elements a thread"),
+    Rung(4, "block2d", "sgemm_block2d", "f32", (256,), (128, 128), False,
+         "2-D register blocking: 8 x 8 elements a thread"),
+    Rung(5, "vec", "sgemm_vec", "f32", (256,), (128, 128), False,
+         "16-byte loads and stores"),
+    Rung(6, "wmma", "hgemm_wmma", "bf16", (256,), (128, 128), False,
+         "bf16 on the tensor cores (wmma), f32 sums"),
+]
+RUNGS = {r.name: r for r in GPU_LADDER}
+FINAL_F32 = "vec"
+FINAL_BF16 = "wmma"
+# the final kernels for A B^T and A^T B (same tiles and launch as their A B kernel)
+VARIANTS = {("f32", False, True): "sgemm_vec_nt", ("f32", True, False): "sgemm_vec_tn",
+            ("bf16", False, True): "hgemm_wmma_nt", ("bf16", True, False): "hgemm_wmma_tn"}
+
+
+def _sizes(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
+    M, K = (A.shape[1], A.shape[0]) if trans_a else A.shape
+    Kb, N = (B.shape[1], B.shape[0]) if trans_b else B.shape
+    if Kb != K:
+        raise ValueError(f"A and B do not chain: A{'^T' if trans_a else ''} is {M} x {K}, "
+                         f"B{'^T' if trans_b else ''} is {Kb} x {N}")
+    for n, what in ((M, "M"), (N, "N"), (K, "K")):
+        checks.positive_int(n, what)
+    return M, N, K
+
+
+def gemm(rung: str, A, B, out=None):
+    """C = A B with one rung of :data:`GPU_LADDER` (f32 rungs: float32; bf16: uint16 bits)."""
+    cp = require()
+    if rung not in RUNGS:
+        raise ValueError(f"unknown GPU rung {rung!r}; choose one of {', '.join(RUNGS)}")
+    r = RUNGS[rung]
+    dt = np.float32 if r.dtype == "f32" else np.uint16
+    array(A, "A", dt, ndim=2)
+    array(B, "B", dt, ndim=2)
+    M, N, K = _sizes(A, B, False, False)
+    out = _out(cp, out, M, N)
+    kernel("gemm", r.func)(r.grid(M, N), r.threads, (np.int32(M), np.int32(N), np.int32(K), A, B, out))
+    return out
+
+
+def matmul(A, B, *, trans_a: bool = False, trans_b: bool = False, out=None):
+    """The final kernels for later chapters: A B, A B^T (``trans_b``) or A^T B (``trans_a``).
+
+    float32 inputs go to the f32 SIMT kernel, uint16 (bf16 bits) to the tensor-core
+    kernel; the result is float32. ``trans_a`` means A is given as K x M.
+    """
+    cp = require()
+    if trans_a and trans_b:
+        raise ValueError("A^T B^T is not provided: compute (B A)^T instead")
+    if not isinstance(A, cp.ndarray):
+        array(A, "A", np.float32)  # raises the clear TypeError
+    kind = "bf16" if A.dtype == np.uint16 else "f32"
+    dt = np.uint16 if kind == "bf16" else np.float32
+    array(A, "A", dt, ndim=2)
+    array(B, "B", dt, ndim=2)
+    M, N, K = _sizes(A, B, trans_a, trans_b)
+    r = RUNGS[FINAL_BF16 if kind == "bf16" else FINAL_F32]
+    func = VARIANTS.get((kind, trans_a, trans_b), r.func)
+    out = _out(cp, out, M, N)
+    kernel("gemm", func)(r.grid(M, N), r.threads, (np.int32(M), np.int32(N), np.int32(K), A, B, out))
+    return out
+
+
+def _out(cp, out, M: int, N: int):
+    if out is None:
+        return cp.empty((M, N), dtype=cp.float32)
+    return array(out, "out", np.float32, shape=(M, N))
