@@ -195,6 +195,8 @@ def _matrix(x, name: str, dtype, writable: bool = False) -> tuple[np.ndarray, in
         raise ValueError(f"{name}: array is read-only but the kernel writes into it")
     rows, cols = x.shape
     es = x.itemsize
+    if x.size == 0:  # nothing to read or write; the caller handles empty products
+        return x, max(cols, 1)
     if cols > 1 and x.strides[1] != es:
         raise ValueError(f"{name}: the elements of a row are not adjacent (strides {x.strides}); "
                          f"pass np.ascontiguousarray({name}), or use trans_a/trans_b for a transpose")

@@ -1,0 +1,322 @@
+"""Chapter 2: every rung of the ladder and the package's GEMM against numpy."""
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from smallem import checks, gemm, records
+
+SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 2), (2, 3, 5), (7, 13, 11), (17, 31, 29), (37, 19, 41),
+          (6, 16, 8), (13, 33, 64)]
+SMALL_BLOCKS = {"mc": 7, "kc": 5, "nc": 19}  # cuts every loop into blocks with ragged edges
+
+
+def ref(a, b, ta=False, tb=False):
+    a = a.T if ta else a
+    b = b.T if tb else b
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+# ---------------------------------------------------------------- the model
+
+def test_micro_shape_model_matches_the_compiled_kernels(level):
+    vec, regs = gemm.REGISTER_FILE[level]
+    assert gemm.micro_shape(vec, regs) == gemm.kernel_shape(level)
+
+
+def test_micro_shape_model_for_avx512():
+    assert gemm.micro_shape(16, 32) == (14, 32)
+    assert gemm.micro_shape(8, 16) == (6, 16)
+    with pytest.raises(ValueError):
+        gemm.micro_shape(8, 16, latency=8, pipes=2)  # 96 < 8 x 8 x 2: latency not covered
+
+
+def test_block_sizes_for_zen3_caches():
+    g = {"L1d": {"bytes": 32768, "ways": 8, "line": 64, "instances": 2},
+         "L2": {"bytes": 524288, "ways": 8, "line": 64, "instances": 2},
+         "L3": {"bytes": 32 << 20, "ways": 16, "line": 64, "instances": 1}}
+    b = gemm.block_sizes(6, 16, g, threads=2)
+    assert b["kc"] == 170  # one way of 64 sets x 64 B for the 6-row sliver of A
+    assert b["mc"] % 6 == 0 and b["nc"] % 16 == 0
+    assert (6 + 16) * b["kc"] * 4 <= 32768 * 7 / 8  # both slivers in L1, one way spare
+    assert b["mc"] * b["kc"] * 4 <= 524288 * 7 / 8  # A's block in L2, one way spare
+    assert 2 * b["mc"] * b["kc"] * 4 + b["kc"] * b["nc"] * 4 <= 32 << 20
+
+
+def test_default_blocks_come_from_this_machine():
+    b = gemm.default_blocks()
+    mr, nr = gemm.kernel_shape()
+    assert b == gemm.block_sizes(mr, nr, threads=checks.threads(None))
+
+
+# ---------------------------------------------------------------- every rung
+
+@pytest.mark.parametrize("rung", gemm.LADDER, ids=lambda r: r.name)
+def test_rung_against_numpy(rung, level, rng):
+    shapes = SHAPES if rung.index else SHAPES[:6]
+    for blocks in (None, SMALL_BLOCKS):
+        for M, N, K in shapes:
+            a, b = rand(rng, M, K), rand(rng, K, N)
+            c = rung(a, b, threads=2, blocks=blocks)
+            checks.assert_close(c, ref(a, b).astype(np.float32), k=K, name=f"{rung.name} {M}x{N}x{K}")
+
+
+@pytest.mark.parametrize("rung", gemm.LADDER[1:], ids=lambda r: r.name)
+def test_rung_with_leading_dimensions_and_out(rung, rng):
+    M, N, K = 23, 35, 19
+    big_a, big_b = rand(rng, M + 3, K + 5), rand(rng, K, N + 9)
+    a, b = big_a[1:M + 1, 2:K + 2], big_b[:, 4:N + 4]  # lda = K + 5, ldb = N + 9
+    big_c = np.full((M, N + 7), 7.0, np.float32)
+    out = big_c[:, 3:N + 3]
+    got = rung(a, b, out, blocks=SMALL_BLOCKS)
+    assert got is out
+    checks.assert_close(out, ref(a, b).astype(np.float32), k=K)
+    assert np.all(big_c[:, :3] == 7.0) and np.all(big_c[:, N + 3:] == 7.0)  # nothing outside
+
+
+def test_ladder_is_ordered_and_complete():
+    assert [r.index for r in gemm.LADDER] == list(range(6))
+    assert gemm.LADDER[0].name == "naive" and gemm.LADDER[-1].threaded
+
+
+# ---------------------------------------------------------------- the package's GEMM
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_matmul_transposes(ta, tb, level, rng):
+    for blocks in (None, SMALL_BLOCKS):
+        for M, N, K in SHAPES:
+            a = rand(rng, *((K, M) if ta else (M, K)))
+            b = rand(rng, *((N, K) if tb else (K, N)))
+            c = gemm.matmul(a, b, trans_a=ta, trans_b=tb, blocks=blocks, threads=2)
+            checks.assert_close(c, ref(a, b, ta, tb).astype(np.float32), k=K,
+                                name=f"ta={ta} tb={tb} {M}x{N}x{K}")
+
+
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (0.5, 1.0), (-2.0, 0.25), (0.0, 3.0)])
+def test_matmul_alpha_beta(alpha, beta, rng):
+    for blocks in (None, SMALL_BLOCKS):
+        M, N, K = 29, 37, 43
+        a, b = rand(rng, M, K), rand(rng, K, N)
+        c0 = rand(rng, M, N)
+        out = c0.copy()
+        got = gemm.matmul(a, b, out=out, alpha=alpha, beta=beta, blocks=blocks)
+        assert got is out
+        checks.assert_close(out, (alpha * ref(a, b) + beta * c0).astype(np.float32), k=K)
+
+
+def test_beta_zero_ignores_nan_in_out(rng):
+    a, b = rand(rng, 9, 10), rand(rng, 10, 11)
+    out = np.full((9, 11), np.nan, np.float32)
+    gemm.matmul(a, b, out=out)
+    checks.assert_close(out, ref(a, b).astype(np.float32), k=10)
+
+
+def test_gradient_accumulation_pattern(rng):
+    """dW += x^T dY over several micro-batches, in place, as the trainer does."""
+    x, dy = rand(rng, 64, 24), rand(rng, 64, 40)
+    dw = np.zeros((24, 40), np.float32)
+    for part in range(4):
+        s = slice(16 * part, 16 * (part + 1))
+        gemm.matmul(x[s], dy[s], trans_a=True, out=dw, beta=1.0)
+    checks.assert_close(dw, ref(x, dy, ta=True).astype(np.float32), k=64)
+
+
+def test_matmul_leading_dimensions_with_transposes(rng):
+    M, N, K = 14, 22, 31
+    big_a, big_b = rand(rng, K + 2, M + 6), rand(rng, N + 1, K + 3)
+    a, b = big_a[2:, 3:M + 3], big_b[1:, :K]  # op(a) = a^T, op(b) = b^T; both row-strided
+    out = np.zeros((M, N + 4), np.float32)[:, 2:N + 2]
+    gemm.matmul(a, b, trans_a=True, trans_b=True, out=out, blocks=SMALL_BLOCKS)
+    checks.assert_close(out, ref(a, b, True, True).astype(np.float32), k=K)
+
+
+def test_matmul_random_shapes_and_blocks(rng):
+    for _ in range(25):
+        M, N, K = (int(x) for x in rng.integers(1, 90, size=3))
+        mr, nr = gemm.kernel_shape()
+        blocks = {"mc": int(rng.integers(1, 4 * mr)), "kc": int(rng.integers(1, 70)),
+                  "nc": int(rng.integers(1, 4 * nr))}
+        ta, tb = bool(rng.integers(2)), bool(rng.integers(2))
+        a = rand(rng, *((K, M) if ta else (M, K)))
+        b = rand(rng, *((N, K) if tb else (K, N)))
+        c = gemm.matmul(a, b, trans_a=ta, trans_b=tb, blocks=blocks, threads=int(rng.integers(1, 4)))
+        checks.assert_close(c, ref(a, b, ta, tb).astype(np.float32), k=K,
+                            name=f"{M}x{N}x{K} ta={ta} tb={tb} {blocks}")
+
+
+def test_empty_dimensions(rng):
+    assert gemm.matmul(np.zeros((0, 3), np.float32), rand(rng, 3, 4)).shape == (0, 4)
+    out = np.ones((2, 4), np.float32)
+    gemm.matmul(np.zeros((2, 0), np.float32), np.zeros((0, 4), np.float32), out=out, beta=2.0)
+    assert np.all(out == 2.0)
+
+
+def test_results_are_bitwise_repeatable(rng):
+    a, b = rand(rng, 300, 257), rand(rng, 257, 190)
+    for threads in (1, 2, 3):
+        first = gemm.matmul(a, b, threads=threads)
+        for _ in range(3):
+            assert np.array_equal(gemm.matmul(a, b, threads=threads), first)
+
+
+def test_packing_buffer_is_reused_and_no_result_is_allocated(rng):
+    a, b = rand(rng, 100, 80), rand(rng, 80, 60)
+    out = np.empty((100, 60), np.float32)
+    gemm.matmul(a, b, out=out)
+    buf = gemm._work.bufs[gemm.isa.selected()]
+    for _ in range(5):
+        assert gemm.matmul(a, b, out=out, beta=0.0) is out
+    assert gemm._work.bufs[gemm.isa.selected()] is buf
+
+
+def test_concurrent_calls_from_python_threads(rng):
+    pairs = [(rand(rng, 70 + i, 50), rand(rng, 50, 40 + i)) for i in range(4)]
+    errors = []
+
+    def work(a, b):
+        try:
+            for _ in range(10):
+                checks.assert_close(gemm.matmul(a, b, threads=2), ref(a, b).astype(np.float32), k=50)
+        except AssertionError as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=p) for p in pairs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_public_export_is_lazy():
+    code = ("import sys, smallem; assert 'smallem.gemm' not in sys.modules; "
+            "f = smallem.matmul; assert 'smallem.gemm' in sys.modules; print(f.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "matmul"
+
+
+# ---------------------------------------------------------------- errors
+
+def test_wrong_inputs_raise_clear_errors(rng):
+    a, b = rand(rng, 4, 5), rand(rng, 5, 6)
+    with pytest.raises(TypeError, match="a: expected dtype float32"):
+        gemm.matmul(a.astype(np.float64), b)
+    with pytest.raises(TypeError, match="b: expected a numpy.ndarray"):
+        gemm.matmul(a, b.tolist())
+    with pytest.raises(ValueError, match="b: the elements of a row are not adjacent"):
+        gemm.matmul(a, rand(rng, 5, 12)[:, ::2])
+    with pytest.raises(ValueError, match="trans_a"):
+        gemm.matmul(rand(rng, 5, 4).T, b)  # a transposed view: say trans_a
+    with pytest.raises(ValueError, match="2-D"):
+        gemm.matmul(a[0], b)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        gemm.matmul(a, rand(rng, 4, 6))
+    with pytest.raises(ValueError, match="out: expected shape"):
+        gemm.matmul(a, b, out=np.empty((4, 5), np.float32))
+    with pytest.raises(TypeError, match="out: expected dtype float32"):
+        gemm.matmul(a, b, out=np.empty((4, 6), np.float64))
+    with pytest.raises(ValueError, match="beta != 0 needs out"):
+        gemm.matmul(a, b, beta=1.0)
+    ro = np.empty((4, 6), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        gemm.matmul(a, b, out=ro)
+    sq = rand(rng, 5, 5)
+    with pytest.raises(ValueError, match="overlaps"):
+        gemm.matmul(sq, sq, out=sq)
+    with pytest.raises(TypeError, match="alpha"):
+        gemm.matmul(a, b, alpha="2")
+    with pytest.raises(ValueError, match="threads"):
+        gemm.matmul(a, b, threads=0)
+    with pytest.raises(ValueError, match="kc"):
+        gemm.matmul(a, b, blocks={"kc": 0})
+    with pytest.raises(ValueError, match="unknown keys"):
+        gemm.matmul(a, b, blocks={"KC": 8})
+    with pytest.raises(TypeError, match="uint16"):
+        gemm.matmul_bf16(a, b)
+    for rung in gemm.LADDER:
+        with pytest.raises(TypeError):
+            rung(a.astype(np.float64), b)
+        with pytest.raises(ValueError):
+            rung(a, rand(rng, 6, 5))
+
+
+# ---------------------------------------------------------------- bf16
+
+def test_bf16_rounding_is_nearest_even():
+    f = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-8 + 2**-20, -2.5, 3.4e38,
+                  np.inf, -np.inf, 0.0, -0.0], np.float32)
+    h = gemm.f32_to_bf16(f)
+    back = gemm.bf16_to_f32(h)
+    # ties: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> even (1.0); 1 + 3*2^-8 -> 1 + 2^-6
+    assert back[0] == 1.0 and back[1] == 1.0 and back[2] == 1.0 + 2**-6
+    assert back[3] == 1.0 + 2**-7  # just above the tie rounds up
+    assert back[4] == -2.5 and np.isinf(back[5])  # 3.4e38 rounds past the largest bf16
+    assert np.isposinf(back[6]) and np.isneginf(back[7])
+    assert h[8] == 0 and h[9] == 0x8000
+    nan = gemm.bf16_to_f32(gemm.f32_to_bf16(np.array([np.nan, -np.nan], np.float32)))
+    assert np.all(np.isnan(nan))
+
+
+def test_bf16_round_trip_is_exact_for_bf16_values(rng):
+    h = rng.integers(0, 0x7F80, size=1000, dtype=np.uint16)  # finite positives
+    assert np.array_equal(gemm.f32_to_bf16(gemm.bf16_to_f32(h)), h)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_matmul_bf16(ta, tb, level, rng):
+    for blocks in (None, SMALL_BLOCKS):
+        for M, N, K in SHAPES:
+            a = gemm.f32_to_bf16(rand(rng, *((K, M) if ta else (M, K))))
+            b = gemm.f32_to_bf16(rand(rng, *((N, K) if tb else (K, N))))
+            c0 = rand(rng, M, N)
+            out = c0.copy()
+            gemm.matmul_bf16(a, b, trans_a=ta, trans_b=tb, out=out, alpha=0.5, beta=2.0,
+                             blocks=blocks)
+            want = 0.5 * ref(gemm.bf16_to_f32(a), gemm.bf16_to_f32(b), ta, tb) + 2.0 * c0
+            checks.assert_close(out, want.astype(np.float32), k=K, name=f"bf16 {M}x{N}x{K}")
+
+
+# ---------------------------------------------------------------- pool, benchmark, figures
+
+def test_openmp_pool_is_persistent():
+    ids = [gemm.pool_ids(2) for _ in range(3)]
+    assert ids[0] == ids[1] == ids[2]
+
+
+def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp_path):
+    monkeypatch.setenv("SMALLEM_QUICK", "1")
+    rec = gemm.run(quick=True, progress=False)
+    rec.save()
+    values = gemm.make_figures(records_tmp)
+    for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
+                "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio"):
+        assert key in values, key
+    figs = tmp_path / "figures"
+    for name in ("ch2_ladder.svg", "ch2_sweep.svg", "ch2_roofline.svg", "tables/ch2_ladder.md",
+                 "tables/ch2_shapes.md", "tables/ch2_bf16.md", "tables/ch2_sweep.md"):
+        assert (figs / name).is_file(), name
+    data = records.load(gemm.RECORD, records_tmp)
+    assert len(records.results(data, "rung")) == len(gemm.LADDER)
+    assert data["settings"]["blas"]
+    # with chapter 1's record beside it, the rungs go on chapter 1's roofline
+    from smallem.build import ROOT
+    ch1 = ROOT / "figures" / "records" / "ch1.machine.json"
+    if ch1.is_file():
+        (records_tmp / "ch1.machine.json").write_text(ch1.read_text())
+        values = gemm.make_figures(records_tmp)
+        assert values["ch2.peak_source"] == "chapter 1's record"
+
+
+def test_make_figures_without_record_is_skipped(records_tmp):
+    assert gemm.make_figures(records_tmp) == {}
