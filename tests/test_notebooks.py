@@ -1,0 +1,81 @@
+"""Every notebook runs from top to bottom in quick mode, writing only into a temp folder.
+
+Each notebooks/NN_name.py (jupytext percent format) is executed in a Jupyter kernel with
+SMALLEM_QUICK=1 (tiny sizes, seconds) and SMALLEM_RECORDS / SMALLEM_FIGURES pointing into
+tmp_path, so the committed records are never overwritten. MPLBACKEND is left unset: with Agg
+forced, the figures would vanish from the executed notebook.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.py"))
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
+def test_kernel_is_this_python():
+    """The notebooks must run with the venv's packages: the python3 kernel is this python."""
+    pytest.importorskip("ipykernel")
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    exe = spec.argv[0]
+    # jupyter_client runs 'python'/'python3' in a kernel spec as the client's own interpreter
+    if exe not in ("python", f"python{sys.version_info[0]}",
+                   f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        assert Path(exe).resolve() == Path(sys.executable).resolve(), (
+            f"the python3 kernel ({spec.resource_dir}) runs {exe}, not {sys.executable}: "
+            f"run `{sys.executable} -m ipykernel install --sys-prefix`")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_conventions(path):
+    """No TeX in Markdown cells (the site loads no math script for notebook pages), and plain
+    tqdm (tqdm.auto stores a widget that the static site cannot show)."""
+    import jupytext
+
+    nb = jupytext.read(path)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for marker in ("$", "\\(", "\\["):
+                assert marker not in cell.source, (
+                    f"{path.name}, cell {i}: math ({marker!r}) in a Markdown cell is not rendered "
+                    f"on the site; write it in words or put it in the chapter")
+        if cell.cell_type == "code":
+            for bad in ("tqdm.auto", "tqdm.notebook", "ipywidgets"):
+                assert bad not in cell.source, f"{path.name}, cell {i}: use plain tqdm, not {bad}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    import jupytext
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("SMALLEM_QUICK", "1")
+    monkeypatch.setenv("SMALLEM_RECORDS", str(tmp_path / "records"))
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    committed = ROOT / "figures" / "records"
+    before = snapshot(committed)
+
+    nb = jupytext.read(path)
+    NotebookClient(nb, kernel_name="python3", timeout=600,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, errors
+    assert snapshot(committed) == before, f"{path.name} changed the committed records"
+    outputs = sum(len(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
+    assert outputs > 0, f"{path.name} ran but showed nothing"
