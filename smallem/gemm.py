@@ -406,8 +406,8 @@ def _measure_gops(fn, m, n, k, slow=False, quick=False):
     if slow:
         t = measure(fn, repeats=2 if not quick else 3, warmup=0 if not quick else 1)
     else:
-        t = measure(fn, repeats=3 if quick else 5, warmup=1, min_sample=0.02 if quick else 0.1,
-                    max_time=2.0 if quick else 8.0)
+        t = measure(fn, repeats=3 if quick else 5, warmup=1, min_sample=0.005 if quick else 0.1,
+                    max_time=0.3 if quick else 8.0)
     return {"value": t.rate(2.0 * m * n * k / 1e9), "seconds": t.stats()}
 
 
@@ -510,7 +510,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             rec.add("dtype", "Gop/s", r["value"], seconds=r["seconds"], dtype=kind, M=M, N=N, K=K,
                     threads=cores)
             step(f"{kind} {M}x{K}x{N}")
-    reps = 200 if quick else 2000
+    reps = 50 if quick else 2000
     for name, fn in (("empty_region", lambda: lib.gemm_empty_regions(reps, cores)),
                      ("spawn_join", lambda: lib.gemm_spawn_join(reps // 10, cores))):
         t = measure(fn, repeats=5, warmup=1)
