@@ -1,0 +1,257 @@
+"""The foundation: building kernels at every ISA level, choosing the level, rebuilding on edit,
+failing loudly; the argument checks and the measurement records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from smallem import build, checks, isa, records
+
+KERNELS = build.kernel_names()
+UNRUNNABLE = [l for l in isa.LEVELS if not isa.supported(l)]
+
+
+# ------------------------------------------------------------------ building
+
+@pytest.mark.parametrize("level", isa.LEVELS)
+@pytest.mark.parametrize("name", KERNELS)
+def test_every_kernel_compiles_at_every_level(name, level):
+    # A level this CPU cannot run is still compiled, with all of its extensions, so that
+    # AVX-512 code is checked by the compiler on any x86 machine.
+    if level != "generic" and not isa.is_x86():
+        pytest.skip(f"{level} is x86 only")
+    exts = isa.OPTIONAL.get(level, ()) if not isa.supported(level) else isa.extensions(level)
+    path = build.compile_module(name, level, tuple(exts))
+    assert path.is_file() and f"_{name}_{level}_" in path.name
+
+
+def test_build_all_levels_from_the_command_line():
+    r = subprocess.run([sys.executable, "-m", "smallem", "build", "--isa", "all"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    for level in isa.LEVELS:
+        assert level in r.stdout
+
+
+@pytest.mark.skipif(not UNRUNNABLE, reason="this CPU runs every ISA level")
+def test_unsupported_level_raises_instead_of_crashing(monkeypatch):
+    level = UNRUNNABLE[0]
+    with pytest.raises(isa.ISAError, match=level):
+        build.load("stream", level=level)
+    monkeypatch.setenv("SMALLEM_ISA", level)
+    with pytest.raises(isa.ISAError, match="cannot run on this CPU"):
+        build.load("stream")
+
+
+def test_bogus_isa_raises(monkeypatch):
+    monkeypatch.setenv("SMALLEM_ISA", "sse9")
+    with pytest.raises(isa.ISAError, match="sse9"):
+        isa.selected()
+    with pytest.raises(isa.ISAError):
+        build.load("stream")
+
+
+def test_forced_isa_is_the_one_built(monkeypatch):
+    monkeypatch.setenv("SMALLEM_ISA", "generic")
+    assert isa.selected() == "generic"
+    built = []
+    real = build.compile_module
+    monkeypatch.setattr(build, "compile_module",
+                        lambda name, level, exts=None: built.append(level) or real(name, level, exts))
+    build._load.cache_clear()
+    build.load("stream")
+    assert built == ["generic"]
+
+
+def _scratch_kernels(tmp_path, monkeypatch):
+    """A private copy of kernels_c/ and an empty cache, so edits touch nothing shared."""
+    kdir = tmp_path / "kernels_c"
+    shutil.copytree(build.KERNELS_DIR, kdir)
+    monkeypatch.setattr(build, "KERNELS_DIR", kdir)
+    monkeypatch.setenv("SMALLEM_CACHE", str(tmp_path / "cache"))
+    return kdir
+
+
+def _write_kernel(kdir, name, body, proto="int answer(void);"):
+    (kdir / f"{name}.h").write_text(proto + "\n")
+    (kdir / f"{name}.c").write_text(f'#include "common.h"\n#include "{name}.h"\n{body}\n')
+
+
+def test_editing_a_kernel_rebuilds_it(tmp_path, monkeypatch):
+    kdir = _scratch_kernels(tmp_path, monkeypatch)
+    _write_kernel(kdir, "edit_me", "int answer(void) { return 1; }")
+    _, lib = build.load("edit_me", "generic")
+    assert lib.answer() == 1
+    _write_kernel(kdir, "edit_me", "int answer(void) { return 42; }")
+    _, lib = build.load("edit_me", "generic")
+    assert lib.answer() == 42
+    assert len(list((tmp_path / "cache").glob("_smallem_edit_me_generic_*"))) == 2
+
+
+def test_editing_a_shared_header_rebuilds(tmp_path, monkeypatch):
+    kdir = _scratch_kernels(tmp_path, monkeypatch)
+    _write_kernel(kdir, "uses_header", "int answer(void) { return SM_TEST_VALUE; }")
+    common = kdir / "common.h"
+    common.write_text(common.read_text() + "\n#define SM_TEST_VALUE 7\n")
+    assert build.load("uses_header", "generic")[1].answer() == 7
+    common.write_text(common.read_text().replace("SM_TEST_VALUE 7", "SM_TEST_VALUE 8"))
+    assert build.load("uses_header", "generic")[1].answer() == 8
+
+
+def test_compile_error_names_the_file_and_quotes_the_compiler(tmp_path, monkeypatch):
+    kdir = _scratch_kernels(tmp_path, monkeypatch)
+    _write_kernel(kdir, "broken", "int answer(void) { return no_such_variable; }")
+    with pytest.raises(build.BuildError) as e:
+        build.load("broken", "generic")
+    msg = str(e.value)
+    assert str(kdir / "broken.c") in msg
+    assert "no_such_variable" in msg and "error" in msg
+
+
+def test_header_that_does_not_match_the_source_fails(tmp_path, monkeypatch):
+    # cffi compiles its wrapper against the header: a wrong prototype is an error, not a crash
+    kdir = _scratch_kernels(tmp_path, monkeypatch)
+    (kdir / "mismatch.h").write_text("int answer(void);\n")
+    (kdir / "mismatch.c").write_text('#include "common.h"\nfloat answer(int x) { return x; }\n')
+    with pytest.raises(build.BuildError, match="mismatch.c"):
+        build.load("mismatch", "generic")
+
+
+def test_missing_kernel_and_missing_header(tmp_path, monkeypatch):
+    kdir = _scratch_kernels(tmp_path, monkeypatch)
+    with pytest.raises(build.BuildError, match="does not exist"):
+        build.load("nothing_here", "generic")
+    (kdir / "headless.c").write_text("int answer(void) { return 1; }\n")
+    with pytest.raises(build.BuildError, match="no header"):
+        build.load("headless", "generic")
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    kdir = _scratch_kernels(tmp_path, monkeypatch)
+    _write_kernel(kdir, "needs_cc", "int answer(void) { return 3; }")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(build.BuildError, match="no C compiler found"):
+        build.load("needs_cc", "generic")
+
+
+# ------------------------------------------------------------------ checks
+
+def test_array_accepts_a_good_array():
+    x = np.zeros((3, 4), np.float32)
+    assert checks.array(x, "x", np.float32, ndim=2, shape=(3, None), writable=True) is x
+
+
+@pytest.mark.parametrize("bad, kwargs, error, words", [
+    (np.zeros((3, 4)), {}, TypeError, ["x", "float32", "float64"]),
+    ([1.0, 2.0], {}, TypeError, ["x", "ndarray", "list"]),
+    (np.zeros(12, np.float32), {"ndim": 2}, ValueError, ["x", "2 dimensions"]),
+    (np.zeros((3, 5), np.float32), {"shape": (3, 4)}, ValueError, ["x", "(3, 4)", "(3, 5)"]),
+    (np.zeros((4, 6), np.float32)[:, ::2], {}, ValueError, ["x", "C-contiguous"]),
+    (np.zeros((4, 6), np.float32).T, {}, ValueError, ["x", "C-contiguous"]),
+])
+def test_array_rejects_loudly(bad, kwargs, error, words):
+    with pytest.raises(error) as e:
+        checks.array(bad, "x", np.float32, **kwargs)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_array_rejects_read_only_output():
+    x = np.zeros(4, np.float32)
+    x.flags.writeable = False
+    checks.array(x, "out", np.float32)  # reading is fine
+    with pytest.raises(ValueError, match="out.*read-only"):
+        checks.array(x, "out", np.float32, writable=True)
+
+
+def test_positive_int():
+    assert checks.positive_int(np.int64(5), "n") == 5
+    for bad, error in [(0, ValueError), (-3, ValueError), (2**31, ValueError),
+                       (2.0, TypeError), (True, TypeError), ("4", TypeError)]:
+        with pytest.raises(error, match="n"):
+            checks.positive_int(bad, "n")
+
+
+def test_assert_close_passes_and_fails_loudly():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    checks.assert_close(x, x.copy())
+    y = x.copy()
+    y[3, 2] += 0.5
+    with pytest.raises(AssertionError) as e:
+        checks.assert_close(y, x, name="C")
+    msg = str(e.value)
+    assert "C:" in msg and "(3, 2)" in msg and "1 of 35" in msg
+    with pytest.raises(AssertionError, match="shape"):
+        checks.assert_close(x[:4], x)
+    z = x.copy()
+    z[0, 0] = np.nan
+    with pytest.raises(AssertionError, match="non-finite"):
+        checks.assert_close(z, x)
+
+
+def test_assert_close_tolerance_scales_with_k_and_dtype():
+    e = np.ones(100, np.float32)
+    a = e * np.float32(1 + 2e-6)        # ~17 float32 ulps off
+    with pytest.raises(AssertionError):
+        checks.assert_close(a, e, k=1)   # a single product: too far
+    checks.assert_close(a, e, k=4096)    # a length-4096 sum may drift that much
+    with pytest.raises(AssertionError):
+        checks.assert_close(a.astype(np.float64), e.astype(np.float64), k=4096)
+
+
+# ------------------------------------------------------------------ records
+
+def _record(tmp_path):
+    rec = records.Record("test.roundtrip", settings={"threads": [1, 2]},
+                         machine={"cpu": "test cpu", "cores": 2})
+    rec.add("triad", "GB/s", {"median": 10.0, "min": 9.0, "max": 11.0, "n": 5},
+            seconds={"median": 0.1, "min": 0.09, "max": 0.11, "n": 5}, size=1024, threads=1)
+    rec.add("triad", "GB/s", {"median": 19.0, "min": 18.0, "max": 20.0, "n": 5},
+            size=1024, threads=2)
+    return rec
+
+
+def test_record_round_trip(tmp_path):
+    rec = _record(tmp_path)
+    path = rec.save(tmp_path)
+    assert path == tmp_path / "test.roundtrip.json"
+    data = records.load("test.roundtrip", tmp_path)
+    assert data == json.loads(json.dumps(rec.data))
+    assert data["schema"] == records.SCHEMA and data["commit"] and data["date"]
+    assert records.value(data, "triad", threads=2) == 19.0
+    assert records.value(data, "triad", "min", threads=1) == 9.0
+    assert len(records.results(data, "triad")) == 2
+    with pytest.raises(records.RecordError, match="2 results"):
+        records.value(data, "triad")
+
+
+def test_records_folder_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMALLEM_RECORDS", str(tmp_path / "elsewhere"))
+    path = _record(tmp_path).save()
+    assert path.parent == tmp_path / "elsewhere"
+    assert records.exists("test.roundtrip")
+
+
+def test_bad_records_raise_record_error(tmp_path):
+    with pytest.raises(records.RecordError, match="no record"):
+        records.load("absent", tmp_path)
+    (tmp_path / "corrupt.json").write_text('{"schema": "smallem.record/1", "results": [')
+    with pytest.raises(records.RecordError, match="not valid JSON"):
+        records.load("corrupt", tmp_path)
+    (tmp_path / "foreign.json").write_text('{"some": "other file"}')
+    with pytest.raises(records.RecordError, match="not a smallem.record"):
+        records.load("foreign", tmp_path)
+
+
+def test_record_result_needs_statistics():
+    rec = records.Record("test.bad", machine={})
+    with pytest.raises(ValueError, match="median"):
+        rec.add("x", "s", {"mean": 1.0})
