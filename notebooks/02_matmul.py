@@ -1,0 +1,139 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 2, the notebook: the matrix product, from loop order to the peak
+#
+# This notebook regenerates chapter 2's tables and figures on the machine it runs on.
+# By default it reads this machine's record (`figures/records/ch2.gemm.json`, written by
+# `smallem gemm`) and measures only if there is none. Set `SMALLEM_QUICK=1` for a
+# seconds-long run on tiny sizes (that is how the test suite runs it), or `SMALLEM_REMEASURE=1`
+# to measure again in full (a few minutes on two cores).
+
+# %%
+import os
+
+import numpy as np
+from IPython.display import SVG, Markdown, display
+
+from smallem import checks, figures, gemm, isa, machine_info, records
+from smallem.timing import measure
+
+QUICK = os.environ.get("SMALLEM_QUICK") == "1"
+REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
+
+print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |", "ISA", isa.selected())
+
+# %% [markdown]
+# ## The micro-kernel's shape and the block sizes, from the model
+#
+# Nothing below is tuned for this machine. The micro-kernel's tile (MR rows by NR columns)
+# follows from the register file; the three block sizes follow from the caches' size,
+# associativity and line size (Low et al., 2016). The chapter explains each formula.
+
+# %%
+level = isa.selected()
+vec, regs = gemm.REGISTER_FILE[level]
+mr, nr = gemm.micro_shape(vec, regs)
+print(f"{level}: {regs} vector registers of {vec} floats -> micro-kernel {mr} x {nr} "
+      f"({mr * nr // vec} accumulators; the compiled kernel is {gemm.kernel_shape()})")
+geometry = gemm.cache_geometry()
+for name, c in geometry.items():
+    print(f"  {name}: {c['bytes'] // 1024} KiB, {c['ways']}-way, {c['line']}-byte lines")
+blocks = gemm.default_blocks()
+print("blocks:", blocks)
+kc = blocks["kc"]
+print(f"  L1: A sliver {mr}x{kc} = {mr * kc * 4 / 1024:.1f} KiB + B sliver {kc}x{nr} = "
+      f"{kc * nr * 4 / 1024:.1f} KiB")
+print(f"  L2: A block {blocks['mc']}x{kc} = {blocks['mc'] * kc * 4 / 1024:.0f} KiB")
+
+# %% [markdown]
+# ## Correct first
+#
+# Every rung computes the same product; here on an awkward shape (primes, not multiples of
+# the tile) against numpy in double precision.
+
+# %%
+rng = np.random.default_rng(0)
+M, N, K = 67, 53, 101
+a = rng.standard_normal((M, K), dtype=np.float32)
+b = rng.standard_normal((K, N), dtype=np.float32)
+want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+for rung in gemm.LADDER:
+    checks.assert_close(rung(a, b), want, k=K, name=rung.label)
+checks.assert_close(gemm.matmul(b, a, trans_a=True, trans_b=True), want.T.copy(), k=K)
+print("all rungs and the transposed product agree with numpy")
+
+# %% [markdown]
+# ## Loop order, live
+#
+# The first rung's whole gain comes from the order of three loops. A quick measurement on a
+# product small enough to take a moment:
+
+# %%
+n = 64 if QUICK else 256
+a = rng.standard_normal((n, n), dtype=np.float32)
+b = rng.standard_normal((n, n), dtype=np.float32)
+for rung in gemm.LADDER[:2]:
+    t = measure(lambda: rung(a, b), repeats=3)
+    print(f"{rung.label:24s} {2 * n**3 / t.median / 1e9:7.2f} Gop/s at {n}^3")
+
+# %% [markdown]
+# ## Measure, or read the record
+
+# %%
+if QUICK or REMEASURE or not records.exists(gemm.RECORD):
+    rec = gemm.run(quick=QUICK, progress=False)
+    rec.save()
+    data = rec.data
+else:
+    data = records.load(gemm.RECORD)
+print(figures.machine_line(data))
+values = gemm.make_figures(records.records_dir())
+print(f"final rung: {values['ch2.final_gops']} = {values['ch2.final_pct_peak']} of the peak, "
+      f"{values['ch2.final_vs_numpy']} of numpy")
+
+# %% [markdown]
+# ## The ladder
+
+# %%
+tables = figures.figures_dir() / "tables"
+display(Markdown((tables / "ch2_ladder.md").read_text()))
+display(SVG(filename=str(figures.figures_dir() / "ch2_ladder.svg")))
+
+# %% [markdown]
+# ## On the roofline
+#
+# All rungs share one arithmetic intensity with respect to memory: the work and the data are
+# the same, only the order differs. The gap between them is inside the core and its caches.
+
+# %%
+display(SVG(filename=str(figures.figures_dir() / "ch2_roofline.svg")))
+
+# %% [markdown]
+# ## Sizes, the model's shapes, bf16
+
+# %%
+display(SVG(filename=str(figures.figures_dir() / "ch2_sweep.svg")))
+for name in ("ch2_sweep", "ch2_shapes", "ch2_bf16"):
+    display(Markdown((tables / f"{name}.md").read_text()))
+
+# %% [markdown]
+# ## The thread pool
+#
+# OpenMP keeps its threads between parallel regions: the same kernel thread ids come back
+# on every call, and an empty parallel region costs far less than creating threads.
+
+# %%
+print(gemm.pool_ids(), gemm.pool_ids())
+print(f"empty parallel region {values['ch2.pool_region_us']}, "
+      f"create + join {values['ch2.pool_spawn_us']}: {values['ch2.pool_persistent']}")
