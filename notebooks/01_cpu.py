@@ -87,3 +87,9 @@ n = data["settings"]["gemm_naive_n"]
 machine.roofline_figure([(f"naive {n}³ product", machine.naive_gemm_intensity(n),
                           records.value(data, "gemm_naive"))], "ch1_roofline", data)
 display(SVG(filename=str(figures.figures_dir() / "ch1_roofline.svg")))
+
+# %%
+# The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last
+# recorded GPU measurements with their machine and date, or a line saying there are none.
+from smallem import gpu
+_ = gpu.notebook_section("ch1")

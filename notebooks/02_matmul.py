@@ -137,3 +137,9 @@ for name in ("ch2_sweep", "ch2_shapes", "ch2_bf16"):
 print(gemm.pool_ids(), gemm.pool_ids())
 print(f"empty parallel region {values['ch2.pool_region_us']}, "
       f"create + join {values['ch2.pool_spawn_us']}: {values['ch2.pool_persistent']}")
+
+# %%
+# The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last
+# recorded GPU measurements with their machine and date, or a line saying there are none.
+from smallem import gpu
+_ = gpu.notebook_section("ch2")

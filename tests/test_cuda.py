@@ -179,9 +179,10 @@ def test_matmul_variants(cp, kind, trans, shape, rng):
 
 @pytest.mark.gpu
 def test_matmul_writes_into_out_and_offsets(cp, rng):
-    # a row slice of a contiguous matrix is contiguous but not 16-byte aligned: the kernels
-    # must fall back to scalar loads there
-    A = cp.asarray(rng.standard_normal((65, 36)).astype(np.float32))[1:]
+    # a view starting one float into its buffer is contiguous but not 16-byte aligned: the
+    # kernels must fall back to scalar loads there
+    A = cp.asarray(rng.standard_normal(65 * 36).astype(np.float32))[1:1 + 64 * 36].reshape(64, 36)
+    assert A.data.ptr % 16 != 0 and A.flags.c_contiguous
     B = cp.asarray(rng.standard_normal((36, 20)).astype(np.float32))
     out = cp.empty((64, 20), dtype=cp.float32)
     got = cuda.matmul(A, B, out=out)
