@@ -115,27 +115,28 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
 # ---------------------------------------------------------------- loading the kernels
 
 _lock = threading.Lock()
-_defaults_set: set = set()
 
 
 def _load(level: str | None = None):
-    """(ffi, lib, MR, NR, default blocks) for ``level`` (default: the selected ISA)."""
+    """(ffi, lib, MR, NR, default blocks) for ``level`` (default: the selected ISA).
+
+    Loaded once per process and level: build.load checks the sources' timestamps
+    on every call (half a millisecond), which a 64^3 product cannot afford.
+    """
     level = level or isa.selected()
-    ffi, lib = build.load("gemm", level)
-    key = (level, id(lib))
-    if key not in _defaults_set:
+    found = _loaded.get(level)
+    if found is None:
         with _lock:
+            ffi, lib = build.load("gemm", level)
             mr, nr = ffi.new("int *"), ffi.new("int *")
             lib.gemm_micro_shape(mr, nr)
             blocks = block_sizes(mr[0], nr[0], threads=checks.threads(None))
             lib.gemm_set_defaults(blocks["mc"], blocks["kc"], blocks["nc"])
-            _shapes[level] = (mr[0], nr[0], blocks)
-            _defaults_set.add(key)
-    mr, nr, blocks = _shapes[level]
-    return ffi, lib, mr, nr, blocks
+            found = _loaded[level] = (ffi, lib, mr[0], nr[0], blocks)
+    return found
 
 
-_shapes: dict = {}
+_loaded: dict = {}
 
 
 def kernel_shape(level: str | None = None) -> tuple[int, int]:
@@ -303,7 +304,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     for x, name in ((a, "a"), (b, "b")):
         if np.may_share_memory(out, x):
             raise ValueError(f"out overlaps {name}: the result would overwrite its own input")
-    nthreads = checks.threads(threads)
+    nthreads = auto_threads(M, N, K) if threads is None else checks.threads(threads)
     if M == 0 or N == 0:
         return out
     if K == 0:  # an empty sum: C = beta C
@@ -322,6 +323,12 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     return out
 
 
+def auto_threads(M: int, N: int, K: int) -> int:
+    """Every usable core, but at least 2 Mop of work each: a parallel region and its
+    barriers cost microseconds (measured by `smallem gemm`), 2 Mop about 25 us of one core."""
+    return max(1, min(checks.threads(None), 2 * M * N * K // (1 << 21)))
+
+
 def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
            threads=None, blocks=None, level=None) -> np.ndarray:
     """``C = alpha op(a) op(b) + beta C`` in f32; ``op`` transposes when ``trans_*`` is set.
@@ -329,7 +336,7 @@ def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
     ``a`` is M x K (K x M with ``trans_a``), ``b`` is K x N (N x K with ``trans_b``);
     both float32 with adjacent elements in each row (row slices are fine).
     ``out`` (M x N float32) receives the result; ``beta != 0`` needs it. ``threads``
-    defaults to every usable core; ``blocks`` ({"mc", "kc", "nc"}) overrides the
+    defaults to every usable core (fewer for tiny products, see :func:`auto_threads`); ``blocks`` ({"mc", "kc", "nc"}) overrides the
     cache model's block sizes and ``level`` the ISA, for tests.
     """
     return _gemm("f32", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level)
@@ -587,6 +594,31 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         values[f"ch2.rung{rung.index}_gops"] = f(records.value(rec, "rung", rung=rung.index, M=n), "Gop/s")
         if rung.index:
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
+    g = s["cache_geometry"]
+    mr, nr, b = s["mr"], s["nr"], s["blocks"]
+    vec, regs = REGISTER_FILE[s["isa"]]
+    values.update({
+        "ch2.vec_floats": str(vec), "ch2.registers": str(regs),
+        "ch2.accumulators": str(mr * nr // vec), "ch2.b_vectors": str(nr // vec),
+        "ch2.regs_used": str(mr * nr // vec + nr // vec + 1),
+        "ch2.latency_bound": str(vec * FMA_LATENCY * FMA_PIPES),
+        "ch2.tile_floats": str(mr * nr),
+        "ch2.l1_kib": f"{g['L1d']['bytes'] // 1024} KiB", "ch2.l1_ways": str(g["L1d"]["ways"]),
+        "ch2.l2_kib": f"{g['L2']['bytes'] // 1024} KiB", "ch2.l2_ways": str(g["L2"]["ways"]),
+        "ch2.l3_mib": f"{g['L3']['bytes'] / 1024**2:.0f} MiB", "ch2.l3_ways": str(g["L3"]["ways"]),
+        "ch2.line": f"{g['L1d']['line']} B",
+        "ch2.l1_sets": str(g["L1d"]["bytes"] // (g["L1d"]["ways"] * g["L1d"]["line"])),
+        "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
+        "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",
+        "ch2.a_sliver_kib": f"{mr * b['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
+        "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
+        "ch2.b_block_full_mib": f"{b['kc'] * b['nc'] * 4 / 1024**2:.1f} MiB",
+        "ch2.quick_note": ("These numbers come from a quick run on tiny sizes; run `smallem gemm` "
+                           "for the real ones." if s["quick"] else ""),
+        "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
+    })
     one_core = records.value(rec, "rung", rung=len(LADDER) - 2, M=n)
     values["ch2.thread_speedup"] = f(final / one_core)
     values["ch2.packed_pct_core"] = f"{100 * one_core / (peak / cores):.0f} %"
@@ -605,6 +637,10 @@ def _blas_line(rec: dict) -> str:
 def sweep_rows(rec: dict) -> tuple[list[list], dict]:
     f = figures.fmt
     rows, values = [], {}
+    peak = records.value(rec, "peak_f32")
+    for s in (1024, 2048, 4096):  # keys the chapter quotes exist even for a quick run
+        values[f"ch2.sweep_{s}"] = values[f"ch2.sweep_numpy_{s}"] = "n/a (not measured)"
+        values[f"ch2.sweep_ratio_{s}"] = values[f"ch2.sweep_pct_peak_{s}"] = "n/a"
     for s in rec["settings"]["sweep"]:
         ours = records.value(rec, "sweep", impl="smallem", n=s)
         theirs = records.value(rec, "sweep", impl="numpy", n=s)
@@ -612,6 +648,12 @@ def sweep_rows(rec: dict) -> tuple[list[list], dict]:
         values[f"ch2.sweep_{s}"] = f(ours, "Gop/s")
         values[f"ch2.sweep_numpy_{s}"] = f(theirs, "Gop/s")
         values[f"ch2.sweep_ratio_{s}"] = f"{100 * ours / theirs:.0f} %"
+        values[f"ch2.sweep_pct_peak_{s}"] = f"{100 * ours / peak:.0f} %"
+    sizes = rec["settings"]["sweep"]
+    values["ch2.sweep_sizes"] = f"{sizes[0]} to {sizes[-1]}"
+    wins = [s for s in sizes if records.value(rec, "sweep", impl="smallem", n=s)
+            >= records.value(rec, "sweep", impl="numpy", n=s)]
+    values["ch2.sweep_wins"] = ", ".join(f"{s}³" for s in wins) or "none of the sizes"
     return rows, values
 
 
