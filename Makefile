@@ -14,6 +14,7 @@ SITE   := site
 # The measurements `make book` runs, in chapter order: each is a `smallem <command>` that writes
 # its record under figures/records/. A chapter appends its own: MEASURE += gemm
 MEASURE = machine
+MEASURE += gemm
 
 export NO_MKDOCS_2_WARNING := 1
 
