@@ -113,7 +113,7 @@ def embedding_forward(idx, wte, wpe, out, threads=None):
 
 
 def embedding_backward(idx, dout, dwte, dwpe, threads=None):
-    """dwte[idx] += dout (adds into dwte); dwpe[:T] = sum over the batch (overwrites)."""
+    """dwte[idx] += dout (adds into dwte); dwpe[t] = sum over the batch (overwrites, all rows)."""
     _ids(idx, "idx")
     B, T = idx.shape
     _f32(dwte, "dwte", writable=True)
@@ -127,6 +127,7 @@ def embedding_backward(idx, dout, dwte, dwpe, threads=None):
     ffi, lib = _lib()
     bad = lib.embedding_backward(_ip(ffi, idx), _fp(ffi, dout), _fp(ffi, dwte), _fp(ffi, dwpe),
                                  B, T, C, V, _threads(threads))
+    dwpe[T:] = 0.0  # positions this batch did not reach get no gradient
     if bad:
         raise ValueError(f"idx: {bad} token ids outside [0, {V})")
     return dwte, dwpe
@@ -286,6 +287,55 @@ def sum_squares(x, threads=None):
     return float(lib.sum_squares(_fp(ffi, x), x.size, _threads(threads)))
 
 
+GEMM_F32_TYPE = ("void(*)(int, int, int, int, int, float, float *, int, float *, int, float, "
+                 "float *, int, int, int, int, int, float *)")
+
+
+class BatchedGemm:
+    """out[i] = op(a[i]) op(b[i]) for every i, chapter 2's ``gemm_f32`` looped over in C.
+
+    Threads take whole products (each runs single-threaded with its own
+    packing buffer, allocated here once and grown when a larger one is needed).
+    """
+
+    def __init__(self, threads=None):
+        from . import build, gemm
+
+        gffi, glib = build.load("gemm")
+        fn = getattr(glib, "gemm_f32", None)
+        if fn is None or gffi.typeof(fn).cname != GEMM_F32_TYPE:
+            raise RuntimeError("kernels_c/gemm.c has no gemm_f32 with the expected prototype")
+        self.addr = int(gffi.cast("uintptr_t", gffi.addressof(glib, "gemm_f32")))
+        blocks = gemm.default_blocks()
+        self.blocks = blocks["mc"], blocks["kc"], blocks["nc"]
+        self.glib = glib
+        self.threads = checks.threads(threads)
+        self.work = np.zeros(0, np.float32)
+
+    def __call__(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0):
+        _f32(a, "a")
+        _f32(b, "b")
+        _f32(out, "out", writable=True)
+        if not (a.ndim == b.ndim == out.ndim == 3) or not (len(a) == len(b) == len(out)):
+            raise ValueError(f"a, b, out: expected stacks of matrices of one count, got shapes "
+                             f"{a.shape}, {b.shape}, {out.shape}")
+        M, K = a.shape[:0:-1] if trans_a else a.shape[1:]
+        K2, N = b.shape[:0:-1] if trans_b else b.shape[1:]
+        if K != K2 or out.shape[1:] != (M, N):
+            raise ValueError(f"a, b, out: shapes {a.shape}, {b.shape}, {out.shape} do not make "
+                             f"op(a) op(b) (trans_a={trans_a}, trans_b={trans_b})")
+        mc, kc, nc = self.blocks
+        per = int(self.glib.gemm_work_floats(N, mc, kc, nc, 1))
+        if self.work.size < per * self.threads:
+            self.work = np.zeros(per * self.threads, np.float32)
+        ffi, lib = _lib()
+        lib.batched_gemm(ffi.cast("void *", self.addr), len(a), int(trans_a), int(trans_b), M, N,
+                         K, float(alpha), _fp(ffi, a), a[0].size, a.shape[2], _fp(ffi, b),
+                         b[0].size, b.shape[2], 0.0, _fp(ffi, out), out[0].size, N, mc, kc, nc,
+                         _fp(ffi, self.work), per, self.threads)
+        return out
+
+
 # ---------------------------------------------------------------- the two ops
 
 class NumpyOps:
@@ -420,6 +470,14 @@ class KernelOps:
         if "threads" in inspect.signature(matmul).parameters:
             self.matmul = functools.partial(matmul, threads=self.threads)
         _lib()  # build now, not inside the first timed step
+        try:
+            self.bmm = BatchedGemm(self.threads)
+        except RuntimeError:  # a GEMM without gemm_f32: loop over the slices in Python
+            self.bmm = self._bmm_python
+
+    def _bmm_python(self, a, b, out, *, trans_a=False, trans_b=False):
+        for x, y, o in zip(a, b, out):
+            self.matmul(x, y, out=o, trans_a=trans_a, trans_b=trans_b)
 
     # --8<-- [start:kernel_linear]
     def linear(self, x, w, b, out):
@@ -466,23 +524,21 @@ class KernelOps:
     def attention(self, qkv, out, a):
         B, H, T, hd = a.q.shape
         heads_split(qkv, (a.q, a.k, a.v), B, T, H, self.threads)
-        for q, k, s in zip(a.q_, a.k_, a.p_):           # B*H products of T x hd x T
-            self.matmul(q, k, trans_b=True, out=s)
+        S, P = a.p.reshape(B * H, T, T), a.p.reshape(B * H, T, T)
+        self.bmm(a.q.reshape(-1, T, hd), a.k.reshape(-1, T, hd), S, trans_b=True)  # S = Q K^T
         attn_softmax_forward(a.p, 1.0 / math.sqrt(hd), self.threads)
-        for p, v, o in zip(a.p_, a.v_, a.o_):
-            self.matmul(p, v, out=o)
+        self.bmm(P, a.v.reshape(-1, T, hd), a.o.reshape(-1, T, hd))             # O = P V
         heads_merge((a.o,), out, self.threads)
 
     def attention_backward(self, dout, dqkv, a):
         B, H, T, hd = a.q.shape
+        flat = lambda x: x.reshape(B * H, *x.shape[2:])  # noqa: E731
         heads_split(dout, (a.do,), B, T, H, self.threads)
-        for p, v, do, dp, dv in zip(a.p_, a.v_, a.do_, a.dp_, a.dv_):
-            self.matmul(do, v, trans_b=True, out=dp)     # dP = dO V^T
-            self.matmul(p, do, trans_a=True, out=dv)     # dV = P^T dO
+        self.bmm(flat(a.do), flat(a.v), flat(a.dp), trans_b=True)   # dP = dO V^T
+        self.bmm(flat(a.p), flat(a.do), flat(a.dv), trans_a=True)   # dV = P^T dO
         attn_softmax_backward(a.p, a.dp, 1.0 / math.sqrt(hd), self.threads)
-        for q, k, ds, dq, dk in zip(a.q_, a.k_, a.dp_, a.dq_, a.dk_):
-            self.matmul(ds, k, out=dq)                   # dQ = dS K
-            self.matmul(ds, q, trans_a=True, out=dk)     # dK = dS^T Q
+        self.bmm(flat(a.dp), flat(a.k), flat(a.dq))                 # dQ = dS K
+        self.bmm(flat(a.dp), flat(a.q), flat(a.dk), trans_a=True)   # dK = dS^T Q
         heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
     # --8<-- [end:kernel_attention]
 

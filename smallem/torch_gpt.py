@@ -48,7 +48,7 @@ def loss_and_grads(params: dict, cfg, idx, targets, dtype=torch.float64):
     P = to_torch(params, dtype)
     loss = forward(P, cfg, idx, targets)
     loss.backward()
-    return float(loss), {k: v.grad.numpy() for k, v in P.items()}
+    return loss.item(), {k: v.grad.numpy() for k, v in P.items()}
 
 
 class TorchTrainer:
@@ -70,7 +70,7 @@ class TorchTrainer:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(self.P.values()), self.clip)
         self.opt.step()
-        return float(loss)
+        return loss.item()
 
 
 def threads(n: int):

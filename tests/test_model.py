@@ -1,0 +1,436 @@
+"""Chapter 3: every layer's backward against finite differences, every C kernel
+against the numpy reference (each ISA level), the whole model against PyTorch."""
+
+import math
+
+import numpy as np
+import pytest
+
+from smallem import layers
+from smallem.checks import assert_close
+from smallem.layers import NumpyOps
+from smallem.model import CONFIGS, GPT, Config, Workspace
+
+TINY = Config("tiny", d_model=12, n_layer=2, n_head=3, context=7)
+TINY_UNTIED = Config("tiny-untied", d_model=8, n_layer=1, n_head=2, context=5, tied=False)
+
+
+# ---------------------------------------------------------------- finite differences
+
+def fd_check(f, inputs: dict, grads: dict, rng, eps=1e-6, samples=40):
+    """``f()`` returns a scalar computed from ``inputs`` (float64, modified in place);
+    ``grads`` holds the analytic gradient of each. Central differences at sampled entries."""
+    for name, x in inputs.items():
+        flat = x.reshape(-1)
+        g = grads[name].reshape(-1)
+        idx = rng.choice(flat.size, min(samples, flat.size), replace=False)
+        num = np.empty(len(idx))
+        for j, i in enumerate(idx):
+            old = flat[i]
+            flat[i] = old + eps
+            hi = f()
+            flat[i] = old - eps
+            lo = f()
+            flat[i] = old
+            num[j] = (hi - lo) / (2 * eps)
+        assert_close(g[idx], num, rtol=1e-5, atol=1e-7 * max(1.0, np.abs(num).max()), name=name)
+
+
+def test_linear_backward_fd(rng):
+    ops = NumpyOps()
+    x, w, b = rng.normal(size=(5, 3)), rng.normal(size=(3, 7)), rng.normal(size=7)
+    r = rng.normal(size=(5, 7))
+    out = np.empty((5, 7))
+    f = lambda: (ops.linear(x, w, b, out), (out * r).sum())[1]  # noqa: E731
+    dx, dw, db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
+    ops.linear_backward(r, x, w, dx, dw, db)
+    fd_check(f, {"x": x, "w": w, "b": b}, {"x": dx, "w": dw, "b": db}, rng)
+
+
+def test_head_backward_fd(rng):
+    ops = NumpyOps()
+    x, w = rng.normal(size=(4, 6)), rng.normal(size=(11, 6))
+    r, out = rng.normal(size=(4, 11)), np.empty((4, 11))
+    f = lambda: (ops.head(x, w, out), (out * r).sum())[1]  # noqa: E731
+    dx, dw = np.empty_like(x), np.empty_like(w)
+    ops.head_backward(r, x, w, dx, dw)
+    fd_check(f, {"x": x, "w": w}, {"x": dx, "w": dw}, rng)
+
+
+def test_layernorm_backward_fd(rng):
+    ops = NumpyOps()
+    x = rng.normal(size=(6, 13)) * 3 + 1
+    w, b = rng.normal(size=13), rng.normal(size=13)
+    r = rng.normal(size=(6, 13))
+    out, mean, rstd = np.empty((6, 13)), np.empty(6), np.empty(6)
+    f = lambda: (ops.layernorm(x, w, b, out, mean, rstd), (out * r).sum())[1]  # noqa: E731
+    f()
+    dx, dw, db = np.zeros_like(x), np.empty_like(w), np.empty_like(b)
+    ops.layernorm_backward(r, x, w, mean, rstd, dx, dw, db)
+    fd_check(f, {"x": x, "w": w, "b": b}, {"x": dx, "w": dw, "b": db}, rng)
+
+
+def test_gelu_backward_fd(rng):
+    ops = NumpyOps()
+    x = rng.normal(size=(7, 5)) * 3
+    r, out = rng.normal(size=(7, 5)), np.empty((7, 5))
+    f = lambda: (ops.gelu(x, out), (out * r).sum())[1]  # noqa: E731
+    dx = np.empty_like(x)
+    ops.gelu_backward(x, r, dx)
+    fd_check(f, {"x": x}, {"x": dx}, rng)
+
+
+def test_attention_backward_fd(rng):
+    ops = NumpyOps()
+    cfg = Config("a", d_model=6, n_layer=1, n_head=2, context=5)
+    B, T = 2, 5
+    ws = Workspace(cfg, B, T, np.float64)
+    a = ws.layers[0].attn
+    qkv = rng.normal(size=(B * T, 18))
+    r, out = rng.normal(size=(B * T, 6)), np.empty((B * T, 6))
+    f = lambda: (ops.attention(qkv, out, a), (out * r).sum())[1]  # noqa: E731
+    f()
+    dqkv = np.empty_like(qkv)
+    ops.attention_backward(r, dqkv, a)
+    fd_check(f, {"qkv": qkv}, {"qkv": dqkv}, rng, samples=60)
+
+
+def test_attention_is_causal(rng):
+    ops = NumpyOps()
+    cfg = Config("a", d_model=4, n_layer=1, n_head=2, context=6)
+    a = Workspace(cfg, 1, 6, np.float64).layers[0].attn
+    qkv = rng.normal(size=(6, 12))
+    out1, out2 = np.empty((6, 4)), np.empty((6, 4))
+    ops.attention(qkv, out1, a)
+    qkv[4:] = rng.normal(size=(2, 12))  # change the future: the first 4 outputs must not move
+    ops.attention(qkv, out2, a)
+    assert np.array_equal(out1[:4], out2[:4])
+
+
+def test_cross_entropy_backward_fd(rng):
+    ops = NumpyOps()
+    z = rng.normal(size=(5, 9)) * 4
+    t = rng.integers(0, 9, 5).astype(np.int32)
+    losses, d = np.empty(5), np.empty((5, 9))
+    f = lambda: ops.cross_entropy(z, t, losses, np.empty((5, 9)))  # noqa: E731
+    ops.cross_entropy(z, t, losses, d)
+    assert_close(losses, -np.log(np.exp(z)[np.arange(5), t] / np.exp(z).sum(1)), name="loss")
+    fd_check(f, {"z": z}, {"z": d}, rng)
+
+
+def test_embedding_backward_fd(rng):
+    ops = NumpyOps()
+    wte, wpe = rng.normal(size=(10, 4)), rng.normal(size=(6, 4))
+    idx = np.array([[1, 3, 3], [9, 1, 0]], np.int32)  # repeated ids: scatter-add must sum
+    r, out = rng.normal(size=(6, 4)), np.empty((6, 4))
+    f = lambda: (ops.embedding(idx, wte, wpe, out), (out * r).sum())[1]  # noqa: E731
+    dwte, dwpe = np.zeros_like(wte), np.empty_like(wpe)
+    ops.embedding_backward(idx, r, dwte, dwpe)
+    fd_check(f, {"wte": wte, "wpe": wpe}, {"wte": dwte, "wpe": dwpe}, rng)
+
+
+@pytest.mark.parametrize("cfg", [TINY, TINY_UNTIED], ids=["tied", "untied"])
+def test_whole_model_backward_fd(cfg, rng):
+    m = GPT(cfg, "numpy", dtype=np.float64, seed=1)
+    m.flat += rng.normal(0, 0.05, m.flat.shape)  # move off the init's zero biases
+    idx = rng.integers(0, 256, (2, cfg.context))
+    tg = rng.integers(0, 256, (2, cfg.context))
+    m.forward(idx, tg)
+    m.backward()
+    g = m.grad_flat.copy()
+    fd_check(lambda: m.forward(idx, tg), {"params": m.flat}, {"params": g}, rng, samples=150)
+
+
+def test_adamw_numpy_matches_formula(rng):
+    ops = NumpyOps()
+    p, g = rng.normal(size=20), rng.normal(size=20)
+    m, v = rng.normal(size=20) * 0.1, rng.random(20) * 0.1
+    p0, m0, v0 = p.copy(), m.copy(), v.copy()
+    ops.adamw(p, g, m, v, lr=0.01, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+              grad_scale=0.5, step=3)
+    gs = 0.5 * g
+    m1, v1 = 0.9 * m0 + 0.1 * gs, 0.95 * v0 + 0.05 * gs * gs
+    want = p0 * (1 - 0.001) - 0.01 * (m1 / (1 - 0.9 ** 3)) / (np.sqrt(v1 / (1 - 0.95 ** 3)) + 1e-8)
+    assert_close(p, want, rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------------------------- C kernels vs numpy
+
+SHAPES = [(1, 1), (3, 7), (17, 33), (64, 100), (5, 257)]
+
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.normal(size=shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("N,C", SHAPES)
+def test_kernel_layernorm(level, rng, N, C):
+    ref = NumpyOps()
+    x, w, b = f32(rng, N, C, scale=3) + 2, f32(rng, C), f32(rng, C)
+    out, mean, rstd = np.empty((N, C), np.float32), np.empty(N, np.float32), np.empty(N, np.float32)
+    layers.layernorm_forward(x, w, b, out, mean, rstd)
+    x64 = x.astype(np.float64)
+    o64, m64, r64 = np.empty((N, C)), np.empty(N), np.empty(N)
+    ref.layernorm(x64, w.astype(np.float64), b.astype(np.float64), o64, m64, r64)
+    assert_close(out, o64.astype(np.float32), k=C, name="out")
+    assert_close(rstd, r64.astype(np.float32), k=C, name="rstd")
+    dy = f32(rng, N, C)
+    dx = f32(rng, N, C)
+    dx64 = dx.astype(np.float64)
+    dw, db = np.empty(C, np.float32), np.empty(C, np.float32)
+    dw64, db64 = np.empty(C), np.empty(C)
+    layers.layernorm_backward(dy, x, w, mean, rstd, dx, dw, db)
+    ref.layernorm_backward(dy.astype(np.float64), x64, w.astype(np.float64), m64, r64, dx64,
+                           dw64, db64)
+    assert_close(dx, dx64.astype(np.float32), k=C, name="dx", atol=1e-5 * np.abs(dx64).max())
+    assert_close(dw, dw64.astype(np.float32), k=N, name="dw", atol=1e-5 * np.abs(dw64).max())
+    assert_close(db, db64.astype(np.float32), k=N, name="db", atol=1e-5 * np.abs(db64).max())
+
+
+@pytest.mark.parametrize("n", [1, 7, 255, 256, 1000])
+def test_kernel_gelu(level, rng, n):
+    ref = NumpyOps()
+    x = f32(rng, n, scale=4)
+    x[:3] = [0.0, 30.0, -30.0][:min(3, n)]  # saturated tails
+    out, dx = np.empty(n, np.float32), np.empty(n, np.float32)
+    dy = f32(rng, n)
+    layers.gelu_forward(x, out)
+    layers.gelu_backward(x, dy, dx)
+    o64, d64 = np.empty(n), np.empty(n)
+    ref.gelu(x.astype(np.float64), o64)
+    ref.gelu_backward(x.astype(np.float64), dy.astype(np.float64), d64)
+    assert_close(out, o64.astype(np.float32), rtol=2e-6, atol=1e-6, name="gelu")
+    assert_close(dx, d64.astype(np.float32), rtol=2e-6, atol=1e-6, name="gelu'")
+
+
+def test_kernel_exp_accuracy(level):
+    x = np.linspace(-87, 88, 100003).astype(np.float32)
+    e = x.copy()
+    ffi, lib = layers._lib()
+    lib.vec_exp(ffi.from_buffer("float[]", e), e.size)
+    rel = np.abs(e / np.exp(x.astype(np.float64)) - 1.0)
+    assert rel.max() < 3e-7, f"worst relative error {rel.max():.2e} at x={x[rel.argmax()]}"
+
+
+@pytest.mark.parametrize("N,C", SHAPES)
+def test_kernel_bias_colsum_residual(level, rng, N, C):
+    y, b = f32(rng, N, C), f32(rng, C)
+    want = y + b
+    layers.add_bias(y, b)
+    assert_close(y, want)
+    db = np.empty(C, np.float32)
+    layers.col_sum(y, db)
+    assert_close(db, y.astype(np.float64).sum(0).astype(np.float32), k=N,
+                 atol=1e-6 * np.abs(y).sum(0).max())
+    out = np.empty_like(y)
+    layers.residual_add(y, b * np.ones_like(y), out)
+    assert_close(out, y + b)
+
+
+@pytest.mark.parametrize("B,T,C,V", [(1, 1, 1, 1), (2, 5, 7, 11), (3, 13, 70, 256)])
+def test_kernel_embedding(level, rng, B, T, C, V):
+    ref = NumpyOps()
+    wte, wpe = f32(rng, V, C), f32(rng, T + 2, C)
+    idx = rng.integers(0, V, (B, T)).astype(np.int32)
+    out = np.empty((B * T, C), np.float32)
+    layers.embedding_forward(idx, wte, wpe, out)
+    want = np.empty_like(out)
+    ref.embedding(idx, wte, wpe, want)
+    assert_close(out, want)
+    dout = f32(rng, B * T, C)
+    dwte, dwpe = f32(rng, V, C), f32(rng, T + 2, C)
+    dwte_ref, dwpe_ref = dwte.astype(np.float64), dwpe.astype(np.float64)
+    layers.embedding_backward(idx, dout, dwte, dwpe)
+    ref.embedding_backward(idx, dout.astype(np.float64), dwte_ref, dwpe_ref)
+    assert_close(dwte, dwte_ref.astype(np.float32), k=B * T, atol=1e-6 * B * T)
+    assert_close(dwpe, dwpe_ref.astype(np.float32), k=B, atol=1e-6 * B)
+
+
+def test_kernel_embedding_rejects_bad_ids(rng):
+    wte, wpe = f32(rng, 5, 3), f32(rng, 4, 3)
+    out = np.empty((4, 3), np.float32)
+    with pytest.raises(ValueError, match="outside"):
+        layers.embedding_forward(np.array([[0, 1, 5, 2]], np.int32), wte, wpe, out)
+    with pytest.raises(TypeError, match="idx"):
+        layers.embedding_forward(np.array([[0, 1, 2, 2]]), wte, wpe, out)  # int64
+    with pytest.raises(ValueError, match="positions"):
+        layers.embedding_forward(np.zeros((1, 5), np.int32), wte, wpe, np.empty((5, 3), np.float32))
+
+
+@pytest.mark.parametrize("B,H,T,hd", [(1, 1, 1, 1), (2, 3, 7, 5), (1, 2, 33, 16)])
+def test_kernel_attention(level, rng, B, H, T, hd):
+    cfg = Config("a", d_model=H * hd, n_layer=1, n_head=H, context=T)
+    ws64 = Workspace(cfg, B, T, np.float64)
+    ws32 = Workspace(cfg, B, T, np.float32)
+    ref, ker = NumpyOps(), layers.KernelOps()
+    C = H * hd
+    qkv = f32(rng, B * T, 3 * C)
+    o64, o32 = np.empty((B * T, C)), np.empty((B * T, C), np.float32)
+    ref.attention(qkv.astype(np.float64), o64, ws64.layers[0].attn)
+    ker.attention(qkv, o32, ws32.layers[0].attn)
+    assert_close(o32, o64.astype(np.float32), k=T * hd, atol=1e-6)
+    assert_close(ws32.layers[0].attn.p, ws64.layers[0].attn.p.astype(np.float32), k=hd,
+                 atol=1e-6)
+    dout = f32(rng, B * T, C)
+    d64, d32 = np.empty((B * T, 3 * C)), np.empty((B * T, 3 * C), np.float32)
+    ref.attention_backward(dout.astype(np.float64), d64, ws64.layers[0].attn)
+    ker.attention_backward(dout, d32, ws32.layers[0].attn)
+    assert_close(d32, d64.astype(np.float32), k=T * hd, atol=1e-5 * np.abs(d64).max())
+
+
+@pytest.mark.parametrize("B,T,H,hd", [(1, 1, 1, 1), (2, 3, 5, 7)])
+def test_kernel_heads_roundtrip(level, rng, B, T, H, hd):
+    x = f32(rng, B * T, 3 * H * hd)
+    q, k, v = (np.empty((B, H, T, hd), np.float32) for _ in range(3))
+    layers.heads_split(x, (q, k, v), B, T, H)
+    parts = x.reshape(B, T, 3, H, hd)
+    assert np.array_equal(k, parts[:, :, 1].transpose(0, 2, 1, 3))
+    back = np.empty_like(x)
+    layers.heads_merge((q, k, v), back)
+    assert np.array_equal(back, x)
+
+
+@pytest.mark.parametrize("N,V", [(1, 1), (3, 7), (19, 256), (4, 1000)])
+def test_kernel_cross_entropy(level, rng, N, V):
+    ref = NumpyOps()
+    z = f32(rng, N, V, scale=5)
+    t = rng.integers(0, V, N).astype(np.int32)
+    l32, d32 = np.empty(N, np.float32), np.empty((N, V), np.float32)
+    l64, d64 = np.empty(N), np.empty((N, V))
+    loss = layers.cross_entropy(z, t, l32, d32)
+    want = ref.cross_entropy(z.astype(np.float64), t, l64, d64)
+    assert abs(loss - want) < 1e-5 * max(1, abs(want))
+    assert_close(l32, l64.astype(np.float32), rtol=1e-5, atol=1e-5)
+    assert_close(d32, d64.astype(np.float32), rtol=1e-5, atol=1e-7 / N)
+    with pytest.raises(ValueError, match="targets"):
+        layers.cross_entropy(z, np.full(N, V, np.int32), l32, d32)
+
+
+@pytest.mark.parametrize("n", [1, 17, 1001])
+def test_kernel_adamw_and_norm(level, rng, n):
+    ref = NumpyOps()
+    p, g = f32(rng, n), f32(rng, n)
+    m, v = f32(rng, n, scale=0.1), (rng.random(n) * 0.1).astype(np.float32)
+    p64, m64, v64 = p.astype(np.float64), m.astype(np.float64), v.astype(np.float64)
+    kw = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_scale=0.7, step=5)
+    layers.adamw(p, g, m, v, **kw)
+    ref.adamw(p64, g.astype(np.float64), m64, v64, **kw)
+    # m and v are sums of cancelling terms: compare with slack relative to their largest value
+    assert_close(p, p64.astype(np.float32), rtol=1e-6, atol=1e-6 * np.abs(p64).max())
+    assert_close(m, m64.astype(np.float32), rtol=1e-6, atol=1e-6 * np.abs(m64).max())
+    assert_close(v, v64.astype(np.float32), rtol=1e-6, atol=1e-6 * np.abs(v64).max())
+    assert math.isclose(layers.sum_squares(g), float((g.astype(np.float64) ** 2).sum()),
+                        rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("count,M,N,K,ta,tb", [(1, 1, 1, 1, False, False), (5, 7, 13, 3, False, True),
+                                               (3, 33, 17, 65, True, False), (2, 9, 9, 9, True, True)])
+def test_batched_gemm(level, rng, count, M, N, K, ta, tb):
+    bmm = layers.KernelOps().bmm
+    a = f32(rng, count, *((K, M) if ta else (M, K)))
+    b = f32(rng, count, *((N, K) if tb else (K, N)))
+    out = np.empty((count, M, N), np.float32)
+    bmm(a, b, out, trans_a=ta, trans_b=tb)
+    A = a.swapaxes(1, 2) if ta else a
+    Bm = b.swapaxes(1, 2) if tb else b
+    assert_close(out, (A.astype(np.float64) @ Bm).astype(np.float32), k=K)
+
+
+def test_kernel_arguments_are_checked(rng):
+    x = f32(rng, 4, 5)
+    with pytest.raises(TypeError, match="x"):
+        layers.gelu_forward(x.astype(np.float64), np.empty((4, 5), np.float32))
+    with pytest.raises(ValueError, match="out"):
+        layers.gelu_forward(x, np.empty((4, 6), np.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        layers.layernorm_forward(x[:, ::2].copy()[:, :2].T, np.ones(4, np.float32),
+                                 np.zeros(4, np.float32), np.empty((2, 4), np.float32),
+                                 np.empty(2, np.float32), np.empty(2, np.float32))
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.empty((4, 5), np.float32)
+        ro.flags.writeable = False
+        layers.gelu_forward(x, ro)
+
+
+# ---------------------------------------------------------------- whole model
+
+@pytest.mark.parametrize("cfg", [TINY, TINY_UNTIED], ids=["tied", "untied"])
+def test_numpy_and_kernels_agree_after_one_step(level, cfg, rng):
+    from smallem.train import AdamW
+
+    idx = rng.integers(0, 256, (3, cfg.context))
+    tg = rng.integers(0, 256, (3, cfg.context))
+    models = [GPT(cfg, b, seed=3) for b in ("numpy", "kernels")]
+    results = []
+    for m in models:
+        m.flat += np.random.default_rng(9).normal(0, 0.02, m.flat.shape).astype(np.float32)
+        loss = m.forward(idx, tg)
+        m.backward()
+        grads = {k: v.copy() for k, v in m.grads.items()}
+        AdamW(m).step(1e-3)
+        results.append((loss, grads, m.flat.copy()))
+    (l0, g0, p0), (l1, g1, p1) = results
+    assert abs(l0 - l1) < 1e-5 * l0
+    for name in g0:
+        scale = np.abs(g0[name]).max() + 1e-12
+        assert_close(g1[name], g0[name], rtol=1e-4, atol=2e-5 * scale, name=name)
+    assert_close(p1, p0, rtol=1e-5, atol=1e-6, name="params after AdamW")
+
+
+def test_model_matches_pytorch(rng):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from smallem import torch_gpt
+
+    for cfg in (TINY, TINY_UNTIED):
+        m64 = GPT(cfg, "numpy", dtype=np.float64, seed=2)
+        m64.flat += rng.normal(0, 0.05, m64.flat.shape)
+        idx = rng.integers(0, 256, (2, cfg.context))
+        tg = rng.integers(0, 256, (2, cfg.context))
+        loss = m64.forward(idx, tg)
+        m64.backward()
+        tloss, tgrads = torch_gpt.loss_and_grads(m64.params, cfg, idx, tg)
+        assert abs(loss - tloss) < 1e-10
+        for name, g in m64.grads.items():
+            assert_close(g, tgrads[name], rtol=1e-8, atol=1e-12, name=name)
+        # and the kernels, in float32, against the same float64 oracle
+        k = GPT(cfg, "kernels")
+        k.flat[...] = m64.flat
+        kl = k.forward(idx, tg)
+        k.backward()
+        assert abs(kl - tloss) < 1e-5 * tloss
+        for name, g in k.grads.items():
+            assert_close(g, tgrads[name].astype(np.float32), rtol=1e-4,
+                         atol=2e-5 * np.abs(tgrads[name]).max(), name=name)
+
+
+def test_bad_configs():
+    with pytest.raises(ValueError, match="does not divide"):
+        Config("bad", d_model=10, n_head=3)
+    with pytest.raises(ValueError, match="positive"):
+        Config("bad", n_layer=0)
+    with pytest.raises(ValueError, match="unknown config"):
+        GPT("xxl")
+    m = GPT(TINY, "numpy")
+    with pytest.raises(ValueError, match="longer than the context"):
+        m.forward(np.zeros((1, TINY.context + 1), np.int32))
+    with pytest.raises(ValueError, match="backend"):
+        GPT(TINY, "cuda")
+    with pytest.raises(RuntimeError, match="forward"):
+        GPT(TINY, "numpy").backward()
+
+
+def test_configs_documented_sizes():
+    xl = CONFIGS["xl"]
+    assert 25e6 <= xl.n_params() <= 30e6
+    assert list(CONFIGS) == ["s", "m", "l", "xl"]
+    sizes = [c.n_params() for c in CONFIGS.values()]
+    assert sizes == sorted(sizes)
+    # 6 FLOPs per matmul parameter per token, plus attention's 12 L d T
+    assert xl.flops_per_token() == 6 * (8 * 12 * 512 ** 2 + 256 * 512) + 12 * 8 * 512 * 512
+
+
+def test_generate_is_deterministic_and_causal():
+    m = GPT(TINY, "kernels", seed=0)
+    a = m.generate(b"ab", 10, seed=1)
+    b = m.generate(b"ab", 10, seed=1)
+    assert a == b and len(a) == 10
