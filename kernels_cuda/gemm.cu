@@ -298,9 +298,10 @@ sgemm_vec_tn(int M, int N, int K, const float *A, const float *B, float *C)
  * layout only the hardware knows, so we load, multiply and store them with the wmma
  * instructions and never touch their elements.
  *
- * Block tile 128 x 128, k-step 32, 8 warps as 2 (rows) x 4 (columns), each warp 64 x 32 of C:
- * 4 x 2 accumulator tiles of 8 floats a thread. Shared rows are padded by 8 elements (16 bytes)
- * so the 8 rows a wmma load reads at once fall in 8 different groups of 4 banks. */
+ * Block tile 128 x 128, k-step 64 (36 KB of shared tiles), 8 warps as 2 (rows) x 4 (columns),
+ * each warp 64 x 32 of C: 4 x 2 accumulator tiles of 8 floats a thread. Shared rows are padded
+ * by 8 elements (16 bytes) so the 8 rows a wmma load reads at once fall in 8 different groups
+ * of 4 banks. */
 struct FragA { unsigned r[4]; };  /* 16 x 16 bf16: two bf16 per 32-bit register */
 struct FragB { unsigned r[4]; };
 struct FragC { float r[8]; };     /* 16 x 16 f32 */
@@ -361,8 +362,11 @@ __device__ __forceinline__ void wmma_store(float *p, const FragC &c, int ld)
 
 #define H_BM 128
 #define H_BN 128
-#define H_BK 32
+#define H_BK 64
 #define H_PAD 8
+/* elements of one staged operand tile, whichever way it is laid out */
+#define H_TILE (H_BM * (H_BK + H_PAD) > H_BK * (H_BN + H_PAD) ? H_BM * (H_BK + H_PAD) \
+                                                              : H_BK * (H_BN + H_PAD))
 
 /* Copy an R x CC tile of bf16, element (r, c) at g[(r0 + r) * ld + c0 + c], into
  * s[r * LDS + c], 16 bytes (8 values) per load where the source allows it; zeros outside the
@@ -392,10 +396,11 @@ template <bool TA, bool TB>
 __device__ __forceinline__ void hgemm_body(int M, int N, int K, const bf16 *A, const bf16 *B,
                                            float *C)
 {
-    /* As: [128][32+8] (row) or [32][128+8] (col); Bs: [32][128+8] (row) or [128][32+8] (col);
-     * 5120 elements cover either. After the k loop the same bytes hold the C staging tiles. */
-    __shared__ __align__(128) bf16 smem[2 * 5120];
-    bf16 *As = smem, *Bs = smem + 5120;
+    /* As: [128][64+8] (row) or [64][128+8] (col); Bs: [64][128+8] (row) or [128][64+8] (col);
+     * H_TILE elements cover either. After the k loop the same bytes hold the C staging tiles
+     * (8 warps x 1 KB). */
+    __shared__ __align__(128) bf16 smem[2 * H_TILE];
+    bf16 *As = smem, *Bs = smem + H_TILE;
     const int LDA_S = TA ? H_BM + H_PAD : H_BK + H_PAD;
     const int LDB_S = TB ? H_BK + H_PAD : H_BN + H_PAD;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
