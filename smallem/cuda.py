@@ -212,7 +212,7 @@ def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = No
     is a ValueError, since a kernel launched here would read another device's memory.
     """
     cp = require()
-    if isinstance(x, np.ndarray):
+    if isinstance(x, np.ndarray) and not isinstance(x, cp.ndarray):
         raise TypeError(f"{name}: expected a cupy.ndarray on the GPU, got a numpy.ndarray "
                         f"(move it with cupy.asarray({name}))")
     if not isinstance(x, cp.ndarray):

@@ -236,3 +236,23 @@ def test_probes_run(cp, records_tmp):
     for r in r2.data["results"]:
         if r["name"] in ("gemm", "sweep"):
             assert r["params"]["max_rel_err"] < (2e-2 if r["params"]["dtype"] == "bf16" else 1e-4)
+
+
+def test_orchestration_with_fake_cupy(tmp_path):
+    """The GPU measurement code end to end against tests/fake_cupy (numpy in CuPy's place):
+    catches Python mistakes in launches, records and tables before a GPU is ever lent."""
+    import os
+    from pathlib import Path
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "fake_cupy"),
+           "SMALLEM_RECORDS": str(tmp_path / "rec"), "SMALLEM_FIGURES": str(tmp_path / "fig"),
+           "MPLBACKEND": "Agg"}
+    code = ("from smallem import gpu, cuda\n"
+            "assert cuda.why_unavailable() is None\n"
+            "gpu.run_ch1(quick=True, progress=False).save()\n"
+            "gpu.run_ch2(quick=True, progress=False).save()\n"
+            "v = gpu.make_figures(None)\n"
+            "assert v['gpu.name'] == 'Fake GPU' and v['gpu.final_f32_pct'] == '100 %', v\n"
+            "assert gpu.notebook_section('ch2', quick=False)['name'] == 'ch2.gpu'\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
