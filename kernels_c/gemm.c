@@ -254,16 +254,25 @@ static void pack_a(int mb, int kb, const float *a, size_t rs, size_t cs, float *
 {
     for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb) {
         const int mr = MIN(MR, mb - ir);
+        const float *p = a + ir * rs;
         for (int k = 0; k < kb; k++)
-            for (int r = 0; r < MR; r++)
-                ap[(size_t)k * MR + r] = r < mr ? a[(ir + r) * rs + k * cs] : 0.0f;
+            if (mr == MR) /* a full panel: no test per element */
+                for (int r = 0; r < MR; r++) ap[(size_t)k * MR + r] = p[r * rs + k * cs];
+            else
+                for (int r = 0; r < MR; r++)
+                    ap[(size_t)k * MR + r] = r < mr ? p[r * rs + k * cs] : 0.0f;
     }
 }
 
 static void pack_b_panel(int nr, int kb, const float *b, size_t rs, size_t cs, float *bp)
 {
-    for (int k = 0; k < kb; k++)
-        for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = j < nr ? b[k * rs + j * cs] : 0.0f;
+    for (int k = 0; k < kb; k++) {
+        float *dst = bp + (size_t)k * NR;
+        if (nr == NR && cs == 1) /* a full row of the panel is NR adjacent floats */
+            memcpy(dst, b + k * rs, sizeof(float) * NR);
+        else
+            for (int j = 0; j < NR; j++) dst[j] = j < nr ? b[k * rs + j * cs] : 0.0f;
+    }
 }
 /* --8<-- [end:packing] */
 

@@ -88,9 +88,11 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
                 elem: int = 4) -> dict:
     """KC, MC, NC by Low et al. (2016), section 4: one way of each cache is left free.
 
-    - L1 holds an MR x KC sliver of A and a KC x NR sliver of B, in ways shared in
-      the ratio MR : NR: KC = C_A * sets * line / (MR * 4) with
-      C_A = floor((ways - 1) / (1 + NR/MR)).
+    - L1 holds an MR x KC sliver of A and a KC x NR sliver of B, each in whole ways,
+      together at most ways - 1. Low et al. solve this in closed form by rounding A's
+      share of the ways down (C_A = floor((ways - 1) / (1 + NR/MR))); that can leave ways
+      empty (for 6 x 16 in 8 ways it gives C_A = 1 and KC = 170, 3.7 ways used), so we
+      take the largest KC that satisfies the same constraint.
     - L2 holds the MC x KC block of A beside one KC x NR sliver of B.
     - L3 holds the KC x NC block of B beside every thread's block of A.
     """
@@ -100,8 +102,14 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
         return c["bytes"] // (c["ways"] * c["line"])
 
     l1, l2, l3 = g["L1d"], g["L2"], g["L3"]
-    ca = max(1, math.floor((l1["ways"] - 1) / (1 + nr / mr)))
-    kc = max(1, ca * sets(l1) * l1["line"] // (mr * elem))
+    way1 = sets(l1) * l1["line"]
+
+    def l1_ways(k):  # whole ways taken by the two slivers
+        return math.ceil(mr * k * elem / way1) + math.ceil(nr * k * elem / way1)
+
+    kc = 1
+    while l1_ways(kc + 1) <= l1["ways"] - 1:
+        kc += 1
     way2 = sets(l2) * l2["line"]
     cb2 = math.ceil(nr * kc * elem / way2)
     mc = max(mr, (l2["ways"] - 1 - cb2) * way2 // (kc * elem) // mr * mr)
@@ -610,7 +618,11 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.l2_kib": f"{g['L2']['bytes'] // 1024} KiB", "ch2.l2_ways": str(g["L2"]["ways"]),
         "ch2.l3_mib": f"{g['L3']['bytes'] / 1024**2:.0f} MiB", "ch2.l3_ways": str(g["L3"]["ways"]),
         "ch2.line": f"{g['L1d']['line']} B",
-        "ch2.l1_ca": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))),
+        "ch2.l1_ways_a": str(math.ceil(mr * b["kc"] * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
+        "ch2.l1_ways_b": str(math.ceil(nr * b["kc"] * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
+        "ch2.l1_ca_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))),
+        "ch2.kc_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))
+                          * g["L1d"]["bytes"] // g["L1d"]["ways"] // (mr * 4)),
         "ch2.l1_sets": str(g["L1d"]["bytes"] // (g["L1d"]["ways"] * g["L1d"]["line"])),
         "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
         "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",

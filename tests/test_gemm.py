@@ -43,7 +43,8 @@ def test_block_sizes_for_zen3_caches():
          "L2": {"bytes": 524288, "ways": 8, "line": 64, "instances": 2},
          "L3": {"bytes": 32 << 20, "ways": 16, "line": 64, "instances": 1}}
     b = gemm.block_sizes(6, 16, g, threads=2)
-    assert b["kc"] == 170  # one way of 64 sets x 64 B for the 6-row sliver of A
+    # 6 x 320 x 4 B = 7.5 KiB of A in 2 ways of 4 KiB, 320 x 16 x 4 B = 20 KiB of B in 5: 7 of 8
+    assert b["kc"] == 320
     assert b["mc"] % 6 == 0 and b["nc"] % 16 == 0
     assert (6 + 16) * b["kc"] * 4 <= 32768 * 7 / 8  # both slivers in L1, one way spare
     assert b["mc"] * b["kc"] * 4 <= 524288 * 7 / 8  # A's block in L2, one way spare
