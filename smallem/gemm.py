@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -418,6 +419,10 @@ def blas_info() -> list[dict]:
 
 
 def _measure_gops(fn, m, n, k, slow=False, quick=False):
+    # Both thread pools spin for a while after a call before they sleep (OpenBLAS's for up
+    # to ~0.1 s): a pause keeps one library's idle threads from stealing the other's cores.
+    if not quick:
+        time.sleep(0.3)
     if slow:
         t = measure(fn, repeats=2 if not quick else 3, warmup=0 if not quick else 1)
     else:
