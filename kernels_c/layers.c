@@ -17,6 +17,13 @@
 #include "common.h"
 #include "layers.h"
 
+/* A parallel region costs a few microseconds to open and close, and far more
+ * when another process holds a core and the team waits at the barrier for a
+ * descheduled thread. Below about 32 K floats of work (10 us on one core) a
+ * kernel runs on the calling thread alone. */
+#define PAR_MIN (1LL << 15)
+#define TEAM(work) ((work) >= PAR_MIN ? nthreads : 1)
+
 /* ------------------------------------------------------------------ exp */
 /* --8<-- [start:exp] */
 /* exp(x) = 2^n * exp(r), n = round(x / ln 2), |r| <= ln2 / 2, exp(r) by a
@@ -125,7 +132,7 @@ static inline float row_sum(const float *x, int n)
 /* ------------------------------------------------------------------ bias, residual */
 void add_bias(float *y, const float *b, int N, int C, int nthreads)
 {
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) num_threads(TEAM((long long)N * C))
     for (int n = 0; n < N; n++) {
         float *row = y + (size_t)n * C;
         #pragma omp simd
@@ -138,7 +145,7 @@ void add_bias(float *y, const float *b, int N, int C, int nthreads)
 void col_sum(const float *dy, float *db, int N, int C, int nthreads)
 {
     int blocks = (C + 63) / 64;
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) num_threads(TEAM((long long)N * C))
     for (int blk = 0; blk < blocks; blk++) {
         int c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
         float acc[64] = {0};
@@ -153,7 +160,7 @@ void col_sum(const float *dy, float *db, int N, int C, int nthreads)
 
 void residual_add(const float *a, const float *b, float *out, long long n, int nthreads)
 {
-    #pragma omp parallel for simd schedule(static) num_threads(nthreads)
+    #pragma omp parallel for simd schedule(static) num_threads(TEAM(n))
     for (long long i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
@@ -164,7 +171,7 @@ int embedding_forward(const int *idx, const float *wte, const float *wpe, float 
                       int B, int T, int C, int V, int nthreads)
 {
     int bad = 0;
-    #pragma omp parallel for schedule(static) reduction(+:bad) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) reduction(+:bad) num_threads(TEAM((long long)B * T * C))
     for (int bt = 0; bt < B * T; bt++) {
         int id = idx[bt], t = bt % T;
         float *o = out + (size_t)bt * C;
@@ -188,7 +195,7 @@ int embedding_backward(const int *idx, const float *dout, float *dwte, float *dw
 {
     int blocks = (C + 63) / 64, bad = 0;
     for (int bt = 0; bt < B * T; bt++) bad += idx[bt] < 0 || idx[bt] >= V;
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) num_threads(TEAM((long long)B * T * C))
     for (int blk = 0; blk < blocks; blk++) {
         int c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
         for (int t = 0; t < T; t++)
@@ -215,7 +222,7 @@ int embedding_backward(const int *idx, const float *dout, float *dwte, float *dw
 void layernorm_forward(const float *x, const float *w, const float *b, float *out,
                        float *mean, float *rstd, int N, int C, int nthreads)
 {
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) num_threads(TEAM((long long)N * C))
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
         float *yr = out + (size_t)n * C;
@@ -242,7 +249,7 @@ void layernorm_backward(const float *dy, const float *x, const float *w, const f
                         const float *rstd, float *dx, float *dw, float *db, int N, int C,
                         int nthreads)
 {
-    #pragma omp parallel num_threads(nthreads)
+    #pragma omp parallel num_threads(TEAM((long long)N * C))
     {
         #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
@@ -299,7 +306,7 @@ void layernorm_backward(const float *dy, const float *x, const float *w, const f
 void gelu_forward(const float *x, float *out, long long n, int nthreads)
 {
     long long chunks = (n + CHUNK - 1) / CHUNK;
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) num_threads(TEAM(8 * n))
     for (long long ch = 0; ch < chunks; ch++) {
         long long i0 = ch * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
         float e[CHUNK];
@@ -317,7 +324,7 @@ void gelu_forward(const float *x, float *out, long long n, int nthreads)
 void gelu_backward(const float *x, const float *dy, float *dx, long long n, int nthreads)
 {
     long long chunks = (n + CHUNK - 1) / CHUNK;
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) num_threads(TEAM(8 * n))
     for (long long ch = 0; ch < chunks; ch++) {
         long long i0 = ch * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
         float e[CHUNK];
@@ -343,7 +350,7 @@ void heads_split(const float *x, float *q, float *k, float *v, int B, int T, int
                  int parts, int nthreads)
 {
     float *dst[3] = {q, k, v};
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads)
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(TEAM((long long)B * T * H * hd))
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int p = 0; p < parts; p++)
@@ -357,7 +364,7 @@ void heads_merge(const float *q, const float *k, const float *v, float *x, int B
                  int hd, int parts, int nthreads)
 {
     const float *srcs[3] = {q, k, v};
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads)
+    #pragma omp parallel for collapse(2) schedule(static) num_threads(TEAM((long long)B * T * H * hd))
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int p = 0; p < parts; p++)
@@ -383,7 +390,7 @@ void batched_gemm(void *gemm, int count, int trans_a, int trans_b, int M, int N,
                   int mc, int kc, int nc, float *work, long long work_per_thread, int nthreads)
 {
     gemm_f32_fn fn = (gemm_f32_fn)gemm;
-    #pragma omp parallel num_threads(nthreads)
+    #pragma omp parallel num_threads(TEAM((long long)count * M * N * K / 16))
     {
         int tid = 0;
 #ifdef _OPENMP
@@ -406,7 +413,7 @@ void batched_gemm(void *gemm, int count, int trans_a, int trans_b, int M, int N,
  * the matrix, so threads take rows in small dynamic chunks. */
 void attn_softmax_forward(float *s, int BH, int T, float scale, int nthreads)
 {
-    #pragma omp parallel for schedule(dynamic, 32) num_threads(nthreads)
+    #pragma omp parallel for schedule(dynamic, 32) num_threads(TEAM((long long)BH * T * T))
     for (long long r = 0; r < (long long)BH * T; r++) {
         int i = (int)(r % T), n = i + 1;
         float *row = s + (size_t)r * T;
@@ -427,7 +434,7 @@ void attn_softmax_forward(float *s, int BH, int T, float scale, int nthreads)
  *   dS[i, j] = scale * P[i, j] * (dP[i, j] - sum_k P[i, k] dP[i, k]).  */
 void attn_softmax_backward(const float *p, float *dp, int BH, int T, float scale, int nthreads)
 {
-    #pragma omp parallel for schedule(dynamic, 32) num_threads(nthreads)
+    #pragma omp parallel for schedule(dynamic, 32) num_threads(TEAM((long long)BH * T * T))
     for (long long r = 0; r < (long long)BH * T; r++) {
         int i = (int)(r % T), n = i + 1;
         const float *pr = p + (size_t)r * T;
@@ -451,7 +458,7 @@ int cross_entropy(const float *logits, const int *targets, float *losses, float 
                   int N, int V, float dscale, int nthreads)
 {
     int bad = 0;
-    #pragma omp parallel for schedule(static) reduction(+:bad) num_threads(nthreads)
+    #pragma omp parallel for schedule(static) reduction(+:bad) num_threads(TEAM((long long)N * V))
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * V;
         float *d = dlogits + (size_t)n * V;
@@ -487,7 +494,7 @@ void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, 
            float beta2, float eps, float wd, float gscale, float bc1, float bc2, int nthreads)
 {
     float decay = 1.0f - lr * wd, step = lr / bc1, rbc2 = 1.0f / sqrtf(bc2);
-    #pragma omp parallel for simd schedule(static) num_threads(nthreads)
+    #pragma omp parallel for simd schedule(static) num_threads(TEAM(4 * n))
     for (long long i = 0; i < n; i++) {
         float gi = g[i] * gscale;
         float mi = beta1 * m[i] + (1.0f - beta1) * gi;
@@ -503,7 +510,7 @@ void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, 
 double sum_squares(const float *x, long long n, int nthreads)
 {
     double s = 0.0;
-    #pragma omp parallel for simd schedule(static) reduction(+:s) num_threads(nthreads)
+    #pragma omp parallel for simd schedule(static) reduction(+:s) num_threads(TEAM(n))
     for (long long i = 0; i < n; i++) s += (double)x[i] * x[i];
     return s;
 }

@@ -23,6 +23,7 @@ uninterrupted run would have seen.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sysconfig
 from dataclasses import dataclass
@@ -84,6 +85,17 @@ def _split(chunks: list[bytes]) -> tuple[bytes, bytes]:
 
 def load_corpus(path: str | Path | None = None) -> Corpus:
     """The stdlib corpus (``path=None``), or a UTF-8 text file, or a folder of them."""
+    if path is None:
+        return _stdlib_corpus()
+    return _load(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_corpus() -> Corpus:  # read once per process: 11 MB, the arrays are read-only
+    return _load(None)
+
+
+def _load(path) -> Corpus:
     if path is None:
         files, name = stdlib_files(), f"python{sysconfig.get_python_version()}-stdlib"
         chunks = [f.read_bytes() for f in files]

@@ -461,19 +461,25 @@ class KernelOps:
     name = "kernels"
 
     def __init__(self, threads=None):
-        import functools
         import inspect
 
         from .gemm import matmul
         self.threads = checks.threads(threads)
-        self.matmul = matmul
-        if "threads" in inspect.signature(matmul).parameters:
-            self.matmul = functools.partial(matmul, threads=self.threads)
+        self._matmul = matmul
+        self._takes_threads = "threads" in inspect.signature(matmul).parameters
         _lib()  # build now, not inside the first timed step
         try:
             self.bmm = BatchedGemm(self.threads)
         except RuntimeError:  # a GEMM without gemm_f32: loop over the slices in Python
             self.bmm = self._bmm_python
+
+    def matmul(self, a, b, **kw):
+        """Chapter 2's GEMM; products under ~1 MFLOP stay on one thread (see PAR_MIN)."""
+        if self._takes_threads:
+            m, k = a.shape
+            small = m * k * b.size // k < (1 << 19)
+            kw["threads"] = 1 if small else self.threads
+        return self._matmul(a, b, **kw)
 
     def _bmm_python(self, a, b, out, *, trans_a=False, trans_b=False):
         for x, y, o in zip(a, b, out):

@@ -362,7 +362,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
 
     quick = quick_mode() if quick is None else quick
     threads = checks.threads(threads)
-    cfg_name, B = ("s", 4) if quick else ("xl", 2)
+    cfg_name, B = ("s", 2) if quick else ("xl", 2)
     cfg = get_config(cfg_name)
     repeats = 2 if quick else 3
     step_rec = records.Record(RECORD_STEP, settings={
@@ -388,12 +388,12 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
     # the loss curve: config s on the default corpus, a fixed step count
     run_minutes = 0.1 if quick else 2.5
     corpus = data.load_corpus()
-    batch = 4 if quick else None
-    steps = 10 if quick else _estimate_steps("s", corpus, run_minutes, batch_size=batch,
+    batch = 2 if quick else None
+    steps = 6 if quick else _estimate_steps("s", corpus, run_minutes, batch_size=batch,
                                              threads=threads)
     t = Trainer("s", corpus=corpus, batch_size=batch, steps=steps, threads=threads)
     h = train(t, eval_every=max(1, steps // 10), eval_batches=2 if quick else 8,
-              sample_bytes=60 if quick else 400, progress=progress)
+              sample_bytes=20 if quick else 400, progress=progress)
     run_rec = records.Record(RECORD_RUN, settings={**t.settings(), "quick": quick,
                                                    "threads": threads, "curve": {
                                                        "step": h["step"], "loss": h["loss"],

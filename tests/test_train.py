@@ -1,0 +1,231 @@
+"""Chapter 3: corpus, schedule, checkpoints (kill and resume), the CLI and the benchmark."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from smallem import checkpoint, data, records
+from smallem.model import Config
+from smallem.train import Trainer, lr_at, train
+
+TINY = Config("tiny", d_model=16, n_layer=2, n_head=2, context=16)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def text_corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    words = ["def", "return", "self", "import", "class", "(", ")", ":", "\n", "    ", "x", "=", "1"]
+    path.write_text(" ".join(rng.choice(words, 4000)))
+    return data.load_corpus(path)
+
+
+# ---------------------------------------------------------------- data
+
+def test_stdlib_corpus_is_fixed_and_split():
+    files = data.stdlib_files()
+    assert files == sorted(files, key=lambda p: p.as_posix()) and len(files) > 100
+    assert not any("site-packages" in p.parts for p in files)
+    c = data.load_corpus()
+    assert c.files == len(files)
+    assert 0.02 < c.val.size / (c.train.size + c.val.size) < 0.15
+    assert len(c.sha256) == 64 and data.load_corpus().sha256 == c.sha256
+
+
+def test_custom_corpus_file_and_folder(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("hello world " * 100)
+    c = data.load_corpus(f)
+    assert c.files == 1 and c.val.size == (c.train.size + c.val.size) // 10
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(25):
+        (folder / f"{i:02d}.md").write_text(f"file {i}\n" * 20)
+    (folder / "blob.bin").write_bytes(bytes([0xff, 0xfe, 0x00]) * 10)  # not UTF-8: skipped
+    c = data.load_corpus(folder)
+    assert c.files == 25 and b"file 10\n" in c.val.tobytes() and b"file 10\n" not in c.train.tobytes()
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe abc")
+    with pytest.raises(ValueError, match="UTF-8"):
+        data.load_corpus(bad)
+    with pytest.raises(FileNotFoundError, match="nope"):
+        data.load_corpus(tmp_path / "nope")
+
+
+def test_batches_are_a_function_of_seed_and_step(text_corpus):
+    x1, y1 = data.batch(text_corpus.train, 5, 17, 4, 32)
+    x2, y2 = data.batch(text_corpus.train, 5, 17, 4, 32)
+    x3, _ = data.batch(text_corpus.train, 5, 18, 4, 32)
+    assert np.array_equal(x1, x2) and np.array_equal(y1, y2) and not np.array_equal(x1, x3)
+    assert x1.dtype == np.int32 and np.array_equal(x1[:, 1:], y1[:, :-1])
+
+
+def test_lr_schedule():
+    lrs = [lr_at(s, 100, 1.0, 10) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+# ---------------------------------------------------------------- training and resume
+
+def test_loss_goes_down(text_corpus):
+    t = Trainer(TINY, corpus=text_corpus, batch_size=8, steps=60, lr=1e-2)
+    h = train(t, eval_every=30, eval_batches=2, sample_bytes=0, progress=False)
+    assert np.mean(h["loss"][-10:]) < 0.7 * np.mean(h["loss"][:3])
+    assert len(h["val_bpb"]) == 2 and h["val_bpb"][-1] < 8
+
+
+@pytest.mark.parametrize("backend", ["numpy", "kernels"])
+def test_interrupt_and_resume_equals_uninterrupted(backend, text_corpus, tmp_path):
+    kw = dict(corpus=text_corpus, batch_size=3, steps=8, seed=7, backend=backend)
+    full = train(Trainer(TINY, **kw), sample_bytes=0, progress=False, eval_every=0)
+    first = train(Trainer(TINY, **kw), checkpoint_dir=tmp_path / "ck", checkpoint_every=2,
+                  stop_after=5, sample_bytes=0, progress=False, eval_every=0)
+    t = Trainer.resume(tmp_path / "ck", corpus=text_corpus.name, backend=backend)
+    assert t.step == 5
+    rest = train(t, sample_bytes=0, progress=False, eval_every=0)
+    assert first["loss"] + rest["loss"] == full["loss"]  # exact, float for float
+
+
+def test_kill_and_resume_equals_uninterrupted(text_corpus, tmp_path):
+    """SIGKILL a training process at a random moment, resume, compare every loss."""
+    ck = tmp_path / "ck"
+    cfg = TINY.to_dict()
+    script = textwrap.dedent(f"""
+        import sys
+        from smallem.model import Config
+        from smallem.train import Trainer, train
+        t = Trainer(Config(**{cfg!r}), corpus={text_corpus.name!r}, batch_size=3, steps=120,
+                    seed=1, threads=2)
+        train(t, checkpoint_dir={str(ck)!r}, checkpoint_every=1, sample_bytes=0,
+              progress=False, eval_every=0, log_path={str(tmp_path / 'log.jsonl')!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if checkpoint.exists(ck) and json.loads((ck / "checkpoint.json").read_text())["step"] >= 10:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    t = Trainer.resume(ck, corpus=text_corpus.name, threads=2)
+    killed_at = t.step
+    rest = train(t, sample_bytes=0, progress=False, eval_every=0)
+    before = [e["loss"] for e in map(json.loads, open(tmp_path / "log.jsonl"))
+              if e["kind"] == "train"][:killed_at]
+    full = train(Trainer(TINY, corpus=text_corpus, batch_size=3, steps=120, seed=1, threads=2),
+                 sample_bytes=0, progress=False, eval_every=0)
+    assert killed_at >= 10
+    assert before + rest["loss"] == full["loss"]
+
+
+def _save_tiny(text_corpus, folder, steps=2):
+    t = Trainer(TINY, corpus=text_corpus, batch_size=2, steps=steps)
+    train(t, checkpoint_dir=folder, checkpoint_every=1, sample_bytes=0, progress=False,
+          eval_every=0)
+    return t
+
+
+def test_truncated_checkpoint_names_the_file(text_corpus, tmp_path):
+    _save_tiny(text_corpus, tmp_path)
+    meta = json.loads((tmp_path / "checkpoint.json").read_text())
+    f = tmp_path / meta["tensors"]
+    f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(checkpoint.CheckpointError, match=f"{f.name}.*truncated"):
+        Trainer.resume(tmp_path, corpus=text_corpus.name)
+
+
+def test_corrupt_checkpoint_names_the_file(text_corpus, tmp_path):
+    _save_tiny(text_corpus, tmp_path)
+    meta = json.loads((tmp_path / "checkpoint.json").read_text())
+    f = tmp_path / meta["tensors"]
+    blob = bytearray(f.read_bytes())
+    blob[len(blob) // 2] ^= 0xff
+    f.write_bytes(bytes(blob))
+    with pytest.raises(checkpoint.CheckpointError, match=f"{f.name}.*corrupt"):
+        Trainer.resume(tmp_path, corpus=text_corpus.name)
+
+
+def test_foreign_checkpoint_names_the_file(text_corpus, tmp_path):
+    (tmp_path / "checkpoint.json").write_text('{"model": "someone else\'s"}')
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint.json.*not a smallem"):
+        checkpoint.load(tmp_path)
+    (tmp_path / "checkpoint.json").write_bytes(os.urandom(64))
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint.json"):
+        checkpoint.load(tmp_path)
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint"):
+        checkpoint.load(tmp_path / "elsewhere")
+    # a valid file of the wrong model: right format, tensors that do not fit
+    other = tmp_path / "other"
+    checkpoint.save(other, {"w": np.zeros(3, np.float32)},
+                    {"step": 1, "config": TINY.to_dict(), "batch_size": 2, "total_steps": 2,
+                     "seed": 0, "lr": 1e-3, "warmup": 1, "weight_decay": 0.1, "clip": 1.0,
+                     "seq_len": 16, "adam_t": 1, "corpus": text_corpus.describe()})
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint.json.*missing"):
+        Trainer.resume(other, corpus=text_corpus.name)
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(text_corpus, tmp_path, monkeypatch):
+    t = _save_tiny(text_corpus, tmp_path, steps=2)
+    saved = t.model.flat.copy()
+    t.train_step()
+    real = os.replace
+    for fail_at in (1, 2):  # die at the tensor file's rename, then at the index's
+        calls = []
+
+        def dying_replace(a, b, calls=calls, fail_at=fail_at):
+            calls.append(b)
+            if len(calls) == fail_at:
+                raise KeyboardInterrupt("killed")
+            return real(a, b)
+
+        monkeypatch.setattr(os, "replace", dying_replace)
+        with pytest.raises(KeyboardInterrupt):
+            t.save(tmp_path)
+        monkeypatch.setattr(os, "replace", real)
+        back = Trainer.resume(tmp_path, corpus=text_corpus.name)
+        assert back.step == 2 and np.array_equal(back.model.flat, saved)
+
+
+# ---------------------------------------------------------------- CLI and benchmark
+
+def test_cli_train_writes_log_checkpoint_and_resumes(text_corpus, tmp_path, capsys):
+    from smallem.cli import main
+
+    args = ["train", "--config", "s", "--corpus", text_corpus.name, "--steps", "3",
+            "--batch-size", "2", "--seq-len", "16", "--checkpoint", str(tmp_path / "run"),
+            "--eval-every", "2", "--sample-bytes", "8"]
+    assert main(args) == 0
+    log = [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")]
+    kinds = [e["kind"] for e in log]
+    assert kinds.count("train") == 3 and kinds.count("val") == 2 and kinds[-1] == "sample"
+    assert log[0]["corpus"]["sha256"] == text_corpus.sha256
+    assert json.loads((tmp_path / "run" / "checkpoint.json").read_text())["step"] == 3
+    assert main(args + ["--resume"]) == 0
+    assert "resuming" in capsys.readouterr().out
+    assert main(["train", "--list"]) == 0
+    assert "xl" in capsys.readouterr().out
+
+
+def test_bench_train_quick_and_figures(records_tmp):
+    from smallem.train import bench_train, make_figures
+
+    step_rec, run_rec = bench_train(quick=True, progress=False, threads=2)
+    assert records.exists("ch3.train_step") and records.exists("ch3.train_run")
+    backends = {r["params"]["backend"] for r in step_rec.data["results"]}
+    assert {"numpy", "kernels"} <= backends
+    values = make_figures(records_tmp)
+    assert "ch3.kernels_toks" in values and "ch3.s_final_bpb" in values
+    tables = Path(os.environ["SMALLEM_FIGURES"]) / "tables"
+    assert "smallem kernels" in (tables / "ch3_step.md").read_text()
+    assert (Path(os.environ["SMALLEM_FIGURES"]) / "ch3_loss.svg").exists()
