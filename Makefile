@@ -15,6 +15,7 @@ SITE   := site
 # its record under figures/records/. A chapter appends its own: MEASURE += gemm
 MEASURE = machine
 MEASURE += gemm
+MEASURE += bench-train
 
 export NO_MKDOCS_2_WARNING := 1
 

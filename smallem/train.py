@@ -488,6 +488,10 @@ def make_figures(rec_dir) -> dict:
             values["ch3.kernels_vs_numpy"] = f(toks["kernels"] / toks["numpy"]) + "×"
         if "kernels" in toks and peak:
             values["ch3.kernels_mfu"] = f"{100 * toks['kernels'] * fpt / 1e9 / peak:.1f}%"
+        values["ch3.quick_note"] = (
+            "*These numbers come from a quick run (config s, tiny batch) made while the code was "
+            "written; `smallem bench-train` replaces them with the full measurement.*"
+            if s.get("quick") else "")
         values["ch3.bench_batch"] = str(s["batch_size"])
         values["ch3.bench_config"] = cfg["name"]
 
