@@ -390,61 +390,38 @@ __device__ __forceinline__ void load_bf16_tile(bf16 *s, const bf16 *g, int ld, i
     }
 }
 
-/* TA: A is given as K x M (A^T B); TB: B is given as N x K (A B^T). A transposed operand is
- * simply a column-major one, which wmma loads directly: no transposition in our code. */
+/* One 16-deep step of the warp's 64 x 32 tile: 4 A fragments, 2 B fragments, 8 products.
+ * The smem tiles are laid out as hgemm_body describes; kk is the step's offset in k. */
 template <bool TA, bool TB>
-__device__ __forceinline__ void hgemm_body(int M, int N, int K, const bf16 *A, const bf16 *B,
-                                           float *C)
+__device__ __forceinline__ void hgemm_k16(FragC (&acc)[4][2], const bf16 *As, const bf16 *Bs,
+                                          int lda_s, int ldb_s, int kk, int wm, int wn)
 {
-    /* As: [128][64+8] (row) or [64][128+8] (col); Bs: [64][128+8] (row) or [128][64+8] (col);
-     * H_TILE elements cover either. After the k loop the same bytes hold the C staging tiles
-     * (8 warps x 1 KB). */
-    __shared__ __align__(128) bf16 smem[2 * H_TILE];
-    bf16 *As = smem, *Bs = smem + H_TILE;
-    const int LDA_S = TA ? H_BM + H_PAD : H_BK + H_PAD;
-    const int LDB_S = TB ? H_BK + H_PAD : H_BN + H_PAD;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int wm = warp / 4, wn = warp % 4;           /* warp tile: rows wm*64.., cols wn*32.. */
-    int bm = blockIdx.y * H_BM, bn = blockIdx.x * H_BN;
-    int lda = TA ? M : K, ldb = TB ? K : N;
-    bool va = ((unsigned long long)A & 15) == 0 && (lda & 7) == 0;
-    bool vb = ((unsigned long long)B & 15) == 0 && (ldb & 7) == 0;
-    FragC acc[4][2];
+    FragA a[4];
+    FragB b[2];
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++) {
+        int r = wm * 64 + mi * 16;
+        wmma_load_a<!TA>(a[mi], TA ? As + kk * lda_s + r : As + r * lda_s + kk, lda_s);
+    }
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++) {
+        int c = wn * 32 + ni * 16;
+        wmma_load_b<!TB>(b[ni], TB ? Bs + c * ldb_s + kk : Bs + kk * ldb_s + c, ldb_s);
+    }
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 2; ni++)
-#pragma unroll
-            for (int q = 0; q < 8; q++) acc[mi][ni].r[q] = 0.0f;
-    FragA a[4];
-    FragB b[2];
-    for (int k0 = 0; k0 < K; k0 += H_BK) {
-        if (TA) load_bf16_tile<H_BK, H_BM, H_BM + H_PAD>(As, A, lda, K, M, k0, bm, va);
-        else    load_bf16_tile<H_BM, H_BK, H_BK + H_PAD>(As, A, lda, M, K, bm, k0, va);
-        if (TB) load_bf16_tile<H_BN, H_BK, H_BK + H_PAD>(Bs, B, ldb, N, K, bn, k0, vb);
-        else    load_bf16_tile<H_BK, H_BN, H_BN + H_PAD>(Bs, B, ldb, K, N, k0, bn, vb);
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < H_BK; kk += 16) {
-#pragma unroll
-            for (int mi = 0; mi < 4; mi++) {
-                int r = wm * 64 + mi * 16;
-                wmma_load_a<!TA>(a[mi], TA ? As + kk * LDA_S + r : As + r * LDA_S + kk, LDA_S);
-            }
-#pragma unroll
-            for (int ni = 0; ni < 2; ni++) {
-                int c = wn * 32 + ni * 16;
-                wmma_load_b<!TB>(b[ni], TB ? Bs + c * LDB_S + kk : Bs + kk * LDB_S + c, LDB_S);
-            }
-#pragma unroll
-            for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 2; ni++) wmma_acc<!TA, !TB>(acc[mi][ni], a[mi], b[ni]);
-        }
-        __syncthreads();
-    }
-    /* Stage each 16 x 16 tile through shared memory (1 KB a warp) so the edges of C can be
-     * stored element by element with bounds checks. */
+        for (int ni = 0; ni < 2; ni++) wmma_acc<!TA, !TB>(acc[mi][ni], a[mi], b[ni]);
+}
+
+/* Store the warp's 4 x 2 accumulator tiles into C. Each 16 x 16 tile goes through shared
+ * memory (1 KB a warp at smem + warp KB, free once the k loop is over) so that the edges of C
+ * can be stored element by element with bounds checks. */
+__device__ __forceinline__ void hgemm_store(FragC (&acc)[4][2], void *smem, float *C, int M,
+                                            int N, int bm, int bn)
+{
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int wm = warp / 4, wn = warp % 4;
     float *stage = (float *)smem + warp * 256;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
@@ -459,6 +436,50 @@ __device__ __forceinline__ void hgemm_body(int M, int N, int K, const bf16 *A, c
             }
             __syncwarp();
         }
+}
+
+__device__ __forceinline__ void zero(FragC (&acc)[4][2])
+{
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int q = 0; q < 8; q++) acc[mi][ni].r[q] = 0.0f;
+}
+
+/* TA: A is given as K x M (A^T B); TB: B is given as N x K (A B^T). A transposed operand is
+ * simply a column-major one, which wmma loads directly: no transposition in our code. */
+template <bool TA, bool TB>
+__device__ __forceinline__ void hgemm_body(int M, int N, int K, const bf16 *A, const bf16 *B,
+                                           float *C)
+{
+    /* As: [128][64+8] (row) or [64][128+8] (col); Bs: [64][128+8] (row) or [128][64+8] (col);
+     * H_TILE elements cover either. */
+    __shared__ __align__(128) bf16 smem[2 * H_TILE];
+    bf16 *As = smem, *Bs = smem + H_TILE;
+    const int LDA_S = TA ? H_BM + H_PAD : H_BK + H_PAD;
+    const int LDB_S = TB ? H_BK + H_PAD : H_BN + H_PAD;
+    int warp = threadIdx.x / 32;
+    int wm = warp / 4, wn = warp % 4;           /* warp tile: rows wm*64.., cols wn*32.. */
+    int bm = blockIdx.y * H_BM, bn = blockIdx.x * H_BN;
+    int lda = TA ? M : K, ldb = TB ? K : N;
+    bool va = ((unsigned long long)A & 15) == 0 && (lda & 7) == 0;
+    bool vb = ((unsigned long long)B & 15) == 0 && (ldb & 7) == 0;
+    FragC acc[4][2];
+    zero(acc);
+    for (int k0 = 0; k0 < K; k0 += H_BK) {
+        if (TA) load_bf16_tile<H_BK, H_BM, H_BM + H_PAD>(As, A, lda, K, M, k0, bm, va);
+        else    load_bf16_tile<H_BM, H_BK, H_BK + H_PAD>(As, A, lda, M, K, bm, k0, va);
+        if (TB) load_bf16_tile<H_BN, H_BK, H_BK + H_PAD>(Bs, B, ldb, N, K, bn, k0, vb);
+        else    load_bf16_tile<H_BK, H_BN, H_BN + H_PAD>(Bs, B, ldb, K, N, k0, bn, vb);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < H_BK; kk += 16)
+            hgemm_k16<TA, TB>(acc, As, Bs, LDA_S, LDB_S, kk, wm, wn);
+        __syncthreads();
+    }
+    hgemm_store(acc, smem, C, M, N, bm, bn);
 }
 
 /* Launch with 256 threads and grid (ceil(N / 128), ceil(M / 128)). */
@@ -479,6 +500,142 @@ extern "C" __global__ void __launch_bounds__(256)
 hgemm_wmma_tn(int M, int N, int K, const bf16 *A, const bf16 *B, float *C)
 {
     hgemm_body<true, false>(M, N, K, A, B, C);
+}
+
+/* --8<-- [start:async] */
+/* Rung 7: rung 6 with the copies taken off the critical path. cp.async (sm_80+) copies 16
+ * bytes from global to shared memory without passing through registers and without making
+ * the thread wait; we keep HA_STAGES k-tiles in flight, so while the tensor cores work on
+ * tile kt the copies of tiles kt+1 and kt+2 are under way. k-step 32, three stages of
+ * 2 x 10 KB: 60 KB of dynamic shared memory (over the 48 KB static limit: the caller raises
+ * the kernel's limit). */
+#define HA_BK 32
+#define HA_STAGES 3
+#define HA_TILE (H_BM * (HA_BK + H_PAD) > HA_BK * (H_BN + H_PAD) ? H_BM * (HA_BK + H_PAD) \
+                                                                 : HA_BK * (H_BN + H_PAD))
+#define HA_SMEM_BYTES (HA_STAGES * 2 * HA_TILE * 2)
+
+__device__ __forceinline__ unsigned smem_u32(const void *p)
+{
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N_PENDING>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" :: "n"(N_PENDING) : "memory");
+}
+
+/* load_bf16_tile with cp.async for whole in-bounds 16-byte chunks; edge chunks are read
+ * element by element and stored with plain stores (the barrier before use covers both). */
+template <int R, int CC, int LDS>
+__device__ __forceinline__ void load_bf16_tile_async(bf16 *s, const bf16 *g, int ld, int rows,
+                                                     int cols, int r0, int c0, bool vec)
+{
+    const int chunks = R * CC / 8;
+    for (int e = threadIdx.x; e < chunks; e += 256) {
+        int r = e / (CC / 8), c = (e % (CC / 8)) * 8;
+        int gr = r0 + r, gc = c0 + c;
+        bf16 *dst = s + r * LDS + c;
+        const bf16 *src = g + (size_t)gr * ld + gc;
+        if (vec && gr < rows && gc + 7 < cols) {
+            cp_async16(dst, src);
+        } else {
+            for (int q = 0; q < 8; q++)
+                dst[q] = (gr < rows && gc + q < cols) ? src[q] : (bf16)0;
+        }
+    }
+}
+
+template <bool TA, bool TB>
+__device__ __forceinline__ void ha_load_stage(bf16 *stage, const bf16 *A, const bf16 *B, int M,
+                                              int N, int K, int lda, int ldb, int bm, int bn,
+                                              int k0, bool va, bool vb)
+{
+    bf16 *As = stage, *Bs = stage + HA_TILE;
+    if (TA) load_bf16_tile_async<HA_BK, H_BM, H_BM + H_PAD>(As, A, lda, K, M, k0, bm, va);
+    else    load_bf16_tile_async<H_BM, HA_BK, HA_BK + H_PAD>(As, A, lda, M, K, bm, k0, va);
+    if (TB) load_bf16_tile_async<H_BN, HA_BK, HA_BK + H_PAD>(Bs, B, ldb, N, K, bn, k0, vb);
+    else    load_bf16_tile_async<HA_BK, H_BN, H_BN + H_PAD>(Bs, B, ldb, K, N, k0, bn, vb);
+}
+
+template <bool TA, bool TB>
+__device__ __forceinline__ void hgemm_async_body(int M, int N, int K, const bf16 *A,
+                                                 const bf16 *B, float *C)
+{
+    extern __shared__ __align__(128) unsigned char dyn_smem[];
+    bf16 *smem = (bf16 *)dyn_smem;
+    const int LDA_S = TA ? H_BM + H_PAD : HA_BK + H_PAD;
+    const int LDB_S = TB ? HA_BK + H_PAD : H_BN + H_PAD;
+    int warp = threadIdx.x / 32;
+    int wm = warp / 4, wn = warp % 4;
+    int bm = blockIdx.y * H_BM, bn = blockIdx.x * H_BN;
+    int lda = TA ? M : K, ldb = TB ? K : N;
+    bool va = ((unsigned long long)A & 15) == 0 && (lda & 7) == 0;
+    bool vb = ((unsigned long long)B & 15) == 0 && (ldb & 7) == 0;
+    int tiles = (K + HA_BK - 1) / HA_BK;
+    FragC acc[4][2];
+    zero(acc);
+    /* prologue: tiles 0 .. HA_STAGES-2 in flight, one commit group each (empty if none) */
+    for (int t = 0; t < HA_STAGES - 1; t++) {
+        if (t < tiles)
+            ha_load_stage<TA, TB>(smem + t * 2 * HA_TILE, A, B, M, N, K, lda, ldb, bm, bn,
+                                  t * HA_BK, va, vb);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < tiles; kt++) {
+        /* groups committed so far: HA_STAGES-1+kt; leaving HA_STAGES-2 pending means tile kt
+         * has landed (this thread's copies); the barrier makes it everyone's, and it also
+         * tells us every warp is done with tile kt-1, whose stage we refill next. */
+        cp_async_wait<HA_STAGES - 2>();
+        __syncthreads();
+        int next = kt + HA_STAGES - 1;
+        if (next < tiles)
+            ha_load_stage<TA, TB>(smem + (next % HA_STAGES) * 2 * HA_TILE, A, B, M, N, K, lda,
+                                  ldb, bm, bn, next * HA_BK, va, vb);
+        cp_async_commit();
+        const bf16 *As = smem + (kt % HA_STAGES) * 2 * HA_TILE, *Bs = As + HA_TILE;
+#pragma unroll
+        for (int kk = 0; kk < HA_BK; kk += 16)
+            hgemm_k16<TA, TB>(acc, As, Bs, LDA_S, LDB_S, kk, wm, wn);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  /* the stages become the store staging area */
+    hgemm_store(acc, smem, C, M, N, bm, bn);
+}
+
+/* Launch with 256 threads, grid (ceil(N / 128), ceil(M / 128)) and HA_SMEM_BYTES (61440)
+ * bytes of dynamic shared memory. */
+extern "C" __global__ void __launch_bounds__(256)
+hgemm_async(int M, int N, int K, const bf16 *A, const bf16 *B, float *C)
+{
+    hgemm_async_body<false, false>(M, N, K, A, B, C);
+}
+/* --8<-- [end:async] */
+
+extern "C" __global__ void __launch_bounds__(256)
+hgemm_async_nt(int M, int N, int K, const bf16 *A, const bf16 *B, float *C)
+{
+    hgemm_async_body<false, true>(M, N, K, A, B, C);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+hgemm_async_tn(int M, int N, int K, const bf16 *A, const bf16 *B, float *C)
+{
+    hgemm_async_body<true, false>(M, N, K, A, B, C);
 }
 
 /* float32 -> bf16 bits, rounding to nearest even (NaN stays a quiet NaN). */

@@ -282,6 +282,7 @@ class Rung:
     tile: tuple         # (rows of C, columns of C) one block computes
     rows_on_x: bool     # grid x walks the rows of C (only the naive rung)
     title: str
+    smem: int = 0       # dynamic shared memory per block, bytes
 
     def grid(self, M: int, N: int) -> tuple:
         gx, gy = (_cdiv(M, self.tile[0]), _cdiv(N, self.tile[1])) if self.rows_on_x else \
@@ -306,13 +307,15 @@ GPU_LADDER = [
          "16-byte loads and stores"),
     Rung(6, "wmma", "hgemm_wmma", "bf16", (256,), (128, 128), False,
          "bf16 on the tensor cores (wmma), f32 sums"),
+    Rung(7, "wmma_async", "hgemm_async", "bf16", (256,), (128, 128), False,
+         "bf16 wmma fed by cp.async, 3 tiles in flight", smem=61440),
 ]
 RUNGS = {r.name: r for r in GPU_LADDER}
 FINAL_F32 = "vec"
-FINAL_BF16 = "wmma"
+FINAL_BF16 = "wmma_async"
 # the final kernels for A B^T and A^T B (same tiles and launch as their A B kernel)
 VARIANTS = {("f32", False, True): "sgemm_vec_nt", ("f32", True, False): "sgemm_vec_tn",
-            ("bf16", False, True): "hgemm_wmma_nt", ("bf16", True, False): "hgemm_wmma_tn"}
+            ("bf16", False, True): "hgemm_async_nt", ("bf16", True, False): "hgemm_async_tn"}
 
 
 def _sizes(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
@@ -337,7 +340,7 @@ def gemm(rung: str, A, B, out=None):
     array(B, "B", dt, ndim=2)
     M, N, K = _sizes(A, B, False, False)
     out = _out(cp, out, M, N)
-    kernel("gemm", r.func)(r.grid(M, N), r.threads, (np.int32(M), np.int32(N), np.int32(K), A, B, out))
+    _launch(r.func, r, M, N, K, A, B, out)
     return out
 
 
@@ -360,8 +363,16 @@ def matmul(A, B, *, trans_a: bool = False, trans_b: bool = False, out=None):
     r = RUNGS[FINAL_BF16 if kind == "bf16" else FINAL_F32]
     func = VARIANTS.get((kind, trans_a, trans_b), r.func)
     out = _out(cp, out, M, N)
-    kernel("gemm", func)(r.grid(M, N), r.threads, (np.int32(M), np.int32(N), np.int32(K), A, B, out))
+    _launch(func, r, M, N, K, A, B, out)
     return out
+
+
+def _launch(func: str, r: Rung, M: int, N: int, K: int, A, B, out):
+    k = kernel("gemm", func)
+    if r.smem > 48 * 1024 and k.max_dynamic_shared_size_bytes < r.smem:
+        k.max_dynamic_shared_size_bytes = r.smem  # opt in beyond the default 48 KB
+    k(r.grid(M, N), r.threads, (np.int32(M), np.int32(N), np.int32(K), A, B, out),
+      shared_mem=r.smem)
 
 
 def _out(cp, out, M: int, N: int):

@@ -47,8 +47,10 @@ def _gemm(name, M, N, K, A, B, C):
     C[...] = (A.astype(np.float64) @ B.astype(np.float64)).astype(np.float32)
 
 class _Kernel:
+    max_dynamic_shared_size_bytes = 0
     def __init__(self, name): self.name = name
-    def __call__(self, grid, block, args):
+    def __call__(self, grid, block, args, shared_mem=0):
+        assert shared_mem <= 48 * 1024 or self.max_dynamic_shared_size_bytes >= shared_mem
         assert all(isinstance(g, int) and g > 0 for g in grid), grid
         n = self.name
         if "gemm" in n: _gemm(n, *[int(a) if isinstance(a, np.integer) else a for a in args[:3]], *args[3:])
