@@ -326,7 +326,7 @@ void gemm_packed_ex(int M, int N, int K, const float *A, int lda, const float *B
         const int nb = MIN(nc, N - jc);
         for (int pc = 0; pc < K; pc += kc) {
             const int kb = MIN(kc, K - pc);
-            const float beta = pc == 0 ? 0.0f : 1.0f;
+            const float beta = pc == 0 ? 0.0f : 1.0f; /* first slice overwrites C */
             pack_b(nb, kb, B + (size_t)pc * ldb + jc, ldb, 1, bp);
             for (int ic = 0; ic < M; ic += mc) {
                 const int mb = MIN(mc, M - ic);

@@ -319,5 +319,8 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
         assert values["ch2.peak_source"] in ("chapter 1's record", "this run's probe")
 
 
-def test_make_figures_without_record_is_skipped(records_tmp):
+def test_make_figures_without_record_is_skipped(records_tmp, tmp_path):
     assert gemm.make_figures(records_tmp) == {}
+    # the rung-to-rung diffs come from the source and are written all the same
+    diff = (tmp_path / "figures" / "tables" / "ch2_diff_naive_loop_order.md").read_text()
+    assert diff.startswith("```diff") and "+void gemm_loop_order(" in diff
