@@ -27,6 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 from . import isa
@@ -169,8 +170,18 @@ def _import(path: str):
 
 
 def _stamp(name: str) -> tuple:
+    """Modification times and sizes of the files a kernel is built from: one stat each."""
+    out = []
+    for path in _files(name, str(KERNELS_DIR)):
+        st = os.stat(path)
+        out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _files(name: str, kernels_dir: str) -> tuple[str, ...]:
     src, headers = _sources(name)
-    return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in [src, *headers])
+    return tuple(str(p) for p in [src, *headers])
 
 
 def load(name: str, level: str | None = None):
@@ -184,7 +195,20 @@ def load(name: str, level: str | None = None):
     if not isa.supported(level):
         raise isa.ISAError(f"ISA level {level!r} cannot run on this CPU; "
                            f"use smallem.build.compile_module to build it without loading")
-    return _load(name, level, _stamp(name))
+    now = time.monotonic()
+    key = (name, level, str(KERNELS_DIR))
+    seen = _recent.get(key)
+    if seen is not None and now - seen[0] < RECHECK_SECONDS:
+        return seen[1]  # checked a moment ago: a human edit takes longer than this
+    loaded = _load(name, level, _stamp(name))
+    _recent[key] = (time.monotonic(), loaded)
+    return loaded
+
+
+# Kernels are called thousands of times a second; a stat per source file each time
+# would cost tens of microseconds, so the sources are re-checked at most this often.
+RECHECK_SECONDS = 0.5
+_recent: dict = {}
 
 
 @functools.lru_cache(maxsize=None)

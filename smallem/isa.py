@@ -67,15 +67,22 @@ def supported(level: str, flags: frozenset[str] | None = None) -> bool:
     return REQUIRED[level] <= flags
 
 
+@functools.lru_cache(maxsize=1)
 def best() -> str:
     return next(level for level in LEVELS if supported(level))
 
 
 def selected() -> str:
     """The level kernels use: ``SMALLEM_ISA`` if set, else the best supported."""
-    forced = os.environ.get("SMALLEM_ISA", "").strip().lower()
+    forced = os.environ.get("SMALLEM_ISA", "")
     if not forced:
         return best()
+    return _forced(forced)
+
+
+@functools.lru_cache(maxsize=8)
+def _forced(forced: str) -> str:
+    forced = forced.strip().lower()
     if forced not in LEVELS:
         raise ISAError(f"SMALLEM_ISA={forced!r} is not one of {', '.join(LEVELS)}")
     if not supported(forced):

@@ -75,6 +75,7 @@ def _scratch_kernels(tmp_path, monkeypatch):
     shutil.copytree(build.KERNELS_DIR, kdir)
     monkeypatch.setattr(build, "KERNELS_DIR", kdir)
     monkeypatch.setenv("SMALLEM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "RECHECK_SECONDS", 0.0)  # edits below follow each other at once
     return kdir
 
 
