@@ -646,6 +646,25 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     return rows, values
 
 
+def targets(rec: dict, rec_dir=None) -> list[str]:
+    """The issue's performance targets, checked on a record (benchmarks check speed, tests don't)."""
+    peak, src = _peak(rec, rec_dir)
+    out = []
+    for n in (1024, 2048, 4096):
+        found = records.results(rec, "sweep", impl="smallem", n=n)
+        if not found:
+            out.append(f"smallem >= numpy at {n}^3: not measured (quick run)")
+            continue
+        ours = found[0]["value"]["median"]
+        theirs = records.value(rec, "sweep", impl="numpy", n=n)
+        out.append(f"smallem >= numpy at {n}^3: {'met' if ours >= theirs else 'MISSED'} "
+                   f"({ours:.1f} vs {theirs:.1f} Gop/s)")
+        if n == 2048:
+            out.append(f">= 85 % of the f32 peak at 2048^3: {'met' if ours >= 0.85 * peak else 'MISSED'} "
+                       f"({100 * ours / peak:.0f} % of {peak:.1f} Gop/s, {src})")
+    return out
+
+
 def _blas_line(rec: dict) -> str:
     blas = [b for b in rec["settings"].get("blas_pinned", rec["settings"]["blas"])
             if b.get("user_api") == "blas"]
@@ -931,6 +950,8 @@ def cmd_gemm(args) -> int:
         print(f"  {r[0]:<36} smallem {r[2]:>12}  numpy {r[3]:>12}  ({r[4]})")
     for r in dtype_rows(rec.data)[0]:
         print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 {r[2]:>12}  ({r[3]})")
+    for line in targets(rec.data):
+        print("  target: " + line)
     pv = pool_values(rec.data)
     print(f"  parallel region {pv['ch2.pool_region_us']} vs create+join {pv['ch2.pool_spawn_us']}; "
           f"{pv['ch2.pool_persistent']}")
