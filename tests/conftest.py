@@ -44,15 +44,23 @@ def records_tmp(tmp_path, monkeypatch):
 def built_site(tmp_path_factory):
     """The book's site, built once a session with ``mkdocs build --strict`` (tests/site_build.py),
     after ``smallem figures`` has made the tables and values from the records."""
+    import shutil
+
     import site_build
-    from smallem import figures
+    from smallem import figures, records
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("SMALLEM_FIGURES", raising=False)  # the pages include the repository's figures/
         figures.make_all()
     tmp = tmp_path_factory.mktemp("site")
     docs, stand_ins = site_build.docs_dir_for_tests(tmp)
-    return site_build.build(tmp / "site", docs_dir=docs, stand_ins=stand_ins)
+    # The notebooks run during the build read the records, and measure (and save) any that is
+    # missing: give them a copy, so the committed folder is never written by a test.
+    rec = tmp / "records"
+    if records.records_dir().is_dir():
+        shutil.copytree(records.records_dir(), rec)
+    return site_build.build(tmp / "site", docs_dir=docs, stand_ins=stand_ins,
+                            env={"SMALLEM_RECORDS": str(rec)})
 
 
 def pytest_report_header(config):

@@ -99,8 +99,8 @@ def docs_dir_for_tests(tmp: Path) -> tuple[Path | None, list[str]]:
 
 
 def build(site_dir: Path, config: Path = CONFIG, docs_dir: Path | None = None,
-          stand_ins: list | None = None, timeout: float = 900) -> Site:
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+          stand_ins: list | None = None, env: dict | None = None, timeout: float = 900) -> Site:
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", **(env or {}))
     r = subprocess.run([sys.executable, "-c", _SCRIPT, str(config), str(site_dir),
                         str(docs_dir or "")], cwd=config.parent, env=env,
                        capture_output=True, text=True, timeout=timeout)
