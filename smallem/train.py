@@ -352,6 +352,49 @@ def measure_step(config, backend: str, B: int, threads: int, *, warmup=1, repeat
     return {"seconds": secs, "tokens": B * T}
 
 
+# which op is which cost, for the "where the time goes" table
+OP_GROUPS = {"linear": "matrix products (+ bias)", "linear_backward": "matrix products (+ bias)",
+             "head": "matrix products (+ bias)", "head_backward": "matrix products (+ bias)",
+             "attention": "attention", "attention_backward": "attention",
+             "layernorm": "LayerNorm", "layernorm_backward": "LayerNorm",
+             "gelu": "GELU", "gelu_backward": "GELU", "add": "residual adds",
+             "cross_entropy": "softmax + cross-entropy", "embedding": "embedding",
+             "embedding_backward": "embedding", "adamw": "AdamW + gradient norm",
+             "sum_squares": "AdamW + gradient norm"}
+
+
+def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
+    """Seconds per step spent in each op (after one warm-up step); "other" is the rest."""
+    ops = trainer.model.ops
+    spent = dict.fromkeys(OP_GROUPS, 0.0)
+
+    def timed(name, fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return run
+
+    for name in OP_GROUPS:
+        setattr(ops, name, timed(name, getattr(ops, name)))
+    try:
+        trainer.train_step()
+        for k in spent:
+            spent[k] = 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        total = (time.perf_counter() - t0) / steps
+    finally:
+        for name in OP_GROUPS:
+            delattr(ops, name)  # back to the class's methods
+    out = {k: v / steps for k, v in spent.items()}
+    out["other"] = max(0.0, total - sum(out.values()))
+    return out
+
+
 def _stats(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
@@ -383,6 +426,11 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         if progress:
             print(f"{cfg_name} step, {backend:8s}: {r['tokens'] / statistics.median(secs):9.0f} "
                   f"tokens/s ({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
+    # where the kernels' step spends its time
+    prof = profile_step(Trainer(cfg, corpus=data.load_corpus(), batch_size=B, steps=10,
+                                threads=threads), steps=1 if quick else 2)
+    for op, sec in prof.items():
+        step_rec.add("op_seconds", "s", _stats([sec]), backend="kernels", op=op)
     step_rec.save()
 
     # the loss curve: config s on the default corpus, a fixed step count
@@ -488,6 +536,24 @@ def make_figures(rec_dir) -> dict:
             values["ch3.kernels_vs_numpy"] = f(toks["kernels"] / toks["numpy"]) + "×"
         if "kernels" in toks and peak:
             values["ch3.kernels_mfu"] = f"{100 * toks['kernels'] * fpt / 1e9 / peak:.1f}%"
+        prof = {r["params"]["op"]: r["value"]["median"] for r in records.results(rec, "op_seconds")}
+        if prof:
+            total = sum(prof.values())
+            groups: dict[str, float] = {}
+            for op, sec in prof.items():
+                g = OP_GROUPS.get(op, "Python and the rest")
+                groups[g] = groups.get(g, 0.0) + sec
+            rows = [[g, f(1e3 * sec, "ms"), f"{100 * sec / total:.1f}%"]
+                    for g, sec in sorted(groups.items(), key=lambda kv: -kv[1])]
+            figures.write_table("ch3_ops", rows, ["op (forward + backward)", "time per step",
+                                                  "share"],
+                                f"smallem kernels, the same step as above, one profiled step "
+                                f"after a warm-up; {figures.machine_line(rec)}.")
+            values["ch3.matmul_share"] = (
+                f"{100 * groups.get('matrix products (+ bias)', 0) / total:.0f}%")
+            values["ch3.attention_share"] = f"{100 * groups.get('attention', 0) / total:.0f}%"
+            rest = total - groups.get("matrix products (+ bias)", 0) - groups.get("attention", 0)
+            values["ch3.rest_share"] = f"{100 * rest / total:.0f}%"
         values["ch3.quick_note"] = (
             "*These numbers come from a quick run (config s, tiny batch) made while the code was "
             "written; `smallem bench-train` replaces them with the full measurement.*"
@@ -528,5 +594,7 @@ def make_figures(rec_dir) -> dict:
                                     "MB")
         sample = s.get("sample", "")
         path = figures.tables_dir() / "ch3_sample.md"
-        path.write_text("```text\n" + sample.replace("```", "'''") + "\n```\n")
+        # control bytes and broken UTF-8 of an untrained model would break the page: show them as ·
+        clean = "".join(ch if ch.isprintable() or ch in "\n\t" else "·" for ch in sample)
+        path.write_text("```text\n" + clean.replace("```", "'''") + "\n```\n")
     return values

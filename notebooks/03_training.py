@@ -1,0 +1,147 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 3, the notebook: a GPT that trains on the CPU
+#
+# This notebook checks the model's gradients live, then shows chapter 3's measurements: the
+# speed of one training step of the xl model on three paths (the numpy reference, smallem's
+# kernels, PyTorch), where the kernels' step spends its time, and a short training run of the
+# s model on the Python standard library's source. By default it reads this machine's records
+# (`figures/records/ch3.*.json`, written by `smallem bench-train`) and measures only if they
+# are missing. `SMALLEM_QUICK=1` runs everything on tiny sizes in seconds (that is how the test
+# suite runs it); `SMALLEM_REMEASURE=1` measures again in full (about four minutes).
+
+# %%
+import os
+
+import numpy as np
+from IPython.display import SVG, Markdown, display
+
+from smallem import data, figures, machine_info, records, train
+from smallem.checks import assert_close
+from smallem.model import CONFIGS, GPT, Config
+
+QUICK = os.environ.get("SMALLEM_QUICK") == "1"
+REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
+print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
+
+# %% [markdown]
+# ## The four sizes
+#
+# Parameter counts and training FLOPs per token are computed from each config's shapes
+# (`Config.n_params`, `Config.flops_per_token`): six FLOPs per token for every parameter
+# that enters a matrix product, plus the attention scores and their weighted sum.
+
+# %%
+print(train.list_configs())
+
+# %% [markdown]
+# ## Are the gradients right?
+#
+# Three independent checks on a tiny model, run now. First the numpy reference, in float64,
+# against central finite differences of its own loss at a few hundred parameters picked at
+# random. Then the kernel path (chapter 2's GEMM and `kernels_c/layers.c`, in float32)
+# against the numpy reference on the same weights. Then, if PyTorch is installed, the same
+# weights loaded into a PyTorch model whose backward pass is autograd's.
+
+# %%
+tiny = Config("tiny", d_model=16, n_layer=2, n_head=4, context=12)
+rng = np.random.default_rng(0)
+ref = GPT(tiny, "numpy", dtype=np.float64, seed=1)
+ref.flat += rng.normal(0, 0.05, ref.flat.shape)
+idx, tgt = rng.integers(0, 256, (2, 12)), rng.integers(0, 256, (2, 12))
+loss = ref.forward(idx, tgt)
+ref.backward()
+picked = rng.choice(ref.flat.size, 200, replace=False)
+numeric = []
+for i in picked:
+    old = ref.flat[i]
+    ref.flat[i] = old + 1e-6
+    hi = ref.forward(idx, tgt)
+    ref.flat[i] = old - 1e-6
+    lo = ref.forward(idx, tgt)
+    ref.flat[i] = old
+    numeric.append((hi - lo) / 2e-6)
+err = np.abs(np.array(numeric) - ref.grad_flat[picked]).max()
+print(f"loss {loss:.4f} nats; worst |analytic - finite difference| over 200 parameters: {err:.1e}")
+
+ker = GPT(tiny, "kernels")
+ker.flat[...] = ref.flat
+kl = ker.forward(idx, tgt)
+ker.backward()
+print(f"kernels (float32) loss {kl:.6f} vs numpy (float64) {loss:.6f}")
+assert_close(ker.grad_flat, ref.grad_flat.astype(np.float32), rtol=1e-4,
+             atol=2e-5 * np.abs(ref.grad_flat).max(), name="kernel gradients")
+print("kernel gradients match the reference, every one of", ker.grad_flat.size)
+try:
+    from smallem import torch_gpt
+    tl, tg = torch_gpt.loss_and_grads(ref.params, tiny, idx, tgt)
+    worst = max(np.abs(ref.grads[k] - tg[k]).max() for k in tg)
+    print(f"PyTorch loss {tl:.10f}; worst gradient difference from numpy: {worst:.1e}")
+except ImportError:
+    print("PyTorch is not installed: that check is skipped")
+
+# %% [markdown]
+# ## Measure, or read the records
+
+# %%
+have = records.exists(train.RECORD_STEP) and records.exists(train.RECORD_RUN)
+if QUICK or REMEASURE or not have:
+    train.bench_train(quick=QUICK, progress=False)
+step_rec = records.load(train.RECORD_STEP)
+run_rec = records.load(train.RECORD_RUN)
+values = train.make_figures(records.records_dir())
+print(figures.machine_line(step_rec))
+
+# %% [markdown]
+# ## One training step, three ways
+#
+# Tokens per second of one full step: forward, backward, gradient clipping and AdamW. MFU is
+# the model's FLOPs per second over chapter 1's measured f32 peak on the same cores.
+
+# %%
+display(Markdown((figures.tables_dir() / "ch3_step.md").read_text()))
+for key in ("ch3.kernels_vs_torch", "ch3.kernels_vs_numpy", "ch3.kernels_mfu"):
+    print(key, "=", values.get(key, "n/a"))
+
+# %% [markdown]
+# ## Where the kernels' step spends its time
+
+# %%
+if (figures.tables_dir() / "ch3_ops.md").exists():
+    display(Markdown((figures.tables_dir() / "ch3_ops.md").read_text()))
+
+# %% [markdown]
+# ## The loss curve
+#
+# The s model trained on the standard library's source for a fixed number of steps (set from
+# the time budget before the run starts). The loss is in bits per byte: the cross-entropy in
+# nats divided by ln 2, and one token is one byte. The red points are the held-out files.
+
+# %%
+display(SVG(filename=str(figures.figures_dir() / "ch3_loss.svg")))
+s = run_rec["settings"]
+final = records.value(run_rec, "final_val_bpb")
+print(f"{s['total_steps']} steps of {s['batch_size']} x {s['seq_len']} tokens in "
+      f"{records.value(run_rec, 'run_seconds') / 60:.1f} min: held-out loss {final:.2f} bits "
+      f"per byte ({'below' if final < 2.5 else 'not yet below'} the 2.5 target)")
+print("corpus:", s["corpus"]["name"], s["corpus"]["files"], "files, sha256",
+      s["corpus"]["sha256"][:16])
+
+# %% [markdown]
+# ## What the model writes
+#
+# Sampled at temperature 0.8 after the prompt `def `, one byte at a time.
+
+# %%
+print(run_rec["settings"]["sample"])
