@@ -596,7 +596,8 @@ void gemm_registers(int M, int N, int K, const float *A, int lda, const float *B
 void gemm_packed(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                  float *C, int ldc, int nthreads)
 {
-    float *work = malloc(sizeof(float) * gemm_work_floats(N, default_mc, default_kc, default_nc, 1));
+    float *work = malloc(sizeof(float) *
+                         gemm_work_floats(N, default_mc, default_kc, default_nc, 1));
     if (!work) return;
     gemm_packed_ex(M, N, K, A, lda, B, ldb, C, ldc, 1, default_mc, default_kc, default_nc, work);
     free(work);

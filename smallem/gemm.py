@@ -167,8 +167,7 @@ def _blocks(blocks, level) -> tuple[int, int, int]:
             b.update(blocks)
         else:
             b.update(zip(("mc", "kc", "nc"), blocks))
-    return (checks.positive_int(b["mc"], "blocks['mc']"), checks.positive_int(b["kc"], "blocks['kc']"),
-            checks.positive_int(b["nc"], "blocks['nc']"))
+    return tuple(checks.positive_int(b[k], f"blocks['{k}']") for k in ("mc", "kc", "nc"))
 
 
 _work = threading.local()  # one packing buffer per Python thread: concurrent calls never share
@@ -209,7 +208,8 @@ def _matrix(x, name: str, dtype, writable: bool = False) -> tuple[np.ndarray, in
         return x, max(cols, 1)
     if cols > 1 and x.strides[1] != es:
         raise ValueError(f"{name}: the elements of a row are not adjacent (strides {x.strides}); "
-                         f"pass np.ascontiguousarray({name}), or use trans_a/trans_b for a transpose")
+                         f"pass np.ascontiguousarray({name}), or use trans_a/trans_b "
+                         f"for a transpose")
     ld = x.strides[0] // es if rows > 1 else max(cols, 1)
     if rows > 1 and (x.strides[0] % es or ld < cols):
         raise ValueError(f"{name}: rows overlap or are misaligned (strides {x.strides}); "
@@ -260,12 +260,19 @@ class Rung:
 
 
 LADDER = [
-    Rung(0, "naive", "0 naive (i,j,k)", "textbook loops; B walked down a column", False, False, False, True),
-    Rung(1, "loop_order", "1 loop order (i,k,j)", "inner loop streams rows; vectorised", False, False, False, True),
-    Rung(2, "blocked", "2 cache blocking", "jc, pc, ic loops: NC, KC, MC blocks", False, True, False, True),
-    Rung(3, "registers", "3 micro-kernel", "MR x NR tile in registers over KC", False, True, False, True),
-    Rung(4, "packed", "4 packing", "A and B packed into panels; zero-padded edges", False, True, True, False),
-    Rung(5, "threads", "5 threads", "all cores, split over the rows of C (ic)", True, True, True, False),
+    #    index, C name, label, what; threaded, blocked, packed, slow
+    Rung(0, "naive", "0 naive (i,j,k)", "textbook loops; B walked down a column",
+         False, False, False, True),
+    Rung(1, "loop_order", "1 loop order (i,k,j)", "inner loop streams rows; vectorised",
+         False, False, False, True),
+    Rung(2, "blocked", "2 cache blocking", "jc, pc, ic loops: NC, KC, MC blocks",
+         False, True, False, True),
+    Rung(3, "registers", "3 micro-kernel", "MR x NR tile in registers over KC",
+         False, True, False, True),
+    Rung(4, "packed", "4 packing", "A and B packed into panels; zero-padded edges",
+         False, True, True, False),
+    Rung(5, "threads", "5 threads", "all cores, split over the rows of C (ic)",
+         True, True, True, False),
 ]
 
 
@@ -345,8 +352,9 @@ def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
     ``a`` is M x K (K x M with ``trans_a``), ``b`` is K x N (N x K with ``trans_b``);
     both float32 with adjacent elements in each row (row slices are fine).
     ``out`` (M x N float32) receives the result; ``beta != 0`` needs it. ``threads``
-    defaults to every usable core (fewer for tiny products, see :func:`auto_threads`); ``blocks`` ({"mc", "kc", "nc"}) overrides the
-    cache model's block sizes and ``level`` the ISA, for tests.
+    defaults to every usable core (fewer for tiny products, see :func:`auto_threads`);
+    ``blocks`` ({"mc", "kc", "nc"}) overrides the cache model's block sizes and ``level``
+    the ISA, for tests.
     """
     return _gemm("f32", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level)
 
@@ -443,8 +451,10 @@ def model_shapes() -> list[dict]:
     return [
         {"label": "x W1 (8192x768 · 768x3072)", "M": T, "K": d, "N": f, "ta": False, "tb": False},
         {"label": "h W2 (8192x3072 · 3072x768)", "M": T, "K": f, "N": d, "ta": False, "tb": False},
-        {"label": "dY W1ᵀ (8192x3072 · (768x3072)ᵀ)", "M": T, "K": f, "N": d, "ta": False, "tb": True},
-        {"label": "xᵀ dY (768x8192ᵀ · 8192x3072)", "M": d, "K": T, "N": f, "ta": True, "tb": False},
+        {"label": "dY W1ᵀ (8192x3072 · (768x3072)ᵀ)", "M": T, "K": f, "N": d,
+         "ta": False, "tb": True},
+        {"label": "xᵀ dY (768x8192ᵀ · 8192x3072)", "M": d, "K": T, "N": f,
+         "ta": True, "tb": False},
     ]
 
 
@@ -491,17 +501,19 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     for rung in LADDER:
         th = cores if rung.threaded else 1
         r = _measure_gops(lambda: rung(a, b, c, threads=th), n, n, n, slow=rung.slow, quick=quick)
-        rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index, kernel=rung.name,
-                M=n, N=n, K=n, threads=th)
+        rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
+                kernel=rung.name, M=n, N=n, K=n, threads=th)
         step(rung.name)
     for s in sweep:
         a, b, c = _square(s, rng)
         r = _measure_gops(lambda: matmul(a, b, out=c), s, s, s, quick=quick)
-        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="smallem", n=s, threads=cores)
+        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="smallem", n=s,
+                threads=cores)
         step(f"sweep {s}")
         with _numpy_pinned(cores):
             r = _measure_gops(lambda: np.matmul(a, b, out=c), s, s, s, quick=quick)
-        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="numpy", n=s, threads=cores)
+        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="numpy", n=s,
+                threads=cores)
         step(f"numpy {s}")
     del a, b, c
     for sh in shapes:
@@ -519,7 +531,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl="numpy", **params)
         step("numpy " + sh["label"])
     del a, b, c
-    for M, K, N in ((n_ladder, n_ladder, n_ladder), (shapes[0]["M"], shapes[0]["K"], shapes[0]["N"])):
+    first = shapes[0]
+    for M, K, N in ((n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])):
         a = rng.standard_normal((M, K), dtype=np.float32)
         b = rng.standard_normal((K, N), dtype=np.float32)
         c = np.empty((M, N), np.float32)
@@ -574,7 +587,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         rows.append([f"numpy (OpenBLAS), 1 thread", f(numpy_one, "Gop/s"),
                      f"{100 * numpy_one / peak:.0f} %", "", "—"])
     prev = None
-    ref = {0: reference.CH2_GEMM_1024_NAIVE_GOPS, len(LADDER) - 1: reference.CH2_GEMM_1024_FINAL_GOPS}
+    ref = {0: reference.CH2_GEMM_1024_NAIVE_GOPS,
+           len(LADDER) - 1: reference.CH2_GEMM_1024_FINAL_GOPS}
     gains = {}
     for rung in LADDER:
         g = records.value(rec, "rung", rung=rung.index, M=n)
@@ -582,7 +596,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         th = cores if rung.threaded else 1
         rows.append([f"{rung.label}, {th} thread{'s' if th > 1 else ''}", f(g, "Gop/s"),
                      f"{100 * g / peak:.1f} %" if g / peak < 0.1 else f"{100 * g / peak:.0f} %",
-                     f"× {f(g / prev)}" if prev else "", f(ref[rung.index], "Gop/s") if rung.index in ref else "—"])
+                     f"× {f(g / prev)}" if prev else "",
+                     f(ref[rung.index], "Gop/s") if rung.index in ref else "—"])
         prev = g
     rows.append([f"f32 FMA peak, {cores} cores ({peak_src})", f(peak, "Gop/s"), "100 %", "",
                  f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
@@ -593,7 +608,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.threads": str(cores),
         "ch2.isa": s["isa"],
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
-        "ch2.mc": str(s["blocks"]["mc"]), "ch2.kc": str(s["blocks"]["kc"]), "ch2.nc": str(s["blocks"]["nc"]),
+        "ch2.mc": str(s["blocks"]["mc"]), "ch2.kc": str(s["blocks"]["kc"]),
+        "ch2.nc": str(s["blocks"]["nc"]),
         "ch2.peak": f(peak, "Gop/s"),
         "ch2.peak_source": peak_src,
         "ch2.numpy_gops": f(numpy_all, "Gop/s"),
@@ -607,7 +623,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.blas": _blas_line(rec),
     }
     for rung in LADDER:
-        values[f"ch2.rung{rung.index}_gops"] = f(records.value(rec, "rung", rung=rung.index, M=n), "Gop/s")
+        g = records.value(rec, "rung", rung=rung.index, M=n)
+        values[f"ch2.rung{rung.index}_gops"] = f(g, "Gop/s")
         if rung.index:
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
     g = s["cache_geometry"]
@@ -647,7 +664,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
 
 
 def targets(rec: dict, rec_dir=None) -> list[str]:
-    """The issue's performance targets, checked on a record (benchmarks check speed, tests don't)."""
+    """The performance targets, checked on a record (benchmarks check speed, tests don't)."""
     peak, src = _peak(rec, rec_dir)
     out = []
     for n in (1024, 2048, 4096):
@@ -660,7 +677,8 @@ def targets(rec: dict, rec_dir=None) -> list[str]:
         out.append(f"smallem >= numpy at {n}^3: {'met' if ours >= theirs else 'MISSED'} "
                    f"({ours:.1f} vs {theirs:.1f} Gop/s)")
         if n == 2048:
-            out.append(f">= 85 % of the f32 peak at 2048^3: {'met' if ours >= 0.85 * peak else 'MISSED'} "
+            met = "met" if ours >= 0.85 * peak else "MISSED"
+            out.append(f">= 85 % of the f32 peak at 2048^3: {met} "
                        f"({100 * ours / peak:.0f} % of {peak:.1f} Gop/s, {src})")
     return out
 
@@ -684,7 +702,8 @@ def sweep_rows(rec: dict) -> tuple[list[list], dict]:
     for s in rec["settings"]["sweep"]:
         ours = records.value(rec, "sweep", impl="smallem", n=s)
         theirs = records.value(rec, "sweep", impl="numpy", n=s)
-        rows.append([f"{s}³", f(ours, "Gop/s"), f(theirs, "Gop/s"), f"{100 * ours / theirs:.0f} %"])
+        rows.append([f"{s}³", f(ours, "Gop/s"), f(theirs, "Gop/s"),
+                     f"{100 * ours / theirs:.0f} %"])
         values[f"ch2.sweep_{s}"] = f(ours, "Gop/s")
         values[f"ch2.sweep_numpy_{s}"] = f(theirs, "Gop/s")
         values[f"ch2.sweep_ratio_{s}"] = f"{100 * ours / theirs:.0f} %"
@@ -720,7 +739,8 @@ def dtype_rows(rec: dict) -> tuple[list[list], dict]:
     for i, (M, K, N) in enumerate(sizes):
         g32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
         g16 = records.value(rec, "dtype", dtype="bf16", M=M, K=K, N=N)
-        rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), f(g16, "Gop/s"), f"{100 * g16 / g32:.0f} %"])
+        rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), f(g16, "Gop/s"),
+                     f"{100 * g16 / g32:.0f} %"])
         values[f"ch2.bf16_{i}_gops"] = f(g16, "Gop/s")
         values[f"ch2.bf16_{i}_ratio"] = f"{100 * g16 / g32:.0f} %"
     values["ch2.bf16_path"] = ("native vdpbf16ps" if rec["settings"]["native_bf16"]
@@ -897,8 +917,8 @@ def make_figures(rec_dir) -> dict:
                                          f"numpy, {cores} threads", "smallem / numpy"], note=note)
     r, v = shape_rows(rec)
     values.update(v)
-    figures.write_table("ch2_shapes", r, ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy"],
-                        note=note)
+    figures.write_table("ch2_shapes", r,
+                        ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy"], note=note)
     r, v = dtype_rows(rec)
     values.update(v)
     figures.write_table("ch2_bf16", r, ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"],

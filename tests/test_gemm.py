@@ -66,7 +66,8 @@ def test_rung_against_numpy(rung, level, rng):
         for M, N, K in shapes:
             a, b = rand(rng, M, K), rand(rng, K, N)
             c = rung(a, b, threads=2, blocks=blocks)
-            checks.assert_close(c, ref(a, b).astype(np.float32), k=K, name=f"{rung.name} {M}x{N}x{K}")
+            checks.assert_close(c, ref(a, b).astype(np.float32), k=K,
+                                name=f"{rung.name} {M}x{N}x{K}")
 
 
 @pytest.mark.parametrize("rung", gemm.LADDER[1:], ids=lambda r: r.name)
@@ -148,7 +149,8 @@ def test_matmul_random_shapes_and_blocks(rng):
         ta, tb = bool(rng.integers(2)), bool(rng.integers(2))
         a = rand(rng, *((K, M) if ta else (M, K)))
         b = rand(rng, *((N, K) if tb else (K, N)))
-        c = gemm.matmul(a, b, trans_a=ta, trans_b=tb, blocks=blocks, threads=int(rng.integers(1, 4)))
+        threads = int(rng.integers(1, 4))
+        c = gemm.matmul(a, b, trans_a=ta, trans_b=tb, blocks=blocks, threads=threads)
         checks.assert_close(c, ref(a, b, ta, tb).astype(np.float32), k=K,
                             name=f"{M}x{N}x{K} ta={ta} tb={tb} {blocks}")
 
@@ -185,7 +187,8 @@ def test_concurrent_calls_from_python_threads(rng):
     def work(a, b):
         try:
             for _ in range(10):
-                checks.assert_close(gemm.matmul(a, b, threads=2), ref(a, b).astype(np.float32), k=50)
+                got = gemm.matmul(a, b, threads=2)
+                checks.assert_close(got, ref(a, b).astype(np.float32), k=50)
         except AssertionError as e:  # pragma: no cover - reported below
             errors.append(e)
 
