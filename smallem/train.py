@@ -497,6 +497,10 @@ def make_figures(rec_dir) -> dict:
     values["ch3.xl_flops_per_token"] = f(xl.flops_per_token() / 1e6, "MFLOP")
 
     if records.exists(RECORD_STEP, rec_dir):
+        for k in ("numpy_toks", "kernels_toks", "torch_toks", "kernels_vs_torch",
+                  "kernels_vs_numpy", "kernels_mfu", "matmul_share", "attention_share",
+                  "rest_share"):
+            values[f"ch3.{k}"] = "n/a (not measured)"
         rec = records.load(RECORD_STEP, rec_dir)
         s = rec["settings"]
         peak = _peak_gflops(rec_dir, s["threads"])
@@ -536,6 +540,10 @@ def make_figures(rec_dir) -> dict:
             values["ch3.kernels_vs_numpy"] = f(toks["kernels"] / toks["numpy"]) + "×"
         if "kernels" in toks and peak:
             values["ch3.kernels_mfu"] = f"{100 * toks['kernels'] * fpt / 1e9 / peak:.1f}%"
+        elif "kernels" in toks:
+            values["ch3.kernels_mfu"] = "n/a (no chapter-1 record of the peak)"
+        values["ch3.threads"] = str(s["threads"])
+        values["ch3.ref_mfu"] = f"{100 * reference.CH3_XL_MFU_CPU:.0f}%"
         prof = {r["params"]["op"]: r["value"]["median"] for r in records.results(rec, "op_seconds")}
         if prof:
             total = sum(prof.values())
