@@ -9,7 +9,8 @@ train and run a GPT. C kernels live in ``kernels_c/`` and are built on first use
 __version__ = "0.1.0"
 
 
-_LAZY = {"matmul": "smallem.gemm", "matmul_bf16": "smallem.gemm"}
+_LAZY = {"matmul": "smallem.gemm", "matmul_bf16": "smallem.gemm",
+         "f32_to_bf16": "smallem.gemm", "bf16_to_f32": "smallem.gemm"}
 
 
 def __getattr__(name):

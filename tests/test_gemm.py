@@ -155,6 +155,15 @@ def test_matmul_random_shapes_and_blocks(rng):
                             name=f"{M}x{N}x{K} ta={ta} tb={tb} {blocks}")
 
 
+def test_out_may_share_a_buffer_with_the_inputs_without_overlapping(rng):
+    buf = rand(rng, 20, 30)
+    a, out = buf[:, :10], buf[:, 10:22]  # interleaved rows of one buffer, no shared element
+    b = rand(rng, 10, 12)
+    want = ref(a, b).astype(np.float32)
+    gemm.matmul(a, b, out=out)
+    checks.assert_close(buf[:, 10:22], want, k=10)
+
+
 def test_empty_dimensions(rng):
     assert gemm.matmul(np.zeros((0, 3), np.float32), rand(rng, 3, 4)).shape == (0, 4)
     out = np.ones((2, 4), np.float32)
