@@ -302,6 +302,7 @@ sgemm_vec_tn(int M, int N, int K, const float *A, const float *B, float *C)
  * each warp 64 x 32 of C: 4 x 2 accumulator tiles of 8 floats a thread. Shared rows are padded
  * by 8 elements (16 bytes) so the 8 rows a wmma load reads at once fall in 8 different groups
  * of 4 banks. */
+#ifndef SMALLEM_EMU  /* tests/cuda_emu/emu.h replaces these to run the file on a CPU */
 struct FragA { unsigned r[4]; };  /* 16 x 16 bf16: two bf16 per 32-bit register */
 struct FragB { unsigned r[4]; };
 struct FragC { float r[8]; };     /* 16 x 16 f32 */
@@ -359,6 +360,7 @@ __device__ __forceinline__ void wmma_store(float *p, const FragC &c, int ld)
                  :: "l"(p), "f"(c.r[0]), "f"(c.r[1]), "f"(c.r[2]), "f"(c.r[3]),
                     "f"(c.r[4]), "f"(c.r[5]), "f"(c.r[6]), "f"(c.r[7]), "r"(ld) : "memory");
 }
+#endif
 
 #define H_BM 128
 #define H_BN 128
@@ -445,7 +447,8 @@ __device__ __forceinline__ void zero(FragC (&acc)[4][2])
 #pragma unroll
         for (int ni = 0; ni < 2; ni++)
 #pragma unroll
-            for (int q = 0; q < 8; q++) acc[mi][ni].r[q] = 0.0f;
+            for (int q = 0; q < (int)(sizeof(FragC) / sizeof(float)); q++)
+                acc[mi][ni].r[q] = 0.0f;
 }
 
 /* TA: A is given as K x M (A^T B); TB: B is given as N x K (A B^T). A transposed operand is
@@ -515,6 +518,7 @@ hgemm_wmma_tn(int M, int N, int K, const bf16 *A, const bf16 *B, float *C)
                                                                  : HA_BK * (H_BN + H_PAD))
 #define HA_SMEM_BYTES (HA_STAGES * 2 * HA_TILE * 2)
 
+#ifndef SMALLEM_EMU
 __device__ __forceinline__ unsigned smem_u32(const void *p)
 {
     unsigned a;
@@ -538,6 +542,7 @@ __device__ __forceinline__ void cp_async_wait()
 {
     asm volatile("cp.async.wait_group %0;" :: "n"(N_PENDING) : "memory");
 }
+#endif
 
 /* load_bf16_tile with cp.async for whole in-bounds 16-byte chunks; edge chunks are read
  * element by element and stored with plain stores (the barrier before use covers both). */
