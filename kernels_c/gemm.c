@@ -357,17 +357,25 @@ static void pack_a_bf16(int mb, int kb, const uint16_t *a, size_t rs, size_t cs,
 {
     for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb) {
         const int mr = MIN(MR, mb - ir);
+        const uint16_t *p = a + ir * rs;
         for (int k = 0; k < kb; k++)
-            for (int r = 0; r < MR; r++)
-                ap[(size_t)k * MR + r] = r < mr ? bf16_to_f32(a[(ir + r) * rs + k * cs]) : 0.0f;
+            if (mr == MR)
+                for (int r = 0; r < MR; r++)
+                    ap[(size_t)k * MR + r] = bf16_to_f32(p[r * rs + k * cs]);
+            else
+                for (int r = 0; r < MR; r++)
+                    ap[(size_t)k * MR + r] = r < mr ? bf16_to_f32(p[r * rs + k * cs]) : 0.0f;
     }
 }
 
 static void pack_b_panel_bf16(int nr, int kb, const uint16_t *b, size_t rs, size_t cs, float *bp)
 {
     for (int k = 0; k < kb; k++)
-        for (int j = 0; j < NR; j++)
-            bp[(size_t)k * NR + j] = j < nr ? bf16_to_f32(b[k * rs + j * cs]) : 0.0f;
+        if (nr == NR)
+            for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = bf16_to_f32(b[k * rs + j * cs]);
+        else
+            for (int j = 0; j < NR; j++)
+                bp[(size_t)k * NR + j] = j < nr ? bf16_to_f32(b[k * rs + j * cs]) : 0.0f;
 }
 
 #if defined(SM_AVX512) && defined(__AVX512BF16__)
@@ -433,7 +441,7 @@ static void micro_kernel_bf16(int kb, const uint16_t *a, const uint16_t *b, floa
 
 enum { F32 = 0, BF16 = 1 };
 
-/* One packing call for either input type; `native` selects the bf16 pair layout. */
+/* One packing call for either input type; with AVX512_BF16, bf16 goes into pairs. */
 static void pack_a_any(int dtype, int mb, int kb, const void *a, size_t rs, size_t cs, float *ap)
 {
 #ifdef NATIVE_BF16
