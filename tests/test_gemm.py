@@ -307,6 +307,7 @@ def test_openmp_pool_is_persistent():
     assert ids[0] == ids[1] == ids[2]
 
 
+@pytest.mark.slow  # a few seconds on an idle machine, more when the cores are shared
 def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp_path):
     monkeypatch.setenv("SMALLEM_QUICK", "1")
     rec = gemm.run(quick=True, progress=False)
