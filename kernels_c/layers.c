@@ -171,7 +171,8 @@ int embedding_forward(const int *idx, const float *wte, const float *wpe, float 
                       int B, int T, int C, int V, int nthreads)
 {
     int bad = 0;
-    #pragma omp parallel for schedule(static) reduction(+:bad) num_threads(TEAM((long long)B * T * C))
+    #pragma omp parallel for schedule(static) reduction(+:bad) \
+        num_threads(TEAM((long long)B * T * C))
     for (int bt = 0; bt < B * T; bt++) {
         int id = idx[bt], t = bt % T;
         float *o = out + (size_t)bt * C;
@@ -312,7 +313,8 @@ void gelu_forward(const float *x, float *out, long long n, int nthreads)
         float e[CHUNK];
         const float *xc = x + i0;
         #pragma omp simd
-        for (int i = 0; i < len; i++) e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
+        for (int i = 0; i < len; i++)
+            e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
         exp_inplace(e, len);
         #pragma omp simd
         for (int i = 0; i < len; i++) out[i0 + i] = xc[i] * (e[i] / (1.0f + e[i]));
@@ -330,7 +332,8 @@ void gelu_backward(const float *x, const float *dy, float *dx, long long n, int 
         float e[CHUNK];
         const float *xc = x + i0;
         #pragma omp simd
-        for (int i = 0; i < len; i++) e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
+        for (int i = 0; i < len; i++)
+            e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
         exp_inplace(e, len);
         #pragma omp simd
         for (int i = 0; i < len; i++) {
@@ -350,7 +353,8 @@ void heads_split(const float *x, float *q, float *k, float *v, int B, int T, int
                  int parts, int nthreads)
 {
     float *dst[3] = {q, k, v};
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(TEAM((long long)B * T * H * hd))
+    #pragma omp parallel for collapse(2) schedule(static) \
+        num_threads(TEAM((long long)B * T * H * hd))
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int p = 0; p < parts; p++)
@@ -364,7 +368,8 @@ void heads_merge(const float *q, const float *k, const float *v, float *x, int B
                  int hd, int parts, int nthreads)
 {
     const float *srcs[3] = {q, k, v};
-    #pragma omp parallel for collapse(2) schedule(static) num_threads(TEAM((long long)B * T * H * hd))
+    #pragma omp parallel for collapse(2) schedule(static) \
+        num_threads(TEAM((long long)B * T * H * hd))
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int p = 0; p < parts; p++)

@@ -84,7 +84,8 @@ class Trainer:
         self.total_steps = int(steps)
         self.seed = int(seed)
         self.max_lr = float(lr or d["lr"])
-        self.warmup = int(warmup if warmup is not None else max(1, min(100, self.total_steps // 10)))
+        default_warmup = max(1, min(100, self.total_steps // 10))
+        self.warmup = int(warmup if warmup is not None else default_warmup)
         self.model = GPT(self.config, backend, seed=self.seed, threads=threads)
         self.opt = AdamW(self.model, weight_decay=weight_decay, clip=clip)
         self.step = 0
