@@ -558,9 +558,14 @@ class KernelOps:
         adamw(p, g, m, v, threads=self.threads, **kw)
 
 
+# backend name -> ops class. The performance ladder's rungs (a persistent thread pool, tiled
+# attention, bf16 products, ...) are subclasses of KernelOps that override the methods they
+# change, registered here under their own names; the model code does not change.
+BACKENDS = {"numpy": NumpyOps, "kernels": KernelOps}
+
+
 def make_ops(backend: str, threads=None):
-    if backend == "numpy":
-        return NumpyOps(threads)
-    if backend == "kernels":
-        return KernelOps(threads)
-    raise ValueError(f"backend: expected 'numpy' or 'kernels', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, "
+                         f"got {backend!r}")
+    return BACKENDS[backend](threads)
