@@ -240,6 +240,15 @@ def test_math_becomes_mathml(tmp_path):
     assert "\\(" not in "".join(page.text) and "$" not in "".join(page.text)
 
 
+def test_math_in_a_heading_is_mathml_in_the_table_of_contents(tmp_path):
+    r = tiny_site(tmp_path, {"index.md": "# T\n\n## Blocks of $n < 1024$ rows\n\ntext\n\n"
+                                         "## Another\n\ntext\n"})
+    assert r.returncode == 0, r.problems()
+    html = (r.dir / "index.html").read_text()
+    assert "\\(" not in "".join(Page(r.dir / "index.html").text)
+    assert html.count("<mi>n</mi><mo>&#x0003C;</mo><mn>1024</mn>") >= 2  # heading and contents
+
+
 def test_bad_math_fails_the_build(tmp_path):
     r = tiny_site(tmp_path, {"index.md": "# T\n\n$\\frac{1}{$ and more\n\n$$\n\\frac{1}{\n$$\n"})
     assert r.returncode != 0, "a formula latex2mathml cannot parse built without error"
