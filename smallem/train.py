@@ -26,7 +26,7 @@ from .model import CONFIGS, GPT, get_config
 LN2 = math.log(2.0)
 
 # Per-config defaults: small models take a larger learning rate.
-DEFAULTS = {"s": dict(lr=3e-3, batch=32), "m": dict(lr=1.5e-3, batch=16),
+DEFAULTS = {"s": dict(lr=3e-3, batch=16), "m": dict(lr=1.5e-3, batch=16),
             "l": dict(lr=1e-3, batch=8), "xl": dict(lr=6e-4, batch=4)}
 
 
