@@ -214,6 +214,31 @@ __device__ __forceinline__ void load_xcontig(float *s, const float *g, int ld, i
     *(float4 *)(s + k * 128 + x) = q;
 }
 
+/* Write a thread's 8 x 8 block of C at (i0, j0), float4 where the row allows it. */
+__device__ __forceinline__ void sgemm_store(const float (&acc)[V_T][V_T], float *C, int M,
+                                            int N, int i0, int j0)
+{
+    bool vc = aligned16(C, N);
+#pragma unroll
+    for (int m = 0; m < V_T; m++) {
+        int i = i0 + m;
+        if (i >= M) break;
+        float *row = C + (size_t)i * N;
+#pragma unroll
+        for (int n = 0; n < V_T; n += 4) {
+            int j = j0 + n;
+            if (vc && j + 3 < N) {
+                *(float4 *)(row + j) = make_float4(acc[m][n], acc[m][n + 1], acc[m][n + 2],
+                                                   acc[m][n + 3]);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    if (j + q < N) row[j + q] = acc[m][n + q];
+            }
+        }
+    }
+}
+
 /* TA: A is given as K x M (we compute A^T B); TB: B is given as N x K (we compute A B^T). */
 template <bool TA, bool TB>
 __device__ __forceinline__ void sgemm_vec_body(int M, int N, int K, const float *A,
@@ -251,25 +276,7 @@ __device__ __forceinline__ void sgemm_vec_body(int M, int N, int K, const float 
         }
         __syncthreads();
     }
-    bool vc = aligned16(C, N);
-#pragma unroll
-    for (int m = 0; m < V_T; m++) {
-        int i = bm + trow * V_T + m;
-        if (i >= M) break;
-        float *row = C + (size_t)i * N;
-#pragma unroll
-        for (int n = 0; n < V_T; n += 4) {
-            int j = bn + tcol * V_T + n;
-            if (vc && j + 3 < N) {
-                *(float4 *)(row + j) = make_float4(acc[m][n], acc[m][n + 1], acc[m][n + 2],
-                                                   acc[m][n + 3]);
-            } else {
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    if (j + q < N) row[j + q] = acc[m][n + q];
-            }
-        }
-    }
+    sgemm_store(acc, C, M, N, bm + trow * V_T, bn + tcol * V_T);
 }
 
 /* Launch with 256 threads and grid (ceil(N / 128), ceil(M / 128)). */
@@ -290,6 +297,139 @@ extern "C" __global__ void __launch_bounds__(256)
 sgemm_vec_tn(int M, int N, int K, const float *A, const float *B, float *C)
 {
     sgemm_vec_body<true, false>(M, N, K, A, B, C);
+}
+
+/* --8<-- [start:prefetch] */
+/* Rung 6: rung 5 with the next k-tile's global loads in flight while the current one is
+ * multiplied. Two shared buffers: at step kt a thread issues its loads of tile kt+1 into
+ * registers, runs the 16 k-steps of tile kt from one buffer, then writes the registers into
+ * the other buffer; one barrier per tile instead of two, and the ~600-cycle trip to memory
+ * is hidden behind 16 x 64 FMAs a thread. k-step 16: 4 x 8 KB of shared memory.
+ *
+ * fetch_* load a 128 (x) by 16 (k) tile into registers (2 float4 a thread), store_* write
+ * them k-major, as load_kcontig / load_xcontig do for 8-deep tiles. */
+#define P_BK 16
+
+__device__ __forceinline__ float4 fetch4(const float *g, int ld, int gr, int gc, int rows,
+                                         int cols, bool vec)
+{   /* 4 consecutive elements (gr, gc..gc+3) of a rows x cols matrix, zeros outside it */
+    const float *p = g + (size_t)gr * ld + gc;
+    if (vec && gr < rows && gc + 3 < cols) return *(const float4 *)p;
+    float4 q;
+    q.x = (gr < rows && gc + 0 < cols) ? p[0] : 0.0f;
+    q.y = (gr < rows && gc + 1 < cols) ? p[1] : 0.0f;
+    q.z = (gr < rows && gc + 2 < cols) ? p[2] : 0.0f;
+    q.w = (gr < rows && gc + 3 < cols) ? p[3] : 0.0f;
+    return q;
+}
+
+/* element (x, k) at g[x * ld + k]: chunk e covers x = e / 4, k = (e % 4) * 4 .. +3 */
+__device__ __forceinline__ void fetch_kcontig(float4 (&r)[2], const float *g, int ld, int X,
+                                              int Kd, int x0, int k0, bool vec)
+{
+    for (int p = 0; p < 2; p++) {
+        int e = threadIdx.x + 256 * p;
+        r[p] = fetch4(g, ld, x0 + e / 4, k0 + (e % 4) * 4, X, Kd, vec);
+    }
+}
+
+__device__ __forceinline__ void store_kcontig(float *s, const float4 (&r)[2])
+{
+    for (int p = 0; p < 2; p++) {
+        int e = threadIdx.x + 256 * p, x = e / 4, k = (e % 4) * 4;
+        s[(k + 0) * 128 + x] = r[p].x;
+        s[(k + 1) * 128 + x] = r[p].y;
+        s[(k + 2) * 128 + x] = r[p].z;
+        s[(k + 3) * 128 + x] = r[p].w;
+    }
+}
+
+/* element (x, k) at g[k * ld + x]: chunk e covers k = e / 32, x = (e % 32) * 4 .. +3 */
+__device__ __forceinline__ void fetch_xcontig(float4 (&r)[2], const float *g, int ld, int X,
+                                              int Kd, int x0, int k0, bool vec)
+{
+    for (int p = 0; p < 2; p++) {
+        int e = threadIdx.x + 256 * p;
+        r[p] = fetch4(g, ld, k0 + e / 32, x0 + (e % 32) * 4, Kd, X, vec);
+    }
+}
+
+__device__ __forceinline__ void store_xcontig(float *s, const float4 (&r)[2])
+{
+    for (int p = 0; p < 2; p++) {
+        int e = threadIdx.x + 256 * p;
+        *(float4 *)(s + (e / 32) * 128 + (e % 32) * 4) = r[p];
+    }
+}
+
+template <bool TA, bool TB>
+__device__ __forceinline__ void sgemm_prefetch_body(int M, int N, int K, const float *A,
+                                                    const float *B, float *C)
+{
+    __shared__ __align__(16) float As[2][P_BK * V_BM];  /* [buffer][k][row] */
+    __shared__ __align__(16) float Bs[2][P_BK * V_BN];  /* [buffer][k][col] */
+    int t = threadIdx.x;
+    int bm = blockIdx.y * V_BM, bn = blockIdx.x * V_BN;
+    int trow = t / (V_BN / V_T), tcol = t % (V_BN / V_T);
+    int lda = TA ? M : K, ldb = TB ? K : N;
+    bool va = aligned16(A, lda), vb = aligned16(B, ldb);
+    float acc[V_T][V_T] = {{0.0f}};
+    float4 ra[2], rb[2];
+    int tiles = (K + P_BK - 1) / P_BK;
+    for (int kt = 0; kt <= tiles; kt++) {
+        /* step kt: fetch tile kt (if any), multiply tile kt-1 (if any), store tile kt */
+        if (kt < tiles) {
+            if (TA) fetch_xcontig(ra, A, lda, M, K, bm, kt * P_BK, va);
+            else    fetch_kcontig(ra, A, lda, M, K, bm, kt * P_BK, va);
+            if (TB) fetch_kcontig(rb, B, ldb, N, K, bn, kt * P_BK, vb);
+            else    fetch_xcontig(rb, B, ldb, N, K, bn, kt * P_BK, vb);
+        }
+        if (kt > 0) {
+            const float *as = As[(kt - 1) & 1], *bs = Bs[(kt - 1) & 1];
+#pragma unroll
+            for (int k = 0; k < P_BK; k++) {
+                float4 a0 = *(const float4 *)(as + k * V_BM + trow * V_T);
+                float4 a1 = *(const float4 *)(as + k * V_BM + trow * V_T + 4);
+                float4 b0 = *(const float4 *)(bs + k * V_BN + tcol * V_T);
+                float4 b1 = *(const float4 *)(bs + k * V_BN + tcol * V_T + 4);
+                float a[V_T] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                float b[V_T] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                for (int m = 0; m < V_T; m++)
+#pragma unroll
+                    for (int n = 0; n < V_T; n++) acc[m][n] += a[m] * b[n];
+            }
+        }
+        if (kt < tiles) {
+            /* buffer kt&1 was last read at step kt-1, before the barrier that ended it */
+            if (TA) store_xcontig(As[kt & 1], ra);
+            else    store_kcontig(As[kt & 1], ra);
+            if (TB) store_kcontig(Bs[kt & 1], rb);
+            else    store_xcontig(Bs[kt & 1], rb);
+        }
+        __syncthreads();
+    }
+    sgemm_store(acc, C, M, N, bm + trow * V_T, bn + tcol * V_T);
+}
+
+/* Launch with 256 threads and grid (ceil(N / 128), ceil(M / 128)). */
+extern "C" __global__ void __launch_bounds__(256)
+sgemm_prefetch(int M, int N, int K, const float *A, const float *B, float *C)
+{
+    sgemm_prefetch_body<false, false>(M, N, K, A, B, C);
+}
+/* --8<-- [end:prefetch] */
+
+extern "C" __global__ void __launch_bounds__(256)
+sgemm_prefetch_nt(int M, int N, int K, const float *A, const float *B, float *C)
+{
+    sgemm_prefetch_body<false, true>(M, N, K, A, B, C);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+sgemm_prefetch_tn(int M, int N, int K, const float *A, const float *B, float *C)
+{
+    sgemm_prefetch_body<true, false>(M, N, K, A, B, C);
 }
 
 /* --8<-- [start:wmma] */

@@ -305,16 +305,18 @@ GPU_LADDER = [
          "2-D register blocking: 8 x 8 elements a thread"),
     Rung(5, "vec", "sgemm_vec", "f32", (256,), (128, 128), False,
          "16-byte loads and stores"),
-    Rung(6, "wmma", "hgemm_wmma", "bf16", (256,), (128, 128), False,
+    Rung(6, "prefetch", "sgemm_prefetch", "f32", (256,), (128, 128), False,
+         "next tile's loads in flight during the products, two buffers"),
+    Rung(7, "wmma", "hgemm_wmma", "bf16", (256,), (128, 128), False,
          "bf16 on the tensor cores (wmma), f32 sums"),
-    Rung(7, "wmma_async", "hgemm_async", "bf16", (256,), (128, 128), False,
+    Rung(8, "wmma_async", "hgemm_async", "bf16", (256,), (128, 128), False,
          "bf16 wmma fed by cp.async, 3 tiles in flight", smem=61440),
 ]
 RUNGS = {r.name: r for r in GPU_LADDER}
-FINAL_F32 = "vec"
+FINAL_F32 = "prefetch"
 FINAL_BF16 = "wmma_async"
 # the final kernels for A B^T and A^T B (same tiles and launch as their A B kernel)
-VARIANTS = {("f32", False, True): "sgemm_vec_nt", ("f32", True, False): "sgemm_vec_tn",
+VARIANTS = {("f32", False, True): "sgemm_prefetch_nt", ("f32", True, False): "sgemm_prefetch_tn",
             ("bf16", False, True): "hgemm_async_nt", ("bf16", True, False): "hgemm_async_tn"}
 
 

@@ -98,15 +98,23 @@ def test_transposed_variants_on_cpu(emu, func, shape, rng):
     checks.assert_close(got, want, k=K, name=f"{name} {shape} (emulated)")
 
 
-def test_wmma_rungs_with_the_other_bf16_kernel(emu, rng):
-    """Rung 6's transposed kernels too (the final ones are rung 7's)."""
+# transposed kernels of earlier rungs (the final ones are in cuda.VARIANTS)
+OTHER_VARIANTS = [("sgemm_vec_nt", "vec", False, True), ("sgemm_vec_tn", "vec", True, False),
+                  ("hgemm_wmma_nt", "wmma", False, True), ("hgemm_wmma_tn", "wmma", True, False)]
+
+
+@pytest.mark.parametrize("spec", OTHER_VARIANTS, ids=lambda s: s[0])
+def test_other_transposed_kernels_on_cpu(emu, spec, rng):
+    name, rung, ta, tb = spec
+    r = cuda.RUNGS[rung]
     M, N, K = 70, 130, 45
-    A, B, want = inputs(rng, M, N, K, "bf16")
-    r = cuda.RUNGS["wmma"]
-    for name, a, b in (("hgemm_wmma_nt", A, np.ascontiguousarray(B.T)),
-                       ("hgemm_wmma_tn", np.ascontiguousarray(A.T), B)):
-        got = run(emu, name, r, M, N, K, cuda.bf16_bits(a), cuda.bf16_bits(b))
-        checks.assert_close(got, want, k=K, name=f"{name} (emulated)")
+    A, B, want = inputs(rng, M, N, K, r.dtype)
+    a = np.ascontiguousarray(A.T) if ta else A
+    b = np.ascontiguousarray(B.T) if tb else B
+    if r.dtype == "bf16":
+        a, b = cuda.bf16_bits(a), cuda.bf16_bits(b)
+    got = run(emu, name, r, M, N, K, a, b)
+    checks.assert_close(got, want, k=K, name=f"{name} (emulated)")
 
 
 def test_unaligned_rows_fall_back_to_scalar_loads(emu, rng):
@@ -137,8 +145,8 @@ so = open_lib({lib!r})
 kernels = [(r.func, r, r.dtype) for r in cuda.GPU_LADDER]
 kernels += [(name, cuda.RUNGS[cuda.FINAL_BF16 if kind == "bf16" else cuda.FINAL_F32], kind, ta, tb)
             for (kind, ta, tb), name in cuda.VARIANTS.items()]
-kernels += [("hgemm_wmma_nt", cuda.RUNGS["wmma"], "bf16", False, True),
-            ("hgemm_wmma_tn", cuda.RUNGS["wmma"], "bf16", True, False)]
+from test_cuda_emu import OTHER_VARIANTS
+kernels += [(n, cuda.RUNGS[r], cuda.RUNGS[r].dtype, ta, tb) for n, r, ta, tb in OTHER_VARIANTS]
 rng = np.random.default_rng(0)
 def guarded(a):
     return so.emu_guarded_copy(a.ctypes.data, a.nbytes)

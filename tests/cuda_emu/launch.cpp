@@ -43,6 +43,7 @@ extern "C" int emu_gemm(const char *name, unsigned gx, unsigned gy, unsigned bx,
 #define SM_H16(k) if (!std::strcmp(name, #k)) { emu_run(gx, gy, bx, by, [&] { k(M, N, K, (H)A, (H)B, C); }); return 0; }
     SM_F32(sgemm_naive) SM_F32(sgemm_coalesced) SM_F32(sgemm_smem) SM_F32(sgemm_block1d)
     SM_F32(sgemm_block2d) SM_F32(sgemm_vec) SM_F32(sgemm_vec_nt) SM_F32(sgemm_vec_tn)
+    SM_F32(sgemm_prefetch) SM_F32(sgemm_prefetch_nt) SM_F32(sgemm_prefetch_tn)
     SM_H16(hgemm_wmma) SM_H16(hgemm_wmma_nt) SM_H16(hgemm_wmma_tn)
     SM_H16(hgemm_async) SM_H16(hgemm_async_nt) SM_H16(hgemm_async_tn)
     return -1;
