@@ -324,6 +324,8 @@ class BatchedGemm:
         if K != K2 or out.shape[1:] != (M, N):
             raise ValueError(f"a, b, out: shapes {a.shape}, {b.shape}, {out.shape} do not make "
                              f"op(a) op(b) (trans_a={trans_a}, trans_b={trans_b})")
+        if len(a) == 0:
+            return out
         mc, kc, nc = self.blocks
         per = int(self.glib.gemm_work_floats(N, mc, kc, nc, 1))
         if self.work.size < per * self.threads:
@@ -476,9 +478,9 @@ class KernelOps:
     def matmul(self, a, b, **kw):
         """Chapter 2's GEMM; products under ~1 MFLOP stay on one thread (see PAR_MIN)."""
         if self._takes_threads:
-            m, k = a.shape
-            small = m * k * b.size // k < (1 << 19)
-            kw["threads"] = 1 if small else self.threads
+            k = b.shape[1] if kw.get("trans_b") else b.shape[0]
+            madds = a.size * (b.size // max(k, 1))  # (M K) (N) = M N K multiply-adds
+            kw["threads"] = 1 if madds < (1 << 19) else self.threads
         return self._matmul(a, b, **kw)
 
     def _bmm_python(self, a, b, out, *, trans_a=False, trans_b=False):
