@@ -1,8 +1,9 @@
 /* Chapter 2 on the GPU: C = A B, one rung of the ladder per kernel.
  *
  * Every kernel takes row-major, contiguous A (M x K), B (K x N) and writes C (M x N); the
- * tensor-core kernels also take transposed operands (see hgemm_*). Sizes need not be multiples
- * of any tile: loads outside the matrix read zeros, stores outside it are skipped.
+ * kernels from rung 5 on also come as *_nt (B given as N x K: A B^T) and *_tn (A given as
+ * K x M: A^T B). Sizes need not be multiples of any tile: loads outside the matrix read zeros,
+ * stores outside it are skipped. tests/test_cuda_emu.py runs this file on the CPU.
  *
  * The file includes no header: NVRTC ships none, and the CUDA headers (cuda_bf16.h, mma.h) are
  * not in every CuPy install. bf16 values travel as their 16 raw bits (unsigned short), and the
@@ -68,7 +69,7 @@ extern "C" __global__ void sgemm_smem(int M, int N, int K, const float *A, const
 /* --8<-- [end:smem] */
 
 /* --8<-- [start:block1d] */
-/* Rung 3: each thread computes TM1 = 8 elements of one column of C. A value of B read from
+/* Rung 3: each thread computes B1_TM = 8 elements of one column of C. A value of B read from
  * shared memory now feeds 8 FMAs (it sits in a register), so shared-memory traffic per FMA
  * drops from 2 loads to 1 + 1/8. Block tile 64 x 64, k-step 8; launch with 512 threads. */
 #define B1_BM 64
@@ -433,7 +434,7 @@ sgemm_prefetch_tn(int M, int N, int K, const float *A, const float *B, float *C)
 }
 
 /* --8<-- [start:wmma] */
-/* Rung 6: bf16 inputs on the tensor cores, f32 sums. One warp instruction multiplies a 16 x 16
+/* Rung 7: bf16 inputs on the tensor cores, f32 sums. One warp instruction multiplies a 16 x 16
  * by a 16 x 16 bf16 tile (8192 FLOP): the fragments are spread over the warp's registers in a
  * layout only the hardware knows, so we load, multiply and store them with the wmma
  * instructions and never touch their elements.
@@ -646,7 +647,7 @@ hgemm_wmma_tn(int M, int N, int K, const bf16 *A, const bf16 *B, float *C)
 }
 
 /* --8<-- [start:async] */
-/* Rung 7: rung 6 with the copies taken off the critical path. cp.async (sm_80+) copies 16
+/* Rung 8: rung 7 with the copies taken off the critical path. cp.async (sm_80+) copies 16
  * bytes from global to shared memory without passing through registers and without making
  * the thread wait; we keep HA_STAGES k-tiles in flight, so while the tensor cores work on
  * tile kt the copies of tiles kt+1 and kt+2 are under way. k-step 32, three stages of
