@@ -444,7 +444,8 @@ class NumpyOps:
         return float(losses.mean(dtype=np.float64))
 
     def sum_squares(self, x):
-        return float(np.dot(x.astype(np.float64), x.astype(np.float64)))
+        y = x.astype(np.float64)
+        return float(y @ y)
 
     def adamw(self, p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, grad_scale, step):
         g = g * grad_scale
