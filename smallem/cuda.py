@@ -133,7 +133,14 @@ def _module(name: str, digest: str, device: int, code: str):
 
 def kernel(name: str, func: str):
     """The function ``func`` (declared ``extern "C"``) of ``kernels_cuda/<name>.cu``."""
-    return module(name).get_function(func)
+    mod = module(name)
+    key = (id(mod), func)  # _module keeps every module alive, so its id stays unique
+    if key not in _FUNCTIONS:  # cached: the timing loops launch thousands of times
+        _FUNCTIONS[key] = mod.get_function(func)
+    return _FUNCTIONS[key]
+
+
+_FUNCTIONS: dict = {}
 
 
 def compile_check(name: str, arch: str) -> str:
