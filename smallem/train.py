@@ -257,13 +257,9 @@ def list_configs() -> str:
 
 
 def _estimate_steps(config, corpus, minutes, **kw) -> int:
-    """Steps that fit in ``minutes``, from the time of 3 steps of a throwaway model."""
+    """Steps that fit in ``minutes``, from the median of 4 steps of a throwaway model."""
     probe = Trainer(config, corpus=corpus, steps=10, **kw)
-    probe.train_step()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        probe.train_step()
-    per_step = (time.perf_counter() - t0) / 3
+    per_step = statistics.median(_time_steps(probe.train_step, warmup=1, repeats=4))
     return max(1, int(60 * minutes / per_step))
 
 
