@@ -515,6 +515,16 @@ def _show(text: str):
     print(text)
 
 
+def _show_svg(name: str):
+    try:
+        from IPython import get_ipython
+        from IPython.display import SVG, display
+        if get_ipython() is not None:
+            display(SVG(filename=str(figures.figures_dir() / f"{name}.svg")))
+    except ImportError:
+        pass
+
+
 def notebook_section(chapter: str, quick: bool | None = None):
     """The GPU part of a chapter's notebook: measure if there is a GPU, else show the records.
 
@@ -545,8 +555,14 @@ def notebook_section(chapter: str, quick: bool | None = None):
     if chapter == "ch1":
         _show(_markdown(peaks_rows(rec), PEAKS_HEADER))
         _show(_markdown(stair_rows(rec), STAIR_HEADER))
+        staircase_figure(rec)
+        roofline_figure(rec, _load("ch1.machine"))
+        _show_svg("gpu_staircase")
+        _show_svg("gpu_roofline")
     else:
         _show(_markdown(gemm_rows(rec), GEMM_HEADER))
+        gemm_figure(rec)
+        _show_svg("gpu_gemm")
     if reason is None:
         print(f"Measured just now on {gpu_line(rec)}.")
     return rec
