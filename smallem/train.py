@@ -396,6 +396,14 @@ def _stats(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+def _torch_version():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
 def bench_train(quick: bool | None = None, progress: bool = True, threads: int | None = None):
     """Chapter 3's measurements: one step of the big config per backend, and a short run."""
     from . import checks
@@ -408,7 +416,8 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
     step_rec = records.Record(RECORD_STEP, settings={
         "quick": quick, "config": cfg.to_dict(), "batch_size": B, "seq_len": cfg.context,
         "threads": threads, "flops_per_token": cfg.flops_per_token(),
-        "params": cfg.n_params(), "warmup_steps": 1, "timed_steps": repeats})
+        "params": cfg.n_params(), "warmup_steps": 1, "timed_steps": repeats,
+        "numpy": np.__version__, "torch": _torch_version()})
     for backend in ("numpy", "kernels", "torch"):
         try:  # the numpy path is the slow one: one timed step fewer keeps the run short
             r = measure_step(cfg, backend, B, threads,
