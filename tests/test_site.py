@@ -177,7 +177,8 @@ def test_internal_links_resolve(site):
 # ------------------------------------------------------------ the hooks, on tiny sites
 
 def tiny_site(tmp_path: Path, pages: dict[str, str], values: dict | None = None,
-              hooks=("values", "mathml", "offline")) -> site_build.Site:
+              hooks=("values", "mathml", "notebook_links", "offline"),
+              extra: str = "") -> site_build.Site:
     """Build a one-theme, no-plugin site with the book's hooks; return the result."""
     docs = tmp_path / "docs"
     for name, text in pages.items():
@@ -195,7 +196,7 @@ def tiny_site(tmp_path: Path, pages: dict[str, str], values: dict | None = None,
         markdown_extensions:
           - pymdownx.arithmatex: {{generic: true}}
         hooks: {json.dumps([str(HOOKS / f'{h}.py') for h in hooks])}
-        """))
+        """) + textwrap.dedent(extra))
     return site_build.build(tmp_path / "site", config=config)
 
 
@@ -261,3 +262,28 @@ def test_external_script_fails_the_build(tmp_path):
     assert r.returncode != 0, "a page loading a script from another host built without error"
     assert "https://cdn.example.org/x.js" in r.log and "index.md" in r.log
     assert "https://example.org/" not in r.problems().replace("cdn.example.org", "")
+
+
+NOTEBOOK_PLUGIN = """
+    plugins:
+      - mkdocs-jupyter: {include: ["notebooks/*.py"], execute: false}
+    """
+
+
+def test_notebook_links_to_pages_are_rewritten(tmp_path):
+    r = tiny_site(tmp_path, {
+        "index.md": "# Home\n\n<span id=\"entry\"></span>x\n",
+        "notebooks/01_x.py": "# %% [markdown]\n# # N\n# See [home](index.md#entry) and "
+                             "[itself](01_x.py).\n\n# %%\nx = 1\n"}, extra=NOTEBOOK_PLUGIN)
+    assert r.returncode == 0, r.problems()
+    html = (r.dir / "notebooks" / "01_x" / "index.html").read_text()
+    assert 'href="../../#entry"' in html and 'href="./"' in html
+
+
+def test_notebook_link_to_no_page_fails_the_build(tmp_path):
+    r = tiny_site(tmp_path, {
+        "index.md": "# Home\n",
+        "notebooks/01_x.py": "# %% [markdown]\n# # N\n# See [gone](nothere.md).\n"},
+        extra=NOTEBOOK_PLUGIN)
+    assert r.returncode != 0, "a notebook linking to a missing page built without error"
+    assert "nothere.md" in r.log and "01_x.py" in r.log, r.log[-2000:]
