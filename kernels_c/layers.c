@@ -511,11 +511,24 @@ void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, 
 }
 /* --8<-- [end:adamw] */
 
-/* Sum of squares in double: 25 M squares summed in f32 would lose the small ones. */
+/* Sum of squares in double: 25 M squares summed in f32 would lose the small ones.
+ * 64 fixed chunks, each summed by one thread, then added in chunk order: an
+ * OpenMP reduction would add the threads' partial sums in whatever order they
+ * finish, and the gradient norm (hence the clipping, hence every later weight)
+ * would differ in its last bits from run to run. Resuming a run must not. */
 double sum_squares(const float *x, long long n, int nthreads)
 {
-    double s = 0.0;
-    #pragma omp parallel for simd schedule(static) reduction(+:s) num_threads(TEAM(n))
-    for (long long i = 0; i < n; i++) s += (double)x[i] * x[i];
-    return s;
+    enum { CHUNKS = 64 };
+    double part[CHUNKS];
+    #pragma omp parallel for schedule(static) num_threads(TEAM(n))
+    for (int c = 0; c < CHUNKS; c++) {
+        long long i0 = n * c / CHUNKS, i1 = n * (c + 1) / CHUNKS;
+        double s = 0.0;
+        #pragma omp simd reduction(+:s)
+        for (long long i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        part[c] = s;
+    }
+    double total = 0.0;
+    for (int c = 0; c < CHUNKS; c++) total += part[c];
+    return total;
 }
