@@ -27,9 +27,9 @@ import os
 import numpy as np
 from IPython.display import SVG, Markdown, display
 
-from smallem import data, figures, machine_info, records, train
+from smallem import figures, machine_info, records, train
 from smallem.checks import assert_close
-from smallem.model import CONFIGS, GPT, Config
+from smallem.model import GPT, Config
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"

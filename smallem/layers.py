@@ -186,10 +186,6 @@ def gelu_backward(x, dy, dx, threads=None):
     return dx
 
 
-def _heads_args(x, parts, B, T, H, hd, name):
-    _f32(x, name, (B * T, parts * H * hd))
-
-
 def heads_split(x, outs, B, T, H, threads=None):
     """x (B*T, parts*H*hd) -> each of ``outs`` (B, H, T, hd), parts = len(outs)."""
     parts = len(outs)

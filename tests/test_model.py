@@ -378,7 +378,7 @@ def test_numpy_and_kernels_agree_after_one_step(level, cfg, rng):
 
 
 def test_model_matches_pytorch(rng):
-    torch = pytest.importorskip("torch")  # noqa: F841
+    pytest.importorskip("torch")
     from smallem import torch_gpt
 
     for cfg in (TINY, TINY_UNTIED):
