@@ -419,6 +419,20 @@ def test_bad_configs():
         GPT(TINY, "numpy").backward()
 
 
+def test_configs_comments_are_true():
+    """model.py writes each config's size beside it: those comments must match the methods."""
+    import re
+
+    from smallem import model
+
+    src = open(model.__file__).read()
+    for name, c in CONFIGS.items():
+        m = re.search(rf'"{name}": Config\(.*# ([\d.]+) M, ([\d.]+) MFLOP/token', src)
+        assert m, name
+        assert float(m.group(1)) == pytest.approx(c.n_params() / 1e6, abs=0.051)
+        assert float(m.group(2)) == pytest.approx(c.flops_per_token() / 1e6, rel=0.02)
+
+
 def test_configs_documented_sizes():
     xl = CONFIGS["xl"]
     assert 25e6 <= xl.n_params() <= 30e6
