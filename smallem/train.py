@@ -418,7 +418,16 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         "threads": threads, "flops_per_token": cfg.flops_per_token(),
         "params": cfg.n_params(), "warmup_steps": 1, "timed_steps": repeats,
         "numpy": np.__version__, "torch": _torch_version()})
-    for backend in ("numpy", "kernels", "torch"):
+    for backend in ("numpy", "kernels", "profile", "torch"):
+        # OpenBLAS's and PyTorch's worker threads spin for a while after their last call:
+        # a pause keeps them from competing with the next measurement for the cores.
+        time.sleep(0.5)
+        if backend == "profile":  # where the kernels' step spends its time
+            prof = profile_step(Trainer(cfg, corpus=data.load_corpus(), batch_size=B, steps=10,
+                                        threads=threads), steps=1 if quick else 2)
+            for op, sec in prof.items():
+                step_rec.add("op_seconds", "s", _stats([sec]), backend="kernels", op=op)
+            continue
         try:  # the numpy path is the slow one: one timed step fewer keeps the run short
             r = measure_step(cfg, backend, B, threads,
                              repeats=max(2, repeats - 1) if backend == "numpy" else repeats)
@@ -433,11 +442,6 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         if progress:
             print(f"{cfg_name} step, {backend:8s}: {r['tokens'] / statistics.median(secs):9.0f} "
                   f"tokens/s ({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
-    # where the kernels' step spends its time
-    prof = profile_step(Trainer(cfg, corpus=data.load_corpus(), batch_size=B, steps=10,
-                                threads=threads), steps=1 if quick else 2)
-    for op, sec in prof.items():
-        step_rec.add("op_seconds", "s", _stats([sec]), backend="kernels", op=op)
     step_rec.save()
 
     # the loss curve: config s on the default corpus, a fixed step count
