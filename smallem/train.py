@@ -445,6 +445,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
     step_rec.save()
 
     # the loss curve: config s on the default corpus, a fixed step count
+    time.sleep(0.5)
     run_minutes = 0.1 if quick else 2.5
     corpus = data.load_corpus()
     batch = 2 if quick else None
