@@ -19,7 +19,7 @@ MEASURE += bench-train
 
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup test book chromium figures build site clean
+.PHONY: setup test book chromium cross figures build site clean
 
 setup: $(STAMP)
 
@@ -43,10 +43,22 @@ chromium:
 	  echo "no /usr/bin/chromium (install Debian's chromium package): the browser test will be skipped"; \
 	fi
 
+# Debian's arm64 cross compiler, so a test can check that every kernel's plain-C path builds
+# for arm64 (nothing may assume x86). Best effort: without it that test is skipped, visibly.
+cross:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing gcc-aarch64-linux-gnu for the arm64 build test"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu >/dev/null \
+	  || { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu >/dev/null; } \
+	  || echo "could not install gcc-aarch64-linux-gnu: the arm64 build test will be skipped"; \
+	fi
+
 figures: setup
 	$(PY) -m smallem figures
 
-test: setup chromium
+test: setup chromium cross
 	$(PY) -m smallem figures
 	$(PY) -m pytest tests
 

@@ -85,6 +85,18 @@ def cache_geometry() -> dict:
     return out
 
 
+def l2_ways_for_a(ways: int) -> int:
+    """Ways of the L2 given to the packed block of A: a quarter of them.
+
+    Low et al. give A every way but one spare and one for a B sliver. Measured
+    (`smallem gemm` sweeps MC, table ch2_mc), a block that large is slower than one in a
+    quarter of the L2: the L2 also holds everything the L1 holds (it is inclusive on the
+    cores we measured), the lines of C each tile reads and writes, and what the hardware
+    prefetchers bring in ahead of the B and C streams.
+    """
+    return max(1, ways // 4)
+
+
 def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1,
                 elem: int = 4) -> dict:
     """KC, MC, NC by Low et al. (2016), section 4: one way of each cache is left free.
@@ -94,7 +106,7 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
       share of the ways down (C_A = floor((ways - 1) / (1 + NR/MR))); that can leave ways
       empty (for 6 x 16 in 8 ways it gives C_A = 1 and KC = 170, 3.7 ways used), so we
       take the largest KC that satisfies the same constraint.
-    - L2 holds the MC x KC block of A beside one KC x NR sliver of B.
+    - L2 holds the MC x KC block of A in a quarter of its ways (see l2_ways_for_a).
     - L3 holds the KC x NC block of B beside every thread's block of A.
     """
     g = geometry or cache_geometry()
@@ -112,8 +124,7 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
     while l1_ways(kc + 1) <= l1["ways"] - 1:
         kc += 1
     way2 = sets(l2) * l2["line"]
-    cb2 = math.ceil(nr * kc * elem / way2)
-    mc = max(mr, (l2["ways"] - 1 - cb2) * way2 // (kc * elem) // mr * mr)
+    mc = max(mr, l2_ways_for_a(l2["ways"]) * way2 // (kc * elem) // mr * mr)
     way3 = sets(l3) * l3["line"]
     a_blocks = max(1, threads // max(1, l3["instances"]))
     ca3 = math.ceil(a_blocks * mc * kc * elem / way3)
@@ -491,7 +502,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
     rng = np.random.default_rng(0)
-    steps = 2 + len(LADDER) + 2 * len(sweep) + 2 * len(shapes) + 4 + 1
+    steps = 3 + len(LADDER) + 2 * len(sweep) + 2 * len(shapes) + 4 + 1
     bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
 
     def step(what):
@@ -515,6 +526,17 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
                 kernel=rung.name, M=n, N=n, K=n, threads=th)
         step(rung.name)
+    n_mc = 128 if quick else 2048
+    a, b, c = _square(n_mc, rng)
+    g2 = cache_geometry()["L2"]
+    way2 = g2["bytes"] // g2["ways"]
+    for ways in sorted({1, 2, l2_ways_for_a(g2["ways"]), g2["ways"] // 2, g2["ways"] - 2} - {0}):
+        mc = max(mr, ways * way2 // (blocks["kc"] * 4) // mr * mr)
+        r = _measure_gops(lambda: matmul(a, b, out=c, threads=1, blocks={"mc": mc}), n_mc, n_mc,
+                          n_mc, quick=quick)
+        rec.add("mc_sweep", "Gop/s", r["value"], seconds=r["seconds"], mc=mc, kc=blocks["kc"],
+                l2_ways=ways, n=n_mc, threads=1)
+    step("MC sweep")
     for s in sweep:
         a, b, c = _square(s, rng)
         r = _measure_gops(lambda: matmul(a, b, out=c), s, s, s, quick=quick)
@@ -908,6 +930,25 @@ def write_rung_diffs() -> list[Path]:
     return out
 
 
+def mc_rows(rec: dict) -> tuple[list[list], dict]:
+    """The MC sweep: one thread, the model's KC, A's block in more or fewer L2 ways."""
+    pts = records.results(rec, "mc_sweep")
+    chosen = rec["settings"]["blocks"]["mc"]
+    rows = [[f"{p['params']['l2_ways']}" + (" (model)" if p["params"]["mc"] == chosen else ""),
+             f"{p['params']['mc']} × {p['params']['kc']}",
+             f"{p['params']['mc'] * p['params']['kc'] * 4 / 1024:.0f} KiB",
+             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+    values = {"ch2.mc_n": str(pts[0]["params"]["n"]) if pts else "n/a"}
+    if pts:
+        best = max(pts, key=lambda p: p["value"]["median"])
+        largest = max(pts, key=lambda p: p["params"]["mc"])
+        values["ch2.mc_best"] = str(best["params"]["mc"])
+        values["ch2.mc_largest"] = str(largest["params"]["mc"])
+        values["ch2.mc_largest_vs_best"] = (
+            f"{100 * (1 - largest['value']['median'] / best['value']['median']):.0f} %")
+    return rows, values
+
+
 def make_figures(rec_dir) -> dict:
     write_rung_diffs()  # from the source, not the record: always possible
     if not records.exists(RECORD, rec_dir):
@@ -934,6 +975,10 @@ def make_figures(rec_dir) -> dict:
     values.update(v)
     figures.write_table("ch2_bf16", r, ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"],
                         note=note + f" bf16 path: {values['ch2.bf16_path']}.")
+    r, v = mc_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block", "Gop/s, 1 thread"],
+                        note=note)
     values.update(pool_values(rec))
     values.update(chapter1_links(rec, rec_dir))
     ladder_figure(rec, peak)
