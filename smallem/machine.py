@@ -175,16 +175,24 @@ def stream_kernel(kernel: str, a: np.ndarray, b: np.ndarray, c: np.ndarray | Non
         lib.stream_triad(pa, pb, ffi.from_buffer("double[]", c), float(scalar), n, reps, threads)
 
 
+def _line_aligned(n: int, skip: int) -> np.ndarray:
+    """n float64s starting ``skip`` elements after a 64-byte boundary."""
+    raw = np.empty(n + skip + 8)
+    first = (-raw.ctypes.data % 64) // 8
+    return raw[first + skip:first + skip + n]
+
+
 class Stream:
     """Three arrays big enough for the largest working set, first-touched by ``threads``."""
 
     def __init__(self, max_bytes: int, threads: int):
         ffi, lib = build.load("stream")
         n = max_bytes // (8 * 2) + 64
-        # Large arrays all start at the same offset within a 4 KiB page, so a[i], b[i] and c[i]
-        # would share the low 12 address bits and the core would mistake loads for dependents of
-        # earlier stores ("4K aliasing"). Shift b and c by a little over 1 and 2 KiB.
-        self.a, self.b, self.c = (np.empty(n + 512)[off:off + n] for off in (0, 136, 272))
+        # Each array starts on a cache line (no vector load straddles two lines), and b and c
+        # are shifted by 17 and 34 lines: large arrays otherwise start at the same offset in a
+        # 4 KiB page, so a[i], b[i] and c[i] would share their low 12 address bits and the
+        # core would mistake loads for dependents of earlier stores ("4K aliasing").
+        self.a, self.b, self.c = (_line_aligned(n, skip) for skip in (0, 17 * 8, 34 * 8))
         lib.stream_init(*(ffi.from_buffer("double[]", x) for x in (self.a, self.b, self.c)),
                         n, threads)
 
