@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import time
 
 import numpy as np
 
@@ -109,6 +110,16 @@ def _probes():
     return build.load("probes")
 
 
+def settle(seconds: float = 1.0) -> None:
+    """Wait until the OpenMP threads of the last parallel region have gone to sleep.
+
+    An idle OpenMP thread spins for a while before it sleeps (OMP_WAIT_POLICY, GOMP_SPINCOUNT).
+    On a machine whose cores share anything (SMT siblings, a hypervisor's neighbours) that
+    spinning can halve what one thread measures right after a multi-threaded kernel.
+    """
+    time.sleep(seconds)
+
+
 def measure_clock(repeats: int = 5) -> dict:
     """Cycles per second, from adds that each wait one cycle for the previous one."""
     _, lib = _probes()
@@ -125,7 +136,7 @@ def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
     if fn is None:
         raise ValueError(f"kind: expected 'f32', 'bf16' or 'int8', got {kind!r}")
     sink = ffi.new("int32_t *" if kind == "int8" else "float *")
-    iters = 200_000 if quick_mode() else 2_000_000
+    iters = 200_000 if quick_mode() else 20_000_000  # ~40 ms a sample: longer than a host hiccup
     ops = fn(iters, threads, sink)  # also the warm-up: threads spawned, clocks up
     t = measure(lambda: fn(iters, threads, sink), repeats=repeats, warmup=0)
     return {"value": t.rate(ops / 1e9), "seconds": t.stats()}
@@ -281,8 +292,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     clock = measure_clock()
     rec.add("clock", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock.items()})
     bar.update()
-    for kind in ("f32", "bf16", "int8"):
-        for th in thread_counts:
+    for th in thread_counts:  # one thread first: see settle()
+        for kind in ("f32", "bf16", "int8"):
             bar.set_postfix_str(f"{kind} peak, {th} thread(s)")
             r = measure_peak(kind, th)
             rec.add("peak", "Gop/s", r["value"], seconds=r["seconds"], kind=kind, threads=th,
@@ -290,6 +301,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             bar.update()
 
     stream = Stream(max(sizes), cores)
+    settle()
     for th in thread_counts:
         for kernel in STREAM_KERNELS:
             for ws in sizes:
@@ -300,6 +312,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
                 bar.update()
     del stream
 
+    settle()
     r = measure_numpy_copy(max(sizes))
     rec.add("numpy_copy", "GB/s", r["value"], seconds=r["seconds"], bytes=max(sizes), threads=1)
     bar.update()
