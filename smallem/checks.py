@@ -24,6 +24,14 @@ def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = No
     if x.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype} "
                         f"(convert with {name}.astype(np.{dtype}))")
+    layout(x, name, ndim, shape, module="np")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{name}: array is read-only but the kernel writes into it")
+    return x
+
+
+def layout(x, name: str, ndim: int | None, shape: tuple | None, module: str = "np") -> None:
+    """Check dimensions, shape (``None`` = any size) and C-contiguity of a numpy or CuPy array."""
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
     if shape is not None:
@@ -32,10 +40,7 @@ def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = No
             raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{name}: array is not C-contiguous (strides {x.strides}); "
-                         f"pass np.ascontiguousarray({name})")
-    if writable and not x.flags.writeable:
-        raise ValueError(f"{name}: array is read-only but the kernel writes into it")
-    return x
+                         f"pass {module}.ascontiguousarray({name})")
 
 
 def positive_int(n, name: str, limit: int = 2**31 - 1) -> int:

@@ -228,15 +228,7 @@ def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = No
     if x.dtype != dtype:
         what = " (bf16 bits: make them with smallem.cuda.to_bf16)" if dtype == np.uint16 else ""
         raise TypeError(f"{name}: expected dtype {dtype}{what}, got {x.dtype}")
-    if ndim is not None and x.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
-    if shape is not None:
-        if len(shape) != x.ndim or any(s is not None and s != d for s, d in zip(shape, x.shape)):
-            want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
-            raise ValueError(f"{name}: expected shape {want}, got {x.shape}")
-    if not x.flags.c_contiguous:
-        raise ValueError(f"{name}: array is not C-contiguous (strides {x.strides}); "
-                         f"pass cupy.ascontiguousarray({name})")
+    checks.layout(x, name, ndim, shape, module="cupy")
     here = cp.cuda.Device().id
     if x.device.id != here:
         raise ValueError(f"{name}: array lives on GPU {x.device.id} but kernels run on GPU {here}")
