@@ -456,7 +456,7 @@ def _measure_gops(fn, m, n, k, slow=False, quick=False):
     if slow:
         t = measure(fn, repeats=2 if not quick else 3, warmup=0 if not quick else 1)
     else:
-        t = measure(fn, repeats=3 if quick else 5, warmup=1, min_sample=0.005 if quick else 0.1,
+        t = measure(fn, repeats=3 if quick else 9, warmup=1, min_sample=0.005 if quick else 0.1,
                     max_time=0.3 if quick else 8.0)
     return {"value": t.rate(2.0 * m * n * k / 1e9), "seconds": t.stats()}
 
