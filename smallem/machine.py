@@ -258,14 +258,15 @@ def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
 # ---------------------------------------------------------------- the naive product
 
 def measure_naive_gemm(n: int, repeats: int = 3) -> dict:
-    ffi, lib = build.load("gemm")
+    """Chapter 2's rung 0 on one thread: the starting point of the climb."""
+    from .gemm import LADDER
+
+    naive = LADDER[0]
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     c = np.empty((n, n), np.float32)
-    pa, pb, pc = (ffi.cast("float *", x.ctypes.data) for x in (a, b, c))
-    t = measure(lambda: lib.gemm_naive(n, n, n, pa, n, pb, n, pc, n, 1),
-                repeats=repeats, warmup=0, max_time=30)
+    t = measure(lambda: naive(a, b, c, threads=1), repeats=repeats, warmup=0, max_time=30)
     return {"value": t.rate(2.0 * n**3 / 1e9), "seconds": t.stats()}
 
 
