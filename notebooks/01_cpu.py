@@ -20,14 +20,9 @@
 # to measure again in full (about half a minute).
 
 # %%
-import os
-
 from IPython.display import SVG, Markdown, display
 
 from smallem import figures, isa, machine, machine_info, records
-
-QUICK = os.environ.get("SMALLEM_QUICK") == "1"
-REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
 
 print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |",
       "ISA", isa.selected(), isa.extensions(isa.selected()))
@@ -40,12 +35,7 @@ print("caches:", {k: v for k, v in machine_info.caches().items() if k.endswith("
 # the compiler flags and the commit. Everything below is computed from it.
 
 # %%
-if QUICK or REMEASURE or not records.exists(machine.RECORD):
-    rec = machine.run(quick=QUICK, progress=False)
-    rec.save()
-    data = rec.data
-else:
-    data = records.load(machine.RECORD)
+data = records.load_or_measure(machine.RECORD, machine.run)
 print(figures.machine_line(data))
 print("theoretical f32 peak from:", data["settings"]["theory"]["source"])
 

@@ -29,7 +29,6 @@ from smallem import checks, figures, gemm, isa, machine_info, records
 from smallem.timing import measure
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
-REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
 
 print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |", "ISA", isa.selected())
 
@@ -91,12 +90,7 @@ for rung in gemm.LADDER[:2]:
 # ## Measure, or read the record
 
 # %%
-if QUICK or REMEASURE or not records.exists(gemm.RECORD):
-    rec = gemm.run(quick=QUICK, progress=False)
-    rec.save()
-    data = rec.data
-else:
-    data = records.load(gemm.RECORD)
+data = records.load_or_measure(gemm.RECORD, gemm.run)
 print(figures.machine_line(data))
 values = gemm.make_figures(records.records_dir())
 print(f"final rung: {values['ch2.final_gops']} = {values['ch2.final_pct_peak']} of the peak, "

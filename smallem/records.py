@@ -104,6 +104,17 @@ def exists(name: str, folder: Path | None = None) -> bool:
     return (Path(folder or records_dir()) / f"{name}.json").is_file()
 
 
+def load_or_measure(name: str, run) -> dict:
+    """A notebook's first step: this machine's record ``name``, measured by ``run(quick=...)``
+    when it is missing or when SMALLEM_QUICK=1 / SMALLEM_REMEASURE=1 ask for a fresh one."""
+    quick = os.environ.get("SMALLEM_QUICK") == "1"
+    if quick or os.environ.get("SMALLEM_REMEASURE") == "1" or not exists(name):
+        rec = run(quick=quick, progress=False)
+        rec.save()
+        return rec.data
+    return load(name)
+
+
 def results(data: dict, name: str | None = None, **params) -> list[dict]:
     """The results of a record, filtered by name and by exact parameter values."""
     out = []

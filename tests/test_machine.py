@@ -146,3 +146,23 @@ def test_quick_run_makes_table_and_figures(records_tmp, monkeypatch):
         assert (figures.figures_dir() / f"{name}.svg").stat().st_size > 1000
     assert values["ch1.cores"] == str(max(rec.data["settings"]["threads"]))
     assert all(isinstance(v, str) and v for v in values.values())
+
+
+def test_load_or_measure_measures_only_when_asked_or_missing(records_tmp, monkeypatch):
+    monkeypatch.delenv("SMALLEM_QUICK", raising=False)
+    monkeypatch.delenv("SMALLEM_REMEASURE", raising=False)
+    calls = []
+
+    def run(quick, progress):
+        calls.append(quick)
+        rec = records.Record("t.fake", machine={"cpu": "test"})
+        rec.add("x", "s", {"median": len(calls), "min": 0, "max": 0})
+        return rec
+
+    assert records.value(records.load_or_measure("t.fake", run), "x") == 1  # missing: measured
+    assert records.value(records.load_or_measure("t.fake", run), "x") == 1  # present: read
+    monkeypatch.setenv("SMALLEM_REMEASURE", "1")
+    assert records.value(records.load_or_measure("t.fake", run), "x") == 2
+    monkeypatch.setenv("SMALLEM_QUICK", "1")
+    records.load_or_measure("t.fake", run)
+    assert calls == [False, False, True]
