@@ -285,7 +285,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": thread_counts, "isa": level, "gemm_naive_n": gemm_n,
         "stream_sizes": sizes, "compiler": build.compiler_version(build.compiler()),
-        "cflags": build.BASE_FLAGS + isa.compile_flags(level, isa.extensions(level))})
+        "cflags": build.BASE_FLAGS + build.tuning_flags(build.compiler())
+        + isa.compile_flags(level, isa.extensions(level))})
 
     steps = 1 + 3 * len(thread_counts) + len(sizes) * len(STREAM_KERNELS) * len(thread_counts) + 2
     bar = tqdm(total=steps, desc="chapter 1", disable=not progress, unit="probe")
