@@ -266,21 +266,24 @@ static void pack_a(int mb, int kb, const float *a, size_t rs, size_t cs, float *
 
 static void pack_b_panel(int nr, int kb, const float *b, size_t rs, size_t cs, float *bp)
 {
-    for (int k = 0; k < kb; k++) {
-        float *dst = bp + (size_t)k * NR;
-        if (nr == NR && cs == 1) /* a full row of the panel is NR adjacent floats */
-            memcpy(dst, b + k * rs, sizeof(float) * NR);
-        else
-            for (int j = 0; j < NR; j++) dst[j] = j < nr ? b[k * rs + j * cs] : 0.0f;
-    }
+    for (int k = 0; k < kb; k++)
+        for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = j < nr ? b[k * rs + j * cs] : 0.0f;
 }
-/* --8<-- [end:packing] */
 
+/* B as stored (cs == 1) is packed one row of B at a time, left to right: one
+ * stream the hardware prefetcher follows, cut into NR-float (64-byte) pieces,
+ * one per panel. Panel by panel instead, each k would jump a whole row of B
+ * (8 KiB at N = 2048): a new cache line and a new page every step. */
 static void pack_b(int nb, int kb, const float *b, size_t rs, size_t cs, float *bp)
 {
-    for (int jr = 0; jr < nb; jr += NR)
+    const int full = cs == 1 ? nb / NR * NR : 0;
+    for (int k = 0; k < kb; k++)
+        for (int jr = 0; jr < full; jr += NR)
+            memcpy(bp + (size_t)jr * kb + (size_t)k * NR, b + k * rs + jr, sizeof(float) * NR);
+    for (int jr = full; jr < nb; jr += NR) /* transposed B, and the last, narrow panel */
         pack_b_panel(MIN(NR, nb - jr), kb, b + jr * cs, rs, cs, bp + (size_t)jr * kb);
 }
+/* --8<-- [end:packing] */
 
 /* A tile cut short by the matrix edge: compute the full tile into a scratch
  * tile, then copy the part inside C. */
@@ -456,19 +459,20 @@ static void pack_a_any(int dtype, int mb, int kb, const void *a, size_t rs, size
         pack_a(mb, kb, (const float *)a, rs, cs, ap);
 }
 
-static void pack_b_panel_any(int dtype, int nr, int kb, const void *b, size_t rs, size_t cs,
-                             float *bp)
+static void pack_b_any(int dtype, int nb, int kb, const void *b, size_t rs, size_t cs, float *bp)
 {
-#ifdef NATIVE_BF16
-    if (dtype == BF16) {
-        pack_b_panel_pairs(nr, kb, (const uint16_t *)b, rs, cs, (uint16_t *)bp);
+    if (dtype == F32) {
+        pack_b(nb, kb, (const float *)b, rs, cs, bp);
         return;
     }
+    for (int jr = 0; jr < nb; jr += NR) {
+        const uint16_t *panel = (const uint16_t *)b + jr * cs;
+#ifdef NATIVE_BF16
+        pack_b_panel_pairs(MIN(NR, nb - jr), kb, panel, rs, cs, (uint16_t *)(bp + (size_t)jr * kb));
+#else
+        pack_b_panel_bf16(MIN(NR, nb - jr), kb, panel, rs, cs, bp + (size_t)jr * kb);
 #endif
-    if (dtype == BF16)
-        pack_b_panel_bf16(nr, kb, (const uint16_t *)b, rs, cs, bp);
-    else
-        pack_b_panel(nr, kb, (const float *)b, rs, cs, bp);
+    }
 }
 
 static void tile_any(int dtype, int kb, const float *ap, const float *bp, float *c, int ldc,
@@ -530,12 +534,14 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
             for (int pc = 0; pc < K; pc += kc) {
                 const int kb = MIN(kc, K - pc);
                 const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
-                #pragma omp for schedule(static)
-                for (int jr = 0; jr < nb; jr += NR)
-                    pack_b_panel_any(dtype, MIN(NR, nb - jr), kb,
-                                     (const char *)B + (pc * rs_b + (jc + jr) * cs_b) * es,
-                                     rs_b, cs_b, bp + (size_t)jr * kb);
-                /* the implicit barrier above: B is packed before anyone reads it */
+                const int bpanels = (nb + NR - 1) / NR; /* each thread packs its share of B */
+                const int j0 = (int)((long long)bpanels * t / nt) * NR;
+                const int j1 = MIN(nb, (int)((long long)bpanels * (t + 1) / nt) * NR);
+                if (j0 < j1)
+                    pack_b_any(dtype, j1 - j0, kb,
+                               (const char *)B + (pc * rs_b + (jc + j0) * cs_b) * es, rs_b, cs_b,
+                               bp + (size_t)j0 * kb);
+                #pragma omp barrier /* B is packed before anyone reads it */
                 for (int ic = m0; ic < m1; ic += mcr) {
                     const int mb = MIN(mcr, m1 - ic);
                     pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,

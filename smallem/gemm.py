@@ -138,7 +138,8 @@ _lock = threading.Lock()
 
 
 def _load(level: str | None = None):
-    """(ffi, lib, MR, NR, default blocks) for ``level`` (default: the selected ISA).
+    """(ffi, lib, MR, NR, default blocks as a tuple (mc, kc, nc)) for ``level``
+    (default: the selected ISA).
 
     Loaded once per process and level: build.load checks the sources' timestamps
     on every call (half a millisecond), which a 64^3 product cannot afford.
@@ -152,7 +153,8 @@ def _load(level: str | None = None):
             lib.gemm_micro_shape(mr, nr)
             blocks = block_sizes(mr[0], nr[0], threads=checks.threads(None))
             lib.gemm_set_defaults(blocks["mc"], blocks["kc"], blocks["nc"])
-            found = _loaded[level] = (ffi, lib, mr[0], nr[0], blocks)
+            found = _loaded[level] = (ffi, lib, mr[0], nr[0],
+                                      (blocks["mc"], blocks["kc"], blocks["nc"]))
     return found
 
 
@@ -165,19 +167,20 @@ def kernel_shape(level: str | None = None) -> tuple[int, int]:
 
 
 def default_blocks(level: str | None = None) -> dict:
-    return dict(_load(level)[4])
+    return dict(zip(("mc", "kc", "nc"), _load(level)[4]))
 
 
 def _blocks(blocks, level) -> tuple[int, int, int]:
+    if blocks is None:
+        return _load(level)[4]
     b = default_blocks(level)
-    if blocks is not None:
-        if isinstance(blocks, dict):
-            unknown = set(blocks) - {"mc", "kc", "nc"}
-            if unknown:
-                raise ValueError(f"blocks: unknown keys {sorted(unknown)}; use mc, kc, nc")
-            b.update(blocks)
-        else:
-            b.update(zip(("mc", "kc", "nc"), blocks))
+    if isinstance(blocks, dict):
+        unknown = set(blocks) - {"mc", "kc", "nc"}
+        if unknown:
+            raise ValueError(f"blocks: unknown keys {sorted(unknown)}; use mc, kc, nc")
+        b.update(blocks)
+    else:
+        b.update(zip(("mc", "kc", "nc"), blocks))
     return tuple(checks.positive_int(b[k], f"blocks['{k}']") for k in ("mc", "kc", "nc"))
 
 
@@ -189,10 +192,12 @@ def _workspace(ffi, lib, level, n, mc, kc, nc, nthreads):
     bufs = getattr(_work, "bufs", None)
     if bufs is None:
         bufs = _work.bufs = {}
-    buf = bufs.get(level)
-    if buf is None or buf.size < need:
-        buf = bufs[level] = np.empty(max(need, int(1.25 * buf.size) if buf is not None else 0), F32)
-    return ffi.cast("float *", buf.ctypes.data)
+    found = bufs.get(level)
+    if found is None or found[0].size < need:
+        size = max(need, int(1.25 * found[0].size) if found is not None else 0)
+        buf = np.empty(size, F32)
+        found = bufs[level] = (buf, ffi.from_buffer("float[]", buf))
+    return found[1]
 
 
 # ---------------------------------------------------------------- argument checks
@@ -231,7 +236,9 @@ def _matrix(x, name: str, dtype, writable: bool = False) -> tuple[np.ndarray, in
 
 
 def _ptr(ffi, x, ctype="float *"):
-    return ffi.cast(ctype, x.__array_interface__["data"][0])
+    if x.flags.c_contiguous:  # the fast way (half a microsecond); keeps x alive during the call
+        return ffi.from_buffer(ctype.replace("*", "[]"), x)
+    return ffi.cast(ctype, x.ctypes.data)  # rows further apart than their width
 
 
 def _overlap(x, y) -> bool:
@@ -351,9 +358,10 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
         else:
             out *= np.float32(beta)
         return out
+    level = level or isa.selected()
     ffi, lib, *_ = _load(level)
     mc, kc, nc = _blocks(blocks, level)
-    work = _workspace(ffi, lib, level or isa.selected(), N, mc, kc, nc, nthreads)
+    work = _workspace(ffi, lib, level, N, mc, kc, nc, nthreads)
     ctype = "float *" if kind == "f32" else "uint16_t *"
     fn = lib.gemm_f32 if kind == "f32" else lib.gemm_bf16
     fn(int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
@@ -489,7 +497,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     quick = quick_mode() if quick is None else quick
     cores = checks.threads(None)
     level = isa.selected()
-    ffi, lib, mr, nr, blocks = _load(level)
+    ffi, lib, mr, nr, _ = _load(level)
+    blocks = default_blocks(level)
     n_ladder = 128 if quick else 1024
     sweep = [32, 64, 128, 256] if quick else [64, 128, 256, 512, 1024, 2048, 4096]
     shapes = model_shapes()
