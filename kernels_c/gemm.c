@@ -519,6 +519,9 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
     float *bp = align64(work);
     const int panels = (M + MR - 1) / MR; /* MR-row panels of C, shared out below */
     if (nthreads > panels) nthreads = panels;
+    /* K in equal slices of at most kc: a thin last slice (64 of K = 1024 with kc = 320)
+     * would amortise each tile's C update over 64 steps instead of kc. */
+    const int kcs = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);
     #pragma omp parallel num_threads(nthreads)
     {
         int t = 0, nt = 1;
@@ -529,10 +532,12 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
         float *ap = align64(bp + (size_t)ncr * kc + 16 + (size_t)t * (mcr * (size_t)kc + 16));
         const int m0 = (int)((long long)panels * t / nt) * MR;
         const int m1 = MIN(M, (int)((long long)panels * (t + 1) / nt) * MR);
+        const int mblocks = (m1 - m0 + mcr - 1) / mcr; /* the thread's rows, equal blocks too */
+        const int mcs = mblocks ? ROUND_UP((m1 - m0 + mblocks - 1) / mblocks, MR) : mcr;
         for (int jc = 0; jc < N; jc += nc) {
             const int nb = MIN(nc, N - jc);
-            for (int pc = 0; pc < K; pc += kc) {
-                const int kb = MIN(kc, K - pc);
+            for (int pc = 0; pc < K; pc += kcs) {
+                const int kb = MIN(kcs, K - pc);
                 const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
                 const int bpanels = (nb + NR - 1) / NR; /* each thread packs its share of B */
                 const int j0 = (int)((long long)bpanels * t / nt) * NR;
@@ -542,8 +547,8 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                                (const char *)B + (pc * rs_b + (jc + j0) * cs_b) * es, rs_b, cs_b,
                                bp + (size_t)j0 * kb);
                 #pragma omp barrier /* B is packed before anyone reads it */
-                for (int ic = m0; ic < m1; ic += mcr) {
-                    const int mb = MIN(mcr, m1 - ic);
+                for (int ic = m0; ic < m1; ic += mcs) {
+                    const int mb = MIN(mcs, m1 - ic);
                     pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
                                rs_a, cs_a, ap);
                     for (int jr = 0; jr < nb; jr += NR)

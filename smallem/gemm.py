@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from . import build, checks, figures, isa, machine_info, records, reference
-from .timing import measure
+from .timing import measure, measure_interleaved
 
 RECORD = "ch2.gemm"
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
@@ -86,28 +86,37 @@ def cache_geometry() -> dict:
 
 
 def l2_ways_for_a(ways: int) -> int:
-    """Ways of the L2 given to the packed block of A: a quarter of them.
+    """Ways of the L2 given to the packed block of A: half of them.
 
     Low et al. give A every way but one spare and one for a B sliver. Measured
-    (`smallem gemm` sweeps MC, table ch2_mc), a block that large is slower than one in a
-    quarter of the L2: the L2 also holds everything the L1 holds (it is inclusive on the
-    cores we measured), the lines of C each tile reads and writes, and what the hardware
-    prefetchers bring in ahead of the B and C streams.
+    (`smallem gemm` sweeps MC, table ch2_mc), a block that large is slower: the L2 also
+    holds everything the L1 holds (it is inclusive on the cores we measured), the B
+    slivers on their way from L3 to L1, the lines of C each tile reads and writes, and
+    what the hardware prefetchers bring in ahead of those streams.
     """
-    return max(1, ways // 4)
+    return max(1, ways // 2)
+
+
+def l1_ways_for_b(ways: int) -> int:
+    """Ways of the L1 given to the B sliver: all but two.
+
+    The B sliver (KC x NR) is the one thing the L1 must keep: every tile of a column
+    reuses it. A's sliver (MR x KC) and C's tile are read once per tile, so they only
+    stream through, and two ways are enough for lines in flight. Low et al. keep A's
+    sliver resident too, which caps KC lower; a larger KC means fewer passes over C
+    (K / KC of them, each reading and writing all of C), and the sweep in table
+    ch2_kc measures the difference.
+    """
+    return max(1, ways - 2)
 
 
 def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1,
                 elem: int = 4) -> dict:
-    """KC, MC, NC by Low et al. (2016), section 4: one way of each cache is left free.
+    """KC, MC, NC from the caches, after Low et al. (2016), section 4.
 
-    - L1 holds an MR x KC sliver of A and a KC x NR sliver of B, each in whole ways,
-      together at most ways - 1. Low et al. solve this in closed form by rounding A's
-      share of the ways down (C_A = floor((ways - 1) / (1 + NR/MR))); that can leave ways
-      empty (for 6 x 16 in 8 ways it gives C_A = 1 and KC = 170, 3.7 ways used), so we
-      take the largest KC that satisfies the same constraint.
-    - L2 holds the MC x KC block of A in a quarter of its ways (see l2_ways_for_a).
-    - L3 holds the KC x NC block of B beside every thread's block of A.
+    - L1 keeps the KC x NR sliver of B in all its ways but two (see l1_ways_for_b).
+    - L2 holds the MC x KC block of A in half its ways (see l2_ways_for_a).
+    - L3 holds the KC x NC block of B beside every thread's block of A, one way spare.
     """
     g = geometry or cache_geometry()
 
@@ -116,13 +125,7 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
 
     l1, l2, l3 = g["L1d"], g["L2"], g["L3"]
     way1 = sets(l1) * l1["line"]
-
-    def l1_ways(k):  # whole ways taken by the two slivers
-        return math.ceil(mr * k * elem / way1) + math.ceil(nr * k * elem / way1)
-
-    kc = 1
-    while l1_ways(kc + 1) <= l1["ways"] - 1:
-        kc += 1
+    kc = max(1, l1_ways_for_b(l1["ways"]) * way1 // (nr * elem))
     way2 = sets(l2) * l2["line"]
     mc = max(mr, l2_ways_for_a(l2["ways"]) * way2 // (kc * elem) // mr * mr)
     way3 = sets(l3) * l3["line"]
@@ -456,17 +459,26 @@ def blas_info() -> list[dict]:
     return [{k: d.get(k) for k in keep} for d in threadpool_info()]
 
 
-def _measure_gops(fn, m, n, k, slow=False, quick=False):
-    # Both thread pools spin for a while after a call before they sleep (OpenBLAS's for up
-    # to ~0.1 s): a pause keeps one library's idle threads from stealing the other's cores.
-    if not quick:
-        time.sleep(0.3)
-    if slow:
-        t = measure(fn, repeats=2 if not quick else 3, warmup=0 if not quick else 1)
-    else:
-        t = measure(fn, repeats=3 if quick else 9, warmup=1, min_sample=0.005 if quick else 0.1,
-                    max_time=0.3 if quick else 8.0)
+def _measure_gops(fn, m, n, k, quick=False):
+    """One slow function alone (the first rungs take seconds a call): two samples."""
+    t = measure(fn, repeats=3 if quick else 2, warmup=1 if quick else 0)
     return {"value": t.rate(2.0 * m * n * k / 1e9), "seconds": t.stats()}
+
+
+def _compare(fns: dict, m, n, k, quick=False, pause=None) -> dict:
+    """Time ``fns`` in turn (timing.measure_interleaved): {key: {"value", "seconds"}}.
+
+    Every ratio the chapter quotes (smallem against numpy, one block size against
+    another) comes from one such call, so both sides saw the same machine. Between two
+    libraries a pause lets the previous one's spinning threads go to sleep.
+    """
+    if pause is None:
+        pause = 0.0 if quick else 0.25
+    ts = measure_interleaved(fns, repeats=3 if quick else 9, warmup=1,
+                             min_sample=0.005 if quick else 0.05, pause=pause,
+                             max_time=1.0 if quick else 60.0)
+    work = 2.0 * m * n * k / 1e9
+    return {key: {"value": t.rate(work), "seconds": t.stats()} for key, t in ts.items()}
 
 
 def _square(n, rng):
@@ -511,7 +523,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
     rng = np.random.default_rng(0)
-    steps = 3 + len(LADDER) + 2 * len(sweep) + 2 * len(shapes) + 4 + 1
+    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 2 + 1
     bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
 
     def step(what):
@@ -523,40 +535,65 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     step("f32 peak")
     n = n_ladder
     a, b, c = _square(n, rng)
-    for th in sorted({1, cores}):
-        with _numpy_pinned(th):
-            r = _measure_gops(lambda: np.matmul(a, b, out=c), n, n, n, quick=quick)
-            rec.data["settings"].setdefault("blas_pinned", blas_info())
-        rec.add("numpy", "Gop/s", r["value"], seconds=r["seconds"], M=n, N=n, K=n, threads=th)
-    step("numpy")
     for rung in LADDER:
-        th = cores if rung.threaded else 1
-        r = _measure_gops(lambda: rung(a, b, c, threads=th), n, n, n, slow=rung.slow, quick=quick)
-        rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
-                kernel=rung.name, M=n, N=n, K=n, threads=th)
-        step(rung.name)
+        if rung.slow:
+            r = _measure_gops(lambda: rung(a, b, c, threads=1), n, n, n, quick=quick)
+            rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
+                    kernel=rung.name, M=n, N=n, K=n, threads=1)
+            step(rung.name)
+    for th in sorted({1, cores}):  # the fast rungs in turn with numpy at their thread count
+        fns = {"numpy": lambda: np.matmul(a, b, out=c)}
+        fast = [r for r in LADDER if not r.slow and (cores if r.threaded else 1) == th]
+        for rung in fast:
+            fns[rung.name] = lambda rung=rung: rung(a, b, c, threads=th)
+        with _numpy_pinned(th):
+            res = _compare(fns, n, n, n, quick=quick)
+            rec.data["settings"].setdefault("blas_pinned", blas_info())
+        rec.add("numpy", "Gop/s", res["numpy"]["value"], seconds=res["numpy"]["seconds"],
+                M=n, N=n, K=n, threads=th)
+        for rung in fast:
+            r = res[rung.name]
+            rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
+                    kernel=rung.name, M=n, N=n, K=n, threads=th)
+            step(rung.name)
+    step("numpy")
     n_mc = 128 if quick else 2048
     a, b, c = _square(n_mc, rng)
     g2 = cache_geometry()["L2"]
     way2 = g2["bytes"] // g2["ways"]
-    for ways in sorted({1, 2, l2_ways_for_a(g2["ways"]), g2["ways"] // 2, g2["ways"] - 2} - {0}):
-        mc = max(mr, ways * way2 // (blocks["kc"] * 4) // mr * mr)
-        r = _measure_gops(lambda: matmul(a, b, out=c, threads=1, blocks={"mc": mc}), n_mc, n_mc,
-                          n_mc, quick=quick)
-        rec.add("mc_sweep", "Gop/s", r["value"], seconds=r["seconds"], mc=mc, kc=blocks["kc"],
-                l2_ways=ways, n=n_mc, threads=1)
+    mcs = {}
+    for ways in sorted({1, 2, g2["ways"] // 4, l2_ways_for_a(g2["ways"]), g2["ways"] - 2} - {0}):
+        mcs[ways] = max(mr, ways * way2 // (blocks["kc"] * 4) // mr * mr)
+    res = _compare({w: (lambda mc=mc: matmul(a, b, out=c, threads=1, blocks={"mc": mc}))
+                    for w, mc in mcs.items()}, n_mc, n_mc, n_mc, quick=quick, pause=0.0)
+    for ways, mc in mcs.items():
+        rec.add("mc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], mc=mc,
+                kc=blocks["kc"], l2_ways=ways, n=n_mc, threads=1)
     step("MC sweep")
+    n_kc = 128 if quick else 4096
+    a, b, c = _square(n_kc, rng)
+    g1 = cache_geometry()["L1d"]
+    way1 = g1["bytes"] // g1["ways"]
+    kcs = {}
+    for ways in range(2, g1["ways"]):  # L1 ways for the B sliver; A's block keeps its L2 share
+        kc = ways * way1 // (nr * 4)
+        kcs[ways] = (kc, max(mr, l2_ways_for_a(g2["ways"]) * way2 // (kc * 4) // mr * mr))
+    res = _compare({w: (lambda kc=kc, mc=mc: matmul(a, b, out=c, blocks={"kc": kc, "mc": mc}))
+                    for w, (kc, mc) in kcs.items()}, n_kc, n_kc, n_kc, quick=quick, pause=0.0)
+    for ways, (kc, mc) in kcs.items():
+        rec.add("kc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], kc=kc,
+                mc=mc, l1_ways=ways, n=n_kc, threads=cores)
+    step("KC sweep")
+    del a, b, c
     for s in sweep:
         a, b, c = _square(s, rng)
-        r = _measure_gops(lambda: matmul(a, b, out=c), s, s, s, quick=quick)
-        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="smallem", n=s,
-                threads=cores)
-        step(f"sweep {s}")
         with _numpy_pinned(cores):
-            r = _measure_gops(lambda: np.matmul(a, b, out=c), s, s, s, quick=quick)
-        rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl="numpy", n=s,
-                threads=cores)
-        step(f"numpy {s}")
+            res = _compare({"smallem": lambda: matmul(a, b, out=c),
+                            "numpy": lambda: np.matmul(a, b, out=c)}, s, s, s, quick=quick)
+        for impl, r in res.items():
+            rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl=impl, n=s,
+                    threads=cores)
+        step(f"sweep {s}")
     del a, b, c
     for sh in shapes:
         M, K, N, ta, tb = sh["M"], sh["K"], sh["N"], sh["ta"], sh["tb"]
@@ -564,14 +601,13 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
         c = np.empty((M, N), np.float32)
         opa, opb = (a.T if ta else a), (b.T if tb else b)
-        r = _measure_gops(lambda: matmul(a, b, trans_a=ta, trans_b=tb, out=c), M, N, K, quick=quick)
-        params = dict(label=sh["label"], M=M, N=N, K=K, trans_a=ta, trans_b=tb, threads=cores)
-        rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl="smallem", **params)
-        step(sh["label"])
         with _numpy_pinned(cores):
-            r = _measure_gops(lambda: np.matmul(opa, opb, out=c), M, N, K, quick=quick)
-        rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl="numpy", **params)
-        step("numpy " + sh["label"])
+            res = _compare({"smallem": lambda: matmul(a, b, trans_a=ta, trans_b=tb, out=c),
+                            "numpy": lambda: np.matmul(opa, opb, out=c)}, M, N, K, quick=quick)
+        params = dict(label=sh["label"], M=M, N=N, K=K, trans_a=ta, trans_b=tb, threads=cores)
+        for impl, r in res.items():
+            rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl=impl, **params)
+        step(sh["label"])
     del a, b, c
     first = shapes[0]
     for M, K, N in ((n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])):
@@ -579,12 +615,13 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         b = rng.standard_normal((K, N), dtype=np.float32)
         c = np.empty((M, N), np.float32)
         ha, hb = f32_to_bf16(a), f32_to_bf16(b)
-        for kind, fn in (("f32", lambda: matmul(a, b, out=c)),
-                         ("bf16", lambda: matmul_bf16(ha, hb, out=c))):
-            r = _measure_gops(fn, M, N, K, quick=quick)
+        res = _compare({"f32": lambda: matmul(a, b, out=c),
+                        "bf16": lambda: matmul_bf16(ha, hb, out=c)}, M, N, K, quick=quick,
+                       pause=0.0)
+        for kind, r in res.items():
             rec.add("dtype", "Gop/s", r["value"], seconds=r["seconds"], dtype=kind, M=M, N=N, K=K,
                     threads=cores)
-            step(f"{kind} {M}x{K}x{N}")
+        step(f"f32, bf16 {M}x{K}x{N}")
     reps = 50 if quick else 2000
     for name, fn in (("empty_region", lambda: lib.gemm_empty_regions(reps, cores)),
                      ("spawn_join", lambda: lib.gemm_spawn_join(reps // 10, cores))):
@@ -682,11 +719,11 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.l2_kib": f"{g['L2']['bytes'] // 1024} KiB", "ch2.l2_ways": str(g["L2"]["ways"]),
         "ch2.l3_mib": f"{g['L3']['bytes'] / 1024**2:.0f} MiB", "ch2.l3_ways": str(g["L3"]["ways"]),
         "ch2.line": f"{g['L1d']['line']} B",
-        "ch2.l1_ways_a": str(math.ceil(mr * b["kc"] * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
         "ch2.l1_ways_b": str(math.ceil(nr * b["kc"] * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
         "ch2.l1_ca_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))),
         "ch2.kc_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))
                           * g["L1d"]["bytes"] // g["L1d"]["ways"] // (mr * 4)),
+        "ch2.l2_ways_a": str(l2_ways_for_a(g["L2"]["ways"])),
         "ch2.l1_sets": str(g["L1d"]["bytes"] // (g["L1d"]["ways"] * g["L1d"]["line"])),
         "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
         "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",
@@ -958,6 +995,35 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
+def kc_rows(rec: dict) -> tuple[list[list], dict]:
+    """The KC sweep: all cores, the B sliver in more or fewer L1 ways, A's block in its L2 share."""
+    pts = records.results(rec, "kc_sweep")
+    chosen, nr = rec["settings"]["blocks"]["kc"], rec["settings"]["nr"]
+    rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
+             f"{p['params']['kc']}",
+             f"{p['params']['kc'] * nr * 4 / 1024:.0f} KiB",
+             f"{p['params']['mc']}",
+             f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
+             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+    values = {"ch2.kc_n": str(pts[0]["params"]["n"]) if pts else "n/a",
+              "ch2.kc_c_mib": f"{pts[0]['params']['n'] ** 2 * 4 / 1024**2:.0f} MiB" if pts else "n/a"}
+    for key in ("kc_best", "kc_smallest", "kc_small_vs_model", "kc_model_vs_best"):
+        values[f"ch2.{key}"] = "n/a (not in this record)"
+    if pts:
+        best = max(pts, key=lambda p: p["value"]["median"])
+        model = [p for p in pts if p["params"]["kc"] == chosen]
+        small = min(pts, key=lambda p: p["params"]["kc"])
+        values["ch2.kc_best"] = str(best["params"]["kc"])
+        values["ch2.kc_smallest"] = str(small["params"]["kc"])
+        values["ch2.kc_small_vs_model"] = (
+            f"{100 * (1 - small['value']['median'] / model[0]['value']['median']):.0f} %"
+            if model else "n/a")
+        values["ch2.kc_model_vs_best"] = (
+            f"{100 * (1 - model[0]['value']['median'] / best['value']['median']):.0f} %"
+            if model else "n/a")
+    return rows, values
+
+
 def make_figures(rec_dir) -> dict:
     write_rung_diffs()  # from the source, not the record: always possible
     if not records.exists(RECORD, rec_dir):
@@ -988,6 +1054,11 @@ def make_figures(rec_dir) -> dict:
     values.update(v)
     figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block", "Gop/s, 1 thread"],
                         note=note)
+    r, v = kc_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_kc", r, ["L1 ways for B", "KC", "B sliver", "MC",
+                                      f"passes over C at {values['ch2.kc_n']}³",
+                                      f"Gop/s, {cores} threads"], note=note)
     values.update(pool_values(rec))
     values.update(chapter1_links(rec, rec_dir))
     ladder_figure(rec, peak)

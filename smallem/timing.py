@@ -47,15 +47,7 @@ def measure(fn, *, repeats: int = 5, warmup: int = 1, min_sample: float = 0.0,
     """
     for _ in range(warmup):
         fn()
-    calls = 1
-    if min_sample > 0:  # find how many calls make one sample long enough
-        while True:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            if time.perf_counter() - t0 >= min_sample or calls >= 1 << 20:
-                break
-            calls *= 2
+    calls = _calls_per_sample(fn, min_sample)
     out = Timing()
     start = time.perf_counter()
     for i in range(repeats):
@@ -65,5 +57,51 @@ def measure(fn, *, repeats: int = 5, warmup: int = 1, min_sample: float = 0.0,
         out.seconds.append((time.perf_counter() - t0) / calls)
         spent = time.perf_counter() - start
         if max_time is not None and spent > max_time and (i >= 2 or spent > 3 * max_time / repeats):
+            break
+    return out
+
+
+def _calls_per_sample(fn, min_sample: float) -> int:
+    """How many calls of ``fn`` make one sample last at least ``min_sample`` seconds."""
+    calls = 1
+    while min_sample > 0:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if time.perf_counter() - t0 >= min_sample or calls >= 1 << 20:
+            break
+        calls *= 2
+    return calls
+
+
+def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
+                        min_sample: float = 0.0, pause: float = 0.0,
+                        max_time: float | None = None) -> dict:
+    """Time several functions in turn: each round takes one sample of each.
+
+    On a shared machine the speed drifts by tens of percent over seconds. Timing all
+    of A's samples and then all of B's compares A's minute with B's; taking them in
+    turn puts both under the same drift, so their ratio means something even when
+    each median moves. Before each sample ``pause`` seconds pass and one untimed call
+    runs: thread pools spin for a while after a call (OpenBLAS's for up to ~0.1 s), and
+    one library's spinning threads must not take the cores of the next.
+    Returns a :class:`Timing` per key. ``max_time`` stops after a round (at least 3).
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    calls = {k: _calls_per_sample(fn, min_sample) for k, fn in fns.items()}
+    out = {k: Timing() for k in fns}
+    start = time.perf_counter()
+    for i in range(repeats):
+        for k, fn in fns.items():
+            if pause > 0:
+                time.sleep(pause)
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(calls[k]):
+                fn()
+            out[k].seconds.append((time.perf_counter() - t0) / calls[k])
+        if max_time is not None and time.perf_counter() - start > max_time and i >= 2:
             break
     return out

@@ -43,12 +43,15 @@ def test_block_sizes_for_zen3_caches():
          "L2": {"bytes": 524288, "ways": 8, "line": 64, "instances": 2},
          "L3": {"bytes": 32 << 20, "ways": 16, "line": 64, "instances": 1}}
     b = gemm.block_sizes(6, 16, g, threads=2)
-    # 6 x 320 x 4 B = 7.5 KiB of A in 2 ways of 4 KiB, 320 x 16 x 4 B = 20 KiB of B in 5: 7 of 8
-    assert b["kc"] == 320
-    assert b["mc"] % 6 == 0 and b["nc"] % 16 == 0
-    assert (6 + 16) * b["kc"] * 4 <= 32768 * 7 / 8  # both slivers in L1, one way spare
-    assert b["mc"] * b["kc"] * 4 <= 524288 * 7 / 8  # A's block in L2, one way spare
+    # B's sliver in 6 of 8 ways of 4 KiB: 384 x 16 x 4 B = 24 KiB
+    assert b["kc"] == 384
+    # A's block in half of the L2: 256 KiB / (384 x 4 B) = 170 rows, down to a multiple of 6
+    assert b["mc"] == 168
+    assert b["nc"] % 16 == 0
     assert 2 * b["mc"] * b["kc"] * 4 + b["kc"] * b["nc"] * 4 <= 32 << 20
+    # AVX-512's 14 x 32 on the same caches: 128-byte rows of B, so half the KC
+    b = gemm.block_sizes(14, 32, g, threads=2)
+    assert b["kc"] == 192 and b["mc"] % 14 == 0
 
 
 def test_default_blocks_come_from_this_machine():

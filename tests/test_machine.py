@@ -166,3 +166,20 @@ def test_load_or_measure_measures_only_when_asked_or_missing(records_tmp, monkey
     monkeypatch.setenv("SMALLEM_QUICK", "1")
     records.load_or_measure("t.fake", run)
     assert calls == [False, False, True]
+
+
+def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
+    from smallem import timing
+    calls = []
+    sleeps = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: sleeps.append(s))
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    out = timing.measure_interleaved(fns, repeats=3, warmup=1, pause=0.5)
+    assert set(out) == {"a", "b"}
+    assert all(len(t.seconds) == 3 and t.median >= 0 for t in out.values())
+    # one warm-up each, then per round: a (pause, untimed call, sample), b (the same)
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    assert sleeps == [0.5] * 6
+    calls.clear()
+    out = timing.measure_interleaved(fns, repeats=4, warmup=0)
+    assert calls == ["a", "b"] * 4 and len(out["b"].seconds) == 4
