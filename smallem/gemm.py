@@ -474,7 +474,7 @@ def _compare(fns: dict, m, n, k, quick=False, pause=None) -> dict:
     """
     if pause is None:
         pause = 0.0 if quick else 0.25
-    ts = measure_interleaved(fns, repeats=3 if quick else 9, warmup=1,
+    ts = measure_interleaved(fns, repeats=3 if quick else 15, warmup=1,
                              min_sample=0.005 if quick else 0.05, pause=pause,
                              max_time=1.0 if quick else 60.0)
     work = 2.0 * m * n * k / 1e9

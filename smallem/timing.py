@@ -82,9 +82,9 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     On a shared machine the speed drifts by tens of percent over seconds. Timing all
     of A's samples and then all of B's compares A's minute with B's; taking them in
     turn puts both under the same drift, so their ratio means something even when
-    each median moves. Before each sample ``pause`` seconds pass and one untimed call
-    runs: thread pools spin for a while after a call (OpenBLAS's for up to ~0.1 s), and
-    one library's spinning threads must not take the cores of the next.
+    each median moves. Before each sample ``pause`` seconds pass: thread pools spin for
+    a while after a call (OpenBLAS's for up to ~0.1 s), and one library's spinning
+    threads must not take the cores of the next.
     Returns a :class:`Timing` per key. ``max_time`` stops after a round (at least 3).
     """
     for fn in fns.values():
@@ -97,7 +97,6 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
         for k, fn in fns.items():
             if pause > 0:
                 time.sleep(pause)
-                fn()
             t0 = time.perf_counter()
             for _ in range(calls[k]):
                 fn()
