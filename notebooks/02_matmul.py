@@ -51,8 +51,10 @@ for name, c in geometry.items():
 blocks = gemm.default_blocks()
 print("blocks:", blocks)
 kc = blocks["kc"]
-print(f"  L1: A sliver {mr}x{kc} = {mr * kc * 4 / 1024:.1f} KiB + B sliver {kc}x{nr} = "
-      f"{kc * nr * 4 / 1024:.1f} KiB")
+l1 = geometry["L1d"]
+print(f"  L1: B sliver {kc}x{nr} = {kc * nr * 4 / 1024:.1f} KiB, "
+      f"{gemm.l1_ways_for_b(l1['ways'])} of {l1['ways']} ways; "
+      f"the A sliver {mr}x{kc} = {mr * kc * 4 / 1024:.1f} KiB streams through")
 print(f"  L2: A block {blocks['mc']}x{kc} = {blocks['mc'] * kc * 4 / 1024:.0f} KiB")
 
 # %% [markdown]
