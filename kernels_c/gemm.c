@@ -503,7 +503,7 @@ static void tile_any(int dtype, int kb, const float *ap, const float *bp, float 
  * threads. Each L2 is private to its core, the L3 is shared: the threads pack
  * one kc x nc block of B together (it lives in L3, read by all), then each
  * takes its own share of the rows of C (the ic loop) and packs its own mc x kc
- * block of A into its own L2. Row shares are fixed (static), so the sums, and
+ * block of A into its own L2, and walks its tiles along the rows of C. Row shares are fixed (static), so the sums, and
  * their rounding, are the same on every call. OpenMP keeps its threads alive
  * between parallel regions (a persistent pool), so a call costs a wake-up,
  * not a thread creation. */
@@ -551,8 +551,13 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                     const int mb = MIN(mcs, m1 - ic);
                     pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
                                rs_a, cs_a, ap);
-                    for (int jr = 0; jr < nb; jr += NR)
-                        for (int ir = 0; ir < mb; ir += MR)
+                    /* Tiles along C's rows (jr inside ir): the A sliver stays in L1,
+                     * B's slivers stream in from L2/L3, and C is read and written as
+                     * MR rows left to right, streams the prefetcher follows. Down the
+                     * columns (rung 4's order), each tile's C rows are new lines at a
+                     * stride the prefetcher cannot follow. */
+                    for (int ir = 0; ir < mb; ir += MR)
+                        for (int jr = 0; jr < nb; jr += NR)
                             tile_any(dtype, kb, ap + (size_t)ir * kb, bp + (size_t)jr * kb,
                                      C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
                                      MIN(MR, mb - ir), MIN(NR, nb - jr), alpha, bt);

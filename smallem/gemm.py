@@ -305,7 +305,8 @@ LADDER = [
          False, True, False, True),
     Rung(4, "packed", "4 packing", "A and B packed into panels; zero-padded edges",
          False, True, True, False),
-    Rung(5, "threads", "5 threads", "all cores, split over the rows of C (ic)",
+    Rung(5, "threads", "5 threads",
+         "all cores, split over the rows of C (ic); tiles along C's rows",
          True, True, True, False),
 ]
 
