@@ -144,6 +144,29 @@ def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ checks
 
+def test_tuning_flags_keep_what_the_compiler_accepts(monkeypatch, tmp_path):
+    cc = build.compiler()
+    src = tmp_path / "t.c"
+    src.write_text("int f(void) { return 0; }\n")
+    accepted = subprocess.run([cc, "-Werror", "-falign-loops=64", "-c", str(src), "-o",
+                               str(tmp_path / "t.o")], capture_output=True).returncode == 0
+    # the flag the GEMM's speed rests on: kept wherever the compiler takes it
+    assert ("-falign-loops=64" in build.tuning_flags(cc)) == accepted
+    monkeypatch.setattr(build, "TUNING_FLAGS", ["-falign-loops=64", "-fno-such-flag-smallem"])
+    build.tuning_flags.cache_clear()
+    try:
+        flags = build.tuning_flags(cc)
+    finally:
+        build.tuning_flags.cache_clear()
+    assert "-fno-such-flag-smallem" not in flags  # an unknown flag is dropped, not fatal
+
+
+def test_compiled_kernels_carry_the_tuning_flags():
+    _, cflags, _ = build._key("gemm", isa.selected(), isa.extensions(isa.selected()),
+                              build.compiler())
+    assert set(build.tuning_flags(build.compiler())) <= set(cflags)
+
+
 def test_array_accepts_a_good_array():
     x = np.zeros((3, 4), np.float32)
     assert checks.array(x, "x", np.float32, ndim=2, shape=(3, None), writable=True) is x
