@@ -88,7 +88,8 @@ def machine_line(rec: dict) -> str:
     m = rec["machine"]
     return (f"{m['cpu']}, {m['cores']} cores, ISA {m['isa']['isa']}"
             f"{' + ' + '/'.join(m['isa']['extensions']) if m['isa']['extensions'] else ''}; "
-            f"measured {rec['date'][:10]}, commit {rec['commit']}")
+            f"measured {rec['date'][:10]}, commit {rec['commit']}"
+            + "".join(f" (warning: {w})" for w in rec.get("warnings", [])))
 
 
 def make_all(rec_dir: Path | None = None, only: list[str] | None = None) -> dict:

@@ -6,6 +6,7 @@ A record is one file, ``<records dir>/<name>.json``::
      "date": "...", "commit": "abc1234", "dirty": false,
      "machine": {cpu, arch, cores, isa, caches, os, ...},
      "settings": {...},                        # what the whole run used
+     "warnings": ["..."],                      # only when the run doubts itself
      "results": [{"name": ..., "params": {...}, "unit": "Gop/s",
                   "value": {"median", "min", "max", "n"},
                   "seconds": {"median", "min", "max", "n"}}, ...]}
@@ -21,6 +22,7 @@ import datetime as _dt
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from . import machine_info
@@ -76,6 +78,11 @@ class Record:
             entry["seconds"] = seconds
         self.data["results"].append(entry)
         return entry
+
+    def warn(self, message: str) -> None:
+        """Keep a doubt about this run in the record (``warnings``) and say it now."""
+        self.data.setdefault("warnings", []).append(message)
+        print(f"warning ({self.name}): {message}", file=sys.stderr)
 
     def save(self, folder: Path | None = None) -> Path:
         folder = Path(folder or records_dir())

@@ -183,3 +183,46 @@ def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
     calls.clear()
     out = timing.measure_interleaved(fns, repeats=4, warmup=0)
     assert calls == ["a", "b"] * 4 and len(out["b"].seconds) == 4
+
+
+def _fake_peaks(rates):
+    """A measure_peak stand-in that answers from ``rates[(kind, threads)]``, a list per key
+    consumed in order, and logs every call."""
+    calls = []
+
+    def measure_one(kind, threads):
+        calls.append((kind, threads))
+        queue = rates[kind, threads]
+        v = queue.pop(0) if len(queue) > 1 else queue[0]
+        return {"value": {"median": v, "min": v, "max": v, "n": 1}, "seconds": {}}
+    return measure_one, calls
+
+
+def test_peaks_that_scale_are_measured_once(monkeypatch):
+    monkeypatch.setattr(machine, "settle", lambda s=0: None)
+    fake, calls = _fake_peaks({(k, t): [100.0 * t] for k in machine.PEAK_KINDS for t in (1, 2)})
+    peaks, warnings = machine.measure_peaks([1, 2], fake)
+    assert warnings == [] and len(calls) == 6
+    assert calls[:3] == [(k, 1) for k in machine.PEAK_KINDS]  # one thread first
+
+
+def test_peaks_that_do_not_scale_are_remeasured_then_flagged(monkeypatch):
+    monkeypatch.setattr(machine, "settle", lambda s=0: None)
+    rates = {(k, t): [100.0 * t] for k in machine.PEAK_KINDS for t in (1, 2)}
+    rates["f32", 2] = [102.0, 190.0]  # a neighbour took a core, then left
+    rates["int8", 2] = [100.0]         # a neighbour that stays
+    fake, calls = _fake_peaks(rates)
+    peaks, warnings = machine.measure_peaks([1, 2], fake, retries=2)
+    assert peaks["f32", 2]["value"]["median"] == 190.0
+    assert calls.count(("f32", 2)) == 2 and calls.count(("int8", 2)) == 3
+    assert len(warnings) == 1 and warnings[0].startswith("int8 peak") and "1.00x" in warnings[0]
+
+
+def test_warnings_reach_the_record_and_the_machine_line(records_tmp, capsys):
+    from smallem import figures
+    rec = records.Record("t.warn")
+    rec.warn("f32 peak: cores did not scale")
+    assert "cores did not scale" in capsys.readouterr().err
+    assert rec.data["warnings"] == ["f32 peak: cores did not scale"]
+    assert "warning: f32 peak: cores did not scale" in figures.machine_line(rec.data)
+    assert "warning" not in figures.machine_line(records.Record("t.clean").data)
