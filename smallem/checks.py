@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import machine_info
+
 
 def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = None,
           writable: bool = False) -> np.ndarray:
@@ -54,9 +56,8 @@ def positive_int(n, name: str, limit: int = 2**31 - 1) -> int:
 
 def threads(n) -> int:
     """A thread count: None means every core this process may use."""
-    from .machine_info import usable_cores
     if n is None:
-        return usable_cores()
+        return machine_info.usable_cores()
     return positive_int(n, "threads", limit=4096)
 
 

@@ -597,6 +597,16 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl=impl, n=s,
                     threads=cores)
         step(f"sweep {s}")
+    # What a call costs before any arithmetic: a 1 x 1 product through each library.
+    a, b, c = _square(1, rng)
+    with _numpy_pinned(cores):
+        ts = measure_interleaved({"smallem": lambda: matmul(a, b, out=c),
+                                  "numpy": lambda: np.matmul(a, b, out=c)},
+                                 repeats=3 if quick else 15, warmup=100,
+                                 min_sample=0.005 if quick else 0.02)
+    for impl, t in ts.items():
+        secs = {k: v * 1e6 for k, v in t.stats().items() if k != "n"}
+        rec.add("call", "µs", {**secs, "n": t.stats()["n"]}, impl=impl, M=1, N=1, K=1)
     del a, b, c
     for sh in shapes:
         M, K, N, ta, tb = sh["M"], sh["K"], sh["N"], sh["ta"], sh["tb"]
@@ -796,6 +806,13 @@ def sweep_rows(rec: dict) -> tuple[list[list], dict]:
     wins = [s for s in sizes if records.value(rec, "sweep", impl="smallem", n=s)
             >= records.value(rec, "sweep", impl="numpy", n=s)]
     values["ch2.sweep_wins"] = ", ".join(f"{s}³" for s in wins) or "none of the sizes"
+    small = sizes[0]
+    values["ch2.call_us"] = f(records.value(rec, "call", impl="smallem"), "µs")
+    values["ch2.numpy_call_us"] = f(records.value(rec, "call", impl="numpy"), "µs")
+    values["ch2.smallest"] = f"{small}³"
+    for impl, key in (("smallem", "ch2.smallest_us"), ("numpy", "ch2.numpy_smallest_us")):
+        values[key] = f(1e6 * records.results(rec, "sweep", impl=impl, n=small)[0]
+                        ["seconds"]["median"], "µs")
     return rows, values
 
 

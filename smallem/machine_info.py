@@ -20,6 +20,12 @@ def usable_cores() -> int:
     env = os.environ.get("SMALLEM_THREADS")
     if env:
         return max(1, int(env))
+    return _affinity_count()
+
+
+@functools.lru_cache(maxsize=1)
+def _affinity_count() -> int:
+    # Read once: the system call costs microseconds, and every matmul asks.
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1

@@ -85,18 +85,26 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     each median moves. Before each sample ``pause`` seconds pass: thread pools spin for
     a while after a call (OpenBLAS's for up to ~0.1 s), and one library's spinning
     threads must not take the cores of the next.
+    After a pause the first call is not timed: it wakes threads that went to sleep during
+    the pause (on a virtual machine, a halted virtual CPU: up to milliseconds), a cost no
+    caller that calls in a loop pays. Each function is warmed up and its calls per sample
+    counted after a pause too, not while the previous one's threads still spin.
     Returns a :class:`Timing` per key. ``max_time`` stops after a round (at least 3).
     """
-    for fn in fns.values():
+    calls = {}
+    for k, fn in fns.items():
+        if pause > 0:
+            time.sleep(pause)
         for _ in range(warmup):
             fn()
-    calls = {k: _calls_per_sample(fn, min_sample) for k, fn in fns.items()}
+        calls[k] = _calls_per_sample(fn, min_sample)
     out = {k: Timing() for k in fns}
     start = time.perf_counter()
     for i in range(repeats):
         for k, fn in fns.items():
             if pause > 0:
                 time.sleep(pause)
+                fn()
             t0 = time.perf_counter()
             for _ in range(calls[k]):
                 fn()

@@ -177,9 +177,10 @@ def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
     out = timing.measure_interleaved(fns, repeats=3, warmup=1, pause=0.5)
     assert set(out) == {"a", "b"}
     assert all(len(t.seconds) == 3 and t.median >= 0 for t in out.values())
-    # one warm-up each, then per round one sample of a, one of b, each after a pause
-    assert calls == ["a", "b"] + ["a", "b"] * 3
-    assert sleeps == [0.5] * 6
+    # a pause, then one warm-up each; per round one sample of a, one of b, each after a
+    # pause and an untimed call that wakes the threads the pause put to sleep
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    assert sleeps == [0.5] * 8
     calls.clear()
     out = timing.measure_interleaved(fns, repeats=4, warmup=0)
     assert calls == ["a", "b"] * 4 and len(out["b"].seconds) == 4
