@@ -146,7 +146,7 @@ PEAK_KINDS = ("f32", "bf16", "int8")
 SCALING_FLOOR = 0.75  # all cores below this share of cores x one core: somebody else was running
 
 
-def poorly_scaled(peaks: dict, cores: int) -> list[str]:
+def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS) -> list[str]:
     """The probes whose all-core rate fell below SCALING_FLOOR x cores x their one-core rate.
 
     Each probe keeps its data in registers, so its cores share nothing: a shortfall means
@@ -154,13 +154,13 @@ def poorly_scaled(peaks: dict, cores: int) -> list[str]:
     """
     if cores == 1:
         return []
-    return [k for k in PEAK_KINDS if (k, 1) in peaks and (k, cores) in peaks
+    return [k for k in kinds if (k, 1) in peaks and (k, cores) in peaks
             and peaks[k, cores]["value"]["median"]
             < SCALING_FLOOR * cores * peaks[k, 1]["value"]["median"]]
 
 
 def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
-                  pause: float = 2.0) -> tuple[dict, list[str]]:
+                  pause: float = 2.0, kinds=PEAK_KINDS) -> tuple[dict, list[str]]:
     """Every probe on every thread count, remeasured while the cores do not scale.
 
     Returns ``{(kind, threads): measurement}`` and the warnings left after ``retries``.
@@ -168,9 +168,9 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
     measure_one = measure_one or measure_peak
     cores = max(thread_counts)
     peaks = {(kind, th): measure_one(kind, th)
-             for th in thread_counts for kind in PEAK_KINDS}  # one thread first: see settle()
+             for th in thread_counts for kind in kinds}  # one thread first: see settle()
     for _ in range(retries):
-        busy = poorly_scaled(peaks, cores)
+        busy = poorly_scaled(peaks, cores, kinds)
         if not busy:
             break
         settle(pause)
@@ -183,7 +183,7 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
         f"{peaks[kind, cores]['value']['median'] / peaks[kind, 1]['value']['median']:.2f}x "
         f"one thread's rate (expected close to {cores}x): another process was probably using "
         f"the cores; measure again on a quiet machine"
-        for kind in poorly_scaled(peaks, cores)]
+        for kind in poorly_scaled(peaks, cores, kinds)]
     return peaks, warnings
 
 

@@ -317,7 +317,8 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     rec.save()
     values = gemm.make_figures(records_tmp)
     for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
-                "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio"):
+                "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio",
+                "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us"):
         assert key in values, key
     figs = tmp_path / "figures"
     for name in ("ch2_ladder.svg", "ch2_sweep.svg", "ch2_roofline.svg", "tables/ch2_ladder.md",
@@ -333,6 +334,10 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
         (records_tmp / "ch1.machine.json").write_text(ch1.read_text())
         values = gemm.make_figures(records_tmp)
         assert values["ch2.peak_source"] in ("chapter 1's record", "this run's probe")
+        # every "% of peak" on the page divides by that one peak
+        peak, _ = gemm._peak(data, records_tmp)
+        ours = records.value(data, "sweep", impl="smallem", n=256)
+        assert values["ch2.sweep_pct_peak_256"] == f"{100 * ours / peak:.0f} %"
 
 
 def test_make_figures_without_record_is_skipped(records_tmp, tmp_path):
