@@ -499,14 +499,19 @@ static void tile_any(int dtype, int kb, const float *ap, const float *bp, float 
 }
 
 /* --8<-- [start:threads] */
+/* Rows of C a thread of rung 5 takes at a time: two micro-panels. Few, so that
+ * the last group of a K slice keeps the other threads waiting only briefly;
+ * taking one costs an atomic add, next to ~100 us of FMAs at n = 2048. */
+#define ROW_GRAIN 2
+
 /* Rung 5 and the package's GEMM: C = alpha op(A) op(B) + beta C on nthreads
- * threads. Each L2 is private to its core, the L3 is shared: the threads pack
- * one kc x nc block of B together (it lives in L3, read by all), then each
- * takes its own share of the rows of C (the ic loop) and packs its own mc x kc
- * block of A into its own L2, and walks its tiles along the rows of C. Row shares are fixed (static), so the sums, and
- * their rounding, are the same on every call. OpenMP keeps its threads alive
- * between parallel regions (a persistent pool), so a call costs a wake-up,
- * not a thread creation. */
+ * threads. The L3 is shared: the threads pack one kc x nc block of B together
+ * (it lives in L3, read by all). Then they share out the rows of C a few
+ * panels at a time, each thread packing the A rows it took and walking their
+ * tiles along the rows of C. Every tile is summed by one thread in the same
+ * order, so the results do not change from call to call. OpenMP keeps its
+ * threads alive between parallel regions (a persistent pool), so a call costs
+ * a wake-up, not a thread creation. */
 static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K, float alpha,
                         const void *A, int lda, const void *B, int ldb, float beta, float *C,
                         int ldc, int nthreads, int mc, int kc, int nc, float *work)
@@ -530,10 +535,7 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
         nt = omp_get_num_threads();
 #endif
         float *ap = align64(bp + (size_t)ncr * kc + 16 + (size_t)t * (mcr * (size_t)kc + 16));
-        const int m0 = (int)((long long)panels * t / nt) * MR;
-        const int m1 = MIN(M, (int)((long long)panels * (t + 1) / nt) * MR);
-        const int mblocks = (m1 - m0 + mcr - 1) / mcr; /* the thread's rows, equal blocks too */
-        const int mcs = mblocks ? ROUND_UP((m1 - m0 + mblocks - 1) / mblocks, MR) : mcr;
+        const int grain = MIN(mcr, ROW_GRAIN * MR);
         for (int jc = 0; jc < N; jc += nc) {
             const int nb = MIN(nc, N - jc);
             for (int pc = 0; pc < K; pc += kcs) {
@@ -547,8 +549,12 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                                (const char *)B + (pc * rs_b + (jc + j0) * cs_b) * es, rs_b, cs_b,
                                bp + (size_t)j0 * kb);
                 #pragma omp barrier /* B is packed before anyone reads it */
-                for (int ic = m0; ic < m1; ic += mcs) {
-                    const int mb = MIN(mcs, m1 - ic);
+                /* Rows from a shared counter (a dynamic schedule), not a fixed share:
+                 * when the host slows one core for a while, the others take more
+                 * rows instead of waiting for it at the barrier below. */
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int ic = 0; ic < M; ic += grain) {
+                    const int mb = MIN(grain, M - ic);
                     pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
                                rs_a, cs_a, ap);
                     /* Tiles along C's rows (jr inside ir): the A sliver stays in L1,

@@ -308,7 +308,7 @@ LADDER = [
     Rung(4, "packed", "4 packing", "A and B packed into panels; zero-padded edges",
          False, True, True, False),
     Rung(5, "threads", "5 threads",
-         "all cores, split over the rows of C (ic); tiles along C's rows",
+         "all cores, rows of C shared out a few at a time; tiles along C's rows",
          True, True, True, False),
 ]
 
@@ -566,22 +566,27 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
                     kernel=rung.name, M=n, N=n, K=n, threads=th)
             step(rung.name)
     step("numpy")
-    # The block-size sweeps run where the blocks matter most: all cores, and a C too
-    # large for the L3, so that every K_C slice is a pass over C in DRAM.
-    n_mc = 128 if quick else 4096
+    # Each block-size sweep runs where its block matters. M_C: rung 4 on one core, whose
+    # tiles go down the columns and so re-read the whole A block from L2 for each one
+    # (rung 5 reads each A sliver for one row of tiles only).
+    n_mc = 128 if quick else 2048
     a, b, c = _square(n_mc, rng)
+    packed = next(r for r in LADDER if r.name == "packed")
     g2 = cache_geometry()["L2"]
     way2 = g2["bytes"] // g2["ways"]
     mcs = {}
     for ways in sorted({1, 2, g2["ways"] // 4, l2_ways_for_a(g2["ways"]), g2["ways"] - 2} - {0}):
         mcs[ways] = max(mr, ways * way2 // (blocks["kc"] * 4) // mr * mr)
-    res = _compare({w: (lambda mc=mc: matmul(a, b, out=c, blocks={"mc": mc}))
+    res = _compare({w: (lambda mc=mc: packed(a, b, c, blocks={"mc": mc}, threads=1))
                     for w, mc in mcs.items()}, n_mc, n_mc, n_mc, quick=quick, pause=0.0)
     for ways, mc in mcs.items():
         rec.add("mc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], mc=mc,
-                kc=blocks["kc"], l2_ways=ways, n=n_mc, threads=cores)
+                kc=blocks["kc"], l2_ways=ways, n=n_mc, threads=1, rung=packed.name)
     step("MC sweep")
-    n_kc = n_mc
+    # K_C: the final GEMM on all cores, with a C too large for the L3, so that every
+    # K_C slice is a pass over C in DRAM.
+    n_kc = 128 if quick else 4096
+    a, b, c = _square(n_kc, rng)
     g1 = cache_geometry()["L1d"]
     way1 = g1["bytes"] // g1["ways"]
     kcs = {}
@@ -1026,14 +1031,18 @@ def _sweep_summary(pts: list[dict], param: str, chosen: int, symbol: str) -> str
 
 
 def mc_rows(rec: dict) -> tuple[list[list], dict]:
-    """The MC sweep: all cores, the model's KC, A's block in more or fewer L2 ways."""
+    """The MC sweep: rung 4, the model's KC, A's block in more or fewer L2 ways."""
     pts = records.results(rec, "mc_sweep")
     chosen = rec["settings"]["blocks"]["mc"]
     rows = [[f"{p['params']['l2_ways']}" + (" (model)" if p["params"]["mc"] == chosen else ""),
              f"{p['params']['mc']} × {p['params']['kc']}",
              f"{p['params']['mc'] * p['params']['kc'] * 4 / 1024:.0f} KiB",
              figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+    th = pts[0]["params"]["threads"] if pts else 0
+    rung = [r.index for r in LADDER if pts and r.name == pts[0]["params"].get("rung")]
     values = {"ch2.mc_n": str(pts[0]["params"]["n"]) if pts else "n/a",
+              "ch2.mc_threads": f"{th} thread{'s' if th != 1 else ''}",
+              "ch2.mc_rung": str(rung[0]) if rung else str(LADDER[-1].index),  # older records
               "ch2.mc_summary": _sweep_summary(pts, "mc", chosen, "$M_C$")}
     return rows, values
 
@@ -1083,7 +1092,9 @@ def make_figures(rec_dir) -> dict:
     r, v = mc_rows(rec)
     values.update(v)
     figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block",
-                                      f"Gop/s at {values['ch2.mc_n']}³, {cores} threads"], note=note)
+                                      f"rung {values['ch2.mc_rung']}, Gop/s at "
+                                      f"{values['ch2.mc_n']}³, {values['ch2.mc_threads']}"],
+                        note=note)
     r, v = kc_rows(rec)
     values.update(v)
     figures.write_table("ch2_kc", r, ["L1 ways for B", "KC", "B sliver", "MC",
