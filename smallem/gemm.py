@@ -1020,8 +1020,10 @@ def _sweep_summary(pts: list[dict], param: str, chosen: int, symbol: str) -> str
     if best == chosen:
         out = f"the model's {symbol} = {chosen} was the fastest ({fmt(by[best], 'Gop/s')})"
     else:
+        gap = 100 * (1 - by[chosen] / by[best])
         out = (f"the fastest was {symbol} = {best} ({fmt(by[best], 'Gop/s')}), and the model's "
-               f"{symbol} = {chosen} came {100 * (1 - by[chosen] / by[best]):.0f} % below it")
+               f"{symbol} = {chosen} came "
+               + (f"{gap:.0f} % below it" if gap >= 0.5 else "within 0.5 % of it"))
     slowest = min(by, key=by.get)
     if by[slowest] >= 0.95 * by[best]:
         return out + ("; all of them lie within 5 % of the fastest, about the noise between "

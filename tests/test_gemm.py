@@ -348,3 +348,15 @@ def test_make_figures_without_record_is_skipped(records_tmp, tmp_path):
     # the rung-to-rung diffs come from the source and are written all the same
     diff = (tmp_path / "figures" / "tables" / "ch2_diff_naive_loop_order.md").read_text()
     assert diff.startswith("```diff") and "+void gemm_loop_order(" in diff
+
+
+def test_sweep_summary_says_where_the_model_landed():
+    def pts(rates):
+        return [{"params": {"mc": k}, "value": {"median": v}} for k, v in rates.items()]
+    s = gemm._sweep_summary(pts({42: 90.0, 168: 100.0}), "mc", 168, "MC")
+    assert s.startswith("the model's MC = 168 was the fastest") and "10 % below" in s
+    s = gemm._sweep_summary(pts({84: 100.0, 168: 99.8, 252: 98.0}), "mc", 168, "MC")
+    assert "came within 0.5 % of it" in s and "within 5 % of the fastest" in s
+    s = gemm._sweep_summary(pts({84: 100.0, 168: 96.0}), "mc", 168, "MC")
+    assert "came 4 % below it" in s
+    assert "not in this record" in gemm._sweep_summary(pts({84: 1.0}), "mc", 168, "MC")
