@@ -339,9 +339,13 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     clock = measure_clock()
     rec.add("clock", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock.items()})
     bar.update()
+    counted = set()
+
     def peak_with_progress(kind, th):
         bar.set_postfix_str(f"{kind} peak, {th} thread(s)")
-        bar.update()
+        if (kind, th) not in counted:  # a second measurement is not a new step
+            counted.add((kind, th))
+            bar.update()
         return measure_peak(kind, th)
 
     peaks, warnings = measure_peaks(thread_counts, peak_with_progress, pause=0.2 if quick else 2.0)
