@@ -54,8 +54,9 @@ kc = blocks["kc"]
 l1 = geometry["L1d"]
 print(f"  L1: B sliver {kc}x{nr} = {kc * nr * 4 / 1024:.1f} KiB, "
       f"{gemm.l1_ways_for_b(l1['ways'])} of {l1['ways']} ways; "
-      f"the A sliver {mr}x{kc} = {mr * kc * 4 / 1024:.1f} KiB streams through")
-print(f"  L2: A block {blocks['mc']}x{kc} = {blocks['mc'] * kc * 4 / 1024:.0f} KiB")
+      f"the A sliver {mr}x{kc} = {mr * kc * 4 / 1024:.1f} KiB streams through "
+      f"(rung 4; rung 5 walks C's rows, so A's sliver stays and B's stream)")
+print(f"  L2: A block {blocks['mc']}x{kc} = {blocks['mc'] * kc * 4 / 1024:.0f} KiB (rungs 2-4)")
 
 # %% [markdown]
 # ## Correct first

@@ -589,15 +589,12 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     a, b, c = _square(n_kc, rng)
     g1 = cache_geometry()["L1d"]
     way1 = g1["bytes"] // g1["ways"]
-    kcs = {}
-    for ways in range(2, g1["ways"]):  # L1 ways for the B sliver; A's block keeps its L2 share
-        kc = ways * way1 // (nr * 4)
-        kcs[ways] = (kc, max(mr, l2_ways_for_a(g2["ways"]) * way2 // (kc * 4) // mr * mr))
-    res = _compare({w: (lambda kc=kc, mc=mc: matmul(a, b, out=c, blocks={"kc": kc, "mc": mc}))
-                    for w, (kc, mc) in kcs.items()}, n_kc, n_kc, n_kc, quick=quick, pause=0.0)
-    for ways, (kc, mc) in kcs.items():
+    kcs = {ways: ways * way1 // (nr * 4) for ways in range(2, g1["ways"])}  # L1 ways for B
+    res = _compare({w: (lambda kc=kc: matmul(a, b, out=c, blocks={"kc": kc}))
+                    for w, kc in kcs.items()}, n_kc, n_kc, n_kc, quick=quick, pause=0.0)
+    for ways, kc in kcs.items():
         rec.add("kc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], kc=kc,
-                mc=mc, l1_ways=ways, n=n_kc, threads=cores)
+                l1_ways=ways, n=n_kc, threads=cores)
     step("KC sweep")
     del a, b, c
     for s in sweep:
@@ -1050,13 +1047,12 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
 
 
 def kc_rows(rec: dict) -> tuple[list[list], dict]:
-    """The KC sweep: all cores, the B sliver in more or fewer L1 ways, A's block in its L2 share."""
+    """The KC sweep: the final GEMM on all cores, the B sliver in more or fewer L1 ways."""
     pts = records.results(rec, "kc_sweep")
     chosen, nr = rec["settings"]["blocks"]["kc"], rec["settings"]["nr"]
     rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
              f"{p['params']['kc']}",
              f"{p['params']['kc'] * nr * 4 / 1024:.0f} KiB",
-             f"{p['params']['mc']}",
              f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
              figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
     values = {"ch2.kc_n": str(pts[0]["params"]["n"]) if pts else "n/a",
@@ -1099,7 +1095,7 @@ def make_figures(rec_dir) -> dict:
                         note=note)
     r, v = kc_rows(rec)
     values.update(v)
-    figures.write_table("ch2_kc", r, ["L1 ways for B", "KC", "B sliver", "MC",
+    figures.write_table("ch2_kc", r, ["L1 ways for B", "KC", "B sliver",
                                       f"passes over C at {values['ch2.kc_n']}³",
                                       f"Gop/s, {cores} threads"], note=note)
     values.update(pool_values(rec))
