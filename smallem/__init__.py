@@ -17,5 +17,7 @@ def __getattr__(name):
     # ``import smallem`` stays light: the GEMM (and numpy, cffi) load on first use.
     if name in _LAZY:
         import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # found once: later lookups skip this function (microseconds a call)
+        return value
     raise AttributeError(f"module 'smallem' has no attribute {name!r}")

@@ -242,10 +242,11 @@ def _matrix(x, name: str, dtype, writable: bool = False) -> tuple[np.ndarray, in
     return x, max(ld, 1)
 
 
-def _ptr(ffi, x, ctype="float *"):
+def _ptr(ffi, x, ctype="float"):
+    """A C pointer to ``x``'s first element; ``ctype`` is the element type."""
     if x.flags.c_contiguous:  # the fast way (half a microsecond); keeps x alive during the call
-        return ffi.from_buffer(ctype.replace("*", "[]"), x)
-    return ffi.cast(ctype, x.ctypes.data)  # rows further apart than their width
+        return ffi.from_buffer(ctype + "[]", x)
+    return ffi.cast(ctype + " *", x.ctypes.data)  # rows further apart than their width
 
 
 def _overlap(x, y) -> bool:
@@ -353,8 +354,9 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
                          f"(trans_a={trans_a}, trans_b={trans_b})")
     if out is None and beta != 0.0:
         raise ValueError("beta != 0 needs out= (the C that beta scales)")
+    fresh = out is None  # a new array overlaps nothing
     out, ldc = _out(out, "out", (M, N))
-    for x, name in ((a, "a"), (b, "b")):
+    for x, name in () if fresh else ((a, "a"), (b, "b")):
         if _overlap(out, x):
             raise ValueError(f"out overlaps {name}: the result would overwrite its own input")
     nthreads = auto_threads(M, N, K) if threads is None else checks.threads(threads)
@@ -370,7 +372,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     ffi, lib, *_ = _load(level)
     mc, kc, nc = _blocks(blocks, level)
     work = _workspace(ffi, lib, level, N, mc, kc, nc, nthreads)
-    ctype = "float *" if kind == "f32" else "uint16_t *"
+    ctype = "float" if kind == "f32" else "uint16_t"
     fn = lib.gemm_f32 if kind == "f32" else lib.gemm_bf16
     fn(int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
        _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, mc, kc, nc, work)
