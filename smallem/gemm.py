@@ -354,10 +354,10 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
                          f"(trans_a={trans_a}, trans_b={trans_b})")
     if out is None and beta != 0.0:
         raise ValueError("beta != 0 needs out= (the C that beta scales)")
-    fresh = out is None  # a new array overlaps nothing
+    given = out is not None  # an array made here overlaps nothing: skip the check
     out, ldc = _out(out, "out", (M, N))
-    for x, name in () if fresh else ((a, "a"), (b, "b")):
-        if _overlap(out, x):
+    for x, name in ((a, "a"), (b, "b")):
+        if given and _overlap(out, x):
             raise ValueError(f"out overlaps {name}: the result would overwrite its own input")
     nthreads = auto_threads(M, N, K) if threads is None else checks.threads(threads)
     if M == 0 or N == 0:
