@@ -472,20 +472,22 @@ def _measure_gops(fn, m, n, k, quick=False):
     return {"value": t.rate(2.0 * m * n * k / 1e9), "seconds": t.stats()}
 
 
-def _compare(fns: dict, m, n, k, quick=False, pause=None) -> dict:
+def _compare(fns: dict, m, n, k, quick=False, pause=None, work=None) -> dict:
     """Time ``fns`` in turn (timing.measure_interleaved): {key: {"value", "seconds"}}.
 
     Every ratio the chapter quotes (smallem against numpy, one block size against
     another) comes from one such call, so both sides saw the same machine. Between two
-    libraries a pause lets the previous one's spinning threads go to sleep.
+    libraries a pause lets the previous one's spinning threads go to sleep. A call does
+    the m x n x k product's 2mnk operations, unless ``work`` gives a key its own Gop.
     """
     if pause is None:
         pause = 0.0 if quick else 0.25
     ts = measure_interleaved(fns, repeats=3 if quick else 15, warmup=1,
                              min_sample=0.005 if quick else 0.05, pause=pause,
                              max_time=1.0 if quick else 60.0)
-    work = 2.0 * m * n * k / 1e9
-    return {key: {"value": t.rate(work), "seconds": t.stats()} for key, t in ts.items()}
+    gemm_work = 2.0 * m * n * k / 1e9
+    return {key: {"value": t.rate((work or {}).get(key, gemm_work)), "seconds": t.stats()}
+            for key, t in ts.items()}
 
 
 def _square(n, rng):
@@ -599,14 +601,21 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
                 l1_ways=ways, n=n_kc, threads=cores)
     step("KC sweep")
     del a, b, c
+    beside = max(x for x in sweep if x <= 2048)
     for s in sweep:
         a, b, c = _square(s, rng)
+        fns = {"smallem": lambda: matmul(a, b, out=c), "numpy": lambda: np.matmul(a, b, out=c)}
+        work = {}
+        if s == beside:  # the FMA probe between the samples: what the cores gave meanwhile
+            fns["peak"], work["peak"] = machine.peak_probe("f32", cores)
         with _numpy_pinned(cores):
-            res = _compare({"smallem": lambda: matmul(a, b, out=c),
-                            "numpy": lambda: np.matmul(a, b, out=c)}, s, s, s, quick=quick)
-        for impl, r in res.items():
-            rec.add("sweep", "Gop/s", r["value"], seconds=r["seconds"], impl=impl, n=s,
-                    threads=cores)
+            res = _compare(fns, s, s, s, quick=quick, work=work)
+        for impl in ("smallem", "numpy"):
+            rec.add("sweep", "Gop/s", res[impl]["value"], seconds=res[impl]["seconds"],
+                    impl=impl, n=s, threads=cores)
+        if "peak" in res:
+            rec.add("peak_beside", "Gop/s", res["peak"]["value"], seconds=res["peak"]["seconds"],
+                    kind="f32", n=s, threads=cores)
         step(f"sweep {s}")
     # What a call costs before any arithmetic: a 1 x 1 product through each library.
     a, b, c = _square(1, rng)
@@ -822,6 +831,17 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         found = records.results(rec, "call", impl=impl)  # absent from records before 2026-11-29
         values[key] = f(found[0]["value"]["median"], "µs") if found else "n/a (not measured)"
     values["ch2.smallest"] = f"{small}³"
+    # The FMA probe timed between one size's samples: the product's share of it separates
+    # a slow product from cores the host gave less of at the time.
+    beside = records.results(rec, "peak_beside")  # absent from records before 2026-11-29
+    for key in ("ch2.beside_n", "ch2.beside_peak", "ch2.beside_pct", "ch2.beside_numpy_pct"):
+        values[key] = "n/a (not measured)"
+    if beside:
+        s, probe = beside[0]["params"]["n"], beside[0]["value"]["median"]
+        values["ch2.beside_n"] = f"{s}³"
+        values["ch2.beside_peak"] = f(probe, "Gop/s")
+        for impl, key in (("smallem", "ch2.beside_pct"), ("numpy", "ch2.beside_numpy_pct")):
+            values[key] = f"{100 * records.value(rec, 'sweep', impl=impl, n=s) / probe:.0f} %"
     for impl, key in (("smallem", "ch2.smallest_us"), ("numpy", "ch2.numpy_smallest_us")):
         values[key] = f(1e6 * records.results(rec, "sweep", impl=impl, n=small)[0]
                         ["seconds"]["median"], "µs")

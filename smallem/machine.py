@@ -128,8 +128,9 @@ def measure_clock(repeats: int = 5) -> dict:
     return t.rate(iters * 64.0)
 
 
-def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
-    """Gop/s of one of the compute probes ('f32', 'bf16', 'int8') on ``threads`` threads."""
+def peak_probe(kind: str, threads: int):
+    """One of the compute probes ('f32', 'bf16', 'int8') on ``threads`` threads, ready to
+    time: (a function that runs it once, the Gop one run does)."""
     threads = checks.positive_int(threads, "threads", limit=4096)
     ffi, lib = _probes()
     fn = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16, "int8": lib.probe_dot_int8}.get(kind)
@@ -138,8 +139,14 @@ def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
     sink = ffi.new("int32_t *" if kind == "int8" else "float *")
     iters = 200_000 if quick_mode() else 20_000_000  # ~40 ms a sample: longer than a host hiccup
     ops = fn(iters, threads, sink)  # also the warm-up: threads spawned, clocks up
-    t = measure(lambda: fn(iters, threads, sink), repeats=repeats, warmup=0)
-    return {"value": t.rate(ops / 1e9), "seconds": t.stats()}
+    return (lambda: fn(iters, threads, sink)), ops / 1e9
+
+
+def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
+    """Gop/s of one of the compute probes ('f32', 'bf16', 'int8') on ``threads`` threads."""
+    run_once, gop = peak_probe(kind, threads)
+    t = measure(run_once, repeats=repeats, warmup=0)
+    return {"value": t.rate(gop), "seconds": t.stats()}
 
 
 PEAK_KINDS = ("f32", "bf16", "int8")

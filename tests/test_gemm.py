@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from smallem import checks, gemm, records
+from smallem import checks, gemm, machine, records
 
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 2), (2, 3, 5), (7, 13, 11), (17, 31, 29), (37, 19, 41),
           (6, 16, 8), (13, 33, 64)]
@@ -323,7 +323,7 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     values = gemm.make_figures(records_tmp)
     for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
                 "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio",
-                "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us"):
+                "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct"):
         assert key in values, key
     figs = tmp_path / "figures"
     for name in ("ch2_ladder.svg", "ch2_sweep.svg", "ch2_roofline.svg", "tables/ch2_ladder.md",
@@ -331,6 +331,15 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
         assert (figs / name).is_file(), name
     data = records.load(gemm.RECORD, records_tmp)
     assert len(records.results(data, "rung")) == len(gemm.LADDER)
+    # the FMA probe ran beside the largest sweep size up to 2048, with its own work per call
+    beside = records.results(data, "peak_beside")
+    assert [r["params"]["n"] for r in beside] == [256]
+    probe = beside[0]["value"]["median"]
+    _, gop = machine.peak_probe("f32", beside[0]["params"]["threads"])
+    assert probe == pytest.approx(gop / beside[0]["seconds"]["median"])  # not 2 x 256³
+    assert values["ch2.beside_n"] == "256³"
+    ours = records.value(data, "sweep", impl="smallem", n=256)
+    assert values["ch2.beside_pct"] == f"{100 * ours / probe:.0f} %"
     assert data["settings"]["blas"]
     # with chapter 1's record beside it, the rungs go on chapter 1's roofline
     from smallem.build import ROOT
