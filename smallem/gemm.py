@@ -379,10 +379,14 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     return out
 
 
+THREAD_MIN_OPS = 1 << 21  # operations a thread must get before matmul adds it
+
+
 def auto_threads(M: int, N: int, K: int) -> int:
-    """Every usable core, but at least 2 Mop of work each: a parallel region and its
-    barriers cost microseconds (measured by `smallem gemm`), 2 Mop about 25 us of one core."""
-    return max(1, min(checks.threads(None), 2 * M * N * K // (1 << 21)))
+    """Every usable core, but at least THREAD_MIN_OPS (2 Mop) of work each: a parallel region
+    and its barriers cost microseconds, 2 Mop tens of microseconds of one core (both
+    measured by `smallem gemm`)."""
+    return max(1, min(checks.threads(None), 2 * M * N * K // THREAD_MIN_OPS))
 
 
 def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
@@ -890,7 +894,11 @@ def pool_values(rec: dict) -> dict:
             "ch2.pool_ratio": f(spawn / empty),
             "ch2.pool_persistent": ("the same thread ids on every call: the pool persists" if same
                                     else "different thread ids between calls: no persistent pool"),
-            "ch2.pool_calls": str(len(ids))}
+            "ch2.pool_calls": str(len(ids)),
+            "ch2.thread_min_mop": f"{THREAD_MIN_OPS / 1e6:.1f} million",
+            # at one core's share of the FMA peak measured in this run
+            "ch2.thread_min_us": f(THREAD_MIN_OPS / (records.value(rec, "peak_f32") * 1e9
+                                                    / rec["settings"]["threads"]) * 1e6, "µs")}
 
 
 def ladder_figure(rec: dict, peak: float, name: str = "ch2_ladder"):

@@ -323,7 +323,7 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     values = gemm.make_figures(records_tmp)
     for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
                 "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio",
-                "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct"):
+                "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct", "ch2.thread_min_us"):
         assert key in values, key
     figs = tmp_path / "figures"
     for name in ("ch2_ladder.svg", "ch2_sweep.svg", "ch2_roofline.svg", "tables/ch2_ladder.md",
@@ -371,3 +371,12 @@ def test_sweep_summary_says_where_the_model_landed():
     s = gemm._sweep_summary(pts({84: 100.0, 168: 96.0}), "mc", 168, "MC")
     assert "came 4 % below it" in s
     assert "not in this record" in gemm._sweep_summary(pts({84: 1.0}), "mc", 168, "MC")
+
+
+def test_auto_threads_gives_each_thread_enough_work(monkeypatch):
+    monkeypatch.setenv("SMALLEM_THREADS", "4")
+    assert gemm.auto_threads(1, 1, 1) == 1
+    assert 2 * 128**3 == 2 * gemm.THREAD_MIN_OPS  # 128³ is work for exactly two threads
+    assert gemm.auto_threads(128, 128, 128) == 2
+    assert gemm.auto_threads(128, 128, 127) == 1
+    assert gemm.auto_threads(1024, 1024, 1024) == 4
