@@ -527,6 +527,7 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     values = {
         "ch1.cpu": rec["machine"]["cpu"],
         "ch1.cores": str(cores),
+        "ch1.scaling_floor": f"{100 * SCALING_FLOOR:.0f} %",
         "ch1.isa": rec["settings"]["isa"],
         "ch1.clock": f(sm["clock_ghz"], "GHz"),
         "ch1.fma_pipes": str(th["pipes"]),

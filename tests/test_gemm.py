@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from smallem import checks, gemm, machine, records
+from smallem import checks, figures, gemm, machine, records
 
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 2), (2, 3, 5), (7, 13, 11), (17, 31, 29), (37, 19, 41),
           (6, 16, 8), (13, 33, 64)]
@@ -352,6 +352,8 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
         peak, _ = gemm._peak(data, records_tmp)
         ours = records.value(data, "sweep", impl="smallem", n=256)
         assert values["ch2.sweep_pct_peak_256"] == f"{100 * ours / peak:.0f} %"
+        per_core = peak * 1e9 / data["settings"]["threads"]
+        assert values["ch2.thread_min_us"] == figures.fmt(gemm.THREAD_MIN_OPS / per_core * 1e6, "µs")
 
 
 def test_make_figures_without_record_is_skipped(records_tmp, tmp_path):

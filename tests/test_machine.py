@@ -145,6 +145,7 @@ def test_quick_run_makes_table_and_figures(records_tmp, monkeypatch):
     for name in ("ch1_staircase", "ch1_roofline"):
         assert (figures.figures_dir() / f"{name}.svg").stat().st_size > 1000
     assert values["ch1.cores"] == str(max(rec.data["settings"]["threads"]))
+    assert values["ch1.scaling_floor"] == f"{100 * machine.SCALING_FLOOR:.0f} %"
     assert all(isinstance(v, str) and v for v in values.values())
 
 
