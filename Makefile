@@ -19,7 +19,7 @@ MEASURE += bench-train
 
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup test book chromium cross figures build site clean
+.PHONY: setup test book chromium cross simde figures build site clean
 
 setup: $(STAMP)
 
@@ -55,10 +55,22 @@ cross:
 	  || echo "could not install gcc-aarch64-linux-gnu: the arm64 build test will be skipped"; \
 	fi
 
+# Debian's SIMDe headers, so the tests can run the AVX-512 kernels on a CPU without AVX-512
+# (SMALLEM_EMULATE=avx512; see smallem/isa.py). Best effort: without them those runs are skipped.
+simde:
+	@if echo '#include <simde/x86/avx512.h>' | $${CC:-cc} -E -x c - >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing libsimde-dev for the emulated AVX-512 tests"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libsimde-dev >/dev/null \
+	  || { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libsimde-dev >/dev/null; } \
+	  || echo "could not install libsimde-dev: the emulated AVX-512 tests will be skipped"; \
+	fi
+
 figures: setup
 	$(PY) -m smallem figures
 
-test: setup chromium cross
+test: setup chromium cross simde
 	$(PY) -m smallem figures
 	$(PY) -m pytest tests
 

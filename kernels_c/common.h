@@ -1,9 +1,11 @@
 /* Shared by every kernel file: sizes, the ISA macros, OpenMP if present.
  *
- * The build defines nothing of its own: which vector code a file compiles is
- * decided by the compiler's own macros (__AVX512F__, __AVX2__, __FMA__,
- * __AVX512BF16__, __AVX512VNNI__), which follow the -m flags of the ISA level.
- * A file written for AVX-512 therefore always has an AVX2 and a plain-C branch.
+ * Which vector code a file compiles is decided by the compiler's own macros
+ * (__AVX512F__, __AVX2__, __FMA__, __AVX512BF16__, __AVX512VNNI__), which follow
+ * the -m flags of the ISA level, and is named here as SM_AVX512, SM_AVX2,
+ * SM_AVX512_BF16 and SM_AVX512_VNNI. A file written for AVX-512 therefore always
+ * has an AVX2 and a plain-C branch. The one macro the build may add itself is
+ * SM_EMULATE_AVX512, for tests (emulate.h).
  */
 #pragma once
 #include <stddef.h>
@@ -18,8 +20,18 @@
 #include <omp.h>
 #endif
 
+#if defined(SM_EMULATE_AVX512)
+#include "emulate.h"
+#else
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define SM_AVX512 1
+#endif
+#if defined(__AVX512BF16__)
+#define SM_AVX512_BF16 1
+#endif
+#if defined(__AVX512VNNI__)
+#define SM_AVX512_VNNI 1
+#endif
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 #define SM_AVX2 1

@@ -381,7 +381,7 @@ static void pack_b_panel_bf16(int nr, int kb, const uint16_t *b, size_t rs, size
                 bp[(size_t)k * NR + j] = j < nr ? bf16_to_f32(b[k * rs + j * cs]) : 0.0f;
 }
 
-#if defined(SM_AVX512) && defined(__AVX512BF16__)
+#if defined(SM_AVX512) && defined(SM_AVX512_BF16)
 /* --8<-- [start:bf16_kernel] */
 /* Native bf16: vdpbf16ps multiplies pairs of bf16 (k, k+1) and adds both
  * products into one f32 lane, so A is packed as 32-bit pairs (broadcast once

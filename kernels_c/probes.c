@@ -101,7 +101,7 @@ double probe_fma_f32(long long iters, int nthreads, float *sink)
  * by a 16-bit shift and the product is an ordinary FMA. */
 static float bf16_one_thread(long long iters)
 {
-#if defined(__AVX512BF16__)
+#if defined(SM_AVX512_BF16)
     enum { NACC = 16 };
     __m512 acc[NACC];
     __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);   /* 1.0 */
@@ -160,7 +160,7 @@ static float bf16_one_thread(long long iters)
 
 static double bf16_ops_per_iter(void)
 {
-#if defined(__AVX512BF16__)
+#if defined(SM_AVX512_BF16)
     return 16 * 64;
 #elif defined(SM_AVX2)
     return 6 * 2 * 8 * 2;   /* 6 accumulators x 2 FMAs x 8 lanes x 2 ops */
@@ -183,7 +183,7 @@ double probe_dot_bf16(long long iters, int nthreads, float *sink)
  * vpmaddwd by ones (int16 pairs to int32), vpaddd (accumulate). */
 static int32_t int8_one_thread(long long iters)
 {
-#if defined(__AVX512VNNI__)
+#if defined(SM_AVX512_VNNI)
     enum { NACC = 16 };
     __m512i acc[NACC];
     __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
@@ -229,7 +229,7 @@ static int32_t int8_one_thread(long long iters)
 
 static double int8_ops_per_iter(void)
 {
-#if defined(__AVX512VNNI__)
+#if defined(SM_AVX512_VNNI)
     return 16 * 128;
 #elif defined(SM_AVX2)
     return 6 * 32 * 2;
@@ -247,7 +247,7 @@ double probe_dot_int8(long long iters, int nthreads, int32_t *sink)
 
 int probe_has_native_bf16(void)
 {
-#if defined(__AVX512BF16__)
+#if defined(SM_AVX512_BF16)
     return 1;
 #else
     return 0;
@@ -256,7 +256,7 @@ int probe_has_native_bf16(void)
 
 int probe_has_native_int8(void)
 {
-#if defined(__AVX512VNNI__)
+#if defined(SM_AVX512_VNNI)
     return 1;
 #else
     return 0;

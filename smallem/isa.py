@@ -4,6 +4,12 @@ Three levels, best first: ``avx512`` (F/BW/VL/DQ, plus VNNI and BF16 where the
 CPU has them), ``avx2`` (with FMA and F16C) and ``generic`` (portable C, the only
 level on arm64 or any non-x86 CPU). The best level the CPU supports is chosen at
 run time; ``SMALLEM_ISA=avx2`` (or ``generic``, ``avx512``) forces one.
+
+For tests, ``SMALLEM_EMULATE=avx512`` makes the ``avx512`` level (with VNNI and
+BF16) available on an AVX2 CPU that lacks it: the kernels are then compiled with
+SIMDe's portable definitions of the AVX-512 intrinsics (``kernels_c/emulate.h``;
+Debian's ``libsimde-dev``). The results are those of the AVX-512 code, the speed is
+not: records refuse to be made in this mode. On a CPU with AVX-512 it does nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import functools
 import os
 import platform
 import subprocess
+import tempfile
+from pathlib import Path
 
 LEVELS = ("avx512", "avx2", "generic")
 
@@ -63,13 +71,54 @@ def supported(level: str, flags: frozenset[str] | None = None) -> bool:
         raise ValueError(f"unknown ISA level {level!r}; choose one of {LEVELS}")
     if level != "generic" and not is_x86():
         return False
+    if flags is None and emulating(level):
+        return True
     flags = cpu_flags() if flags is None else flags
     return REQUIRED[level] <= flags
 
 
+EMULATE_ENV = "SMALLEM_EMULATE"
+
+
+def emulating(level: str = "avx512") -> bool:
+    """Whether ``level`` runs through SIMDe here (``SMALLEM_EMULATE=avx512`` on a CPU without it).
+
+    Raises :class:`ISAError` if emulation is asked for but cannot be had.
+    """
+    wanted = os.environ.get(EMULATE_ENV, "")
+    if not wanted or level != "avx512" or REQUIRED["avx512"] <= cpu_flags():
+        return False
+    if wanted.strip().lower() != "avx512":
+        raise ISAError(f"{EMULATE_ENV}={wanted!r}: the only level that can be emulated is avx512")
+    reason = emulation_unavailable()
+    if reason:
+        raise ISAError(f"{EMULATE_ENV}=avx512 cannot be used here: {reason}")
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def emulation_unavailable() -> str | None:
+    """Why SIMDe emulation of AVX-512 cannot run on this machine, or None if it can."""
+    if not is_x86() or not REQUIRED["avx2"] <= cpu_flags():
+        return "it runs on AVX2, which this CPU lacks"
+    from . import build  # the compiler, found as the build finds it
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "t.c")
+        src.write_text("#include <simde/x86/avx512.h>\nint main(void){return 0;}\n")
+        try:
+            r = subprocess.run([build.compiler(), *compile_flags("avx2", ()), "-c", str(src),
+                                "-o", str(Path(tmp, "t.o"))], capture_output=True, text=True)
+        except (OSError, build.BuildError) as e:
+            return str(e)
+    if r.returncode != 0:
+        return "the C compiler finds no SIMDe headers (Debian/Ubuntu: apt install libsimde-dev)"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def best() -> str:
-    return next(level for level in LEVELS if supported(level))
+    return next(level for level in LEVELS if supported(level, cpu_flags()))  # never emulated
 
 
 def selected() -> str:
@@ -77,11 +126,11 @@ def selected() -> str:
     forced = os.environ.get("SMALLEM_ISA", "")
     if not forced:
         return best()
-    return _forced(forced)
+    return _forced(forced, os.environ.get(EMULATE_ENV, ""))
 
 
 @functools.lru_cache(maxsize=8)
-def _forced(forced: str) -> str:
+def _forced(forced: str, emulate: str) -> str:
     forced = forced.strip().lower()
     if forced not in LEVELS:
         raise ISAError(f"SMALLEM_ISA={forced!r} is not one of {', '.join(LEVELS)}")
@@ -96,6 +145,8 @@ def _forced(forced: str) -> str:
 
 def extensions(level: str, flags: frozenset[str] | None = None) -> tuple[str, ...]:
     """Optional extensions of ``level`` that this CPU (or ``flags``) has."""
+    if flags is None and emulating(level):
+        return OPTIONAL[level]  # SIMDe has them all
     flags = cpu_flags() if flags is None else flags
     return tuple(e for e in OPTIONAL.get(level, ()) if e in flags)
 
@@ -105,6 +156,8 @@ def compile_flags(level: str, exts: tuple[str, ...]) -> list[str]:
     if level == "generic":
         return []
     flags = ["-mavx2", "-mfma", "-mf16c"]
+    if emulating(level):
+        return flags + ["-DSM_EMULATE_AVX512"]
     if level == "avx512":
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mprefer-vector-width=512"]
@@ -119,6 +172,7 @@ def describe() -> dict:
         "extensions": list(extensions(level)),
         "supported": [l for l in LEVELS if supported(l)],
         "forced": bool(os.environ.get("SMALLEM_ISA")),
+        "emulated": emulating(level),
         "arch": platform.machine(),
     }
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import machine_info
+from . import isa, machine_info
 from .build import ROOT
 
 SCHEMA = "smallem.record/1"
@@ -56,6 +56,9 @@ class Record:
     """Collects results of one measurement run, then writes them as one file."""
 
     def __init__(self, name: str, settings: dict | None = None, machine: dict | None = None):
+        if isa.emulating():
+            raise RecordError(f"{isa.EMULATE_ENV} is set: the AVX-512 kernels run through SIMDe's "
+                              f"emulation, whose timings mean nothing; unset it to measure")
         self.name = name
         commit, dirty = git_commit()
         self.data = {

@@ -1,7 +1,10 @@
 """Shared test fixtures.
 
 - ``level``: parametrizes a test over every ISA level this CPU can run; levels
-  it cannot run appear as visible skips, never as silent passes.
+  it cannot run appear as visible skips, never as silent passes. One more
+  parameter, ``avx512-simde``, runs the AVX-512 code on a CPU without it
+  through SIMDe (``SMALLEM_EMULATE=avx512``), so its results are checked here
+  too; a test that times something skips it with ``no_emulation``.
 - ``rng``: a seeded numpy Generator.
 - ``records_tmp``: an empty records folder (SMALLEM_RECORDS) so tests never
   overwrite the committed records.
@@ -17,12 +20,27 @@ import pytest
 from smallem import isa
 
 
-@pytest.fixture(params=isa.LEVELS)
+EMULATED = "avx512-simde"
+
+
+@pytest.fixture(params=[*isa.LEVELS, EMULATED])
 def level(request, monkeypatch):
     lvl = request.param
+    if lvl == EMULATED:
+        if isa.supported("avx512", isa.cpu_flags()):
+            pytest.skip("this CPU runs AVX-512 itself: the avx512 parameter tests the real thing")
+        if request.node.get_closest_marker("no_emulation"):
+            pytest.skip("this test times its kernel: emulated AVX-512 has no meaningful speed")
+        reason = isa.emulation_unavailable()
+        if reason:
+            pytest.skip(f"AVX-512 through SIMDe: {reason}")
+        monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
+        monkeypatch.setenv("SMALLEM_ISA", "avx512")
+        return "avx512"
     if not isa.supported(lvl):
         pytest.skip(f"ISA {lvl} cannot run on this CPU ({isa.cpu_flags() and 'flags lack it' or 'not x86'}); "
-                    f"it is compile-checked by test_build.py")
+                    f"it is compile-checked by test_build.py"
+                    f"{' and run through SIMDe as avx512-simde' if lvl == 'avx512' else ''}")
     monkeypatch.setenv("SMALLEM_ISA", lvl)
     return lvl
 

@@ -57,6 +57,53 @@ def test_bogus_isa_raises(monkeypatch):
         build.load("stream")
 
 
+def test_emulated_avx512_builds_the_avx512_code(monkeypatch):
+    # The `level` fixture's avx512-simde parameter is only worth something if the module it
+    # loads is the AVX-512 code: its 14 x 32 micro-kernel and its vdpbf16ps path.
+    if isa.supported("avx512", isa.cpu_flags()):
+        pytest.skip("this CPU runs AVX-512 itself; emulation is off here by design")
+    if isa.emulation_unavailable():
+        pytest.skip(f"AVX-512 through SIMDe: {isa.emulation_unavailable()}")
+    from smallem import gemm
+
+    monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
+    monkeypatch.setenv("SMALLEM_ISA", "avx512")
+    assert isa.selected() == "avx512" and isa.describe()["emulated"]
+    assert "-DSM_EMULATE_AVX512" in isa.compile_flags("avx512", isa.extensions("avx512"))
+    assert gemm.kernel_shape("avx512") == (14, 32)
+    assert gemm.native_bf16("avx512")
+    monkeypatch.delenv(isa.EMULATE_ENV)  # and without it, the CPU's own answer again
+    with pytest.raises(isa.ISAError, match="cannot run on this CPU"):
+        isa.selected()
+
+
+def test_emulation_never_applies_by_itself_or_to_measurements(monkeypatch, tmp_path):
+    monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
+    isa.best.cache_clear()
+    try:
+        assert isa.best() == next(l for l in isa.LEVELS if isa.supported(l, isa.cpu_flags()))
+    finally:
+        isa.best.cache_clear()
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset(isa.REQUIRED["avx512"]))
+    assert not isa.emulating()  # a CPU with AVX-512 runs the real thing
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset(isa.REQUIRED["avx2"]))
+    monkeypatch.setattr(isa, "emulation_unavailable", lambda: None)
+    assert isa.emulating() and not isa.emulating("avx2")
+    with pytest.raises(records.RecordError, match="SIMDe"):
+        records.Record("anything")
+    monkeypatch.setenv(isa.EMULATE_ENV, "avx2")
+    with pytest.raises(isa.ISAError, match="only level that can be emulated is avx512"):
+        isa.emulating()
+
+
+def test_emulation_without_simde_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset(isa.REQUIRED["avx2"]))
+    monkeypatch.setattr(isa, "emulation_unavailable", lambda: "the C compiler finds no SIMDe headers")
+    monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
+    with pytest.raises(isa.ISAError, match="SIMDe headers"):
+        isa.supported("avx512")
+
+
 def test_forced_isa_is_the_one_built(monkeypatch):
     monkeypatch.setenv("SMALLEM_ISA", "generic")
     assert isa.selected() == "generic"

@@ -9,6 +9,7 @@ import pytest
 from smallem import build, checks, machine, records
 
 
+@pytest.mark.no_emulation
 def test_clock_is_plausible(level):
     clock = machine.measure_clock(repeats=1)
     assert 0.2e9 < clock["median"] < 8e9, clock
