@@ -879,8 +879,9 @@ def dtype_rows(rec: dict) -> tuple[list[list], dict]:
                      f"{100 * g16 / g32:.0f} %"])
         values[f"ch2.bf16_{i}_gops"] = f(g16, "Gop/s")
         values[f"ch2.bf16_{i}_ratio"] = f"{100 * g16 / g32:.0f} %"
-    values["ch2.bf16_path"] = ("native vdpbf16ps" if rec["settings"]["native_bf16"]
-                               else "widened to f32 in packing (no AVX512_BF16 here)")
+    values["ch2.bf16_path"] = ("AVX512_BF16, the native vdpbf16ps kernel"
+                               if rec["settings"]["native_bf16"]
+                               else "no AVX512_BF16, bf16 widened to f32 in packing")
     return rows, values
 
 
