@@ -6,7 +6,9 @@
 # 2. runs tests/test_cuda.py (correctness of every kernel on awkward shapes, validation);
 # 3. runs `python -m smallem gpu-check --out OUTDIR`: chapters 1 and 2 measured, records
 #    ch1.gpu.json and ch2.gpu.json plus gpu_tables.md written to OUTDIR.
-# Logs go to OUTDIR too. Budget: about 1 minute of tests, 3 to 4 of measurements.
+# 4. if this host's CPU has AVX512_BF16 (the book's own machine may not): the GEMM tests at
+#    the avx512 level on real hardware, then `smallem gemm-bf16` (record ch2.bf16.json).
+# Logs go to OUTDIR too. Budget: about 1 minute of tests, 3 to 4 of measurements, 1 to 2 for 4.
 # Copy the records into figures/records/ and run `smallem figures` to update the book.
 set -uo pipefail
 OUT=${1:?usage: kernels_cuda/gpu_check.sh OUTDIR [--quick]}
@@ -46,5 +48,15 @@ timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: tests FAILED (measuring anyway)"; status=1; }
 timeout 330 "$PY" -m smallem gpu-check --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu-check.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: measurements FAILED"; status=1; }
+if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then
+    echo "gpu_check: this host's CPU has AVX512_BF16: AVX-512 GEMM tests, then the bf16 check"
+    timeout 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_gemm.py -k "avx512 and not simde" \
+        2>&1 | tee "$OUT/pytest-avx512.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: AVX-512 GEMM tests FAILED"; status=1; }
+    SMALLEM_RECORDS="$OUT" timeout 150 "$PY" -m smallem gemm-bf16 2>&1 | tee "$OUT/gemm-bf16.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: bf16 check FAILED"; status=1; }
+else
+    echo "gpu_check: this host's CPU has no AVX512_BF16: no bf16 check"
+fi
 ls -l "$OUT"
 exit $status

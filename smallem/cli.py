@@ -20,6 +20,8 @@ COMMANDS = {
     "build": ("smallem.cli:cmd_build", "compile the C kernels into the cache"),
     "machine": ("smallem.machine:cmd_machine", "chapter 1: measure this machine"),
     "gemm": ("smallem.gemm:cmd_gemm", "chapter 2: measure the matrix-product ladder"),
+    "gemm-bf16": ("smallem.gemm:cmd_gemm_bf16",
+                  "chapter 2: f32 against bf16 inputs only (for a second CPU, with AVX512_BF16)"),
     "gpu-check": ("smallem.gpu:cmd_gpu_check", "chapters 1-2 on the GPU: measure, write records to --out"),
     "figures": ("smallem.cli:cmd_figures", "regenerate figures and tables from records"),
     "train": ("smallem.train:cmd_train", "chapter 3: train a GPT on the CPU"),

@@ -513,6 +513,44 @@ def model_shapes() -> list[dict]:
     ]
 
 
+def _measure_dtypes(rec, sizes, cores, quick, rng, step=lambda what: None):
+    """f32 against bf16 inputs, same shapes and threads, timed in turn: "dtype" results."""
+    for M, K, N in sizes:
+        a = rng.standard_normal((M, K), dtype=np.float32)
+        b = rng.standard_normal((K, N), dtype=np.float32)
+        c = np.empty((M, N), np.float32)
+        ha, hb = f32_to_bf16(a), f32_to_bf16(b)
+        res = _compare({"f32": lambda: matmul(a, b, out=c),
+                        "bf16": lambda: matmul_bf16(ha, hb, out=c)}, M, N, K, quick=quick,
+                       pause=0.0)
+        for kind, r in res.items():
+            rec.add("dtype", "Gop/s", r["value"], seconds=r["seconds"], dtype=kind, M=M, N=N, K=K,
+                    threads=cores)
+        step(f"f32, bf16 {M}x{K}x{N}")
+
+
+BF16_RECORD = "ch2.bf16"
+
+
+def run_bf16(quick: bool | None = None) -> records.Record:
+    """Only the f32-against-bf16 products of :func:`run`, plus 2048³: about a minute.
+
+    For a second machine whose CPU has AVX512_BF16 when the book's own has not (the GPU
+    check runs it on its host); chapter 2 shows this record beside its own bf16 table.
+    """
+    quick = quick_mode() if quick is None else quick
+    cores = checks.threads(None)
+    level = isa.selected()
+    first = model_shapes()[0]
+    sizes = ([(128, 128, 128), (first["M"] // 16, first["K"] // 16, first["N"] // 16)] if quick
+             else [(1024, 1024, 1024), (2048, 2048, 2048), (first["M"], first["K"], first["N"])])
+    rec = records.Record(BF16_RECORD, settings={
+        "quick": quick, "threads": cores, "isa": level, "native_bf16": native_bf16(level),
+        "blocks": default_blocks(level), "sizes": sizes})
+    _measure_dtypes(rec, sizes, cores, quick, np.random.default_rng(0))
+    return rec
+
+
 def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     """Measure the ladder, the sweep, the model shapes, bf16 and the pool; one record."""
     from tqdm import tqdm
@@ -647,18 +685,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         step(sh["label"])
     del a, b, c
     first = shapes[0]
-    for M, K, N in ((n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])):
-        a = rng.standard_normal((M, K), dtype=np.float32)
-        b = rng.standard_normal((K, N), dtype=np.float32)
-        c = np.empty((M, N), np.float32)
-        ha, hb = f32_to_bf16(a), f32_to_bf16(b)
-        res = _compare({"f32": lambda: matmul(a, b, out=c),
-                        "bf16": lambda: matmul_bf16(ha, hb, out=c)}, M, N, K, quick=quick,
-                       pause=0.0)
-        for kind, r in res.items():
-            rec.add("dtype", "Gop/s", r["value"], seconds=r["seconds"], dtype=kind, M=M, N=N, K=K,
-                    threads=cores)
-        step(f"f32, bf16 {M}x{K}x{N}")
+    _measure_dtypes(rec, [(n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])],
+                    cores, quick, rng, step)
     reps = 50 if quick else 2000
     for name, fn in (("empty_region", lambda: lib.gemm_empty_regions(reps, cores)),
                      ("spawn_join", lambda: lib.gemm_spawn_join(reps // 10, cores))):
@@ -867,7 +895,7 @@ def shape_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
-def dtype_rows(rec: dict) -> tuple[list[list], dict]:
+def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
     f = figures.fmt
     rows, values = [], {}
     sizes = list(dict.fromkeys((r["params"]["M"], r["params"]["K"], r["params"]["N"])
@@ -877,12 +905,33 @@ def dtype_rows(rec: dict) -> tuple[list[list], dict]:
         g16 = records.value(rec, "dtype", dtype="bf16", M=M, K=K, N=N)
         rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), f(g16, "Gop/s"),
                      f"{100 * g16 / g32:.0f} %"])
-        values[f"ch2.bf16_{i}_gops"] = f(g16, "Gop/s")
-        values[f"ch2.bf16_{i}_ratio"] = f"{100 * g16 / g32:.0f} %"
-    values["ch2.bf16_path"] = ("AVX512_BF16, the native vdpbf16ps kernel"
-                               if rec["settings"]["native_bf16"]
-                               else "no AVX512_BF16, bf16 widened to f32 in packing")
+        values[f"{prefix}_{i}_gops"] = f(g16, "Gop/s")
+        values[f"{prefix}_{i}_ratio"] = f"{100 * g16 / g32:.0f} %"
+    values[f"{prefix}_path"] = ("AVX512_BF16, the native vdpbf16ps kernel"
+                                if rec["settings"]["native_bf16"]
+                                else "no AVX512_BF16, bf16 widened to f32 in packing")
     return rows, values
+
+
+def bf16_elsewhere(rec_dir) -> dict:
+    """Table ch2_bf16_native and its sentence, from the second machine's record if any."""
+    header = ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"]
+    if not records.exists(BF16_RECORD, rec_dir):
+        figures.write_table("ch2_bf16_native", [["not measured yet", "", "", ""]], header)
+        return {"ch2.bf16_native_line": (
+            f"No record `{BF16_RECORD}` from a CPU with AVX512_BF16 is committed yet: "
+            "`smallem gemm-bf16` on one writes it, and the GPU check "
+            "(`kernels_cuda/gpu_check.sh`) runs it on its host when that CPU has AVX512_BF16.")}
+    rec = records.load(BF16_RECORD, rec_dir)
+    rows, values = dtype_rows(rec, prefix="ch2.bf16_native")
+    figures.write_table("ch2_bf16_native", rows, header,
+                        note=f"Machine: {figures.machine_line(rec)}; "
+                             f"bf16 path: {values['ch2.bf16_native_path']}.")
+    values["ch2.bf16_native_line"] = (
+        f"The same comparison on a second machine, from its record `{BF16_RECORD}` "
+        f"({figures.machine_line(rec)}, {rec['settings']['threads']} threads; "
+        f"{values['ch2.bf16_native_path']}):")
+    return values
 
 
 def pool_values(rec: dict, rec_dir=None) -> dict:
@@ -1119,6 +1168,7 @@ def make_figures(rec_dir) -> dict:
     values.update(v)
     figures.write_table("ch2_bf16", r, ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"],
                         note=note + f" bf16 path: {values['ch2.bf16_path']}.")
+    values.update(bf16_elsewhere(rec_dir))
     r, v = mc_rows(rec)
     values.update(v)
     figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block",
@@ -1148,6 +1198,22 @@ def make_figures(rec_dir) -> dict:
 def add_gemm_arguments(p):
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
     p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+
+
+def add_gemm_bf16_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
+    p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+
+
+def cmd_gemm_bf16(args) -> int:
+    rec = run_bf16(quick=args.quick or quick_mode())
+    rows, values = dtype_rows(rec.data, prefix="ch2.bf16_native")
+    print(f"{figures.machine_line(rec.data)}; {values['ch2.bf16_native_path']}")
+    for r in rows:
+        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 {r[2]:>12}  ({r[3]})")
+    if not args.no_save:
+        print(f"wrote {rec.save()}")
+    return 0
 
 
 def cmd_gemm(args) -> int:

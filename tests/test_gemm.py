@@ -356,6 +356,53 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
         assert values["ch2.thread_min_us"] == figures.fmt(gemm.THREAD_MIN_OPS / per_core * 1e6, "µs")
 
 
+def test_bf16_check_for_a_second_machine(records_tmp, tmp_path, capsys):
+    from smallem import cli
+    from smallem.build import ROOT
+
+    committed = ROOT / "figures" / "records" / f"{gemm.RECORD}.json"
+    if not committed.is_file():
+        pytest.skip("no committed chapter-2 record to draw the page's tables beside")
+    records_tmp.mkdir(parents=True, exist_ok=True)
+    (records_tmp / committed.name).write_text(committed.read_text())
+    values = gemm.make_figures(records_tmp)
+    assert values["ch2.bf16_native_line"].startswith(f"No record `{gemm.BF16_RECORD}`")
+    table = tmp_path / "figures" / "tables" / "ch2_bf16_native.md"
+    assert "not measured yet" in table.read_text()
+
+    assert cli.main(["gemm-bf16", "--quick"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    data = records.load(gemm.BF16_RECORD, records_tmp)
+    sizes = {(r["params"]["M"], r["params"]["K"], r["params"]["N"])
+             for r in records.results(data, "dtype")}
+    assert sizes == {tuple(x) for x in data["settings"]["sizes"]} and len(sizes) == 2
+    assert data["settings"]["native_bf16"] == gemm.native_bf16()
+    values = gemm.make_figures(records_tmp)
+    assert values["ch2.bf16_native_line"].startswith("The same comparison on a second machine")
+    assert values["ch2.bf16_native_path"] in values["ch2.bf16_native_line"]
+    M, K, N = data["settings"]["sizes"][0]
+    g32 = records.value(data, "dtype", dtype="f32", M=M, K=K, N=N)
+    g16 = records.value(data, "dtype", dtype="bf16", M=M, K=K, N=N)
+    assert values["ch2.bf16_native_0_ratio"] == f"{100 * g16 / g32:.0f} %"
+    assert f"{M}×{K}×{N}" in table.read_text() and "not measured" not in table.read_text()
+
+
+def test_gpu_check_selects_the_real_avx512_gemm_tests():
+    # On a GPU host whose CPU has AVX512_BF16, gpu_check.sh runs these on the hardware itself.
+    import re
+
+    from smallem.build import ROOT
+
+    script = (ROOT / "kernels_cuda" / "gpu_check.sh").read_text()
+    selection = re.search(r'tests/test_gemm\.py -k "([^"]+)"', script).group(1)
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "tests/test_gemm.py", "-k", selection], cwd=ROOT, capture_output=True, text=True)
+    ids = [line for line in r.stdout.splitlines() if "::" in line]
+    assert ids and all("avx512" in i and "simde" not in i for i in ids)
+    for test in ("test_rung_against_numpy", "test_matmul_transposes", "test_matmul_bf16"):
+        assert any(f"::{test}[" in i for i in ids), (test, r.stdout[-2000:])
+
+
 def test_make_figures_without_record_is_skipped(records_tmp, tmp_path):
     assert gemm.make_figures(records_tmp) == {}
     # the rung-to-rung diffs come from the source and are written all the same
