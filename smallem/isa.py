@@ -71,10 +71,9 @@ def supported(level: str, flags: frozenset[str] | None = None) -> bool:
         raise ValueError(f"unknown ISA level {level!r}; choose one of {LEVELS}")
     if level != "generic" and not is_x86():
         return False
-    if flags is None and emulating(level):
+    if REQUIRED[level] <= (cpu_flags() if flags is None else flags):
         return True
-    flags = cpu_flags() if flags is None else flags
-    return REQUIRED[level] <= flags
+    return flags is None and emulating(level)  # checked last: an environment lookup costs ~1 us
 
 
 EMULATE_ENV = "SMALLEM_EMULATE"
@@ -85,8 +84,10 @@ def emulating(level: str = "avx512") -> bool:
 
     Raises :class:`ISAError` if emulation is asked for but cannot be had.
     """
+    if level != "avx512" or REQUIRED["avx512"] <= cpu_flags():
+        return False
     wanted = os.environ.get(EMULATE_ENV, "")
-    if not wanted or level != "avx512" or REQUIRED["avx512"] <= cpu_flags():
+    if not wanted:
         return False
     if wanted.strip().lower() != "avx512":
         raise ISAError(f"{EMULATE_ENV}={wanted!r}: the only level that can be emulated is avx512")
