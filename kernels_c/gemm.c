@@ -387,26 +387,44 @@ static void pack_b_panel_bf16(int nr, int kb, const uint16_t *b, size_t rs, size
  * products into one f32 lane, so A is packed as 32-bit pairs (broadcast once
  * per pair) and B as NR columns of pairs. kc is padded to even with a zero. */
 #define NATIVE_BF16 1
+
+/* x[0] and x[step] as one 32-bit pair, x[0] in the low half (x86 is little-endian). */
+static inline uint32_t bf16_pair(const uint16_t *x, size_t step)
+{
+    return x[0] | (uint32_t)x[step] << 16;
+}
+
 static void pack_a_pairs(int mb, int kb, const uint16_t *a, size_t rs, size_t cs, uint16_t *ap)
 {
-    const int kp = (kb + 1) / 2;
+    const int kp = (kb + 1) / 2, whole = kb / 2; /* pairs, and pairs with no padding */
     /* panels stay MR*kb floats apart, as the driver expects: MR*kp pairs fit in that */
     for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb * 2) {
         const int mr = MIN(MR, mb - ir);
-        for (int k = 0; k < 2 * kp; k++)
-            for (int r = 0; r < MR; r++)
-                ap[((size_t)(k / 2) * MR + r) * 2 + k % 2] =
-                    r < mr && k < kb ? a[(ir + r) * rs + k * cs] : 0;
+        uint32_t *dst = (uint32_t *)ap;
+        for (int p = 0; p < kp; p++)
+            for (int r = 0; r < MR; r++) {
+                const uint16_t *x = a + (ir + r) * rs + 2 * p * cs;
+                dst[(size_t)p * MR + r] = r >= mr ? 0 : p < whole ? bf16_pair(x, cs) : x[0];
+            }
     }
 }
 
-static void pack_b_panel_pairs(int nr, int kb, const uint16_t *b, size_t rs, size_t cs,
-                               uint16_t *bp)
+/* B's rows two at a time, left to right across every panel, as pack_b reads
+ * f32 (panel by panel, each pair of rows would be a jump of two rows of B). */
+static void pack_b_pairs(int nb, int kb, const uint16_t *b, size_t rs, size_t cs, float *bp)
 {
-    const int kp = (kb + 1) / 2;
-    for (int k = 0; k < 2 * kp; k++)
-        for (int j = 0; j < NR; j++)
-            bp[((size_t)(k / 2) * NR + j) * 2 + k % 2] = j < nr && k < kb ? b[k * rs + j * cs] : 0;
+    const int kp = (kb + 1) / 2, whole = kb / 2;
+    for (int p = 0; p < kp; p++)
+        for (int jr = 0; jr < nb; jr += NR) {
+            const int nr = MIN(NR, nb - jr);
+            const uint16_t *x = b + 2 * p * rs + jr * cs;
+            uint32_t *dst = (uint32_t *)(bp + (size_t)jr * kb) + (size_t)p * NR;
+            if (nr == NR && p < whole && cs == 1) /* B as stored: this loop vectorises */
+                for (int j = 0; j < NR; j++) dst[j] = x[j] | (uint32_t)x[rs + j] << 16;
+            else
+                for (int j = 0; j < NR; j++)
+                    dst[j] = j >= nr ? 0 : p < whole ? bf16_pair(x + j * cs, rs) : x[j * cs];
+        }
 }
 
 static void micro_kernel_bf16(int kb, const uint16_t *a, const uint16_t *b, float *c, int ldc,
@@ -465,14 +483,13 @@ static void pack_b_any(int dtype, int nb, int kb, const void *b, size_t rs, size
         pack_b(nb, kb, (const float *)b, rs, cs, bp);
         return;
     }
-    for (int jr = 0; jr < nb; jr += NR) {
-        const uint16_t *panel = (const uint16_t *)b + jr * cs;
 #ifdef NATIVE_BF16
-        pack_b_panel_pairs(MIN(NR, nb - jr), kb, panel, rs, cs, (uint16_t *)(bp + (size_t)jr * kb));
+    pack_b_pairs(nb, kb, (const uint16_t *)b, rs, cs, bp);
 #else
-        pack_b_panel_bf16(MIN(NR, nb - jr), kb, panel, rs, cs, bp + (size_t)jr * kb);
+    for (int jr = 0; jr < nb; jr += NR)
+        pack_b_panel_bf16(MIN(NR, nb - jr), kb, (const uint16_t *)b + jr * cs, rs, cs,
+                          bp + (size_t)jr * kb);
 #endif
-    }
 }
 
 static void tile_any(int dtype, int kb, const float *ap, const float *bp, float *c, int ldc,
