@@ -48,15 +48,17 @@ timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: tests FAILED (measuring anyway)"; status=1; }
 timeout 330 "$PY" -m smallem gpu-check --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu-check.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: measurements FAILED"; status=1; }
-if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then
+if ! grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then
+    echo "gpu_check: this host's CPU has no AVX512_BF16: no bf16 check"
+elif ! "$PY" -c "import cffi" 2>/dev/null || ! command -v "${CC:-cc}" >/dev/null; then
+    echo "gpu_check: this host's CPU has AVX512_BF16, but no cffi or C compiler: no bf16 check"
+else
     echo "gpu_check: this host's CPU has AVX512_BF16: AVX-512 GEMM tests, then the bf16 check"
     timeout 180 "$PY" -m pytest -q -p no:cacheprovider tests/test_gemm.py -k "avx512 and not simde" \
         2>&1 | tee "$OUT/pytest-avx512.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: AVX-512 GEMM tests FAILED"; status=1; }
     SMALLEM_RECORDS="$OUT" timeout 150 "$PY" -m smallem gemm-bf16 2>&1 | tee "$OUT/gemm-bf16.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "gpu_check: bf16 check FAILED"; status=1; }
-else
-    echo "gpu_check: this host's CPU has no AVX512_BF16: no bf16 check"
 fi
 ls -l "$OUT"
 exit $status
