@@ -37,6 +37,14 @@
 #define SM_AVX2 1
 #endif
 
+/* Keep one copy of a function for every caller (GCC otherwise clones it per constant
+ * argument, and a clone may allocate registers worse than the original). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SM_NOCLONE __attribute__((noclone))
+#else
+#define SM_NOCLONE
+#endif
+
 /* An empty asm that "might change" v: stops the compiler hoisting work on v
  * out of a loop, without emitting any instruction. */
 #if defined(__GNUC__)

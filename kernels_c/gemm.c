@@ -286,8 +286,10 @@ static void pack_b(int nb, int kb, const float *b, size_t rs, size_t cs, float *
 /* --8<-- [end:packing] */
 
 /* A tile cut short by the matrix edge: compute the full tile into a scratch
- * tile, then copy the part inside C. */
-static void store_tile(int kb, const float *ap, const float *bp, float *c, int ldc, int mr,
+ * tile, then copy the part inside C. Not cloned: GCC 12's copy for rung 4
+ * (alpha = 1) kept scalars in vector registers through the k loop and, with
+ * AVX-512's 28 accumulators, spilled a B vector to the stack on every step. */
+static SM_NOCLONE void store_tile(int kb, const float *ap, const float *bp, float *c, int ldc, int mr,
                        int nr, float alpha, float beta)
 {
     if (mr == MR && nr == NR) {
