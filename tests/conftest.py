@@ -40,7 +40,7 @@ def level(request, monkeypatch):
     if not isa.supported(lvl):
         pytest.skip(f"ISA {lvl} cannot run on this CPU ({isa.cpu_flags() and 'flags lack it' or 'not x86'}); "
                     f"it is compile-checked by test_build.py"
-                    f"{' and run through SIMDe as avx512-simde' if lvl == 'avx512' else ''}")
+                    f"{' and run through SIMDe as avx512-simde' if lvl == 'avx512' and not isa.emulation_unavailable() else ''}")
     monkeypatch.setenv("SMALLEM_ISA", lvl)
     return lvl
 
