@@ -913,18 +913,25 @@ def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
     return rows, values
 
 
+DTYPE_HEADER = ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"]
+
+
+def _print_dtype_rows(rows):
+    for r in rows:
+        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 {r[2]:>12}  ({r[3]})")
+
+
 def bf16_elsewhere(rec_dir) -> dict:
     """Table ch2_bf16_native and its sentence, from the second machine's record if any."""
-    header = ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"]
     if not records.exists(BF16_RECORD, rec_dir):
-        figures.write_table("ch2_bf16_native", [["not measured yet", "", "", ""]], header)
+        figures.write_table("ch2_bf16_native", [["not measured yet", "", "", ""]], DTYPE_HEADER)
         return {"ch2.bf16_native_line": (
             f"No record `{BF16_RECORD}` from a CPU with AVX512_BF16 is committed yet: "
             "`smallem gemm-bf16` on one writes it, and the GPU check "
             "(`kernels_cuda/gpu_check.sh`) runs it on its host when that CPU has AVX512_BF16.")}
     rec = records.load(BF16_RECORD, rec_dir)
     rows, values = dtype_rows(rec, prefix="ch2.bf16_native")
-    figures.write_table("ch2_bf16_native", rows, header,
+    figures.write_table("ch2_bf16_native", rows, DTYPE_HEADER,
                         note=f"Machine: {figures.machine_line(rec)}; "
                              f"bf16 path: {values['ch2.bf16_native_path']}.")
     values["ch2.bf16_native_line"] = (
@@ -1166,7 +1173,7 @@ def make_figures(rec_dir) -> dict:
                         ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy"], note=note)
     r, v = dtype_rows(rec)
     values.update(v)
-    figures.write_table("ch2_bf16", r, ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"],
+    figures.write_table("ch2_bf16", r, DTYPE_HEADER,
                         note=note + f" bf16 path: {values['ch2.bf16_path']}.")
     values.update(bf16_elsewhere(rec_dir))
     r, v = mc_rows(rec)
@@ -1200,17 +1207,14 @@ def add_gemm_arguments(p):
     p.add_argument("--no-save", action="store_true", help="print the table, write no record")
 
 
-def add_gemm_bf16_arguments(p):
-    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
-    p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+add_gemm_bf16_arguments = add_gemm_arguments  # the same two options
 
 
 def cmd_gemm_bf16(args) -> int:
     rec = run_bf16(quick=args.quick or quick_mode())
     rows, values = dtype_rows(rec.data, prefix="ch2.bf16_native")
     print(f"{figures.machine_line(rec.data)}; {values['ch2.bf16_native_path']}")
-    for r in rows:
-        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 {r[2]:>12}  ({r[3]})")
+    _print_dtype_rows(rows)
     if not args.no_save:
         print(f"wrote {rec.save()}")
     return 0
@@ -1241,8 +1245,7 @@ def cmd_gemm(args) -> int:
         print(f"  sweep {r[0]:>7}: smallem {r[1]:>12}  numpy {r[2]:>12}  ({r[3]})")
     for r in shape_rows(rec.data)[0]:
         print(f"  {r[0]:<36} smallem {r[2]:>12}  numpy {r[3]:>12}  ({r[4]})")
-    for r in dtype_rows(rec.data)[0]:
-        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 {r[2]:>12}  ({r[3]})")
+    _print_dtype_rows(dtype_rows(rec.data)[0])
     for line in targets(rec.data):
         print("  target: " + line)
     pv = pool_values(rec.data)
