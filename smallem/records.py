@@ -39,7 +39,12 @@ def records_dir() -> Path:
     return Path(os.environ.get("SMALLEM_RECORDS", ROOT / "figures" / "records"))
 
 
-def git_commit() -> tuple[str, bool]:
+def git_commit() -> tuple[str, bool | None]:
+    """(commit, dirty) of the tree being measured.
+
+    A copy of the tree without ``.git`` (a lent GPU machine gets one) is "unknown" unless
+    ``$SMALLEM_COMMIT`` names the commit it was copied from; dirty is then None: unknown.
+    """
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                              capture_output=True, text=True, timeout=10)
@@ -49,7 +54,7 @@ def git_commit() -> tuple[str, bool]:
             return sha.stdout.strip(), bool(dirty.stdout.strip())
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return "unknown", False
+    return os.environ.get("SMALLEM_COMMIT") or "unknown", None
 
 
 class Record:
