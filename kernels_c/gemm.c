@@ -462,13 +462,16 @@ static void micro_kernel_bf16(int kb, const uint16_t *a, const uint16_t *b, floa
 
 /* ------------------------------------------------------------------ the final GEMM */
 
-enum { F32 = 0, BF16 = 1 };
+/* bf16 inputs take one of two paths: widened to f32 in packing for the FMA
+ * micro-kernel, or packed as pairs for vdpbf16ps. The second is not always the
+ * faster: a CPU may issue vdpbf16ps at half its FMA rate (see gemm_bf16). */
+enum { F32 = 0, BF16 = 1, BF16_PAIRS = 2 };
 
-/* One packing call for either input type; with AVX512_BF16, bf16 goes into pairs. */
+/* One packing call for any input type. */
 static void pack_a_any(int dtype, int mb, int kb, const void *a, size_t rs, size_t cs, float *ap)
 {
 #ifdef NATIVE_BF16
-    if (dtype == BF16) {
+    if (dtype == BF16_PAIRS) {
         pack_a_pairs(mb, kb, (const uint16_t *)a, rs, cs, (uint16_t *)ap);
         return;
     }
@@ -486,19 +489,21 @@ static void pack_b_any(int dtype, int nb, int kb, const void *b, size_t rs, size
         return;
     }
 #ifdef NATIVE_BF16
-    pack_b_pairs(nb, kb, (const uint16_t *)b, rs, cs, bp);
-#else
+    if (dtype == BF16_PAIRS) {
+        pack_b_pairs(nb, kb, (const uint16_t *)b, rs, cs, bp);
+        return;
+    }
+#endif
     for (int jr = 0; jr < nb; jr += NR)
         pack_b_panel_bf16(MIN(NR, nb - jr), kb, (const uint16_t *)b + jr * cs, rs, cs,
                           bp + (size_t)jr * kb);
-#endif
 }
 
 static void tile_any(int dtype, int kb, const float *ap, const float *bp, float *c, int ldc,
                      int mr, int nr, float alpha, float beta)
 {
 #ifdef NATIVE_BF16
-    if (dtype == BF16) {
+    if (dtype == BF16_PAIRS) {
         if (mr == MR && nr == NR) {
             micro_kernel_bf16(kb, (const uint16_t *)ap, (const uint16_t *)bp, c, ldc, alpha, beta);
             return;
@@ -535,7 +540,7 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                         const void *A, int lda, const void *B, int ldb, float beta, float *C,
                         int ldc, int nthreads, int mc, int kc, int nc, float *work)
 {
-    const size_t es = dtype == BF16 ? 2 : 4; /* element size, bytes */
+    const size_t es = dtype == F32 ? 4 : 2; /* element size, bytes */
     const size_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
     const size_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
     const int mcr = ROUND_UP(mc, MR), ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR);
@@ -609,11 +614,19 @@ void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
                 mc, kc, nc, work);
 }
 
-void gemm_bf16(int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A,
-               int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads,
-               int mc, int kc, int nc, float *work)
+/* native = 1: vdpbf16ps on pairs, where this build has it (gemm_native_bf16);
+ * otherwise, or with native = 0, bf16 is widened to f32 and the FMA kernel runs. */
+void gemm_bf16(int native, int trans_a, int trans_b, int M, int N, int K, float alpha,
+               const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C,
+               int ldc, int nthreads, int mc, int kc, int nc, float *work)
 {
-    gemm_driver(BF16, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
+#ifdef NATIVE_BF16
+    const int dtype = native ? BF16_PAIRS : BF16;
+#else
+    const int dtype = BF16;
+    (void)native;
+#endif
+    gemm_driver(dtype, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
                 mc, kc, nc, work);
 }
 

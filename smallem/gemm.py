@@ -342,7 +342,7 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
 
 # ---------------------------------------------------------------- the package's GEMM
 
-def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level):
+def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level, native=None):
     dtype = F32 if kind == "f32" else U16
     a, lda = _matrix(a, "a", dtype)
     b, ldb = _matrix(b, "b", dtype)
@@ -373,9 +373,12 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     mc, kc, nc = _blocks(blocks, level)
     work = _workspace(ffi, lib, level, N, mc, kc, nc, nthreads)
     ctype = "float" if kind == "f32" else "uint16_t"
-    fn = lib.gemm_f32 if kind == "f32" else lib.gemm_bf16
-    fn(int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
-       _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, mc, kc, nc, work)
+    args = (int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
+            _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, mc, kc, nc, work)
+    if kind == "f32":
+        lib.gemm_f32(*args)
+    else:
+        lib.gemm_bf16(int(native), *args)
     return out
 
 
@@ -404,18 +407,81 @@ def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
 
 
 def matmul_bf16(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
-                threads=None, blocks=None, level=None) -> np.ndarray:
+                threads=None, blocks=None, level=None, path=None) -> np.ndarray:
     """:func:`matmul` for bf16 inputs (``uint16`` arrays, see :func:`f32_to_bf16`), f32 out.
 
-    Products are summed in f32. With AVX512_BF16 the micro-kernel multiplies
-    bf16 pairs natively (vdpbf16ps); elsewhere packing widens to f32 and the f32
-    micro-kernel runs.
+    Products are summed in f32, on one of two paths: ``"widen"`` (packing widens bf16
+    to f32, the f32 micro-kernel runs) or ``"native"`` (``vdpbf16ps`` on bf16 pairs,
+    where the CPU has AVX512_BF16). ``path=None`` takes :func:`bf16_path`'s choice.
     """
-    return _gemm("bf16", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level)
+    level = level or isa.selected()
+    path = bf16_path(level) if path is None else _check_path(path, level)
+    return _gemm("bf16", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level,
+                 native=path == "native")
 
 
 def native_bf16(level: str | None = None) -> bool:
+    """Whether the kernels built for ``level`` have the vdpbf16ps path."""
     return bool(_load(level)[1].gemm_native_bf16())
+
+
+BF16_PATHS = ("widen", "native")
+BF16_ENV = "SMALLEM_BF16"
+_bf16_choice: dict = {}
+
+
+def _check_path(path, level) -> str:
+    if path not in BF16_PATHS:
+        raise ValueError(f"path: expected one of {BF16_PATHS}, got {path!r}")
+    if path == "native" and not native_bf16(level):
+        raise ValueError(f"path='native' needs AVX512_BF16, which the {level!r} kernels lack "
+                         f"(this CPU: {isa.describe()['extensions'] or 'no extensions'})")
+    return path
+
+
+def bf16_path(level: str | None = None) -> str:
+    """The bf16 path :func:`matmul_bf16` takes by default: ``$SMALLEM_BF16`` if set, else
+    "native" where the kernels have vdpbf16ps and it outruns the FMA, else "widen".
+
+    vdpbf16ps does two multiply-adds per f32 lane, an FMA one; but a CPU may issue it at
+    a lower rate. The two probes of chapter 1 decide, once per process and level, on one
+    core: "native" only if the bf16 probe's Gop/s beats the f32 probe's.
+    """
+    level = level or isa.selected()
+    forced = os.environ.get(BF16_ENV)
+    if forced:
+        try:
+            return _check_path(forced, level)
+        except ValueError as e:
+            raise ValueError(f"${BF16_ENV}={forced!r}: {e}") from None
+    if not native_bf16(level):
+        return "widen"
+    if level not in _bf16_choice:
+        if isa.emulating(level):  # SIMDe's timings mean nothing: test the native path
+            _bf16_choice[level] = "native"
+        else:
+            rates = probe_rates(level)
+            _bf16_choice[level] = "native" if rates["bf16"] > rates["f32"] else "widen"
+    return _bf16_choice[level]
+
+
+def probe_rates(level: str, iters: int = 400_000, rounds: int = 3) -> dict:
+    """One core's Gop/s on chapter 1's f32 FMA and bf16 dot probes, best of ``rounds``
+    taken in turn (a few milliseconds each)."""
+    import time
+
+    ffi, lib = build.load("probes", level)
+    sink = ffi.new("float *")
+    best = {"f32": 0.0, "bf16": 0.0}
+    fns = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16}
+    for kind, fn in fns.items():
+        fn(iters // 10, 1, sink)  # warm-up: clock up, code in cache
+    for _ in range(rounds):
+        for kind, fn in fns.items():
+            t0 = time.perf_counter()
+            ops = fn(iters, 1, sink)
+            best[kind] = max(best[kind], ops / (time.perf_counter() - t0) / 1e9)
+    return best
 
 
 def f32_to_bf16(x) -> np.ndarray:
@@ -514,17 +580,21 @@ def model_shapes() -> list[dict]:
 
 
 def _measure_dtypes(rec, sizes, cores, quick, rng, step=lambda what: None):
-    """f32 against bf16 inputs, same shapes and threads, timed in turn: "dtype" results."""
+    """f32 against bf16 inputs on each bf16 path this build has, same shapes and threads,
+    timed in turn: "dtype" results (``path`` is "widen" or "native" for bf16)."""
+    paths = [p for p in BF16_PATHS if p == "widen" or native_bf16()]
     for M, K, N in sizes:
         a = rng.standard_normal((M, K), dtype=np.float32)
         b = rng.standard_normal((K, N), dtype=np.float32)
         c = np.empty((M, N), np.float32)
         ha, hb = f32_to_bf16(a), f32_to_bf16(b)
-        res = _compare({"f32": lambda: matmul(a, b, out=c),
-                        "bf16": lambda: matmul_bf16(ha, hb, out=c)}, M, N, K, quick=quick,
-                       pause=0.0)
+        fns = {"f32": lambda: matmul(a, b, out=c)}
+        for p in paths:
+            fns[p] = lambda p=p: matmul_bf16(ha, hb, out=c, path=p)
+        res = _compare(fns, M, N, K, quick=quick, pause=0.0)
         for kind, r in res.items():
-            rec.add("dtype", "Gop/s", r["value"], seconds=r["seconds"], dtype=kind, M=M, N=N, K=K,
+            extra = {"dtype": "f32"} if kind == "f32" else {"dtype": "bf16", "path": kind}
+            rec.add("dtype", "Gop/s", r["value"], seconds=r["seconds"], **extra, M=M, N=N, K=K,
                     threads=cores)
         step(f"f32, bf16 {M}x{K}x{N}")
 
@@ -533,11 +603,14 @@ BF16_RECORD = "ch2.bf16"
 
 
 def run_bf16(quick: bool | None = None) -> records.Record:
-    """Only the f32-against-bf16 products of :func:`run`, plus 2048³: about a minute.
+    """Only the f32-against-bf16 products of :func:`run`, plus 2048³, and chapter 1's f32
+    and bf16 probes on every core beside them: about a minute.
 
     For a second machine whose CPU has AVX512_BF16 when the book's own has not (the GPU
     check runs it on its host); chapter 2 shows this record beside its own bf16 table.
     """
+    from . import machine
+
     quick = quick_mode() if quick is None else quick
     cores = checks.threads(None)
     level = isa.selected()
@@ -546,7 +619,10 @@ def run_bf16(quick: bool | None = None) -> records.Record:
              else [(1024, 1024, 1024), (2048, 2048, 2048), (first["M"], first["K"], first["N"])])
     rec = records.Record(BF16_RECORD, settings={
         "quick": quick, "threads": cores, "isa": level, "native_bf16": native_bf16(level),
-        "blocks": default_blocks(level), "sizes": sizes})
+        "bf16_path": bf16_path(level), "blocks": default_blocks(level), "sizes": sizes})
+    for kind in ("f32", "bf16"):
+        m = machine.measure_peak(kind, cores, repeats=3 if quick else 5)
+        rec.add("peak", "Gop/s", m["value"], seconds=m["seconds"], kind=kind, threads=cores)
     _measure_dtypes(rec, sizes, cores, quick, np.random.default_rng(0))
     return rec
 
@@ -570,7 +646,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": cores, "isa": level, "mr": mr, "nr": nr, "blocks": blocks,
         "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
-        "blas": blas_info(), "native_bf16": native_bf16(level),
+        "blas": blas_info(), "native_bf16": native_bf16(level), "bf16_path": bf16_path(level),
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
     rng = np.random.default_rng(0)
@@ -895,36 +971,62 @@ def shape_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
+def _bf16_value(rec: dict, path: str, M, K, N) -> float | None:
+    for r in records.results(rec, "dtype", dtype="bf16", M=M, K=K, N=N):
+        # records made before the two paths have one bf16 result, on the path the build had
+        got = r["params"].get("path", "native" if rec["settings"]["native_bf16"] else "widen")
+        if got == path:
+            return r["value"]["median"]
+    return None
+
+
+BF16_PATH_TEXT = {"widen": "bf16 widened to f32 in packing, the FMA micro-kernel",
+                  "native": "vdpbf16ps on bf16 pairs"}
+
+
 def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
     f = figures.fmt
     rows, values = [], {}
     sizes = list(dict.fromkeys((r["params"]["M"], r["params"]["K"], r["params"]["N"])
                                for r in records.results(rec, "dtype")))
+    chosen = rec["settings"].get("bf16_path",
+                                 "native" if rec["settings"]["native_bf16"] else "widen")
     for i, (M, K, N) in enumerate(sizes):
         g32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
-        g16 = records.value(rec, "dtype", dtype="bf16", M=M, K=K, N=N)
-        rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), f(g16, "Gop/s"),
-                     f"{100 * g16 / g32:.0f} %"])
-        values[f"{prefix}_{i}_gops"] = f(g16, "Gop/s")
-        values[f"{prefix}_{i}_ratio"] = f"{100 * g16 / g32:.0f} %"
-    values[f"{prefix}_path"] = ("AVX512_BF16, the native vdpbf16ps kernel"
-                                if rec["settings"]["native_bf16"]
-                                else "no AVX512_BF16, bf16 widened to f32 in packing")
+        g16 = {p: _bf16_value(rec, p, M, K, N) for p in BF16_PATHS}
+        cells = [f(g16[p], "Gop/s") if g16[p] is not None else "no AVX512_BF16"
+                 for p in BF16_PATHS]
+        best = g16[chosen]
+        rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), *cells, f"{100 * best / g32:.0f} %"])
+        values[f"{prefix}_{i}_gops"] = f(best, "Gop/s")
+        values[f"{prefix}_{i}_ratio"] = f"{100 * best / g32:.0f} %"
+    values[f"{prefix}_path"] = (
+        ("AVX512_BF16; " if rec["settings"]["native_bf16"] else "no AVX512_BF16; ")
+        + f"matmul_bf16 takes the {chosen} path: {BF16_PATH_TEXT[chosen]}")
+    peaks = {k: records.results(rec, "peak", kind=k) for k in ("f32", "bf16")}
+    if all(peaks.values()):
+        p32, p16 = (peaks[k][0]["value"]["median"] for k in ("f32", "bf16"))
+        values[f"{prefix}_peaks"] = (
+            f"the f32 FMA probe gave {f(p32, 'Gop/s')} and the bf16 dot probe "
+            f"{f(p16, 'Gop/s')} on the same cores, a ratio of {p16 / p32:.2f}")
     return rows, values
 
 
-DTYPE_HEADER = ["M×K×N", "f32 inputs", "bf16 inputs", "bf16 / f32"]
+DTYPE_HEADER = ["M×K×N", "f32 inputs", "bf16, widened", "bf16, vdpbf16ps",
+                "bf16 (path taken) / f32"]
 
 
 def _print_dtype_rows(rows):
     for r in rows:
-        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 {r[2]:>12}  ({r[3]})")
+        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 widened {r[2]:>14}  vdpbf16ps {r[3]:>14}"
+              f"  ({r[4]})")
 
 
 def bf16_elsewhere(rec_dir) -> dict:
     """Table ch2_bf16_native and its sentence, from the second machine's record if any."""
     if not records.exists(BF16_RECORD, rec_dir):
-        figures.write_table("ch2_bf16_native", [["not measured yet", "", "", ""]], DTYPE_HEADER)
+        figures.write_table("ch2_bf16_native", [["not measured yet", "", "", "", ""]],
+                            DTYPE_HEADER)
         return {"ch2.bf16_native_line": (
             f"No record `{BF16_RECORD}` from a CPU with AVX512_BF16 is committed yet: "
             "`smallem gemm-bf16` on one writes it, and the GPU check "
@@ -934,10 +1036,12 @@ def bf16_elsewhere(rec_dir) -> dict:
     figures.write_table("ch2_bf16_native", rows, DTYPE_HEADER,
                         note=f"Machine: {figures.machine_line(rec)}; "
                              f"bf16 path: {values['ch2.bf16_native_path']}.")
+    peaks = values.get("ch2.bf16_native_peaks")
     values["ch2.bf16_native_line"] = (
         f"The same comparison on a second machine, from its record `{BF16_RECORD}` "
         f"({figures.machine_line(rec)}, {rec['settings']['threads']} threads; "
-        f"{values['ch2.bf16_native_path']}):")
+        f"{values['ch2.bf16_native_path']}"
+        + (f"; {peaks}" if peaks else "") + "):")
     return values
 
 
@@ -1214,6 +1318,8 @@ def cmd_gemm_bf16(args) -> int:
     rec = run_bf16(quick=args.quick or quick_mode())
     rows, values = dtype_rows(rec.data, prefix="ch2.bf16_native")
     print(f"{figures.machine_line(rec.data)}; {values['ch2.bf16_native_path']}")
+    if "ch2.bf16_native_peaks" in values:
+        print(f"  {values['ch2.bf16_native_peaks']}")
     _print_dtype_rows(rows)
     if not args.no_save:
         print(f"wrote {rec.save()}")

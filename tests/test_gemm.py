@@ -1,5 +1,6 @@
 """Chapter 2: every rung of the ladder and the package's GEMM against numpy."""
 
+import itertools
 import subprocess
 import sys
 import threading
@@ -7,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from smallem import checks, figures, gemm, machine, records
+from smallem import checks, figures, gemm, isa, machine, records
 
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 2), (2, 3, 5), (7, 13, 11), (17, 31, 29), (37, 19, 41),
           (6, 16, 8), (13, 33, 64)]
@@ -296,17 +297,53 @@ def test_bf16_round_trip_is_exact_for_bf16_values(rng):
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
 def test_matmul_bf16(ta, tb, level, rng):
-    # the last shape has several whole micro-panels of A and B at every level, and odd K
-    for blocks in (None, SMALL_BLOCKS):
+    # every path this level has; the last shape has several whole micro-panels of A and B
+    # at every level, and odd K
+    paths = ["widen", "native"] if gemm.native_bf16(level) else ["widen"]
+    assert gemm.native_bf16(level) == (level == "avx512" and "avx512_bf16" in isa.extensions(level))
+    for path, blocks in itertools.product(paths, (None, SMALL_BLOCKS)):
         for M, N, K in SHAPES + [(45, 70, 37)]:
             a = gemm.f32_to_bf16(rand(rng, *((K, M) if ta else (M, K))))
             b = gemm.f32_to_bf16(rand(rng, *((N, K) if tb else (K, N))))
             c0 = rand(rng, M, N)
             out = c0.copy()
             gemm.matmul_bf16(a, b, trans_a=ta, trans_b=tb, out=out, alpha=0.5, beta=2.0,
-                             blocks=blocks)
+                             blocks=blocks, path=path)
             want = 0.5 * ref(gemm.bf16_to_f32(a), gemm.bf16_to_f32(b), ta, tb) + 2.0 * c0
-            checks.assert_close(out, want.astype(np.float32), k=K, name=f"bf16 {M}x{N}x{K}")
+            checks.assert_close(out, want.astype(np.float32), k=K,
+                                name=f"bf16 {path} {M}x{N}x{K}")
+
+
+def test_bf16_path_choice(level, monkeypatch):
+    monkeypatch.delenv(gemm.BF16_ENV, raising=False)
+    monkeypatch.setattr(gemm, "_bf16_choice", {})
+    if not gemm.native_bf16(level):
+        assert gemm.bf16_path(level) == "widen"
+        with pytest.raises(ValueError, match="needs AVX512_BF16"):
+            gemm.matmul_bf16(np.zeros((2, 2), np.uint16), np.zeros((2, 2), np.uint16),
+                             path="native")
+        monkeypatch.setenv(gemm.BF16_ENV, "native")
+        with pytest.raises(ValueError, match="SMALLEM_BF16"):
+            gemm.bf16_path(level)
+        return
+    if not isa.emulating(level):  # the probes decide: the faster one per core
+        rates = {"f32": 100.0, "bf16": 50.0}
+        monkeypatch.setattr(gemm, "probe_rates", lambda lvl: rates)
+        assert gemm.bf16_path(level) == "widen"
+        monkeypatch.setattr(gemm, "_bf16_choice", {})
+        rates["bf16"] = 200.0
+        assert gemm.bf16_path(level) == "native"
+    monkeypatch.setenv(gemm.BF16_ENV, "widen")
+    assert gemm.bf16_path(level) == "widen"
+
+
+def test_bf16_path_validation(monkeypatch):
+    a = np.zeros((2, 2), np.uint16)
+    with pytest.raises(ValueError, match="path: expected one of"):
+        gemm.matmul_bf16(a, a, path="fast")
+    monkeypatch.setenv(gemm.BF16_ENV, "quick")
+    with pytest.raises(ValueError, match="SMALLEM_BF16='quick'"):
+        gemm.matmul_bf16(a, a)
 
 
 # ---------------------------------------------------------------- pool, benchmark, figures
@@ -383,7 +420,10 @@ def test_bf16_check_for_a_second_machine(records_tmp, tmp_path, capsys):
     assert values["ch2.bf16_native_path"] in values["ch2.bf16_native_line"]
     M, K, N = data["settings"]["sizes"][0]
     g32 = records.value(data, "dtype", dtype="f32", M=M, K=K, N=N)
-    g16 = records.value(data, "dtype", dtype="bf16", M=M, K=K, N=N)
+    g16 = records.value(data, "dtype", dtype="bf16", path=data["settings"]["bf16_path"],
+                        M=M, K=K, N=N)
+    assert {r["params"]["kind"] for r in records.results(data, "peak")} == {"f32", "bf16"}
+    assert "the bf16 dot probe" in values["ch2.bf16_native_line"]
     assert values["ch2.bf16_native_0_ratio"] == f"{100 * g16 / g32:.0f} %"
     assert f"{M}×{K}×{N}" in table.read_text() and "not measured" not in table.read_text()
 
