@@ -11,8 +11,8 @@
 # Everything printed also goes to OUTDIR/gpu_check.log: five files at most come back.
 # Budget: about 1 minute of tests, 2 to 3 of measurements, 1 to 2 for step 4; each step has
 # its own time limit, 9 minutes in all.
-# Records say which commit they measured. A copy of the tree without .git can name it:
-#   SMALLEM_COMMIT=$(git rev-parse --short=12 HEAD) (see smallem.records.git_commit).
+# Records say which commit they measured. A copy of the tree whose .git is missing or stale
+# names it with SMALLEM_COMMIT=<the commit it was copied from> (smallem.records.git_commit).
 # Copy the records into figures/records/ and run `smallem figures` to update the book.
 set -uo pipefail
 OUT=${1:?usage: kernels_cuda/gpu_check.sh OUTDIR [--quick]}

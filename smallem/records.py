@@ -42,9 +42,13 @@ def records_dir() -> Path:
 def git_commit() -> tuple[str, bool | None]:
     """(commit, dirty) of the tree being measured.
 
-    A copy of the tree without ``.git`` (a lent GPU machine gets one) is "unknown" unless
-    ``$SMALLEM_COMMIT`` names the commit it was copied from; dirty is then None: unknown.
+    ``$SMALLEM_COMMIT``, where set, names the commit instead, and dirty is None (unknown):
+    for a copy of the tree measured elsewhere, such as on a lent GPU machine, whose
+    ``.git`` may be missing or older than the files beside it.
     """
+    named = os.environ.get("SMALLEM_COMMIT")
+    if named:
+        return named, None
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                              capture_output=True, text=True, timeout=10)
@@ -54,7 +58,7 @@ def git_commit() -> tuple[str, bool | None]:
             return sha.stdout.strip(), bool(dirty.stdout.strip())
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return os.environ.get("SMALLEM_COMMIT") or "unknown", None
+    return "unknown", None
 
 
 class Record:
