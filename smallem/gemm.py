@@ -901,7 +901,31 @@ def targets(rec: dict, rec_dir=None) -> list[str]:
             met = "met" if ours >= 0.85 * peak else "MISSED"
             out.append(f">= 85 % of the f32 peak at 2048^3: {met} "
                        f"({100 * ours / peak:.0f} % of {peak:.1f} Gop/s, {src})")
-    return out
+    return out + [bf16_target(rec)]
+
+
+BF16_TARGET = 1.7  # bf16 Gop/s over f32 Gop/s, where AVX512_BF16 exists
+
+
+def bf16_target(rec: dict) -> str:
+    """The bf16 target on a record's "dtype" results, with the probes' ratio if measured."""
+    what = f"bf16 >= {BF16_TARGET}x f32 where AVX512_BF16 exists"
+    if not rec["settings"].get("native_bf16"):
+        return f"{what}: not applicable (no AVX512_BF16 here)"
+    ratios = []
+    for r in records.results(rec, "dtype", dtype="f32"):
+        p = r["params"]
+        best = max(filter(None, (_bf16_value(rec, q, p["M"], p["K"], p["N"]) for q in BF16_PATHS)))
+        ratios.append(best / r["value"]["median"])
+    if not ratios:
+        return f"{what}: not measured"
+    line = (f"{what}: {'met' if min(ratios) >= BF16_TARGET else 'MISSED'} "
+            f"(the faster bf16 path: {min(ratios):.2f}x to {max(ratios):.2f}x f32)")
+    peaks = [records.results(rec, "peak", kind=k) for k in ("f32", "bf16")]
+    if all(peaks):
+        ratio = peaks[1][0]["value"]["median"] / peaks[0][0]["value"]["median"]
+        line += f"; the bf16 dot probe runs at {ratio:.2f}x the f32 FMA probe on this CPU"
+    return line
 
 
 def _blas_line(rec: dict) -> str:
@@ -1321,6 +1345,7 @@ def cmd_gemm_bf16(args) -> int:
     if "ch2.bf16_native_peaks" in values:
         print(f"  {values['ch2.bf16_native_peaks']}")
     _print_dtype_rows(rows)
+    print(bf16_target(rec.data))
     if not args.no_save:
         print(f"wrote {rec.save()}")
     return 0

@@ -470,3 +470,23 @@ def test_auto_threads_gives_each_thread_enough_work(monkeypatch):
     assert gemm.auto_threads(128, 128, 128) == 2
     assert gemm.auto_threads(128, 128, 127) == 1
     assert gemm.auto_threads(1024, 1024, 1024) == 4
+
+
+def test_bf16_target_reads_both_paths_and_the_probes():
+    v = lambda x: {"median": x, "min": x, "max": x, "n": 1}
+    rec = records.Record("t.bf16", settings={"native_bf16": True}, machine={"cpu": "test"})
+    for (M, K, N), f32, widen, native in (((64, 64, 64), 100.0, 95.0, 180.0),
+                                          ((128, 64, 32), 100.0, 99.0, 175.0)):
+        rec.add("dtype", "Gop/s", v(f32), dtype="f32", M=M, K=K, N=N)
+        rec.add("dtype", "Gop/s", v(widen), dtype="bf16", path="widen", M=M, K=K, N=N)
+        rec.add("dtype", "Gop/s", v(native), dtype="bf16", path="native", M=M, K=K, N=N)
+    line = gemm.bf16_target(rec.data)
+    assert "met (the faster bf16 path: 1.75x to 1.80x f32)" in line and "probe" not in line
+    rec.add("peak", "Gop/s", v(100.0), kind="f32")
+    rec.add("peak", "Gop/s", v(49.0), kind="bf16")
+    rec.data["results"][2]["value"] = v(120.0)  # native at 64^3 now 1.2x
+    line = gemm.bf16_target(rec.data)
+    assert "MISSED (the faster bf16 path: 1.20x to 1.75x f32)" in line
+    assert line.endswith("the bf16 dot probe runs at 0.49x the f32 FMA probe on this CPU")
+    rec.data["settings"]["native_bf16"] = False
+    assert "not applicable" in gemm.bf16_target(rec.data)
