@@ -1,9 +1,9 @@
 /* Shared by every kernel file: sizes, the ISA macros, OpenMP if present.
  *
  * Which vector code a file compiles is decided by the compiler's own macros
- * (__AVX512F__, __AVX2__, __FMA__, __AVX512BF16__, __AVX512VNNI__), which follow
- * the -m flags of the ISA level, and is named here as SM_AVX512, SM_AVX2,
- * SM_AVX512_BF16 and SM_AVX512_VNNI. A file written for AVX-512 therefore always
+ * (__AVX512F__, __AVX2__, __FMA__, __AVX512BF16__, __AVX512VNNI__, __AMX_BF16__),
+ * which follow the -m flags of the ISA level, and is named here as SM_AVX512,
+ * SM_AVX2, SM_AVX512_BF16, SM_AVX512_VNNI and SM_AMX_BF16. A file written for AVX-512 therefore always
  * has an AVX2 and a plain-C branch. The one macro the build may add itself is
  * SM_EMULATE_AVX512, for tests (emulate.h).
  */
@@ -31,6 +31,16 @@
 #endif
 #if defined(__AVX512VNNI__)
 #define SM_AVX512_VNNI 1
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define SM_AMX_BF16 1
+/* AMX tile registers are named by number in each instruction: macros, not functions. */
+#define SM_TILE_LOADCONFIG(cfg) _tile_loadconfig(cfg)
+#define SM_TILE_RELEASE() _tile_release()
+#define SM_TILE_ZERO(t) _tile_zero(t)
+#define SM_TILE_LOADD(t, base, stride) _tile_loadd(t, base, stride)
+#define SM_TILE_STORED(t, base, stride) _tile_stored(t, base, stride)
+#define SM_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
 #endif
 #if defined(__AVX2__) && defined(__FMA__)

@@ -7,8 +7,8 @@
  * its edge tiles) computes here, slowly, and the tests compare it to numpy.
  * Never for timing: smallem refuses to record a measurement in this mode.
  *
- * SIMDe 0.7 lacks three intrinsics that the kernels use; they are defined
- * below, lane by lane, with the instruction's documented meaning. */
+ * SIMDe 0.7 lacks three intrinsics that the kernels use, and AMX; they are
+ * defined below, lane by lane, with the instructions' documented meaning. */
 #pragma once
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <math.h>
@@ -17,6 +17,7 @@
 #define SM_AVX512 1
 #define SM_AVX512_BF16 1
 #define SM_AVX512_VNNI 1
+#define SM_AMX_BF16 1
 
 /* vcvtps2dq: round to nearest even (the default MXCSR mode), as nearbyintf does */
 static inline simde__m512i sm_emu_cvtps_epi32(simde__m512 a)
@@ -48,3 +49,63 @@ static inline int sm_emu_reduce_add_epi32(simde__m512i a)
 #define _mm512_cvtps_epi32 sm_emu_cvtps_epi32
 #define _mm512_reduce_add_ps sm_emu_reduce_add_ps
 #define _mm512_reduce_add_epi32 sm_emu_reduce_add_epi32
+
+/* AMX, which SIMDe does not have: eight tiles per thread, each up to 16 rows of
+ * 64 bytes, configured, loaded, stored and multiplied as the instructions do. */
+struct sm_emu_tile {
+    int rows, colsb;
+    unsigned char bytes[16][64];
+};
+static _Thread_local struct sm_emu_tile sm_emu_tiles[8];
+
+static inline void sm_emu_tile_loadconfig(const void *cfg)
+{
+    const unsigned char *c = (const unsigned char *)cfg;
+    for (int t = 0; t < 8; t++) {
+        sm_emu_tiles[t].colsb = c[16 + 2 * t] | c[17 + 2 * t] << 8;
+        sm_emu_tiles[t].rows = c[48 + t];
+    }
+}
+
+static inline void sm_emu_tile_loadd(int t, const void *base, long stride)
+{
+    for (int r = 0; r < sm_emu_tiles[t].rows; r++)
+        memcpy(sm_emu_tiles[t].bytes[r], (const char *)base + r * stride, sm_emu_tiles[t].colsb);
+}
+
+static inline void sm_emu_tile_stored(int t, void *base, long stride)
+{
+    for (int r = 0; r < sm_emu_tiles[t].rows; r++)
+        memcpy((char *)base + r * stride, sm_emu_tiles[t].bytes[r], sm_emu_tiles[t].colsb);
+}
+
+static inline float sm_emu_bf16(const unsigned char *p)
+{
+    uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* tdpbf16ps: c[m][n] += a[m] pair k . b[k] pair n, over the pairs of a's rows */
+static inline void sm_emu_tile_dpbf16ps(int c, int a, int b)
+{
+    struct sm_emu_tile *tc = &sm_emu_tiles[c], *ta = &sm_emu_tiles[a], *tb = &sm_emu_tiles[b];
+    for (int m = 0; m < tc->rows; m++)
+        for (int n = 0; n < tc->colsb / 4; n++) {
+            float acc;
+            memcpy(&acc, &tc->bytes[m][4 * n], 4);
+            for (int k = 0; k < ta->colsb / 4; k++) {
+                acc += sm_emu_bf16(&ta->bytes[m][4 * k]) * sm_emu_bf16(&tb->bytes[k][4 * n]);
+                acc += sm_emu_bf16(&ta->bytes[m][4 * k + 2]) * sm_emu_bf16(&tb->bytes[k][4 * n + 2]);
+            }
+            memcpy(&tc->bytes[m][4 * n], &acc, 4);
+        }
+}
+
+#define SM_TILE_LOADCONFIG(cfg) sm_emu_tile_loadconfig(cfg)
+#define SM_TILE_RELEASE() ((void)0)
+#define SM_TILE_ZERO(t) memset(sm_emu_tiles[t].bytes, 0, sizeof sm_emu_tiles[t].bytes)
+#define SM_TILE_LOADD(t, base, stride) sm_emu_tile_loadd(t, base, stride)
+#define SM_TILE_STORED(t, base, stride) sm_emu_tile_stored(t, base, stride)
+#define SM_TILE_DPBF16PS(c, a, b) sm_emu_tile_dpbf16ps(c, a, b)

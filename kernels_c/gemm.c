@@ -35,7 +35,15 @@
 #endif
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
 #define ROUND_UP(x, m) (((x) + (m) - 1) / (m) * (m))
+
+/* AMX (bf16 inputs only, see gemm_amx): with the AVX-512 build, on CPUs that have it. */
+#if defined(SM_AMX_BF16) && defined(SM_AVX512) && defined(SM_AVX512_BF16)
+#define AMX_BF16 1
+#define AMX_MR 32 /* rows of C per block: two tiles of 16 */
+#define AMX_KB 32 /* bf16 along k in one 64-byte tile row */
+#endif
 
 void gemm_micro_shape(int *mr, int *nr)
 {
@@ -315,7 +323,15 @@ static float *align64(float *p)
 long long gemm_work_floats(int N, int mc, int kc, int nc, int nthreads)
 {
     const long long mcr = ROUND_UP(mc, MR), ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR);
-    return (long long)nthreads * (mcr * kc + 16) + ncr * kc + 32;
+    const long long f32 = (long long)nthreads * (mcr * kc + 16) + ncr * kc + 32;
+#ifdef AMX_BF16
+    /* gemm_amx: a bf16 block of B, then per thread 32 rows of A in bf16 */
+    const long long kca = ROUND_UP(kc, AMX_KB);
+    const long long amx = (long long)nthreads * (AMX_MR / 2 * kca + 16) + ncr * kca / 2 + 32;
+    return MAX(f32, amx);
+#else
+    return f32;
+#endif
 }
 
 /* --8<-- [start:packed] */
@@ -599,6 +615,170 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
 }
 /* --8<-- [end:threads] */
 
+#ifdef AMX_BF16
+/* --8<-- [start:amx] */
+/* AMX (Sapphire Rapids and later): eight tile registers of up to 16 rows of 64
+ * bytes, and tdpbf16ps, which multiplies a 16 x 32 bf16 tile of A by a 32 x 16
+ * tile of B (in pairs along k, as vdpbf16ps takes them) into a 16 x 16 f32 tile
+ * of C: 8192 multiply-adds in one instruction, where a zmm FMA does 16. Four C
+ * tiles make a 32 x 32 block of C, fed by two tiles of A and two of B. */
+#if NR != 32
+#error "the AMX block reads B in the 32-column panels of the AVX-512 build"
+#endif
+
+struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; /* bytes per row of each tile */
+    uint8_t rows[16];
+};
+
+static void amx_configure(void)
+{
+    struct amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    SM_TILE_LOADCONFIG(&c);
+}
+
+/* Linux gives the tiles' 8 KB of register state only to a process that asks. */
+static int amx_permitted(void)
+{
+#if defined(SM_EMULATE_AVX512)
+    return 1;
+#elif defined(__linux__)
+    static int state = -1;
+    if (state < 0)
+        state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                        18 /* XFEATURE_XTILEDATA */) == 0;
+    return state;
+#else
+    return 0;
+#endif
+}
+
+/* 32 rows of A as they are, bf16, each padded with zeros to kp (a multiple of
+ * 32): a tile row is then 32 consecutive k of one row of A. */
+static void pack_a_amx(int mb, int kb, int kp, const uint16_t *a, size_t rs, size_t cs,
+                       uint16_t *ap)
+{
+    for (int r = 0; r < AMX_MR; r++, ap += kp) {
+        int k = 0;
+        if (r < mb && cs == 1) {
+            memcpy(ap, a + r * rs, (size_t)kb * sizeof *ap);
+            k = kb;
+        } else if (r < mb) {
+            for (; k < kb; k++) ap[k] = a[r * rs + k * cs];
+        }
+        for (; k < kp; k++) ap[k] = 0;
+    }
+}
+
+/* B in pack_b_pairs' layout (NR columns of pairs for each pair of rows), padded
+ * with zero pairs to kp / 2, so that a tile of 16 pair rows stays in its panel. */
+static void pack_b_amx(int nb, int kb, int kp, const uint16_t *b, size_t rs, size_t cs,
+                       uint16_t *bp)
+{
+    const int whole = kb / 2;
+    for (int jr = 0; jr < nb; jr += NR) {
+        const int nr = MIN(NR, nb - jr);
+        uint32_t *dst = (uint32_t *)(bp + (size_t)jr * kp);
+        for (int p = 0; p < kp / 2; p++, dst += NR)
+            for (int j = 0; j < NR; j++) {
+                const uint16_t *x = b + 2 * (size_t)p * rs + (size_t)(jr + j) * cs;
+                dst[j] = j >= nr || 2 * p >= kb ? 0 : p < whole ? bf16_pair(x, rs) : x[0];
+            }
+    }
+}
+
+/* A 32 x 32 block of C into t (32 x 32 floats) from a packed A panel and B panel. */
+static void amx_block(int kp, const uint16_t *a, const uint16_t *b, float *t)
+{
+    SM_TILE_ZERO(0);
+    SM_TILE_ZERO(1);
+    SM_TILE_ZERO(2);
+    SM_TILE_ZERO(3);
+    for (int k = 0; k < kp; k += AMX_KB) {
+        SM_TILE_LOADD(4, a + k, (long)kp * 2);                   /* rows 0-15 of A */
+        SM_TILE_LOADD(5, a + (size_t)16 * kp + k, (long)kp * 2); /* rows 16-31 */
+        SM_TILE_LOADD(6, b + (size_t)k * NR, NR * 4);            /* columns 0-15 of B */
+        SM_TILE_LOADD(7, b + (size_t)k * NR + 32, NR * 4);       /* columns 16-31 */
+        SM_TILE_DPBF16PS(0, 4, 6);
+        SM_TILE_DPBF16PS(1, 4, 7);
+        SM_TILE_DPBF16PS(2, 5, 6);
+        SM_TILE_DPBF16PS(3, 5, 7);
+    }
+    SM_TILE_STORED(0, t, NR * 4);
+    SM_TILE_STORED(1, t + 16, NR * 4);
+    SM_TILE_STORED(2, t + 16 * NR, NR * 4);
+    SM_TILE_STORED(3, t + 16 * NR + 16, NR * 4);
+}
+
+/* gemm_driver's loops with 32-row panels of A and the AMX block: the threads
+ * pack a block of B together, then take 32 rows of C at a time. */
+static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                     const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                     float *C, int ldc, int nthreads, int kc, int nc, float *work)
+{
+    const size_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
+    const size_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
+    const int ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR), kca = ROUND_UP(kc, AMX_KB);
+    nc = MIN(nc, ncr);
+    uint16_t *bp = (uint16_t *)align64(work); /* layout: gemm_work_floats */
+    const int panels = (M + AMX_MR - 1) / AMX_MR;
+    if (nthreads > panels) nthreads = panels;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        uint16_t *ap = (uint16_t *)align64(work + (size_t)ncr * kca / 2 + 16 +
+                                           (size_t)t * (AMX_MR / 2 * (size_t)kca + 16));
+        float tile[AMX_MR * NR] __attribute__((aligned(64)));
+        amx_configure(); /* tile shapes are per thread */
+        for (int jc = 0; jc < N; jc += nc) {
+            const int nb = MIN(nc, N - jc);
+            for (int pc = 0; pc < K; pc += kca) {
+                const int kb = MIN(kca, K - pc), kp = ROUND_UP(kb, AMX_KB);
+                const float bt = pc == 0 ? beta : 1.0f;
+                const int bpanels = (nb + NR - 1) / NR;
+                const int j0 = (int)((long long)bpanels * t / nt) * NR;
+                const int j1 = MIN(nb, (int)((long long)bpanels * (t + 1) / nt) * NR);
+                if (j0 < j1)
+                    pack_b_amx(j1 - j0, kb, kp, B + pc * rs_b + (jc + j0) * cs_b, rs_b, cs_b,
+                               bp + (size_t)j0 * kp);
+                #pragma omp barrier
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int ic = 0; ic < M; ic += AMX_MR) {
+                    const int mb = MIN(AMX_MR, M - ic);
+                    pack_a_amx(mb, kb, kp, A + ic * rs_a + pc * cs_a, rs_a, cs_a, ap);
+                    for (int jr = 0; jr < nb; jr += NR) {
+                        const int nr = MIN(NR, nb - jr);
+                        amx_block(kp, ap, bp + (size_t)jr * kp, tile);
+                        for (int r = 0; r < mb; r++) {
+                            float *c = C + (size_t)(ic + r) * ldc + jc + jr;
+                            const float *x = tile + r * NR;
+                            if (bt != 0.0f)
+                                for (int j = 0; j < nr; j++) c[j] = alpha * x[j] + bt * c[j];
+                            else
+                                for (int j = 0; j < nr; j++) c[j] = alpha * x[j];
+                        }
+                    }
+                }
+                #pragma omp barrier
+            }
+        }
+        SM_TILE_RELEASE();
+    }
+}
+/* --8<-- [end:amx] */
+#endif
+
 void gemm_threads_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                      float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work)
 {
@@ -614,17 +794,25 @@ void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
                 mc, kc, nc, work);
 }
 
-/* native = 1: vdpbf16ps on pairs, where this build has it (gemm_native_bf16);
- * otherwise, or with native = 0, bf16 is widened to f32 and the FMA kernel runs. */
-void gemm_bf16(int native, int trans_a, int trans_b, int M, int N, int K, float alpha,
+/* path 1: vdpbf16ps on pairs, where this build has it (gemm_native_bf16);
+ * path 2: AMX tiles, where this build has them and the OS allows (gemm_amx_bf16);
+ * otherwise, or with path 0, bf16 is widened to f32 and the FMA kernel runs. */
+void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float alpha,
                const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C,
                int ldc, int nthreads, int mc, int kc, int nc, float *work)
 {
+#ifdef AMX_BF16
+    if (path == 2 && amx_permitted()) {
+        gemm_amx(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads, kc,
+                 nc, work);
+        return;
+    }
+#endif
 #ifdef NATIVE_BF16
-    const int dtype = native ? BF16_PAIRS : BF16;
+    const int dtype = path == 1 ? BF16_PAIRS : BF16;
 #else
     const int dtype = BF16;
-    (void)native;
+    (void)path;
 #endif
     gemm_driver(dtype, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
                 mc, kc, nc, work);
@@ -634,6 +822,15 @@ int gemm_native_bf16(void)
 {
 #ifdef NATIVE_BF16
     return 1;
+#else
+    return 0;
+#endif
+}
+
+int gemm_amx_bf16(void)
+{
+#ifdef AMX_BF16
+    return amx_permitted();
 #else
     return 0;
 #endif

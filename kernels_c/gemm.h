@@ -9,11 +9,12 @@ void gemm_registers_ex(int M, int N, int K, const float *A, int lda, const float
 void gemm_packed_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
 void gemm_threads_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
 void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
-void gemm_bf16(int native, int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
+void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
 long long gemm_work_floats(int N, int mc, int kc, int nc, int nthreads);
 void gemm_set_defaults(int mc, int kc, int nc);
 void gemm_micro_shape(int *mr, int *nr);
 int gemm_native_bf16(void);
+int gemm_amx_bf16(void);
 int gemm_pool_ids(int nthreads, long long *ids);
 void gemm_empty_regions(int reps, int nthreads);
 void gemm_spawn_join(int reps, int nthreads);

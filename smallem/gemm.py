@@ -342,7 +342,7 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
 
 # ---------------------------------------------------------------- the package's GEMM
 
-def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level, native=None):
+def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level, path=0):
     dtype = F32 if kind == "f32" else U16
     a, lda = _matrix(a, "a", dtype)
     b, ldb = _matrix(b, "b", dtype)
@@ -378,7 +378,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     if kind == "f32":
         lib.gemm_f32(*args)
     else:
-        lib.gemm_bf16(int(native), *args)
+        lib.gemm_bf16(path, *args)
     return out
 
 
@@ -410,14 +410,15 @@ def matmul_bf16(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta
                 threads=None, blocks=None, level=None, path=None) -> np.ndarray:
     """:func:`matmul` for bf16 inputs (``uint16`` arrays, see :func:`f32_to_bf16`), f32 out.
 
-    Products are summed in f32, on one of two paths: ``"widen"`` (packing widens bf16
-    to f32, the f32 micro-kernel runs) or ``"native"`` (``vdpbf16ps`` on bf16 pairs,
-    where the CPU has AVX512_BF16). ``path=None`` takes :func:`bf16_path`'s choice.
+    Products are summed in f32, on one of three paths: ``"widen"`` (packing widens bf16
+    to f32, the f32 micro-kernel runs), ``"native"`` (``vdpbf16ps`` on bf16 pairs, where
+    the CPU has AVX512_BF16) or ``"amx"`` (AMX tiles, where the CPU has AMX_BF16 and the
+    OS lets this process use them). ``path=None`` takes :func:`bf16_path`'s choice.
     """
     level = level or isa.selected()
     path = bf16_path(level) if path is None else _check_path(path, level)
     return _gemm("bf16", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level,
-                 native=path == "native")
+                 path=BF16_PATHS.index(path))
 
 
 def native_bf16(level: str | None = None) -> bool:
@@ -425,27 +426,40 @@ def native_bf16(level: str | None = None) -> bool:
     return bool(_load(level)[1].gemm_native_bf16())
 
 
-BF16_PATHS = ("widen", "native")
+def amx_bf16(level: str | None = None) -> bool:
+    """Whether the kernels built for ``level`` have the AMX path and Linux granted the tiles."""
+    return bool(_load(level)[1].gemm_amx_bf16())
+
+
+BF16_PATHS = ("widen", "native", "amx")  # the C side's path numbers: 0, 1, 2
 BF16_ENV = "SMALLEM_BF16"
 _bf16_choice: dict = {}
+
+
+def bf16_paths(level: str | None = None) -> list[str]:
+    """The bf16 paths the kernels of ``level`` can take on this machine."""
+    return [p for p, ok in zip(BF16_PATHS, (True, native_bf16(level), amx_bf16(level))) if ok]
 
 
 def _check_path(path, level) -> str:
     if path not in BF16_PATHS:
         raise ValueError(f"path: expected one of {BF16_PATHS}, got {path!r}")
-    if path == "native" and not native_bf16(level):
-        raise ValueError(f"path='native' needs AVX512_BF16, which the {level!r} kernels lack "
+    if path not in bf16_paths(level):
+        need = "AVX512_BF16" if path == "native" else "AMX_BF16 and the OS's permission"
+        raise ValueError(f"path={path!r} needs {need}, which the {level!r} kernels lack "
                          f"(this CPU: {isa.describe()['extensions'] or 'no extensions'})")
     return path
 
 
 def bf16_path(level: str | None = None) -> str:
     """The bf16 path :func:`matmul_bf16` takes by default: ``$SMALLEM_BF16`` if set, else
-    "native" where the kernels have vdpbf16ps and it outruns the FMA, else "widen".
+    "amx" where the tiles are there, else "native" where the kernels have vdpbf16ps and it
+    outruns the FMA, else "widen".
 
-    vdpbf16ps does two multiply-adds per f32 lane, an FMA one; but a CPU may issue it at
-    a lower rate. The two probes of chapter 1 decide, once per process and level, on one
-    core: "native" only if the bf16 probe's Gop/s beats the f32 probe's.
+    One AMX instruction does 8192 multiply-adds. vdpbf16ps does two per f32 lane, an FMA
+    one; but a CPU may issue it at a lower rate. The two probes of chapter 1 decide, once
+    per process and level, on one core: "native" only if the bf16 probe's Gop/s beats the
+    f32 probe's.
     """
     level = level or isa.selected()
     forced = os.environ.get(BF16_ENV)
@@ -454,6 +468,8 @@ def bf16_path(level: str | None = None) -> str:
             return _check_path(forced, level)
         except ValueError as e:
             raise ValueError(f"${BF16_ENV}={forced!r}: {e}") from None
+    if amx_bf16(level):
+        return "amx"
     if not native_bf16(level):
         return "widen"
     if level not in _bf16_choice:
@@ -582,7 +598,7 @@ def model_shapes() -> list[dict]:
 def _measure_dtypes(rec, sizes, cores, quick, rng, step=lambda what: None):
     """f32 against bf16 inputs on each bf16 path this build has, same shapes and threads,
     timed in turn: "dtype" results (``path`` is "widen" or "native" for bf16)."""
-    paths = [p for p in BF16_PATHS if p == "widen" or native_bf16()]
+    paths = bf16_paths()
     for M, K, N in sizes:
         a = rng.standard_normal((M, K), dtype=np.float32)
         b = rng.standard_normal((K, N), dtype=np.float32)
@@ -619,7 +635,7 @@ def run_bf16(quick: bool | None = None) -> records.Record:
              else [(1024, 1024, 1024), (2048, 2048, 2048), (first["M"], first["K"], first["N"])])
     rec = records.Record(BF16_RECORD, settings={
         "quick": quick, "threads": cores, "isa": level, "native_bf16": native_bf16(level),
-        "bf16_path": bf16_path(level), "blocks": default_blocks(level), "sizes": sizes})
+        "amx_bf16": amx_bf16(level), "bf16_path": bf16_path(level), "blocks": default_blocks(level), "sizes": sizes})
     for kind in ("f32", "bf16"):
         m = machine.measure_peak(kind, cores, repeats=3 if quick else 5)
         rec.add("peak", "Gop/s", m["value"], seconds=m["seconds"], kind=kind, threads=cores)
@@ -646,7 +662,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": cores, "isa": level, "mr": mr, "nr": nr, "blocks": blocks,
         "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
-        "blas": blas_info(), "native_bf16": native_bf16(level), "bf16_path": bf16_path(level),
+        "blas": blas_info(), "native_bf16": native_bf16(level), "amx_bf16": amx_bf16(level),
+        "bf16_path": bf16_path(level),
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
     rng = np.random.default_rng(0)
@@ -1005,7 +1022,17 @@ def _bf16_value(rec: dict, path: str, M, K, N) -> float | None:
 
 
 BF16_PATH_TEXT = {"widen": "bf16 widened to f32 in packing, the FMA micro-kernel",
-                  "native": "vdpbf16ps on bf16 pairs"}
+                  "native": "vdpbf16ps on bf16 pairs", "amx": "AMX tiles (tdpbf16ps)"}
+
+
+def _missing(rec: dict, path: str) -> str:
+    """What a table says for a path a record has no result for."""
+    have = rec["settings"].get({"native": "native_bf16", "amx": "amx_bf16"}[path])
+    if path == "amx" and not rec["settings"]["native_bf16"]:
+        have = False  # every CPU with AMX_BF16 has AVX512_BF16
+    if have is False:
+        return "no AVX512_BF16" if path == "native" else "no AMX"
+    return "not measured"  # records from before the path existed
 
 
 def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
@@ -1018,15 +1045,17 @@ def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
     for i, (M, K, N) in enumerate(sizes):
         g32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
         g16 = {p: _bf16_value(rec, p, M, K, N) for p in BF16_PATHS}
-        cells = [f(g16[p], "Gop/s") if g16[p] is not None else "no AVX512_BF16"
+        cells = [f(g16[p], "Gop/s") if g16[p] is not None else _missing(rec, p)
                  for p in BF16_PATHS]
         best = g16[chosen]
         rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), *cells, f"{100 * best / g32:.0f} %"])
         values[f"{prefix}_{i}_gops"] = f(best, "Gop/s")
         values[f"{prefix}_{i}_ratio"] = f"{100 * best / g32:.0f} %"
-    values[f"{prefix}_path"] = (
-        ("AVX512_BF16; " if rec["settings"]["native_bf16"] else "no AVX512_BF16; ")
-        + f"matmul_bf16 takes the {chosen} path: {BF16_PATH_TEXT[chosen]}")
+    has = [x for x, key in (("AVX512_BF16", "native_bf16"), ("AMX", "amx_bf16"))
+           if rec["settings"].get(key)]
+    values[f"{prefix}_path"] = ((" and ".join(has) if has else "no AVX512_BF16")
+                                + f"; matmul_bf16 takes the {chosen} path: "
+                                + BF16_PATH_TEXT[chosen])
     peaks = {k: records.results(rec, "peak", kind=k) for k in ("f32", "bf16")}
     if all(peaks.values()):
         p32, p16 = (peaks[k][0]["value"]["median"] for k in ("f32", "bf16"))
@@ -1036,20 +1065,20 @@ def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
     return rows, values
 
 
-DTYPE_HEADER = ["M×K×N", "f32 inputs", "bf16, widened", "bf16, vdpbf16ps",
+DTYPE_HEADER = ["M×K×N", "f32 inputs", "bf16, widened", "bf16, vdpbf16ps", "bf16, AMX",
                 "bf16 (path taken) / f32"]
 
 
 def _print_dtype_rows(rows):
     for r in rows:
-        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 widened {r[2]:>14}  vdpbf16ps {r[3]:>14}"
-              f"  ({r[4]})")
+        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 widened {r[2]:>12}  vdpbf16ps {r[3]:>14}"
+              f"  AMX {r[4]:>12}  ({r[5]})")
 
 
 def bf16_elsewhere(rec_dir) -> dict:
     """Table ch2_bf16_native and its sentence, from the second machine's record if any."""
     if not records.exists(BF16_RECORD, rec_dir):
-        figures.write_table("ch2_bf16_native", [["not measured yet", "", "", "", ""]],
+        figures.write_table("ch2_bf16_native", [["not measured yet"] + [""] * 5],
                             DTYPE_HEADER)
         return {"ch2.bf16_native_line": (
             f"No record `{BF16_RECORD}` from a CPU with AVX512_BF16 is committed yet: "

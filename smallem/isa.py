@@ -31,7 +31,10 @@ REQUIRED = {
 }
 
 # Extensions that widen a level when present; each becomes a -m flag and a macro.
-OPTIONAL = {"avx512": ("avx512_vnni", "avx512_bf16")}
+OPTIONAL = {"avx512": ("avx512_vnni", "avx512_bf16", "amx_bf16")}
+# Compiler flags of an optional extension, where they are not "-m" + its name without "_".
+# AMX's tile registers (amx_tile) come with every CPU that has amx_bf16.
+EXTENSION_FLAGS = {"amx_bf16": ("-mamx-tile", "-mamx-bf16")}
 
 
 class ISAError(RuntimeError):
@@ -147,7 +150,7 @@ def _forced(forced: str, emulate: str) -> str:
 def extensions(level: str, flags: frozenset[str] | None = None) -> tuple[str, ...]:
     """Optional extensions of ``level`` that this CPU (or ``flags``) has."""
     if flags is None and emulating(level):
-        return OPTIONAL[level]  # SIMDe has them all
+        return OPTIONAL[level]  # SIMDe and emulate.h have them all
     flags = cpu_flags() if flags is None else flags
     return tuple(e for e in OPTIONAL.get(level, ()) if e in flags)
 
@@ -162,7 +165,8 @@ def compile_flags(level: str, exts: tuple[str, ...]) -> list[str]:
     if level == "avx512":
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mprefer-vector-width=512"]
-        flags += ["-m" + e.replace("_", "") for e in exts]  # -mavx512vnni -mavx512bf16
+        for e in exts:  # -mavx512vnni -mavx512bf16 -mamx-tile -mamx-bf16
+            flags += EXTENSION_FLAGS.get(e, ("-m" + e.replace("_", ""),))
     return flags
 
 

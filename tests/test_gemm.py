@@ -299,10 +299,15 @@ def test_bf16_round_trip_is_exact_for_bf16_values(rng):
 def test_matmul_bf16(ta, tb, level, rng):
     # every path this level has; the last shape has several whole micro-panels of A and B
     # at every level, and odd K
-    paths = ["widen", "native"] if gemm.native_bf16(level) else ["widen"]
-    assert gemm.native_bf16(level) == (level == "avx512" and "avx512_bf16" in isa.extensions(level))
+    paths = gemm.bf16_paths(level)
+    exts = isa.extensions(level) if level == "avx512" else ()
+    assert gemm.native_bf16(level) == ("avx512_bf16" in exts)
+    assert ("amx" in paths) <= ("amx_bf16" in exts)  # the OS may still refuse the tiles
+    if isa.emulating(level):
+        assert paths == ["widen", "native", "amx"]
+    # AMX blocks are 32 x 32 with k in steps of 32: 33 x 65 x 70 crosses each edge
     for path, blocks in itertools.product(paths, (None, SMALL_BLOCKS)):
-        for M, N, K in SHAPES + [(45, 70, 37)]:
+        for M, N, K in SHAPES + [(45, 70, 37), (33, 65, 70)]:
             a = gemm.f32_to_bf16(rand(rng, *((K, M) if ta else (M, K))))
             b = gemm.f32_to_bf16(rand(rng, *((N, K) if tb else (K, N))))
             c0 = rand(rng, M, N)
@@ -317,6 +322,11 @@ def test_matmul_bf16(ta, tb, level, rng):
 def test_bf16_path_choice(level, monkeypatch):
     monkeypatch.delenv(gemm.BF16_ENV, raising=False)
     monkeypatch.setattr(gemm, "_bf16_choice", {})
+    if gemm.amx_bf16(level):  # where the tiles are, no probe is needed
+        assert gemm.bf16_path(level) == "amx"
+        monkeypatch.setenv(gemm.BF16_ENV, "native")
+        assert gemm.bf16_path(level) == "native"
+        return
     if not gemm.native_bf16(level):
         assert gemm.bf16_path(level) == "widen"
         with pytest.raises(ValueError, match="needs AVX512_BF16"):
