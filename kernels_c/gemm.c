@@ -616,7 +616,6 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
 /* --8<-- [end:threads] */
 
 #ifdef AMX_BF16
-/* --8<-- [start:amx] */
 /* AMX (Sapphire Rapids and later): eight tile registers of up to 16 rows of 64
  * bytes, and tdpbf16ps, which multiplies a 16 x 32 bf16 tile of A by a 32 x 16
  * tile of B (in pairs along k, as vdpbf16ps takes them) into a 16 x 16 f32 tile
@@ -694,6 +693,7 @@ static void pack_b_amx(int nb, int kb, int kp, const uint16_t *b, size_t rs, siz
     }
 }
 
+/* --8<-- [start:amx] */
 /* A 32 x 32 block of C into t (32 x 32 floats) from a packed A panel and B panel. */
 static void amx_block(int kp, const uint16_t *a, const uint16_t *b, float *t)
 {
@@ -716,6 +716,7 @@ static void amx_block(int kp, const uint16_t *a, const uint16_t *b, float *t)
     SM_TILE_STORED(2, t + 16 * NR, NR * 4);
     SM_TILE_STORED(3, t + 16 * NR + 16, NR * 4);
 }
+/* --8<-- [end:amx] */
 
 /* gemm_driver's loops with 32-row panels of A and the AMX block: the threads
  * pack a block of B together, then take 32 rows of C at a time. */
@@ -776,7 +777,6 @@ static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
         SM_TILE_RELEASE();
     }
 }
-/* --8<-- [end:amx] */
 #endif
 
 void gemm_threads_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
