@@ -538,6 +538,26 @@ static void tile_any(int dtype, int kb, const float *ap, const float *bp, float 
     store_tile(kb, ap, bp, c, ldc, mr, nr, alpha, beta);
 }
 
+/* This thread's number in the team, and the team's size (0 and 1 without OpenMP). */
+static inline void team_position(int *t, int *nt)
+{
+#ifdef _OPENMP
+    *t = omp_get_thread_num();
+    *nt = omp_get_num_threads();
+#else
+    *t = 0;
+    *nt = 1;
+#endif
+}
+
+/* Thread t's share of the NR-column panels of a block of B nb wide: columns [j0, j1). */
+static inline void b_share(int nb, int t, int nt, int *j0, int *j1)
+{
+    const int panels = (nb + NR - 1) / NR;
+    *j0 = (int)((long long)panels * t / nt) * NR;
+    *j1 = MIN(nb, (int)((long long)panels * (t + 1) / nt) * NR);
+}
+
 /* --8<-- [start:threads] */
 /* Rows of C a thread of rung 5 takes at a time: two micro-panels. Few, so that
  * the last group of a K slice keeps the other threads waiting only briefly;
@@ -569,11 +589,8 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
     const int kcs = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);
     #pragma omp parallel num_threads(nthreads)
     {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
+        int t, nt, j0, j1;
+        team_position(&t, &nt);
         float *ap = align64(bp + (size_t)ncr * kc + 16 + (size_t)t * (mcr * (size_t)kc + 16));
         const int grain = MIN(mcr, ROW_GRAIN * MR);
         for (int jc = 0; jc < N; jc += nc) {
@@ -581,9 +598,7 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
             for (int pc = 0; pc < K; pc += kcs) {
                 const int kb = MIN(kcs, K - pc);
                 const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
-                const int bpanels = (nb + NR - 1) / NR; /* each thread packs its share of B */
-                const int j0 = (int)((long long)bpanels * t / nt) * NR;
-                const int j1 = MIN(nb, (int)((long long)bpanels * (t + 1) / nt) * NR);
+                b_share(nb, t, nt, &j0, &j1); /* each thread packs its share of B */
                 if (j0 < j1)
                     pack_b_any(dtype, j1 - j0, kb,
                                (const char *)B + (pc * rs_b + (jc + j0) * cs_b) * es, rs_b, cs_b,
@@ -733,11 +748,8 @@ static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
     if (nthreads > panels) nthreads = panels;
     #pragma omp parallel num_threads(nthreads)
     {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-        nt = omp_get_num_threads();
-#endif
+        int t, nt, j0, j1;
+        team_position(&t, &nt);
         uint16_t *ap = (uint16_t *)align64(work + (size_t)ncr * kca / 2 + 16 +
                                            (size_t)t * (AMX_MR / 2 * (size_t)kca + 16));
         float tile[AMX_MR * NR] __attribute__((aligned(64)));
@@ -747,9 +759,7 @@ static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
             for (int pc = 0; pc < K; pc += kca) {
                 const int kb = MIN(kca, K - pc), kp = ROUND_UP(kb, AMX_KB);
                 const float bt = pc == 0 ? beta : 1.0f;
-                const int bpanels = (nb + NR - 1) / NR;
-                const int j0 = (int)((long long)bpanels * t / nt) * NR;
-                const int j1 = MIN(nb, (int)((long long)bpanels * (t + 1) / nt) * NR);
+                b_share(nb, t, nt, &j0, &j1);
                 if (j0 < j1)
                     pack_b_amx(j1 - j0, kb, kp, B + pc * rs_b + (jc + j0) * cs_b, rs_b, cs_b,
                                bp + (size_t)j0 * kp);
