@@ -3,9 +3,9 @@
  * Which vector code a file compiles is decided by the compiler's own macros
  * (__AVX512F__, __AVX2__, __FMA__, __AVX512BF16__, __AVX512VNNI__, __AMX_BF16__),
  * which follow the -m flags of the ISA level, and is named here as SM_AVX512,
- * SM_AVX2, SM_AVX512_BF16, SM_AVX512_VNNI and SM_AMX_BF16. A file written for AVX-512 therefore always
- * has an AVX2 and a plain-C branch. The one macro the build may add itself is
- * SM_EMULATE_AVX512, for tests (emulate.h).
+ * SM_AVX2, SM_AVX512_BF16, SM_AVX512_VNNI and SM_AMX_BF16. A file written for
+ * AVX-512 therefore always has an AVX2 and a plain-C branch. The one macro the
+ * build may add itself is SM_EMULATE_AVX512, for tests (emulate.h).
  */
 #pragma once
 #include <stddef.h>

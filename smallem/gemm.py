@@ -20,6 +20,7 @@ buffer is kept per Python thread and reused.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -438,13 +439,19 @@ _bf16_choice: dict = {}
 
 def bf16_paths(level: str | None = None) -> list[str]:
     """The bf16 paths the kernels of ``level`` can take on this machine."""
-    return [p for p, ok in zip(BF16_PATHS, (True, native_bf16(level), amx_bf16(level))) if ok]
+    return list(_bf16_paths(level or isa.selected()))
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_paths(level: str) -> tuple[str, ...]:  # fixed per build and process: asked once
+    return tuple(p for p, ok in zip(BF16_PATHS, (True, native_bf16(level), amx_bf16(level)))
+                 if ok)
 
 
 def _check_path(path, level) -> str:
     if path not in BF16_PATHS:
         raise ValueError(f"path: expected one of {BF16_PATHS}, got {path!r}")
-    if path not in bf16_paths(level):
+    if path not in _bf16_paths(level):
         need = "AVX512_BF16" if path == "native" else "AMX_BF16 and the OS's permission"
         raise ValueError(f"path={path!r} needs {need}, which the {level!r} kernels lack "
                          f"(this CPU: {isa.describe()['extensions'] or 'no extensions'})")
@@ -468,9 +475,10 @@ def bf16_path(level: str | None = None) -> str:
             return _check_path(forced, level)
         except ValueError as e:
             raise ValueError(f"${BF16_ENV}={forced!r}: {e}") from None
-    if amx_bf16(level):
+    paths = _bf16_paths(level)
+    if "amx" in paths:
         return "amx"
-    if not native_bf16(level):
+    if "native" not in paths:
         return "widen"
     if level not in _bf16_choice:
         if isa.emulating(level):  # SIMDe's timings mean nothing: test the native path
@@ -481,23 +489,16 @@ def bf16_path(level: str | None = None) -> str:
     return _bf16_choice[level]
 
 
-def probe_rates(level: str, iters: int = 400_000, rounds: int = 3) -> dict:
-    """One core's Gop/s on chapter 1's f32 FMA and bf16 dot probes, best of ``rounds``
-    taken in turn (a few milliseconds each)."""
-    import time
+def probe_rates(level: str, iters: int = 400_000, repeats: int = 3) -> dict:
+    """One core's Gop/s on chapter 1's f32 FMA and bf16 dot probes (the best of
+    ``repeats`` short runs, about a millisecond each on a 3 GHz core)."""
+    from . import machine
 
-    ffi, lib = build.load("probes", level)
-    sink = ffi.new("float *")
-    best = {"f32": 0.0, "bf16": 0.0}
-    fns = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16}
-    for kind, fn in fns.items():
-        fn(iters // 10, 1, sink)  # warm-up: clock up, code in cache
-    for _ in range(rounds):
-        for kind, fn in fns.items():
-            t0 = time.perf_counter()
-            ops = fn(iters, 1, sink)
-            best[kind] = max(best[kind], ops / (time.perf_counter() - t0) / 1e9)
-    return best
+    rates = {}
+    for kind in ("f32", "bf16"):
+        run_once, gop = machine.peak_probe(kind, 1, iters=iters, level=level)
+        rates[kind] = measure(run_once, repeats=repeats, warmup=0).rate(gop)["max"]
+    return rates
 
 
 def f32_to_bf16(x) -> np.ndarray:

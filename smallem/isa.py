@@ -1,15 +1,16 @@
 """Which instruction set the C kernels are built for.
 
 Three levels, best first: ``avx512`` (F/BW/VL/DQ, plus VNNI, BF16 and AMX_BF16
-where the CPU has them), ``avx2`` (with FMA and F16C) and ``generic`` (portable C, the only
-level on arm64 or any non-x86 CPU). The best level the CPU supports is chosen at
-run time; ``SMALLEM_ISA=avx2`` (or ``generic``, ``avx512``) forces one.
+where the CPU has them), ``avx2`` (with FMA and F16C) and ``generic`` (portable C,
+the only level on arm64 or any non-x86 CPU). The best level the CPU supports is
+chosen at run time; ``SMALLEM_ISA=avx2`` (or ``generic``, ``avx512``) forces one.
 
 For tests, ``SMALLEM_EMULATE=avx512`` makes the ``avx512`` level (with VNNI, BF16
 and AMX) available on an AVX2 CPU that lacks it: the kernels are then compiled with
-SIMDe's portable definitions of the AVX-512 intrinsics and ``kernels_c/emulate.h``'s
-of the AMX tile instructions (Debian's ``libsimde-dev``). The results are those of the AVX-512 code, the speed is
-not: records refuse to be made in this mode. On a CPU with AVX-512 it does nothing.
+SIMDe's portable definitions of the AVX-512 intrinsics (Debian's ``libsimde-dev``)
+and ``kernels_c/emulate.h``'s of the AMX tile instructions. The results are those of
+the AVX-512 code, the speed is not: records refuse to be made in this mode. On a CPU
+with AVX-512 it does nothing.
 """
 
 from __future__ import annotations

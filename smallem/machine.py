@@ -106,8 +106,8 @@ def theoretical_peak(clock_hz: float, cores: int, level: str, measured_per_core:
 
 # ---------------------------------------------------------------- probes
 
-def _probes():
-    return build.load("probes")
+def _probes(level: str | None = None):
+    return build.load("probes", level)
 
 
 def settle(seconds: float = 1.0) -> None:
@@ -128,16 +128,17 @@ def measure_clock(repeats: int = 5) -> dict:
     return t.rate(iters * 64.0)
 
 
-def peak_probe(kind: str, threads: int):
+def peak_probe(kind: str, threads: int, iters: int | None = None, level: str | None = None):
     """One of the compute probes ('f32', 'bf16', 'int8') on ``threads`` threads, ready to
     time: (a function that runs it once, the Gop one run does)."""
     threads = checks.positive_int(threads, "threads", limit=4096)
-    ffi, lib = _probes()
+    ffi, lib = _probes(level)
     fn = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16, "int8": lib.probe_dot_int8}.get(kind)
     if fn is None:
         raise ValueError(f"kind: expected 'f32', 'bf16' or 'int8', got {kind!r}")
     sink = ffi.new("int32_t *" if kind == "int8" else "float *")
-    iters = 200_000 if quick_mode() else 20_000_000  # ~40 ms a sample: longer than a host hiccup
+    if iters is None:  # ~40 ms a sample: longer than a host hiccup
+        iters = 200_000 if quick_mode() else 20_000_000
     ops = fn(iters, threads, sink)  # also the warm-up: threads spawned, clocks up
     return (lambda: fn(iters, threads, sink)), ops / 1e9
 

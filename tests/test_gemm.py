@@ -349,6 +349,12 @@ def test_bf16_path_choice(level, monkeypatch):
     assert gemm.bf16_path(level) == "widen"
 
 
+@pytest.mark.no_emulation
+def test_probe_rates_time_both_probes(level):
+    rates = gemm.probe_rates(level, iters=20_000, repeats=2)
+    assert set(rates) == {"f32", "bf16"} and all(r > 0.1 for r in rates.values()), rates
+
+
 def test_bf16_path_validation(monkeypatch):
     a = np.zeros((2, 2), np.uint16)
     with pytest.raises(ValueError, match="path: expected one of"):
