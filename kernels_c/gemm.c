@@ -166,6 +166,10 @@ micro_kernel(int kc, const float *a, int rs_a, int cs_a, const float *b, int rs_
         _mm_prefetch((const char *)(c + (size_t)r * ldc + NR - 1), _MM_HINT_T0);
         for (int v = 0; v < NV; v++) acc[r][v] = vzero();
     }
+    /* Two steps per pass: the loop's pointer and counter updates and its branch are
+     * paid once per two, leaving more of the core's window to loads still in flight
+     * from L2/L3 (0 to 3 % faster at 2048^3 on Zen 3, timed in turn; 4 and 8 were not). */
+#pragma GCC unroll 2
     for (int k = 0; k < kc; k++) {
         vec bv[NV];
         for (int v = 0; v < NV; v++) bv[v] = vload(b + (size_t)k * rs_b + v * VL);
