@@ -45,6 +45,9 @@ def git_commit() -> tuple[str, bool | None]:
     ``$SMALLEM_COMMIT``, where set, names the commit instead, and dirty is None (unknown):
     for a copy of the tree measured elsewhere, such as on a lent GPU machine, whose
     ``.git`` may be missing or older than the files beside it.
+    Dirty means the code differs from the commit: changes under ``figures/`` (records
+    and figures, all generated) do not count, or every record `make book` writes after
+    its first would call the tree dirty because of that first record.
     """
     named = os.environ.get("SMALLEM_COMMIT")
     if named:
@@ -52,7 +55,8 @@ def git_commit() -> tuple[str, bool | None]:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                              capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)figures"],
                                cwd=ROOT, capture_output=True, text=True, timeout=10)
         if sha.returncode == 0:
             return sha.stdout.strip(), bool(dirty.stdout.strip())

@@ -2,6 +2,8 @@
 record-to-table logic on synthetic records."""
 
 import math
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -180,6 +182,25 @@ def test_record_names_its_commit_in_a_copy_without_git(monkeypatch, tmp_path):
     monkeypatch.setenv("SMALLEM_COMMIT", "0123456789ab")
     assert records.git_commit() == ("0123456789ab", None)
     assert records.Record("t.commit", machine={"cpu": "test"}).data["commit"] == "0123456789ab"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_record_dirty_means_code_not_records(monkeypatch, tmp_path):
+    # make book writes ch1's record, then measures ch2: that record must not make ch2's tree dirty.
+    monkeypatch.delenv("SMALLEM_COMMIT", raising=False)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "figures" / "records").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "figures" / "records" / "a.json").write_text("{}\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "t"], check=True)
+    monkeypatch.setattr(records, "ROOT", tmp_path)
+    assert records.git_commit()[1] is False
+    (tmp_path / "figures" / "records" / "a.json").write_text('{"new": 1}\n')
+    assert records.git_commit()[1] is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert records.git_commit()[1] is True
 
 
 def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
