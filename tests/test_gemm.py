@@ -498,6 +498,7 @@ def test_bf16_target_reads_both_paths_and_the_probes():
         rec.add("dtype", "Gop/s", v(f32), dtype="f32", M=M, K=K, N=N)
         rec.add("dtype", "Gop/s", v(widen), dtype="bf16", path="widen", M=M, K=K, N=N)
         rec.add("dtype", "Gop/s", v(native), dtype="bf16", path="native", M=M, K=K, N=N)
+    rec.add("dtype", "Gop/s", v(100.0), dtype="f32", M=8, K=8, N=8)  # no bf16 beside it
     line = gemm.bf16_target(rec.data)
     assert "met (the faster bf16 path: 1.75x to 1.80x f32)" in line and "probe" not in line
     rec.add("peak", "Gop/s", v(100.0), kind="f32")

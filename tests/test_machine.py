@@ -188,7 +188,8 @@ def test_record_names_its_commit_in_a_copy_without_git(monkeypatch, tmp_path):
 def test_record_dirty_means_code_not_records(monkeypatch, tmp_path):
     # make book writes ch1's record, then measures ch2: that record must not make ch2's tree dirty.
     monkeypatch.delenv("SMALLEM_COMMIT", raising=False)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+           "-C", str(tmp_path)]
     (tmp_path / "figures" / "records").mkdir(parents=True)
     (tmp_path / "code.py").write_text("x = 1\n")
     (tmp_path / "figures" / "records" / "a.json").write_text("{}\n")
