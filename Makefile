@@ -77,7 +77,7 @@ test: setup chromium cross simde
 build: setup
 	$(PY) -m smallem build
 
-site: setup
+site: figures
 	$(VENV)/bin/mkdocs build --strict --site-dir $(SITE)
 
 book: setup

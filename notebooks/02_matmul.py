@@ -136,7 +136,8 @@ print(f"at {values['ch2.beside_n']} the probe gave {values['ch2.beside_peak']}; 
 # %%
 print(gemm.pool_ids(), gemm.pool_ids())
 print(f"empty parallel region {values['ch2.pool_region_us']}, "
-      f"create + join {values['ch2.pool_spawn_us']}: {values['ch2.pool_persistent']}")
+      f"create + join {values['ch2.pool_spawn_us']}; the team's thread ids: "
+      f"{values['ch2.pool_persistent']}")
 
 # %%
 # The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last

@@ -1110,8 +1110,8 @@ def pool_values(rec: dict, rec_dir=None) -> dict:
     same = all(i == ids[0] for i in ids)
     return {"ch2.pool_region_us": f(empty, "µs"), "ch2.pool_spawn_us": f(spawn, "µs"),
             "ch2.pool_ratio": f(spawn / empty),
-            "ch2.pool_persistent": ("the same thread ids on every call: the pool persists" if same
-                                    else "different thread ids between calls: no persistent pool"),
+            "ch2.pool_persistent": ("the same on every call, so the pool persists" if same
+                                    else "not the same on every call: no persistent pool"),
             "ch2.pool_calls": str(len(ids)),
             "ch2.thread_min_mop": f"{THREAD_MIN_OPS / 1e6:.1f} million",
             # at one core's share of the peak every "% of peak" divides by
@@ -1413,7 +1413,7 @@ def cmd_gemm(args) -> int:
         print("  target: " + line)
     pv = pool_values(rec.data)
     print(f"  parallel region {pv['ch2.pool_region_us']} vs create+join {pv['ch2.pool_spawn_us']}; "
-          f"{pv['ch2.pool_persistent']}")
+          f"the team's thread ids: {pv['ch2.pool_persistent']}")
     if not args.no_save:
         path = rec.save()
         print(f"wrote {path}")
