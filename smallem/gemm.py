@@ -920,6 +920,15 @@ def targets(rec: dict, rec_dir=None) -> list[str]:
             met = "met" if ours >= 0.85 * peak else "MISSED"
             out.append(f">= 85 % of the f32 peak at 2048^3: {met} "
                        f"({100 * ours / peak:.0f} % of {peak:.1f} Gop/s, {src})")
+    labels = dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape"))
+    if rec["settings"].get("quick") or not labels:  # a quick run shrinks them 16 times
+        out.append("smallem >= numpy on the model's shapes: not measured at their size (quick run)")
+        labels = {}
+    for label in labels:  # the model's products, forward and backward
+        ours = records.value(rec, "shape", impl="smallem", label=label)
+        theirs = records.value(rec, "shape", impl="numpy", label=label)
+        out.append(f"smallem >= numpy on {label}: {'met' if ours >= theirs else 'MISSED'} "
+                   f"({ours:.1f} vs {theirs:.1f} Gop/s)")
     return out + [bf16_target(rec)]
 
 

@@ -509,3 +509,25 @@ def test_bf16_target_reads_both_paths_and_the_probes():
     assert line.endswith("the bf16 dot probe runs at 0.49x the f32 FMA probe on this CPU")
     rec.data["settings"]["native_bf16"] = False
     assert "not applicable" in gemm.bf16_target(rec.data)
+
+
+def test_targets_include_the_model_shapes():
+    v = lambda x: {"median": x, "min": x, "max": x, "n": 1}
+    rec = records.Record("t.gemm", settings={"quick": False, "native_bf16": False},
+                         machine={"cpu": "test"})
+    rec.add("peak_f32", "Gop/s", v(200.0))
+    for n, ours, theirs in ((1024, 150.0, 140.0), (2048, 171.0, 140.0), (4096, 150.0, 151.0)):
+        rec.add("sweep", "Gop/s", v(ours), impl="smallem", n=n)
+        rec.add("sweep", "Gop/s", v(theirs), impl="numpy", n=n)
+    for label, ours, theirs in (("fwd", 160.0, 150.0), ("bwd", 149.5, 150.0)):
+        rec.add("shape", "Gop/s", v(ours), impl="smallem", label=label)
+        rec.add("shape", "Gop/s", v(theirs), impl="numpy", label=label)
+    lines = gemm.targets(rec.data, rec_dir="/nonexistent")
+    assert "smallem >= numpy at 4096^3: MISSED (150.0 vs 151.0 Gop/s)" in lines
+    assert any(x.startswith(">= 85 % of the f32 peak at 2048^3: met (86 %") for x in lines)
+    assert "smallem >= numpy on fwd: met (160.0 vs 150.0 Gop/s)" in lines
+    assert "smallem >= numpy on bwd: MISSED (149.5 vs 150.0 Gop/s)" in lines
+    rec.data["settings"]["quick"] = True  # shapes divided by 16: not the targets' sizes
+    lines = gemm.targets(rec.data, rec_dir="/nonexistent")
+    assert not any(" on fwd" in x for x in lines)
+    assert any("model's shapes: not measured at their size" in x for x in lines)
