@@ -867,6 +867,9 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         values[f"ch2.rung{rung.index}_gops"] = f(g, "Gop/s")
         if rung.index:
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
+    # rung 2 alone is expected to change little; say what this run measured
+    values["ch2.rung2_verdict"] = ("is slower here" if gains[2] < 0.95 else
+                                   "buys little" if gains[2] <= 1.1 else "helps a little")
     g = s["cache_geometry"]
     mr, nr, b = s["mr"], s["nr"], s["blocks"]
     vec, regs = REGISTER_FILE[s["isa"]]

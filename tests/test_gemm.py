@@ -379,7 +379,8 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     values = gemm.make_figures(records_tmp)
     for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
                 "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio",
-                "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct", "ch2.thread_min_us"):
+                "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct", "ch2.thread_min_us",
+                "ch2.rung2_verdict"):
         assert key in values, key
     figs = tmp_path / "figures"
     for name in ("ch2_ladder.svg", "ch2_sweep.svg", "ch2_roofline.svg", "tables/ch2_ladder.md",
