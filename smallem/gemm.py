@@ -812,6 +812,11 @@ def _peak(rec: dict, rec_dir) -> tuple[float, str]:
     return (recorded, "chapter 1's record") if recorded >= here else (here, "this run's probe")
 
 
+def blocking_verdict(gain: float) -> str:
+    """What rung 2 (blocking alone, expected to change little) did, from its measured gain."""
+    return "is slower here" if gain < 0.95 else "buys little" if gain <= 1.1 else "helps a little"
+
+
 def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     f = figures.fmt
     s = rec["settings"]
@@ -867,9 +872,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         values[f"ch2.rung{rung.index}_gops"] = f(g, "Gop/s")
         if rung.index:
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
-    # rung 2 alone is expected to change little; say what this run measured
-    values["ch2.rung2_verdict"] = ("is slower here" if gains[2] < 0.95 else
-                                   "buys little" if gains[2] <= 1.1 else "helps a little")
+    values["ch2.rung2_verdict"] = blocking_verdict(gains[2])
     g = s["cache_geometry"]
     mr, nr, b = s["mr"], s["nr"], s["blocks"]
     vec, regs = REGISTER_FILE[s["isa"]]
@@ -923,13 +926,12 @@ def targets(rec: dict, rec_dir=None) -> list[str]:
             met = "met" if ours >= 0.85 * peak else "MISSED"
             out.append(f">= 85 % of the f32 peak at 2048^3: {met} "
                        f"({100 * ours / peak:.0f} % of {peak:.1f} Gop/s, {src})")
-    labels = dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape"))
-    if rec["settings"].get("quick") or not labels:  # a quick run shrinks them 16 times
-        out.append("smallem >= numpy on the model's shapes: not measured at their size (quick run)")
-        labels = {}
-    for label in labels:  # the model's products, forward and backward
-        ours = records.value(rec, "shape", impl="smallem", label=label)
-        theirs = records.value(rec, "shape", impl="numpy", label=label)
+    pairs = shape_pairs(rec)  # the model's products, forward and backward
+    if rec["settings"].get("quick") or not pairs:  # a quick run shrinks them 16 times
+        why = "quick run" if pairs else "not in this record"
+        out.append(f"smallem >= numpy on the model's shapes: not measured at their size ({why})")
+        pairs = []
+    for label, ours, theirs in pairs:
         out.append(f"smallem >= numpy on {label}: {'met' if ours >= theirs else 'MISSED'} "
                    f"({ours:.1f} vs {theirs:.1f} Gop/s)")
     return out + [bf16_target(rec)]
@@ -1012,13 +1014,17 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     return rows, values
 
 
+def shape_pairs(rec: dict) -> list[tuple[str, float, float]]:
+    """(label, smallem's Gop/s, numpy's) for each of the model's products in a record."""
+    labels = dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape"))
+    return [(label, records.value(rec, "shape", impl="smallem", label=label),
+             records.value(rec, "shape", impl="numpy", label=label)) for label in labels]
+
+
 def shape_rows(rec: dict) -> tuple[list[list], dict]:
     f = figures.fmt
     rows, values = [], {}
-    labels = list(dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape")))
-    for i, label in enumerate(labels):
-        ours = records.value(rec, "shape", impl="smallem", label=label)
-        theirs = records.value(rec, "shape", impl="numpy", label=label)
+    for i, (label, ours, theirs) in enumerate(shape_pairs(rec)):
         p = records.results(rec, "shape", impl="smallem", label=label)[0]["params"]
         rows.append([label, f"{p['M']}×{p['K']}×{p['N']}", f(ours, "Gop/s"), f(theirs, "Gop/s"),
                      f"{100 * ours / theirs:.0f} %"])

@@ -532,3 +532,9 @@ def test_targets_include_the_model_shapes():
     lines = gemm.targets(rec.data, rec_dir="/nonexistent")
     assert not any(" on fwd" in x for x in lines)
     assert any("model's shapes: not measured at their size" in x for x in lines)
+
+
+def test_blocking_verdict_follows_the_measured_gain():
+    assert gemm.blocking_verdict(0.80) == "is slower here"
+    assert gemm.blocking_verdict(0.97) == gemm.blocking_verdict(1.08) == "buys little"
+    assert gemm.blocking_verdict(1.3) == "helps a little"
