@@ -87,14 +87,20 @@ void gemm_loop_order(int M, int N, int K, const float *A, int lda, const float *
 }
 /* --8<-- [end:loop_order] */
 
-/* Block sizes for the short forms; Python replaces them with the cache model's. */
+/* Block sizes for the short forms; Python replaces them with the cache model's.
+ * Rungs 2 to 4 keep B's sliver in L1, rung 5 A's (see gemm_driver), so rung 5
+ * has blocks of its own. */
 static int default_mc = 96, default_kc = 256, default_nc = 4096;
+static int rows_mc = 96, rows_kc = 512, rows_nc = 4096;
 
-void gemm_set_defaults(int mc, int kc, int nc)
+void gemm_set_defaults(int rung5, int mc, int kc, int nc)
 {
-    if (mc > 0) default_mc = mc;
-    if (kc > 0) default_kc = kc;
-    if (nc > 0) default_nc = nc;
+    if (mc <= 0 || kc <= 0 || nc <= 0) return;
+    if (rung5) {
+        rows_mc = mc, rows_kc = kc, rows_nc = nc;
+    } else {
+        default_mc = mc, default_kc = kc, default_nc = nc;
+    }
 }
 
 /* --8<-- [start:blocked] */
@@ -256,6 +262,79 @@ void gemm_registers_ex(int M, int N, int K, const float *A, int lda, const float
 
 /* ------------------------------------------------------------------ packing */
 
+/* op(A) with its rows along k (A as stored) packs as a transpose: VL values of k
+ * from each of the MR rows, turned in registers into VL columns of MR values. The
+ * shuffles below do in 4 (or 3) passes what the scalar loop does with one load
+ * and one store per float. Each column is stored whole, VL floats where MR are
+ * due; the extra lanes (zeros) land on the next column's place, which the next
+ * store overwrites. So the last column of a panel is left to the scalar loop,
+ * and the function returns how many values of k it packed. */
+#if defined(SM_AVX512)
+static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
+{
+    int k = 0;
+    for (; k + 16 < kb; k += 16) {
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; i++) r[i] = i < MR ? _mm512_loadu_ps(p + i * rs + k) : _mm512_setzero_ps();
+        for (int i = 0; i < 16; i += 2) { /* pairs of rows, within each 4-float lane */
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) { /* r[i + j]: rows i..i+3 of column 4L + j, lane L */
+            const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+            const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+            r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+            r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+            r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+            r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+        }
+        for (int j = 0; j < 4; j++) { /* gather lane L of r[j], r[4+j], r[8+j], r[12+j] */
+            const __m512 x = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44);
+            const __m512 y = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+            const __m512 z = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44);
+            const __m512 w = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
+            t[j] = _mm512_shuffle_f32x4(x, z, 0x88);
+            t[4 + j] = _mm512_shuffle_f32x4(x, z, 0xDD);
+            t[8 + j] = _mm512_shuffle_f32x4(y, w, 0x88);
+            t[12 + j] = _mm512_shuffle_f32x4(y, w, 0xDD);
+        }
+        for (int c = 0; c < 16; c++) _mm512_storeu_ps(ap + (size_t)(k + c) * MR, t[c]);
+    }
+    return k;
+}
+#elif defined(SM_AVX2)
+static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
+{
+    int k = 0;
+    for (; k + 8 < kb; k += 8) {
+        __m256 r[8], t[8];
+        for (int i = 0; i < 8; i++) r[i] = i < MR ? _mm256_loadu_ps(p + i * rs + k) : _mm256_setzero_ps();
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) { /* r[i + j]: rows i..i+3 of column 4L + j, lane L */
+            r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+            r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+        }
+        for (int j = 0; j < 4; j++) {
+            t[j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x20);
+            t[4 + j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x31);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(ap + (size_t)(k + c) * MR, t[c]);
+    }
+    return k;
+}
+#else
+static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
+{
+    (void)kb, (void)p, (void)rs, (void)ap;
+    return 0;
+}
+#endif
+
 /* --8<-- [start:packing] */
 /* Packing copies a block into the order the micro-kernel reads it: A as MR-row
  * panels (for each k, MR floats side by side), B as NR-column panels (for each
@@ -268,7 +347,12 @@ static void pack_a(int mb, int kb, const float *a, size_t rs, size_t cs, float *
     for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb) {
         const int mr = MIN(MR, mb - ir);
         const float *p = a + ir * rs;
-        for (int k = 0; k < kb; k++)
+        int k = 0;
+        if (mr == MR && cs == 1) /* A as stored: a transpose (see pack_a_transposed) */
+            k = pack_a_transposed(kb, p, rs, ap);
+        else if (mr == MR && rs == 1) /* A transposed: each k's MR values lie side by side */
+            for (; k < kb; k++) memcpy(ap + (size_t)k * MR, p + k * cs, sizeof(float) * MR);
+        for (; k < kb; k++)
             if (mr == MR) /* a full panel: no test per element */
                 for (int r = 0; r < MR; r++) ap[(size_t)k * MR + r] = p[r * rs + k * cs];
             else
@@ -617,7 +701,8 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                     const int mb = MIN(grain, M - ic);
                     pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
                                rs_a, cs_a, ap);
-                    /* Tiles along C's rows (jr inside ir): the A sliver stays in L1,
+                    /* Tiles along C's rows (jr inside ir): the A sliver stays in L1
+                     * (rung 5's kc is sized for it, not for B's sliver as in rung 4),
                      * B's slivers stream in from L2/L3, and C is read and written as
                      * MR rows left to right, streams the prefetcher follows. Down the
                      * columns (rung 4's order), each tile's C rows are new lines at a
@@ -880,11 +965,9 @@ void gemm_packed(int M, int N, int K, const float *A, int lda, const float *B, i
 void gemm_threads(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float *C, int ldc, int nthreads)
 {
-    float *work = malloc(sizeof(float) *
-                         gemm_work_floats(N, default_mc, default_kc, default_nc, nthreads));
+    float *work = malloc(sizeof(float) * gemm_work_floats(N, rows_mc, rows_kc, rows_nc, nthreads));
     if (!work) return;
-    gemm_threads_ex(M, N, K, A, lda, B, ldb, C, ldc, nthreads, default_mc, default_kc,
-                    default_nc, work);
+    gemm_threads_ex(M, N, K, A, lda, B, ldb, C, ldc, nthreads, rows_mc, rows_kc, rows_nc, work);
     free(work);
 }
 

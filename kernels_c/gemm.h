@@ -11,7 +11,7 @@ void gemm_threads_ex(int M, int N, int K, const float *A, int lda, const float *
 void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
 void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
 long long gemm_work_floats(int N, int mc, int kc, int nc, int nthreads);
-void gemm_set_defaults(int mc, int kc, int nc);
+void gemm_set_defaults(int rung5, int mc, int kc, int nc);
 void gemm_micro_shape(int *mr, int *nr);
 int gemm_native_bf16(void);
 int gemm_amx_bf16(void);

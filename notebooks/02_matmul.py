@@ -48,14 +48,14 @@ print(f"{level}: {regs} vector registers of {vec} floats -> micro-kernel {mr} x 
 geometry = gemm.cache_geometry()
 for name, c in geometry.items():
     print(f"  {name}: {c['bytes'] // 1024} KiB, {c['ways']}-way, {c['line']}-byte lines")
-blocks = gemm.default_blocks()
-print("blocks:", blocks)
-kc = blocks["kc"]
+blocks, final = gemm.ladder_blocks(), gemm.default_blocks()
+print("blocks of rungs 2-4:", blocks, " of rung 5 and matmul:", final)
+kc, kc5 = blocks["kc"], final["kc"]
 l1 = geometry["L1d"]
-print(f"  L1: B sliver {kc}x{nr} = {kc * nr * 4 / 1024:.1f} KiB, "
-      f"{gemm.l1_ways_for_b(l1['ways'])} of {l1['ways']} ways; "
-      f"the A sliver {mr}x{kc} = {mr * kc * 4 / 1024:.1f} KiB streams through "
-      f"(rung 4; rung 5 walks C's rows, so A's sliver stays and B's stream)")
+print(f"  L1, rungs 2-4: B sliver {kc}x{nr} = {kc * nr * 4 / 1024:.1f} KiB, "
+      f"{gemm.l1_ways_for_b(l1['ways'])} of {l1['ways']} ways; A's sliver streams through")
+print(f"  L1, rung 5 (tiles along C's rows): A sliver {mr}x{kc5} = {mr * kc5 * 4 / 1024:.1f} KiB, "
+      f"{gemm.l1_ways_for_a(l1['ways'])} of {l1['ways']} ways; B's slivers stream through")
 print(f"  L2: A block {blocks['mc']}x{kc} = {blocks['mc'] * kc * 4 / 1024:.0f} KiB (rungs 2-4)")
 
 # %% [markdown]

@@ -100,26 +100,38 @@ def l2_ways_for_a(ways: int) -> int:
 
 
 def l1_ways_for_b(ways: int) -> int:
-    """Ways of the L1 given to the B sliver: all but two.
+    """Ways of the L1 given to the B sliver in rungs 2 to 4: all but two.
 
     The B sliver (KC x NR) is the one thing the L1 must keep: every tile of a column
     reuses it. A's sliver (MR x KC) and C's tile are read once per tile, so they only
     stream through, and two ways are enough for lines in flight. Low et al. keep A's
     sliver resident too, which caps KC lower; a larger KC means fewer passes over C
-    (K / KC of them, each reading and writing all of C), and the sweep in table
-    ch2_kc measures the difference. Rung 5 walks its tiles along C's rows, so there
-    A's sliver is the one reused and B's stream past it; an LRU L1 then keeps A's
-    sliver only if both fit, Low et al.'s rule. Timed in turn against it on 2 Zen 3
-    cores, their smaller KC was no faster, so rung 5 keeps this one.
+    (K / KC of them, each reading and writing all of C).
     """
     return max(1, ways - 2)
 
 
+def l1_ways_for_a(ways: int) -> int:
+    """Ways of the L1 given to the A sliver in rung 5: all but one.
+
+    Rung 5 walks its tiles along C's rows, so A's sliver (MR x KC) is the one every
+    tile of a row reuses, and B's slivers stream past it once each, as C's tile does.
+    With B no longer resident, KC is bounded by A's sliver, whose rows are MR floats
+    where B's are NR: on AVX-512's 14 x 32 tile KC more than doubles, and so the
+    passes over C halve. The sweep in table ch2_kc times the final GEMM with A's sliver
+    in more or fewer ways. On 2 Zen 5 cores, timed in turn against rung 4's KC, it was
+    a few percent faster on every square and model shape tried; all ways but two was no
+    faster than all but one, which also puts K = 768 in a single slice.
+    """
+    return max(1, ways - 1)
+
+
 def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1,
-                elem: int = 4) -> dict:
+                elem: int = 4, rung5: bool = False) -> dict:
     """KC, MC, NC from the caches, after Low et al. (2016), section 4.
 
-    - L1 keeps the KC x NR sliver of B in all its ways but two (see l1_ways_for_b).
+    - L1 keeps the KC x NR sliver of B in all its ways but two (see l1_ways_for_b);
+      with ``rung5``, the MR x KC sliver of A in all its ways but one (l1_ways_for_a).
     - L2 holds the MC x KC block of A in half its ways (see l2_ways_for_a).
     - L3 holds the KC x NC block of B beside every thread's block of A, one way spare.
     """
@@ -130,7 +142,10 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
 
     l1, l2, l3 = g["L1d"], g["L2"], g["L3"]
     way1 = sets(l1) * l1["line"]
-    kc = max(1, l1_ways_for_b(l1["ways"]) * way1 // (nr * elem))
+    if rung5:
+        kc = max(1, l1_ways_for_a(l1["ways"]) * way1 // (mr * elem))
+    else:
+        kc = max(1, l1_ways_for_b(l1["ways"]) * way1 // (nr * elem))
     way2 = sets(l2) * l2["line"]
     mc = max(mr, l2_ways_for_a(l2["ways"]) * way2 // (kc * elem) // mr * mr)
     way3 = sets(l3) * l3["line"]
@@ -146,8 +161,8 @@ _lock = threading.Lock()
 
 
 def _load(level: str | None = None):
-    """(ffi, lib, MR, NR, default blocks as a tuple (mc, kc, nc)) for ``level``
-    (default: the selected ISA).
+    """(ffi, lib, MR, NR, rung 5's blocks, rungs 2-4's blocks) for ``level`` (default: the
+    selected ISA); each set of blocks is a tuple (mc, kc, nc).
 
     Loaded once per process and level: build.load checks the sources' timestamps
     on every call (half a millisecond), which a 64^3 product cannot afford.
@@ -159,10 +174,12 @@ def _load(level: str | None = None):
             ffi, lib = build.load("gemm", level)
             mr, nr = ffi.new("int *"), ffi.new("int *")
             lib.gemm_micro_shape(mr, nr)
-            blocks = block_sizes(mr[0], nr[0], threads=checks.threads(None))
-            lib.gemm_set_defaults(blocks["mc"], blocks["kc"], blocks["nc"])
-            found = _loaded[level] = (ffi, lib, mr[0], nr[0],
-                                      (blocks["mc"], blocks["kc"], blocks["nc"]))
+            sets = []
+            for rung5 in (True, False):
+                b = block_sizes(mr[0], nr[0], threads=checks.threads(None), rung5=rung5)
+                lib.gemm_set_defaults(int(rung5), b["mc"], b["kc"], b["nc"])
+                sets.append((b["mc"], b["kc"], b["nc"]))
+            found = _loaded[level] = (ffi, lib, mr[0], nr[0], *sets)
     return found
 
 
@@ -175,13 +192,19 @@ def kernel_shape(level: str | None = None) -> tuple[int, int]:
 
 
 def default_blocks(level: str | None = None) -> dict:
+    """The blocks of the package's GEMM (rung 5): A's sliver sets KC."""
     return dict(zip(("mc", "kc", "nc"), _load(level)[4]))
 
 
-def _blocks(blocks, level) -> tuple[int, int, int]:
+def ladder_blocks(level: str | None = None) -> dict:
+    """The blocks of rungs 2 to 4: B's sliver sets KC."""
+    return dict(zip(("mc", "kc", "nc"), _load(level)[5]))
+
+
+def _blocks(blocks, level, rung5: bool = True) -> tuple[int, int, int]:
     if blocks is None:
-        return _load(level)[4]
-    b = default_blocks(level)
+        return _load(level)[4 if rung5 else 5]
+    b = default_blocks(level) if rung5 else ladder_blocks(level)
     if isinstance(blocks, dict):
         unknown = set(blocks) - {"mc", "kc", "nc"}
         if unknown:
@@ -332,7 +355,7 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
     args = [M, N, K, _ptr(ffi, a), lda, _ptr(ffi, b), ldb, _ptr(ffi, out), ldc, nthreads]
     fn = getattr(lib, f"gemm_{rung.name}")
     if rung.blocked:
-        mc, kc, nc = _blocks(blocks, level)
+        mc, kc, nc = _blocks(blocks, level, rung5=rung.threaded)  # rung 5: A's sliver sets KC
         args += [mc, kc, nc]
         fn = getattr(lib, f"gemm_{rung.name}_ex")
         if rung.packed:
@@ -654,15 +677,16 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     quick = quick_mode() if quick is None else quick
     cores = checks.threads(None)
     level = isa.selected()
-    ffi, lib, mr, nr, _ = _load(level)
-    blocks = default_blocks(level)
+    ffi, lib, mr, nr, *_ = _load(level)
+    blocks, ladder = default_blocks(level), ladder_blocks(level)
     n_ladder = 128 if quick else 1024
     sweep = [32, 64, 128, 256] if quick else [64, 128, 256, 512, 1024, 2048, 4096]
     shapes = model_shapes()
     if quick:  # the same products, every size divided by 16
         shapes = [dict(s, M=s["M"] // 16, K=s["K"] // 16, N=s["N"] // 16) for s in shapes]
     rec = records.Record(RECORD, settings={
-        "quick": quick, "threads": cores, "isa": level, "mr": mr, "nr": nr, "blocks": blocks,
+        "quick": quick, "threads": cores, "isa": level, "mr": mr, "nr": nr,
+        "blocks": blocks, "blocks_ladder": ladder,
         "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
         "blas": blas_info(), "native_bf16": native_bf16(level), "amx_bf16": amx_bf16(level),
         "bf16_path": bf16_path(level),
@@ -717,25 +741,26 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     way2 = g2["bytes"] // g2["ways"]
     mcs = {}
     for ways in sorted({1, 2, g2["ways"] // 4, l2_ways_for_a(g2["ways"]), g2["ways"] - 2} - {0}):
-        mcs[ways] = max(mr, ways * way2 // (blocks["kc"] * 4) // mr * mr)
+        mcs[ways] = max(mr, ways * way2 // (ladder["kc"] * 4) // mr * mr)
     res = _compare({w: (lambda mc=mc: packed(a, b, c, blocks={"mc": mc}, threads=1))
                     for w, mc in mcs.items()}, n_mc, n_mc, n_mc, quick=quick, pause=0.0)
     for ways, mc in mcs.items():
         rec.add("mc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], mc=mc,
-                kc=blocks["kc"], l2_ways=ways, n=n_mc, threads=1, rung=packed.name)
+                kc=ladder["kc"], l2_ways=ways, n=n_mc, threads=1, rung=packed.name)
     step("MC sweep")
     # K_C: the final GEMM on all cores, with a C too large for the L3, so that every
-    # K_C slice is a pass over C in DRAM.
+    # K_C slice is a pass over C in DRAM; A's sliver, the one rung 5 keeps in L1, in
+    # more or fewer of its ways.
     n_kc = 128 if quick else 4096
     a, b, c = _square(n_kc, rng)
     g1 = cache_geometry()["L1d"]
     way1 = g1["bytes"] // g1["ways"]
-    kcs = {ways: ways * way1 // (nr * 4) for ways in range(2, g1["ways"])}  # L1 ways for B
+    kcs = {ways: ways * way1 // (mr * 4) for ways in range(max(1, g1["ways"] // 4), g1["ways"] + 1)}
     res = _compare({w: (lambda kc=kc: matmul(a, b, out=c, blocks={"kc": kc}))
                     for w, kc in kcs.items()}, n_kc, n_kc, n_kc, quick=quick, pause=0.0)
     for ways, kc in kcs.items():
         rec.add("kc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], kc=kc,
-                l1_ways=ways, n=n_kc, threads=cores)
+                l1_ways=ways, sliver="A", n=n_kc, threads=cores)
     step("KC sweep")
     del a, b, c
     beside = max(x for x in sweep if x <= 2048)
@@ -822,6 +847,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     s = rec["settings"]
     n = s["n_ladder"]
     cores = s["threads"]
+    ladder = s.get("blocks_ladder", s["blocks"])  # records before 2026-11-30 had one set
     peak, peak_src = _peak(rec, rec_dir)
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
@@ -852,8 +878,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.threads": str(cores),
         "ch2.isa": s["isa"],
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
-        "ch2.mc": str(s["blocks"]["mc"]), "ch2.kc": str(s["blocks"]["kc"]),
-        "ch2.nc": str(s["blocks"]["nc"]),
+        "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
+        "ch2.kc5": str(s["blocks"]["kc"]), "ch2.nc5": str(s["blocks"]["nc"]),
         "ch2.peak": f(peak, "Gop/s"),
         "ch2.peak_source": peak_src,
         "ch2.numpy_gops": f(numpy_all, "Gop/s"),
@@ -874,7 +900,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
     values["ch2.rung2_verdict"] = blocking_verdict(gains[2])
     g = s["cache_geometry"]
-    mr, nr, b = s["mr"], s["nr"], s["blocks"]
+    mr, nr, b = s["mr"], s["nr"], ladder
     vec, regs = REGISTER_FILE[s["isa"]]
     values.update({
         "ch2.vec_floats": str(vec), "ch2.registers": str(regs),
@@ -895,6 +921,9 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
         "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",
         "ch2.a_sliver_kib": f"{mr * b['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.a_sliver5_kib": f"{mr * s['blocks']['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.l1_ways_a5": str(math.ceil(mr * s["blocks"]["kc"] * 4
+                                        / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
         "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
         "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
         "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
@@ -1298,7 +1327,7 @@ def _sweep_summary(pts: list[dict], param: str, chosen: int, symbol: str) -> str
 def mc_rows(rec: dict) -> tuple[list[list], dict]:
     """The MC sweep: rung 4, the model's KC, A's block in more or fewer L2 ways."""
     pts = records.results(rec, "mc_sweep")
-    chosen = rec["settings"]["blocks"]["mc"]
+    chosen = rec["settings"].get("blocks_ladder", rec["settings"]["blocks"])["mc"]
     rows = [[f"{p['params']['l2_ways']}" + (" (model)" if p["params"]["mc"] == chosen else ""),
              f"{p['params']['mc']} × {p['params']['kc']}",
              f"{p['params']['mc'] * p['params']['kc'] * 4 / 1024:.0f} KiB",
@@ -1313,15 +1342,19 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
 
 
 def kc_rows(rec: dict) -> tuple[list[list], dict]:
-    """The KC sweep: the final GEMM on all cores, the B sliver in more or fewer L1 ways."""
+    """The KC sweep: the final GEMM on all cores, a sliver (A's since 2026-11-30, B's
+    before) in more or fewer L1 ways."""
     pts = records.results(rec, "kc_sweep")
-    chosen, nr = rec["settings"]["blocks"]["kc"], rec["settings"]["nr"]
+    chosen = rec["settings"]["blocks"]["kc"]
+    sliver = pts[0]["params"].get("sliver", "B") if pts else "A"
+    width = rec["settings"]["mr" if sliver == "A" else "nr"]  # floats per k
     rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
              f"{p['params']['kc']}",
-             f"{p['params']['kc'] * nr * 4 / 1024:.0f} KiB",
+             f"{p['params']['kc'] * width * 4 / 1024:.0f} KiB",
              f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
              figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
     values = {"ch2.kc_n": str(pts[0]["params"]["n"]) if pts else "n/a",
+              "ch2.kc_sliver": sliver,
               "ch2.kc_c_mib": f"{pts[0]['params']['n'] ** 2 * 4 / 1024**2:.0f} MiB" if pts else "n/a",
               "ch2.kc_summary": _sweep_summary(pts, "kc", chosen, "$K_C$")}
     return rows, values
@@ -1362,7 +1395,8 @@ def make_figures(rec_dir) -> dict:
                         note=note)
     r, v = kc_rows(rec)
     values.update(v)
-    figures.write_table("ch2_kc", r, ["L1 ways for B", "KC", "B sliver",
+    figures.write_table("ch2_kc", r, [f"L1 ways for {v['ch2.kc_sliver']}", "KC",
+                                      f"{v['ch2.kc_sliver']} sliver",
                                       f"passes over C at {values['ch2.kc_n']}³",
                                       f"Gop/s, {cores} threads"], note=note)
     values.update(pool_values(rec, rec_dir))
@@ -1417,8 +1451,9 @@ def cmd_gemm(args) -> int:
     rec = run(quick=quick)
     rows, values = ladder_rows(rec.data)
     print(f"\n{figures.machine_line(rec.data)}; numpy: {_blas_line(rec.data)}")
-    print(f"micro-kernel {values['ch2.mr']}x{values['ch2.nr']}, blocks MC={values['ch2.mc']} "
-          f"KC={values['ch2.kc']} NC={values['ch2.nc']}")
+    print(f"micro-kernel {values['ch2.mr']}x{values['ch2.nr']}; blocks of rungs 2-4 "
+          f"MC={values['ch2.mc']} KC={values['ch2.kc']} NC={values['ch2.nc']}, of rung 5 and "
+          f"matmul KC={values['ch2.kc5']} NC={values['ch2.nc5']}")
     width = max(len(r[0]) for r in rows)
     for r in rows:
         print(f"  {r[0]:<{width}}  " + "  ".join(f"{c:>12}" for c in r[1:4]))

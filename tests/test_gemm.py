@@ -53,12 +53,45 @@ def test_block_sizes_for_zen3_caches():
     # AVX-512's 14 x 32 on the same caches: 128-byte rows of B, so half the KC
     b = gemm.block_sizes(14, 32, g, threads=2)
     assert b["kc"] == 192 and b["mc"] % 14 == 0
+    # rung 5 keeps A's sliver instead, in 7 of 8 ways: 6 x 1194 x 4 B = 28 KiB
+    b = gemm.block_sizes(6, 16, g, threads=2, rung5=True)
+    assert b["kc"] == 1194 and b["mc"] == 54
+    assert 2 * b["mc"] * b["kc"] * 4 + b["kc"] * b["nc"] * 4 <= 32 << 20
+    assert gemm.block_sizes(14, 32, g, threads=2, rung5=True)["kc"] == 512
 
 
 def test_default_blocks_come_from_this_machine():
-    b = gemm.default_blocks()
     mr, nr = gemm.kernel_shape()
-    assert b == gemm.block_sizes(mr, nr, threads=checks.threads(None))
+    th = checks.threads(None)
+    assert gemm.default_blocks() == gemm.block_sizes(mr, nr, threads=th, rung5=True)
+    assert gemm.ladder_blocks() == gemm.block_sizes(mr, nr, threads=th)
+
+
+def test_rung5_and_the_ladder_get_their_own_blocks(rng, monkeypatch):
+    """run_rung hands rung 5 A's-sliver blocks and rungs 2-4 B's: each gemm_*_ex sees its own."""
+    seen = {}
+    ffi, lib, *_ = gemm._load()
+
+    class Spy:
+        def __getattr__(self, name):
+            fn = getattr(lib, name)
+            if not name.endswith("_ex"):
+                return fn
+
+            def call(*args):
+                seen[name] = args[10:13]
+                return fn(*args)
+            return call
+
+    monkeypatch.setitem(gemm._loaded, isa.selected(), (ffi, Spy(), *gemm._load()[2:]))
+    a = rng.standard_normal((37, 29), dtype=np.float32)
+    b = rng.standard_normal((29, 41), dtype=np.float32)
+    for rung in gemm.LADDER:
+        checks.assert_close(rung(a, b), a.astype(np.float64) @ b, k=29, name=rung.label)
+    ladder, final = gemm.ladder_blocks(), gemm.default_blocks()
+    for name in ("gemm_blocked_ex", "gemm_registers_ex", "gemm_packed_ex"):
+        assert seen[name] == (ladder["mc"], ladder["kc"], ladder["nc"]), name
+    assert seen["gemm_threads_ex"] == (final["mc"], final["kc"], final["nc"])
 
 
 # ---------------------------------------------------------------- every rung
