@@ -842,6 +842,13 @@ def blocking_verdict(gain: float) -> str:
     return "is slower here" if gain < 0.95 else "buys little" if gain <= 1.1 else "helps a little"
 
 
+def _nc_note(nc: int, widest: int) -> str:
+    if nc >= widest:
+        return ("both more than any $N$ in this chapter, so $B$ is packed in one block per "
+                "$K_C$ slice")
+    return f"a $B$ wider than {nc} columns is packed in several blocks per $K_C$ slice"
+
+
 def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     f = figures.fmt
     s = rec["settings"]
@@ -880,6 +887,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
         "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
         "ch2.kc5": str(s["blocks"]["kc"]), "ch2.nc5": str(s["blocks"]["nc"]),
+        "ch2.nc_note": _nc_note(min(ladder["nc"], s["blocks"]["nc"]), max(s["sweep"])),
         "ch2.peak": f(peak, "Gop/s"),
         "ch2.peak_source": peak_src,
         "ch2.numpy_gops": f(numpy_all, "Gop/s"),
