@@ -7,7 +7,7 @@
  * its edge tiles) computes here, slowly, and the tests compare it to numpy.
  * Never for timing: smallem refuses to record a measurement in this mode.
  *
- * SIMDe 0.7 lacks three intrinsics that the kernels use, and AMX; they are
+ * SIMDe 0.7 lacks four intrinsics that the kernels use, and AMX; they are
  * defined below, lane by lane, with the instructions' documented meaning. */
 #pragma once
 #define SIMDE_ENABLE_NATIVE_ALIASES
@@ -46,9 +46,22 @@ static inline int sm_emu_reduce_add_epi32(simde__m512i a)
     return (int)s;
 }
 
+/* vshuff32x4: 128-bit lanes imm[1:0], imm[3:2] of a, then imm[5:4], imm[7:6] of b */
+static inline simde__m512 sm_emu_shuffle_f32x4(simde__m512 a, simde__m512 b, int imm)
+{
+    float x[16], y[16], r[16];
+    simde_mm512_storeu_ps(x, a);
+    simde_mm512_storeu_ps(y, b);
+    for (int l = 0; l < 4; l++)
+        memcpy(r + 4 * l, (l < 2 ? x : y) + 4 * ((imm >> (2 * l)) & 3), 4 * sizeof(float));
+    return simde_mm512_loadu_ps(r);
+}
+
 #define _mm512_cvtps_epi32 sm_emu_cvtps_epi32
 #define _mm512_reduce_add_ps sm_emu_reduce_add_ps
 #define _mm512_reduce_add_epi32 sm_emu_reduce_add_epi32
+#undef _mm512_shuffle_f32x4 /* GCC defines it as a macro without -O */
+#define _mm512_shuffle_f32x4 sm_emu_shuffle_f32x4
 
 /* AMX, which SIMDe does not have: eight tiles per thread, each up to 16 rows of
  * 64 bytes, configured, loaded, stored and multiplied as the instructions do. */
