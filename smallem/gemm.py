@@ -596,7 +596,10 @@ def _compare(fns: dict, m, n, k, quick=False, pause=None, work=None) -> dict:
                              min_sample=0.005 if quick else 0.05, pause=pause,
                              max_time=1.0 if quick else 60.0)
     gemm_work = 2.0 * m * n * k / 1e9
-    return {key: {"value": t.rate((work or {}).get(key, gemm_work)), "seconds": t.stats()}
+    # Every sample is kept, in the order taken: sample i of each key is round i of the
+    # comparison, so the record can say in how many rounds one side was ahead.
+    return {key: {"value": t.rate((work or {}).get(key, gemm_work)),
+                  "seconds": {**t.stats(), "samples": list(t.seconds)}}
             for key, t in ts.items()}
 
 
@@ -958,7 +961,7 @@ def targets(rec: dict, rec_dir=None) -> list[str]:
         ours = found[0]["value"]["median"]
         theirs = records.value(rec, "sweep", impl="numpy", n=n)
         out.append(f"smallem >= numpy at {n}^3: {'met' if ours >= theirs else 'MISSED'} "
-                   f"({ours:.1f} vs {theirs:.1f} Gop/s)")
+                   f"({ours:.1f} vs {theirs:.1f} Gop/s{_rounds_note(rec, 'sweep', n=n)})")
         if n == 2048:
             met = "met" if ours >= 0.85 * peak else "MISSED"
             out.append(f">= 85 % of the f32 peak at 2048^3: {met} "
@@ -970,8 +973,14 @@ def targets(rec: dict, rec_dir=None) -> list[str]:
         pairs = []
     for label, ours, theirs in pairs:
         out.append(f"smallem >= numpy on {label}: {'met' if ours >= theirs else 'MISSED'} "
-                   f"({ours:.1f} vs {theirs:.1f} Gop/s)")
+                   f"({ours:.1f} vs {theirs:.1f} Gop/s{_rounds_note(rec, 'shape', label=label)})")
     return out + [bf16_target(rec)]
+
+
+def _rounds_note(rec: dict, name: str, **params) -> str:
+    """The medians decide a target; the rounds say how close the call was."""
+    rounds = _pair_rounds(rec, name, **params)
+    return "" if rounds is None else f"; ahead in {rounds[0]} of {rounds[1]} paired rounds"
 
 
 BF16_TARGET = 1.7  # bf16 Gop/s over f32 Gop/s, where AVX512_BF16 exists
@@ -1019,7 +1028,7 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         ours = records.value(rec, "sweep", impl="smallem", n=s)
         theirs = records.value(rec, "sweep", impl="numpy", n=s)
         rows.append([f"{s}³", f(ours, "Gop/s"), f(theirs, "Gop/s"),
-                     f"{100 * ours / theirs:.0f} %"])
+                     f"{100 * ours / theirs:.1f} %", _rounds_text(_pair_rounds(rec, "sweep", n=s))])
         values[f"ch2.sweep_{s}"] = f(ours, "Gop/s")
         values[f"ch2.sweep_numpy_{s}"] = f(theirs, "Gop/s")
         values[f"ch2.sweep_ratio_{s}"] = f"{100 * ours / theirs:.0f} %"
@@ -1051,6 +1060,45 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     return rows, values
 
 
+def rounds_ahead(ours: dict, theirs: dict) -> tuple[int, int] | None:
+    """In how many rounds of a paired comparison ``ours`` took less time than ``theirs``,
+    and of how many: two results of one :func:`_compare` call. None for results recorded
+    before the samples were kept (records before 2026-11-30)."""
+    a, b = (r.get("seconds", {}).get("samples") for r in (ours, theirs))
+    if not a or not b or len(a) != len(b):
+        return None
+    return sum(x < y for x, y in zip(a, b)), len(a)
+
+
+def sign_test(ahead: int, n: int) -> float:
+    """Two-sided sign test: how often n fair coin flips give a split at least as lopsided
+    as ``ahead`` of ``n``. Rounds are paired, so the machine's drift cancels within a
+    round; what is left is noise, which favours neither side."""
+    worst = max(ahead, n - ahead)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(worst, n + 1)) / 2 ** n)
+
+
+SIGN_LEVEL = 0.05  # a split a coin gives less often than once in 20: a real difference
+
+
+def _lopsided(n: int) -> int:
+    """The fewest rounds of n one side must be ahead in for the sign test to tell."""
+    return next((k for k in range(n // 2, n + 1) if sign_test(k, n) < SIGN_LEVEL), n + 1)
+
+
+def _rounds_text(rounds: tuple[int, int] | None) -> str:
+    return "n/a (not kept)" if rounds is None else f"{rounds[0]} of {rounds[1]}"
+
+
+def _pair_rounds(rec: dict, name: str, **params) -> tuple[int, int] | None:
+    ours = records.results(rec, name, impl="smallem", **params)
+    theirs = records.results(rec, name, impl="numpy", **params)
+    return rounds_ahead(ours[0], theirs[0]) if ours and theirs else None
+
+
+ROUNDS_HEADER = "rounds smallem ahead"
+
+
 def shape_pairs(rec: dict) -> list[tuple[str, float, float]]:
     """(label, smallem's Gop/s, numpy's) for each of the model's products in a record."""
     labels = dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape"))
@@ -1064,10 +1112,34 @@ def shape_rows(rec: dict) -> tuple[list[list], dict]:
     for i, (label, ours, theirs) in enumerate(shape_pairs(rec)):
         p = records.results(rec, "shape", impl="smallem", label=label)[0]["params"]
         rows.append([label, f"{p['M']}×{p['K']}×{p['N']}", f(ours, "Gop/s"), f(theirs, "Gop/s"),
-                     f"{100 * ours / theirs:.0f} %"])
+                     f"{100 * ours / theirs:.1f} %",  # a decimal: 99.6 % is not 100 %
+                     _rounds_text(_pair_rounds(rec, "shape", label=label))])
         values[f"ch2.shape{i}_gops"] = f(ours, "Gop/s")
         values[f"ch2.shape{i}_ratio"] = f"{100 * ours / theirs:.0f} %"
+    values.update(_shape_verdicts(rec))
     return rows, values
+
+
+def _shape_verdicts(rec: dict) -> dict:
+    """Which of the model's products the sign test calls faster, slower, or a tie."""
+    groups = {"faster": [], "slower": [], "tied": []}
+    n = None
+    for label, ours, theirs in shape_pairs(rec):
+        rounds = _pair_rounds(rec, "shape", label=label)
+        if rounds is None:
+            return {f"ch2.shapes_{k}": "n/a (a record without samples)" for k in
+                    (*groups, "lopsided")}
+        ahead, n = rounds
+        short = label.split(" (")[0]
+        if sign_test(ahead, n) >= SIGN_LEVEL:
+            groups["tied"].append(short)
+        else:
+            groups["faster" if ahead > n - ahead else "slower"].append(short)
+    out = {f"ch2.shapes_{k}": ", ".join(v) or "none" for k, v in groups.items()}
+    k = _lopsided(n) if n else None
+    out["ch2.shapes_lopsided"] = ("n/a" if not n else f"{k} of {n}" if k <= n else
+                                  f"no count of {n} (too few rounds to tell)")
+    return out
 
 
 def _bf16_value(rec: dict, path: str, M, K, N) -> float | None:
@@ -1385,11 +1457,13 @@ def make_figures(rec_dir) -> dict:
     r, v = sweep_rows(rec, rec_dir)
     values.update(v)
     figures.write_table("ch2_sweep", r, ["Size", f"smallem, {cores} threads",
-                                         f"numpy, {cores} threads", "smallem / numpy"], note=note)
+                                         f"numpy, {cores} threads", "smallem / numpy",
+                                         ROUNDS_HEADER], note=note)
     r, v = shape_rows(rec)
     values.update(v)
     figures.write_table("ch2_shapes", r,
-                        ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy"], note=note)
+                        ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy",
+                         ROUNDS_HEADER], note=note)
     r, v = dtype_rows(rec)
     values.update(v)
     figures.write_table("ch2_bf16", r, DTYPE_HEADER,

@@ -9,7 +9,12 @@ A record is one file, ``<records dir>/<name>.json``::
      "warnings": ["..."],                      # only when the run doubts itself
      "results": [{"name": ..., "params": {...}, "unit": "Gop/s",
                   "value": {"median", "min", "max", "n"},
-                  "seconds": {"median", "min", "max", "n"}}, ...]}
+                  "seconds": {"median", "min", "max", "n",
+                              "samples"}}, ...]}   # samples: paired comparisons only
+
+A paired comparison (two libraries timed in turn, see
+:func:`smallem.timing.measure_interleaved`) keeps every sample in the order
+taken, so that sample i of each side is round i.
 
 The records folder is ``figures/records/`` in the repository (committed: they
 are what the site shows), or ``$SMALLEM_RECORDS``. Figures and tables are made

@@ -561,10 +561,57 @@ def test_targets_include_the_model_shapes():
     assert any(x.startswith(">= 85 % of the f32 peak at 2048^3: met (86 %") for x in lines)
     assert "smallem >= numpy on fwd: met (160.0 vs 150.0 Gop/s)" in lines
     assert "smallem >= numpy on bwd: MISSED (149.5 vs 150.0 Gop/s)" in lines
+    for impl, xs in (("smallem", [1.0, 2.0, 1.0]), ("numpy", [1.5] * 3)):  # paired samples
+        r = records.results(rec.data, "shape", impl=impl, label="bwd")[0]
+        r["seconds"] = {"median": 1.0, "min": 1.0, "max": 2.0, "n": 3, "samples": xs}
+    lines = gemm.targets(rec.data, rec_dir="/nonexistent")
+    assert ("smallem >= numpy on bwd: MISSED (149.5 vs 150.0 Gop/s; ahead in 2 of 3 paired "
+            "rounds)") in lines
     rec.data["settings"]["quick"] = True  # shapes divided by 16: not the targets' sizes
     lines = gemm.targets(rec.data, rec_dir="/nonexistent")
     assert not any(" on fwd" in x for x in lines)
     assert any("model's shapes: not measured at their size" in x for x in lines)
+
+
+def test_paired_rounds_and_the_sign_test():
+    assert gemm.sign_test(0, 15) == gemm.sign_test(15, 15) == pytest.approx(2 / 2**15)
+    assert gemm.sign_test(12, 15) == pytest.approx(0.0352, abs=1e-4)
+    assert gemm.sign_test(11, 15) == pytest.approx(0.1185, abs=1e-4)
+    assert gemm.sign_test(7, 15) == gemm.sign_test(8, 15) == 1.0
+    assert gemm._lopsided(15) == 12 and gemm._lopsided(3) == 4  # 3 rounds never tell
+    secs = lambda xs: {"median": sorted(xs)[len(xs) // 2], "min": min(xs), "max": max(xs),
+                       "n": len(xs), "samples": xs}
+    v = lambda x: {"median": x, "min": x, "max": x, "n": 15}
+    rec = records.Record("t.gemm", settings={"quick": False, "native_bf16": False},
+                         machine={"cpu": "test"})
+    # "fast": ahead in every round; "slow": behind in 13; "tie": ahead in 7 of 15
+    for label, ours in (("fast (a)", [1.0] * 15), ("slow (b)", [1.2] * 13 + [0.8] * 2),
+                        ("tie (c)", [0.9] * 7 + [1.1] * 8)):
+        rec.add("shape", "Gop/s", v(1.0), seconds=secs(ours), impl="smallem", label=label,
+                M=8, K=8, N=8)
+        rec.add("shape", "Gop/s", v(1.0), seconds=secs([1.05] * 15), impl="numpy", label=label)
+    rows, values = gemm.shape_rows(rec.data)
+    assert [r[-1] for r in rows] == ["15 of 15", "2 of 15", "7 of 15"]
+    assert values["ch2.shapes_faster"] == "fast" and values["ch2.shapes_slower"] == "slow"
+    assert values["ch2.shapes_tied"] == "tie" and values["ch2.shapes_lopsided"] == "12 of 15"
+    # a record from before the samples were kept says so instead of guessing
+    for r in rec.data["results"]:
+        del r["seconds"]["samples"]
+    rows, values = gemm.shape_rows(rec.data)
+    assert {r[-1] for r in rows} == {"n/a (not kept)"}
+    assert values["ch2.shapes_tied"].startswith("n/a")
+
+
+def test_compare_keeps_every_sample_in_round_order():
+    calls = []
+    res = gemm._compare({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                        1, 1, 1, quick=True)
+    for key in ("a", "b"):
+        s = res[key]["seconds"]
+        assert len(s["samples"]) == s["n"] == 3 and min(s["samples"]) == s["min"]
+    ours = {"seconds": {"samples": [1.0, 3.0, 1.0]}}
+    assert gemm.rounds_ahead(ours, {"seconds": {"samples": [2.0, 2.0, 2.0]}}) == (2, 3)
+    assert gemm.rounds_ahead(ours, {"seconds": {"samples": [2.0, 2.0]}}) is None
 
 
 def test_blocking_verdict_follows_the_measured_gain():
