@@ -262,20 +262,21 @@ void gemm_registers_ex(int M, int N, int K, const float *A, int lda, const float
 
 /* ------------------------------------------------------------------ packing */
 
-/* op(A) with its rows along k (A as stored) packs as a transpose: VL values of k
- * from each of the MR rows, turned in registers into VL columns of MR values. The
- * shuffles below do in 4 (or 3) passes what the scalar loop does with one load
- * and one store per float. Each column is stored whole, VL floats where MR are
- * due; the extra lanes (zeros) land on the next column's place, which the next
- * store overwrites. So the last column of a panel is left to the scalar loop,
- * and the function returns how many values of k it packed. */
+/* A panel whose values of k lie along its rows in memory (A as stored, B
+ * transposed) packs as a transpose: VL values of k from each of `rows` rows
+ * (rows <= VL, the rest zeros), turned in registers into VL columns, each stored
+ * at dst + k * ld. The shuffles below do in 4 (or 3) passes what a scalar loop
+ * does with one load and one store per float. Each column is stored whole, VL
+ * floats, even where ld < VL (A's MR rows): the extra lanes land on the next
+ * column's place, which the next store overwrites. So the last column of a panel
+ * is left to the caller's scalar loop; returns how many values of k were packed. */
 #if defined(SM_AVX512)
-static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
+static int transpose_rows(int rows, int kb, const float *p, size_t rs, float *dst, int ld)
 {
     int k = 0;
     for (; k + 16 < kb; k += 16) {
         __m512 r[16], t[16];
-        for (int i = 0; i < 16; i++) r[i] = i < MR ? _mm512_loadu_ps(p + i * rs + k) : _mm512_setzero_ps();
+        for (int i = 0; i < 16; i++) r[i] = i < rows ? _mm512_loadu_ps(p + i * rs + k) : _mm512_setzero_ps();
         for (int i = 0; i < 16; i += 2) { /* pairs of rows, within each 4-float lane */
             t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
             t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -298,17 +299,17 @@ static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
             t[8 + j] = _mm512_shuffle_f32x4(y, w, 0x88);
             t[12 + j] = _mm512_shuffle_f32x4(y, w, 0xDD);
         }
-        for (int c = 0; c < 16; c++) _mm512_storeu_ps(ap + (size_t)(k + c) * MR, t[c]);
+        for (int c = 0; c < 16; c++) _mm512_storeu_ps(dst + (size_t)(k + c) * ld, t[c]);
     }
     return k;
 }
 #elif defined(SM_AVX2)
-static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
+static int transpose_rows(int rows, int kb, const float *p, size_t rs, float *dst, int ld)
 {
     int k = 0;
     for (; k + 8 < kb; k += 8) {
         __m256 r[8], t[8];
-        for (int i = 0; i < 8; i++) r[i] = i < MR ? _mm256_loadu_ps(p + i * rs + k) : _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++) r[i] = i < rows ? _mm256_loadu_ps(p + i * rs + k) : _mm256_setzero_ps();
         for (int i = 0; i < 8; i += 2) {
             t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
             t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -323,14 +324,14 @@ static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
             t[j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x20);
             t[4 + j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x31);
         }
-        for (int c = 0; c < 8; c++) _mm256_storeu_ps(ap + (size_t)(k + c) * MR, t[c]);
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(dst + (size_t)(k + c) * ld, t[c]);
     }
     return k;
 }
 #else
-static int pack_a_transposed(int kb, const float *p, size_t rs, float *ap)
+static int transpose_rows(int rows, int kb, const float *p, size_t rs, float *dst, int ld)
 {
-    (void)kb, (void)p, (void)rs, (void)ap;
+    (void)rows, (void)kb, (void)p, (void)rs, (void)dst, (void)ld;
     return 0;
 }
 #endif
@@ -348,8 +349,8 @@ static void pack_a(int mb, int kb, const float *a, size_t rs, size_t cs, float *
         const int mr = MIN(MR, mb - ir);
         const float *p = a + ir * rs;
         int k = 0;
-        if (mr == MR && cs == 1) /* A as stored: a transpose (see pack_a_transposed) */
-            k = pack_a_transposed(kb, p, rs, ap);
+        if (mr == MR && cs == 1) /* A as stored: a transpose (see transpose_rows) */
+            k = transpose_rows(MR, kb, p, rs, ap, MR);
         else if (mr == MR && rs == 1) /* A transposed: each k's MR values lie side by side */
             for (; k < kb; k++) memcpy(ap + (size_t)k * MR, p + k * cs, sizeof(float) * MR);
         for (; k < kb; k++)
@@ -363,7 +364,13 @@ static void pack_a(int mb, int kb, const float *a, size_t rs, size_t cs, float *
 
 static void pack_b_panel(int nr, int kb, const float *b, size_t rs, size_t cs, float *bp)
 {
-    for (int k = 0; k < kb; k++)
+    int k = 0;
+#ifdef VL
+    if (nr == NR && rs == 1) /* B transposed: its NR columns are rows in memory, VL at a time */
+        for (int h = 0; h < NR; h += VL)
+            k = transpose_rows(VL, kb, b + h * cs, cs, bp + h, NR);
+#endif
+    for (; k < kb; k++)
         for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = j < nr ? b[k * rs + j * cs] : 0.0f;
 }
 
