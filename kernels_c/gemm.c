@@ -415,11 +415,25 @@ static float *align64(float *p)
     return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
 }
 
+/* Whether rung 5 packs all of B, every K slice, before any tile: when B takes no
+ * more than half the L3 space the model gives a kc x nc block of B (see
+ * gemm_driver). */
+static int b_whole(int N, int K, int kc, int nc)
+{
+    return K > kc && 2 * (long long)K * ROUND_UP(N, NR) <= (long long)kc * nc;
+}
+
+int gemm_b_whole(int N, int K, int kc, int nc) /* for the tests */
+{
+    return b_whole(N, K, kc, nc);
+}
+
 /* Floats the packing buffer needs: one A block per thread, one shared B block. */
-long long gemm_work_floats(int N, int mc, int kc, int nc, int nthreads)
+long long gemm_work_floats(int N, int K, int mc, int kc, int nc, int nthreads)
 {
     const long long mcr = ROUND_UP(mc, MR), ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR);
-    const long long f32 = (long long)nthreads * (mcr * kc + 16) + ncr * kc + 32;
+    const long long b = b_whole(N, K, kc, nc) ? (long long)ROUND_UP(N, NR) * K : ncr * kc;
+    const long long f32 = (long long)nthreads * (mcr * kc + 16) + b + 32;
 #ifdef AMX_BF16
     /* gemm_amx: a bf16 block of B, then per thread 32 rows of A in bf16 */
     const long long kca = ROUND_UP(kc, AMX_KB);
@@ -656,18 +670,24 @@ static inline void b_share(int nb, int t, int nt, int *j0, int *j1)
 
 /* --8<-- [start:threads] */
 /* Rows of C a thread of rung 5 takes at a time: two micro-panels. Few, so that
- * the last group of a K slice keeps the other threads waiting only briefly;
- * taking one costs an atomic add, next to ~0.2 ms of FMAs at n = 2048. */
+ * the last group keeps the other threads waiting only briefly; taking one
+ * costs an atomic add, next to ~0.2 ms of FMAs at n = 2048. */
 #define ROW_GRAIN 2
 
 /* Rung 5 and the package's GEMM: C = alpha op(A) op(B) + beta C on nthreads
- * threads. The L3 is shared: the threads pack one kc x nc block of B together
- * (it lives in L3, read by all). Then they share out the rows of C a few
- * panels at a time, each thread packing the A rows it took and walking their
- * tiles along the rows of C. Every tile is summed by one thread in the same
- * order, so the results do not change from call to call. OpenMP keeps its
- * threads alive between parallel regions (a persistent pool), so a call costs
- * a wake-up, not a thread creation. */
+ * threads. The L3 is shared: the threads pack a block of B together (it lives
+ * in L3, read by all). Then they share out the rows of C a few panels at a
+ * time, each thread packing the A rows it took and walking their tiles along
+ * the rows of C. Every tile is summed by one thread in the same order, so the
+ * results do not change from call to call. OpenMP keeps its threads alive
+ * between parallel regions (a persistent pool), so a call costs a wake-up, not
+ * a thread creation.
+ * A block of B is one K slice, kc x nc, or, when all of B fits in half that
+ * block's L3 space, every slice at once (b_whole): then a thread carries its
+ * rows through all of K while their C lines stay in its L2, where one slice
+ * at a time sends all of C through L3 or DRAM once per slice, with two
+ * barriers each. Half, because every slice of B must then stay in L3 for the
+ * whole call while A's and C's lines stream past it. */
 static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K, float alpha,
                         const void *A, int lda, const void *B, int ldb, float beta, float *C,
                         int ldc, int nthreads, int mc, int kc, int nc, float *work)
@@ -675,30 +695,34 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
     const size_t es = dtype == F32 ? 4 : 2; /* element size, bytes */
     const size_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
     const size_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
+    const int whole = b_whole(N, K, kc, nc);
     const int mcr = ROUND_UP(mc, MR), ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR);
     nc = MIN(nc, ncr);
     float *bp = align64(work);
+    const size_t b_floats = whole ? (size_t)ROUND_UP(N, NR) * K : (size_t)ncr * kc;
     const int panels = (M + MR - 1) / MR; /* MR-row panels of C, shared out below */
     if (nthreads > panels) nthreads = panels;
     /* K in equal slices of at most kc: a thin last slice (64 of K = 1024 with kc = 320)
      * would amortise each tile's C update over 64 steps instead of kc. */
     const int kcs = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);
+    const int kstep = whole ? K : kcs; /* the K slices of one block of B */
     #pragma omp parallel num_threads(nthreads)
     {
         int t, nt, j0, j1;
         team_position(&t, &nt);
-        float *ap = align64(bp + (size_t)ncr * kc + 16 + (size_t)t * (mcr * (size_t)kc + 16));
+        float *ap = align64(bp + b_floats + 16 + (size_t)t * (mcr * (size_t)kc + 16));
         const int grain = MIN(mcr, ROW_GRAIN * MR);
         for (int jc = 0; jc < N; jc += nc) {
-            const int nb = MIN(nc, N - jc);
-            for (int pc = 0; pc < K; pc += kcs) {
-                const int kb = MIN(kcs, K - pc);
-                const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
+            const int nb = MIN(nc, N - jc), nbr = ROUND_UP(nb, NR);
+            for (int p0 = 0; p0 < K; p0 += kstep) {
+                const int p1 = MIN(K, p0 + kstep);
                 b_share(nb, t, nt, &j0, &j1); /* each thread packs its share of B */
-                if (j0 < j1)
+                for (int pc = p0; pc < p1 && j0 < j1; pc += kcs) {
+                    const int kb = MIN(kcs, K - pc); /* slice pc sits at (pc - p0) * nbr */
                     pack_b_any(dtype, j1 - j0, kb,
                                (const char *)B + (pc * rs_b + (jc + j0) * cs_b) * es, rs_b, cs_b,
-                               bp + (size_t)j0 * kb);
+                               bp + (size_t)(pc - p0) * nbr + (size_t)j0 * kb);
+                }
                 #pragma omp barrier /* B is packed before anyone reads it */
                 /* Rows from a shared counter (a dynamic schedule), not a fixed share:
                  * when the host slows one core for a while, the others take more
@@ -706,19 +730,24 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                 #pragma omp for schedule(dynamic, 1) nowait
                 for (int ic = 0; ic < M; ic += grain) {
                     const int mb = MIN(grain, M - ic);
-                    pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
-                               rs_a, cs_a, ap);
-                    /* Tiles along C's rows (jr inside ir): the A sliver stays in L1
-                     * (rung 5's kc is sized for it, not for B's sliver as in rung 4),
-                     * B's slivers stream in from L2/L3, and C is read and written as
-                     * MR rows left to right, streams the prefetcher follows. Down the
-                     * columns (rung 4's order), each tile's C rows are new lines at a
-                     * stride the prefetcher cannot follow. */
-                    for (int ir = 0; ir < mb; ir += MR)
-                        for (int jr = 0; jr < nb; jr += NR)
-                            tile_any(dtype, kb, ap + (size_t)ir * kb, bp + (size_t)jr * kb,
-                                     C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
-                                     MIN(MR, mb - ir), MIN(NR, nb - jr), alpha, bt);
+                    for (int pc = p0; pc < p1; pc += kcs) {
+                        const int kb = MIN(kcs, K - pc);
+                        const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
+                        const float *b = bp + (size_t)(pc - p0) * nbr;
+                        pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
+                                   rs_a, cs_a, ap);
+                        /* Tiles along C's rows (jr inside ir): the A sliver stays in L1
+                         * (rung 5's kc is sized for it, not for B's sliver as in rung 4),
+                         * B's slivers stream in from L2/L3, and C is read and written as
+                         * MR rows left to right, streams the prefetcher follows. Down the
+                         * columns (rung 4's order), each tile's C rows are new lines at a
+                         * stride the prefetcher cannot follow. */
+                        for (int ir = 0; ir < mb; ir += MR)
+                            for (int jr = 0; jr < nb; jr += NR)
+                                tile_any(dtype, kb, ap + (size_t)ir * kb, b + (size_t)jr * kb,
+                                         C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
+                                         MIN(MR, mb - ir), MIN(NR, nb - jr), alpha, bt);
+                    }
                 }
                 #pragma omp barrier /* everyone is done with B before it is repacked */
             }
@@ -963,7 +992,7 @@ void gemm_packed(int M, int N, int K, const float *A, int lda, const float *B, i
                  float *C, int ldc, int nthreads)
 {
     float *work = malloc(sizeof(float) *
-                         gemm_work_floats(N, default_mc, default_kc, default_nc, 1));
+                         gemm_work_floats(N, K, default_mc, default_kc, default_nc, 1));
     if (!work) return;
     gemm_packed_ex(M, N, K, A, lda, B, ldb, C, ldc, 1, default_mc, default_kc, default_nc, work);
     free(work);
@@ -972,7 +1001,7 @@ void gemm_packed(int M, int N, int K, const float *A, int lda, const float *B, i
 void gemm_threads(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                   float *C, int ldc, int nthreads)
 {
-    float *work = malloc(sizeof(float) * gemm_work_floats(N, rows_mc, rows_kc, rows_nc, nthreads));
+    float *work = malloc(sizeof(float) * gemm_work_floats(N, K, rows_mc, rows_kc, rows_nc, nthreads));
     if (!work) return;
     gemm_threads_ex(M, N, K, A, lda, B, ldb, C, ldc, nthreads, rows_mc, rows_kc, rows_nc, work);
     free(work);

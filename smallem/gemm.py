@@ -218,8 +218,8 @@ def _blocks(blocks, level, rung5: bool = True) -> tuple[int, int, int]:
 _work = threading.local()  # one packing buffer per Python thread: concurrent calls never share
 
 
-def _workspace(ffi, lib, level, n, mc, kc, nc, nthreads):
-    need = int(lib.gemm_work_floats(n, mc, kc, nc, nthreads))
+def _workspace(ffi, lib, level, n, k, mc, kc, nc, nthreads):
+    need = int(lib.gemm_work_floats(n, k, mc, kc, nc, nthreads))
     bufs = getattr(_work, "bufs", None)
     if bufs is None:
         bufs = _work.bufs = {}
@@ -359,7 +359,7 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
         args += [mc, kc, nc]
         fn = getattr(lib, f"gemm_{rung.name}_ex")
         if rung.packed:
-            args.append(_workspace(ffi, lib, level or isa.selected(), N, mc, kc, nc, nthreads))
+            args.append(_workspace(ffi, lib, level or isa.selected(), N, K, mc, kc, nc, nthreads))
     fn(*args)
     return out
 
@@ -395,7 +395,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     level = level or isa.selected()
     ffi, lib, *_ = _load(level)
     mc, kc, nc = _blocks(blocks, level)
-    work = _workspace(ffi, lib, level, N, mc, kc, nc, nthreads)
+    work = _workspace(ffi, lib, level, N, K, mc, kc, nc, nthreads)
     ctype = "float" if kind == "f32" else "uint16_t"
     args = (int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
             _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, mc, kc, nc, work)
@@ -603,6 +603,48 @@ def _compare(fns: dict, m, n, k, quick=False, pause=None, work=None) -> dict:
             for key, t in ts.items()}
 
 
+def _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng):
+    """Rung 5 with all of B packed first against one K slice at a time, on the first of
+    the model's products where all of B fits (`gemm_b_whole`). ``nc = N`` keeps the
+    same single block of columns but takes the slice-by-slice path: the two differ in
+    that alone. "whole_b" results, ``b`` = "whole" or "slices"."""
+    for sh in shapes:
+        M, K, N = sh["M"], sh["K"], sh["N"]
+        if not sh["ta"] and not sh["tb"] and lib.gemm_b_whole(N, K, blocks["kc"], blocks["nc"]):
+            break
+    else:
+        return  # none fits (a quick run's shapes have one K slice): nothing to compare
+    a = rng.standard_normal((M, K), dtype=np.float32)
+    b = rng.standard_normal((K, N), dtype=np.float32)
+    c = np.empty((M, N), np.float32)
+    res = _compare({"whole": lambda: matmul(a, b, out=c, blocks=blocks),
+                    "slices": lambda: matmul(a, b, out=c, blocks={**blocks, "nc": N})},
+                   M, N, K, quick=quick, pause=0.0)
+    for way, r in res.items():
+        rec.add("whole_b", "Gop/s", r["value"], seconds=r["seconds"], b=way, label=sh["label"],
+                M=M, N=N, K=K, kc=blocks["kc"], threads=cores)
+
+
+def whole_b_values(rec: dict) -> dict:
+    """The chapter's words on packing all of B at once, from the "whole_b" results."""
+    f = figures.fmt
+    found = {r["params"]["b"]: r for r in records.results(rec, "whole_b")}
+    if set(found) != {"whole", "slices"}:
+        na = "n/a (not measured in this record)"
+        return {k: na for k in ("ch2.whole_b_label", "ch2.whole_b_mib", "ch2.whole_b_slices",
+                                "ch2.whole_b_gops", "ch2.slices_gops", "ch2.whole_b_ratio",
+                                "ch2.whole_b_rounds")}
+    p, w, s = found["whole"]["params"], found["whole"]["value"], found["slices"]["value"]
+    rounds = rounds_ahead(found["whole"], found["slices"])
+    return {"ch2.whole_b_label": p["label"].split(" (")[0],
+            "ch2.whole_b_mib": f"{p['K'] * p['N'] * 4 / 2**20:.0f} MiB",
+            "ch2.whole_b_slices": str(math.ceil(p["K"] / p["kc"])),
+            "ch2.whole_b_gops": f(w["median"], "Gop/s"),
+            "ch2.slices_gops": f(s["median"], "Gop/s"),
+            "ch2.whole_b_ratio": f"× {w['median'] / s['median']:.3f}",
+            "ch2.whole_b_rounds": _rounds_text(rounds)}
+
+
 def _square(n, rng):
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
@@ -696,7 +738,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
     rng = np.random.default_rng(0)
-    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 2 + 1
+    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 2 + 1
     bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
 
     def step(what):
@@ -807,6 +849,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl=impl, **params)
         step(sh["label"])
     del a, b, c
+    _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng)
+    step("all of B at once")
     first = shapes[0]
     _measure_dtypes(rec, [(n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])],
                     cores, quick, rng, step)
@@ -1461,6 +1505,7 @@ def make_figures(rec_dir) -> dict:
                                          ROUNDS_HEADER], note=note)
     r, v = shape_rows(rec)
     values.update(v)
+    values.update(whole_b_values(rec))
     figures.write_table("ch2_shapes", r,
                         ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy",
                          ROUNDS_HEADER], note=note)

@@ -323,7 +323,7 @@ class BatchedGemm:
         if len(a) == 0:
             return out
         mc, kc, nc = self.blocks
-        per = int(self.glib.gemm_work_floats(N, mc, kc, nc, 1))
+        per = int(self.glib.gemm_work_floats(N, K, mc, kc, nc, 1))
         if self.work.size < per * self.threads:
             self.work = np.zeros(per * self.threads, np.float32)
         ffi, lib = _lib()

@@ -192,6 +192,47 @@ def test_matmul_random_shapes_and_blocks(rng):
                             name=f"{M}x{N}x{K} ta={ta} tb={tb} {blocks}")
 
 
+def test_rung5_packs_all_of_b_when_it_fits(rng, level):
+    """Both ways of rung 5: all of B packed first (it fits in half its L3 share), and
+    one K slice at a time; primes, several slices, alpha/beta, transposes, 1-3 threads."""
+    lib = gemm._load(level)[1]
+    blocks = {"mc": 37, "kc": 16, "nc": 512}
+    cases = [(23, 37, 61, False, False, 1), (41, 70, 53, True, False, 2),
+             (5, 33, 97, False, True, 3), (29, 64, 47, True, True, 2)]
+    seen = set()
+    for M, N, K, ta, tb, threads in cases:
+        for nc in (blocks["nc"], 64):  # 512: all of B fits; 64: it does not
+            whole = bool(lib.gemm_b_whole(N, K, blocks["kc"], nc))
+            seen.add(whole)
+            a = rand(rng, *((K, M) if ta else (M, K)))
+            b = rand(rng, *((N, K) if tb else (K, N)))
+            c0 = rand(rng, M, N)
+            c = gemm.matmul(a, b, trans_a=ta, trans_b=tb, out=c0.copy(), alpha=0.5, beta=-2.0,
+                            blocks={**blocks, "nc": nc}, threads=threads, level=level)
+            want = 0.5 * ref(a, b, ta, tb) - 2.0 * c0
+            checks.assert_close(c, want.astype(np.float32), k=K,
+                                name=f"{M}x{N}x{K} ta={ta} tb={tb} nc={nc} whole={whole}")
+    assert seen == {True, False}  # both paths ran
+
+
+def test_whole_b_is_measured_where_it_applies_and_said_from_the_record(rng):
+    lib = gemm._load()[1]
+    blocks = {"mc": 28, "kc": 16, "nc": 512}
+    shapes = [dict(label="one slice (a)", M=40, K=16, N=24, ta=False, tb=False),
+              dict(label="fits (b)", M=40, K=100, N=24, ta=False, tb=False)]
+    rec = records.Record("t.gemm", settings={}, machine={"cpu": "test"})
+    assert gemm.whole_b_values(rec.data)["ch2.whole_b_ratio"].startswith("n/a")
+    gemm._measure_whole_b(rec, lib, shapes[:1], blocks, 2, True, rng)  # K = kc: one slice
+    assert not records.results(rec.data, "whole_b")
+    gemm._measure_whole_b(rec, lib, shapes, blocks, 2, True, rng)
+    got = {r["params"]["b"]: r for r in records.results(rec.data, "whole_b")}
+    assert set(got) == {"whole", "slices"} and got["whole"]["params"]["label"] == "fits (b)"
+    v = gemm.whole_b_values(rec.data)
+    ratio = got["whole"]["value"]["median"] / got["slices"]["value"]["median"]
+    assert v["ch2.whole_b_label"] == "fits" and v["ch2.whole_b_slices"] == "7"
+    assert v["ch2.whole_b_ratio"] == f"× {ratio:.3f}" and v["ch2.whole_b_rounds"].endswith("of 3")
+
+
 def test_out_may_share_a_buffer_with_the_inputs_without_overlapping(rng):
     buf = rand(rng, 20, 30)
     a, out = buf[:, :10], buf[:, 10:22]  # interleaved rows of one buffer, no shared element
