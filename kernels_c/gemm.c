@@ -138,7 +138,9 @@ void gemm_blocked_ex(int M, int N, int K, const float *A, int lda, const float *
  * Each step loads NR floats of B (NR/VL vectors), broadcasts MR floats of A and
  * issues MR x NR/VL independent FMAs, enough to cover the FMA latency (4 cycles)
  * times the 2 FMA pipes. a(r, k) is a[r*rs_a + k*cs_a]; row k of b is b + k*rs_b.
- * The tile then goes to C once: c = alpha*ab (beta == 0) or alpha*ab + beta*c. */
+ * The tile then goes to C once: c = alpha*ab (beta == 0) or alpha*ab + beta*c.
+ * `rows` is MR but at C's bottom edge (see edge_rows), and a constant wherever
+ * the kernel is inlined, so its loops unroll. */
 #if defined(SM_AVX512) || defined(SM_AVX2)
 #if defined(SM_AVX512)
 typedef __m512 vec;
@@ -162,12 +164,12 @@ typedef __m256 vec;
 #define NV (NR / VL)
 
 static inline __attribute__((always_inline)) void
-micro_kernel(int kc, const float *a, int rs_a, int cs_a, const float *b, int rs_b,
+micro_kernel(int rows, int kc, const float *a, int rs_a, int cs_a, const float *b, int rs_b,
              float *c, int ldc, float alpha, float beta)
 {
     vec acc[MR][NV];
 #pragma GCC unroll 32
-    for (int r = 0; r < MR; r++) { /* C's rows arrive from L2/L3 while the FMAs run */
+    for (int r = 0; r < rows; r++) { /* C's rows arrive from L2/L3 while the FMAs run */
         _mm_prefetch((const char *)(c + (size_t)r * ldc), _MM_HINT_T0);
         _mm_prefetch((const char *)(c + (size_t)r * ldc + NR - 1), _MM_HINT_T0);
         for (int v = 0; v < NV; v++) acc[r][v] = vzero();
@@ -181,14 +183,14 @@ micro_kernel(int kc, const float *a, int rs_a, int cs_a, const float *b, int rs_
         vec bv[NV];
         for (int v = 0; v < NV; v++) bv[v] = vload(b + (size_t)k * rs_b + v * VL);
 #pragma GCC unroll 32
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < rows; r++) {
             const vec ar = vset1(a[(size_t)r * rs_a + (size_t)k * cs_a]);
             for (int v = 0; v < NV; v++) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
         }
     }
     const vec va = vset1(alpha), vb = vset1(beta);
 #pragma GCC unroll 32
-    for (int r = 0; r < MR; r++)
+    for (int r = 0; r < rows; r++)
         for (int v = 0; v < NV; v++) {
             float *cp = c + (size_t)r * ldc + v * VL;
             vec t = vmul(va, acc[r][v]);
@@ -198,16 +200,17 @@ micro_kernel(int kc, const float *a, int rs_a, int cs_a, const float *b, int rs_
 }
 #else
 /* Plain C: the same tile as an array the compiler keeps in (SSE2) registers. */
-static inline void micro_kernel(int kc, const float *a, int rs_a, int cs_a, const float *b,
-                                int rs_b, float *c, int ldc, float alpha, float beta)
+static inline void micro_kernel(int rows, int kc, const float *a, int rs_a, int cs_a,
+                                const float *b, int rs_b, float *c, int ldc, float alpha,
+                                float beta)
 {
     float acc[MR][NR] = {{0}};
     for (int k = 0; k < kc; k++)
-        for (int r = 0; r < MR; r++) {
+        for (int r = 0; r < rows; r++) {
             const float ar = a[(size_t)r * rs_a + (size_t)k * cs_a];
             for (int j = 0; j < NR; j++) acc[r][j] += ar * b[(size_t)k * rs_b + j];
         }
-    for (int r = 0; r < MR; r++)
+    for (int r = 0; r < rows; r++)
         for (int j = 0; j < NR; j++) {
             float *cp = c + (size_t)r * ldc + j;
             *cp = beta != 0.0f ? alpha * acc[r][j] + beta * *cp : alpha * acc[r][j];
@@ -249,7 +252,7 @@ void gemm_registers_ex(int M, int N, int K, const float *A, int lda, const float
                         const float *b = B + (size_t)pc * ldb + jc + jr;
                         float *c = C + (size_t)(ic + ir) * ldc + jc + jr;
                         if (ir + MR <= mb && jr + NR <= nb)
-                            micro_kernel(kb, a, lda, 1, b, ldb, c, ldc, 1.0f, beta);
+                            micro_kernel(MR, kb, a, lda, 1, b, ldb, c, ldc, 1.0f, beta);
                         else
                             edge_tile(MIN(MR, mb - ir), MIN(NR, nb - jr), kb, a, lda, b, ldb,
                                       c, ldc, beta);
@@ -389,19 +392,40 @@ static void pack_b(int nb, int kb, const float *b, size_t rs, size_t cs, float *
 }
 /* --8<-- [end:packing] */
 
-/* A tile cut short by the matrix edge: compute the full tile into a scratch
- * tile, then copy the part inside C. Not cloned: GCC 12's copy for rung 4
- * (alpha = 1) kept scalars in vector registers through the k loop and, with
- * AVX-512's 28 accumulators, spilled a B vector to the stack on every step. */
+/* A full-width tile with fewer than MR rows, at C's bottom edge (with MR = 14,
+ * M = 1024 leaves 2 rows for the last panel): a copy of the micro-kernel per
+ * row count, which issues the FMAs of the rows there are, not MR rows' worth. */
+static SM_NOCLONE void edge_rows(int mr, int kb, const float *ap, const float *bp, float *c,
+                                 int ldc, float alpha, float beta)
+{
+#define ROWS(n) case n: micro_kernel(n, kb, ap, 1, MR, bp, NR, c, ldc, alpha, beta); return;
+    switch (mr) {
+        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5)
+#if MR > 6
+        ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13)
+#endif
+    }
+#undef ROWS
+}
+
+/* A tile cut short by the matrix edge to fewer than NR columns (and any rows).
+ * Compute the full tile into a scratch tile, then copy the part inside C. Not
+ * cloned: GCC 12's copy for rung 4 (alpha = 1) kept scalars in vector registers
+ * through the k loop and, with AVX-512's 28 accumulators, spilled a B vector to
+ * the stack on every step. */
 static SM_NOCLONE void store_tile(int kb, const float *ap, const float *bp, float *c, int ldc, int mr,
                        int nr, float alpha, float beta)
 {
     if (mr == MR && nr == NR) {
-        micro_kernel(kb, ap, 1, MR, bp, NR, c, ldc, alpha, beta);
+        micro_kernel(MR, kb, ap, 1, MR, bp, NR, c, ldc, alpha, beta);
+        return;
+    }
+    if (nr == NR) {
+        edge_rows(mr, kb, ap, bp, c, ldc, alpha, beta);
         return;
     }
     float t[MR * NR] __attribute__((aligned(64)));
-    micro_kernel(kb, ap, 1, MR, bp, NR, t, NR, 1.0f, 0.0f);
+    micro_kernel(MR, kb, ap, 1, MR, bp, NR, t, NR, 1.0f, 0.0f);
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) {
             float *cp = c + (size_t)r * ldc + j;
