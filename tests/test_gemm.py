@@ -212,6 +212,14 @@ def test_rung5_packs_all_of_b_when_it_fits(rng, level):
             want = 0.5 * ref(a, b, ta, tb) - 2.0 * c0
             checks.assert_close(c, want.astype(np.float32), k=K,
                                 name=f"{M}x{N}x{K} ta={ta} tb={tb} nc={nc} whole={whole}")
+            ha, hb = gemm.f32_to_bf16(a), gemm.f32_to_bf16(b)  # bf16 packs into the same blocks
+            want = 0.5 * ref(gemm.bf16_to_f32(ha), gemm.bf16_to_f32(hb), ta, tb) - 2.0 * c0
+            for path in gemm.bf16_paths(level):
+                c = gemm.matmul_bf16(ha, hb, trans_a=ta, trans_b=tb, out=c0.copy(), alpha=0.5,
+                                     beta=-2.0, blocks={**blocks, "nc": nc}, threads=threads,
+                                     level=level, path=path)
+                checks.assert_close(c, want.astype(np.float32), k=K,
+                                    name=f"bf16 {path} {M}x{N}x{K} nc={nc} whole={whole}")
     assert seen == {True, False}  # both paths ran
 
 
