@@ -17,3 +17,12 @@ def test_code_snippets_are_fenced(page):
         if CODE_SNIPPET.match(line):
             assert i > 0 and lines[i - 1].lstrip().startswith("```"), (
                 f"{page.name}:{i + 1}: {line.strip()} is not inside a ``` code fence")
+
+
+@pytest.mark.parametrize("page", CHAPTERS, ids=lambda p: p.name)
+def test_no_control_characters(page):
+    """A tab or other control character in the prose is a mangled escape (a Python "\\t" in
+    "\\times" writes a tab, and the formula renders as "imes")."""
+    for i, line in enumerate(page.read_text().splitlines(), 1):
+        bad = [c for c in line if ord(c) < 32]
+        assert not bad, f"{page.name}:{i}: control character {bad[0]!r} in {line.strip()[:60]!r}"
