@@ -693,22 +693,30 @@ static inline void b_share(int nb, int t, int nt, int *j0, int *j1)
 }
 
 /* --8<-- [start:threads] */
-/* Rows of C a thread of rung 5 takes at a time: two micro-panels. Few, so that
- * the last group keeps the other threads waiting only briefly; taking one
- * costs an atomic add, next to ~0.2 ms of FMAs at n = 2048. */
-#define ROW_GRAIN 2
+/* A run of tiles for a thread of rung 5 to compute, [*u0, *u1) in C's row order,
+ * taken from the shared counter *next: a 1/nt share of the tiles left (OpenMP's
+ * guided rule), so long runs while much is left and single tiles at the end,
+ * where a thread that finishes early would otherwise wait for the others. One
+ * atomic add a run. Returns 0 when no tiles are left. */
+static int claim(long long *next, long long units, int nt, long long *u0, long long *u1)
+{
+    const long long run = MAX(1, (units - __atomic_load_n(next, __ATOMIC_RELAXED)) / nt);
+    *u0 = __atomic_fetch_add(next, run, __ATOMIC_RELAXED);
+    *u1 = MIN(units, *u0 + run);
+    return *u0 < units;
+}
 
 /* Rung 5 and the package's GEMM: C = alpha op(A) op(B) + beta C on nthreads
  * threads. The L3 is shared: the threads pack a block of B together (it lives
- * in L3, read by all). Then they share out the rows of C a few panels at a
- * time, each thread packing the A rows it took and walking their tiles along
- * the rows of C. Every tile is summed by one thread in the same order, so the
+ * in L3, read by all). Then they share out its tiles in runs (claim), each
+ * thread packing the A panel of the tiles it took and walking them along the
+ * rows of C. Every tile is summed by one thread in the same order, so the
  * results do not change from call to call. OpenMP keeps its threads alive
  * between parallel regions (a persistent pool), so a call costs a wake-up, not
  * a thread creation.
  * A block of B is one K slice, kc x nc, or, when all of B fits in half that
  * block's L3 space, every slice at once (b_whole): then a thread carries its
- * rows through all of K while their C lines stay in its L2, where one slice
+ * tiles through all of K while their C lines stay in its L2, where one slice
  * at a time sends all of C through L3 or DRAM once per slice, with two
  * barriers each. Half, because every slice of B must then stay in L3 for the
  * whole call while A's and C's lines stream past it. */
@@ -724,20 +732,23 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
     nc = MIN(nc, ncr);
     float *bp = align64(work);
     const size_t b_floats = whole ? (size_t)ROUND_UP(N, NR) * K : (size_t)ncr * kc;
-    const int panels = (M + MR - 1) / MR; /* MR-row panels of C, shared out below */
-    if (nthreads > panels) nthreads = panels;
+    const long long panels = (M + MR - 1) / MR; /* MR-row panels of C */
+    if (nthreads > panels * (ncr / NR)) nthreads = panels * (ncr / NR); /* a tile each at least */
     /* K in equal slices of at most kc: a thin last slice (64 of K = 1024 with kc = 320)
      * would amortise each tile's C update over 64 steps instead of kc. */
     const int kcs = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);
     const int kstep = whole ? K : kcs; /* the K slices of one block of B */
+    long long next = 0;                /* the block's first tile not yet claimed */
     #pragma omp parallel num_threads(nthreads)
     {
         int t, nt, j0, j1;
+        long long u0, u1;
         team_position(&t, &nt);
+        /* this thread's A panel (the buffer has room for an mc x kc block, rung 4's) */
         float *ap = align64(bp + b_floats + 16 + (size_t)t * (mcr * (size_t)kc + 16));
-        const int grain = MIN(mcr, ROW_GRAIN * MR);
         for (int jc = 0; jc < N; jc += nc) {
             const int nb = MIN(nc, N - jc), nbr = ROUND_UP(nb, NR);
+            const long long tiles = nbr / NR; /* tile u is panel u / tiles, column u % tiles */
             for (int p0 = 0; p0 < K; p0 += kstep) {
                 const int p1 = MIN(K, p0 + kstep);
                 b_share(nb, t, nt, &j0, &j1); /* each thread packs its share of B */
@@ -747,32 +758,35 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                                (const char *)B + (pc * rs_b + (jc + j0) * cs_b) * es, rs_b, cs_b,
                                bp + (size_t)(pc - p0) * nbr + (size_t)j0 * kb);
                 }
-                #pragma omp barrier /* B is packed before anyone reads it */
-                /* Rows from a shared counter (a dynamic schedule), not a fixed share:
-                 * when the host slows one core for a while, the others take more
-                 * rows instead of waiting for it at the barrier below. */
-                #pragma omp for schedule(dynamic, 1) nowait
-                for (int ic = 0; ic < M; ic += grain) {
-                    const int mb = MIN(grain, M - ic);
-                    for (int pc = p0; pc < p1; pc += kcs) {
-                        const int kb = MIN(kcs, K - pc);
-                        const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
-                        const float *b = bp + (size_t)(pc - p0) * nbr;
-                        pack_a_any(dtype, mb, kb, (const char *)A + (ic * rs_a + pc * cs_a) * es,
-                                   rs_a, cs_a, ap);
-                        /* Tiles along C's rows (jr inside ir): the A sliver stays in L1
-                         * (rung 5's kc is sized for it, not for B's sliver as in rung 4),
-                         * B's slivers stream in from L2/L3, and C is read and written as
-                         * MR rows left to right, streams the prefetcher follows. Down the
-                         * columns (rung 4's order), each tile's C rows are new lines at a
-                         * stride the prefetcher cannot follow. */
-                        for (int ir = 0; ir < mb; ir += MR)
-                            for (int jr = 0; jr < nb; jr += NR)
-                                tile_any(dtype, kb, ap + (size_t)ir * kb, b + (size_t)jr * kb,
-                                         C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
-                                         MIN(MR, mb - ir), MIN(NR, nb - jr), alpha, bt);
+                if (t == 0) __atomic_store_n(&next, 0, __ATOMIC_RELAXED);
+                #pragma omp barrier /* B is packed, and the counter reset, before anyone reads */
+                /* Tiles from a shared counter, not a fixed share: when the host slows
+                 * one core for a while, the others take more of the tiles instead of
+                 * waiting for it at the barrier below. */
+                while (claim(&next, tiles * panels, nt, &u0, &u1))
+                    for (long long u = u0; u < u1;) { /* the run's tiles in one panel */
+                        const int ic = (int)(u / tiles) * MR, mb = MIN(MR, M - ic);
+                        const int ja = (int)(u % tiles), jb = (int)MIN(tiles, ja + (u1 - u));
+                        for (int pc = p0; pc < p1; pc += kcs) {
+                            const int kb = MIN(kcs, K - pc);
+                            const float bt = pc == 0 ? beta : 1.0f; /* later slices accumulate */
+                            const float *b = bp + (size_t)(pc - p0) * nbr;
+                            pack_a_any(dtype, mb, kb,
+                                       (const char *)A + (ic * rs_a + pc * cs_a) * es, rs_a,
+                                       cs_a, ap);
+                            /* Tiles along C's rows: the A sliver stays in L1 (rung 5's kc
+                             * is sized for it, not for B's sliver as in rung 4), B's
+                             * slivers stream in from L2/L3, and C is read and written as
+                             * MR rows left to right, streams the prefetcher follows. Down
+                             * the columns (rung 4's order), each tile's C rows are new
+                             * lines at a stride the prefetcher cannot follow. */
+                            for (int j = ja; j < jb; j++)
+                                tile_any(dtype, kb, ap, b + (size_t)j * NR * kb,
+                                         C + (size_t)ic * ldc + jc + j * NR, ldc, mb,
+                                         MIN(NR, nb - j * NR), alpha, bt);
+                        }
+                        u += jb - ja;
                     }
-                }
                 #pragma omp barrier /* everyone is done with B before it is repacked */
             }
         }
