@@ -4,7 +4,7 @@ The C kernels are in ``kernels_c/gemm.c``, one function per rung of the ladder:
 
 0. naive (i, j, k)                      3. a register-blocked micro-kernel
 1. loop order (i, k, j)                 4. packing A and B into panels
-2. cache blocking (jc, pc, ic loops)    5. threads (OpenMP, over the rows of C)
+2. cache blocking (jc, pc, ic loops)    5. threads (OpenMP, over the tiles of C)
 
 :data:`LADDER` lists them, in order; the benchmark, the tests, the table and
 the figures all read that one list. The block sizes come from the machine's
@@ -338,7 +338,7 @@ LADDER = [
     Rung(4, "packed", "4 packing", "A and B packed into panels; zero-padded edges",
          False, True, True, False),
     Rung(5, "threads", "5 threads",
-         "all cores, rows of C shared out a few at a time; tiles along C's rows",
+         "all cores, tiles of C shared out in shrinking runs; tiles along C's rows",
          True, True, True, False),
 ]
 
