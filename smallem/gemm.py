@@ -772,11 +772,16 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         fast = [r for r in LADDER if not r.slow and (cores if r.threaded else 1) == th]
         for rung in fast:
             fns[rung.name] = lambda rung=rung: rung(a, b, c, threads=th)
+        if th == 1 < cores:  # the final GEMM on one core: its kernel against OpenBLAS's alone
+            fns["final"] = lambda: matmul(a, b, out=c, threads=1)
         with _numpy_pinned(th):
             res = _compare(fns, n, n, n, quick=quick)
             rec.data["settings"].setdefault("blas_pinned", blas_info())
         rec.add("numpy", "Gop/s", res["numpy"]["value"], seconds=res["numpy"]["seconds"],
                 M=n, N=n, K=n, threads=th)
+        if "final" in res:
+            rec.add("final_one_core", "Gop/s", res["final"]["value"],
+                    seconds=res["final"]["seconds"], M=n, N=n, K=n, threads=1)
         for rung in fast:
             r = res[rung.name]
             rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
@@ -994,10 +999,33 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                            "for the real ones." if s["quick"] else ""),
         "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
     })
-    one_core = records.value(rec, "rung", rung=len(LADDER) - 2, M=n)
-    values["ch2.thread_speedup"] = f(final / one_core)
-    values["ch2.packed_pct_core"] = f"{100 * one_core / (peak / cores):.0f} %"
+    packed = records.value(rec, "rung", rung=len(LADDER) - 2, M=n)
+    values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
+    values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
     return rows, values
+
+
+def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_one: float) -> dict:
+    """The final GEMM on one core beside numpy on one core, and what threads add to each.
+    On one core the final GEMM is rung 5 itself; records before 2026-11-30 lack it."""
+    f = figures.fmt
+    found = records.results(rec, "final_one_core", M=n)
+    numpy_gain = f"numpy's by {f(numpy_all / numpy_one)}"
+    if rec["settings"]["threads"] == 1:
+        one, rounds = final, None
+    elif found:
+        one = found[0]["value"]["median"]
+        rounds = rounds_ahead(found[0], records.results(rec, "numpy", threads=1, M=n)[0])
+    else:
+        return {"ch2.thread_speedup": "n/a",
+                "ch2.one_core": f"It was not timed on one core in this record; threads multiply "
+                                f"{numpy_gain}."}
+    ahead = "" if rounds is None else f", ahead in {_rounds_text(rounds)} paired rounds"
+    return {"ch2.thread_speedup": f(final / one),
+            "ch2.one_core": (f"On one core the same GEMM ran at {f(one, 'Gop/s')}, "
+                             f"{100 * one / numpy_one:.1f} % of numpy's {f(numpy_one, 'Gop/s')}"
+                             f"{ahead}: threads multiply its speed by {f(final / one)}, and "
+                             f"{numpy_gain}.")}
 
 
 def targets(rec: dict, rec_dir=None) -> list[str]:
