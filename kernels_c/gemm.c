@@ -384,9 +384,9 @@ static void pack_b_panel(int nr, int kb, const float *b, size_t rs, size_t cs, f
  * row at a time, each k would store one piece into every panel, kb * NR floats
  * apart; when that is a multiple of 4 KiB (kb a multiple of 32: 512, 768) all
  * those stores share their low 12 address bits, so they fall in one L1 set, and
- * there are more panels than the set has ways. Packed alone from cache on Zen 5,
- * one row at a time took 1.7 to 2.6 times as long at kb = 512 as at kb = 511, and
- * as eight rows at a time at either. */
+ * there are more panels than the set has ways. Timed alone from cache on Zen 5,
+ * one row at a time was far slower at kb = 512 than at kb = 511, and eight rows at
+ * a time were as fast at 512 as one row at 511. */
 #define PACK_ROWS 8
 static void pack_b(int nb, int kb, const float *b, size_t rs, size_t cs, float *bp)
 {
