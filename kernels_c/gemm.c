@@ -704,12 +704,16 @@ static inline void b_share(int nb, int t, int nt, int *j0, int *j1)
 /* --8<-- [start:threads] */
 /* A run of tiles for a thread of rung 5 to compute, [*u0, *u1) in C's row order,
  * taken from the shared counter *next: a 1/nt share of the tiles left (OpenMP's
- * guided rule), so long runs while much is left and single tiles at the end,
- * where a thread that finishes early would otherwise wait for the others. One
- * atomic add a run. Returns 0 when no tiles are left. */
-static int claim(long long *next, long long units, int nt, long long *u0, long long *u1)
+ * guided rule), but no more than `most`, so single tiles at the end, where a
+ * thread that finishes early would otherwise wait for the others, and no run so
+ * long that a thread the host slows down holds up the rest. One atomic add a run.
+ * Returns 0 when no tiles are left. */
+#define RUN_ROWS 2 /* the longest run: two rows of tiles, MR rows of C each */
+static int claim(long long *next, long long units, long long most, int nt, long long *u0,
+                 long long *u1)
 {
-    const long long run = MAX(1, (units - __atomic_load_n(next, __ATOMIC_RELAXED)) / nt);
+    const long long left = units - __atomic_load_n(next, __ATOMIC_RELAXED);
+    const long long run = MAX(1, MIN(most, left / nt));
     *u0 = __atomic_fetch_add(next, run, __ATOMIC_RELAXED);
     *u1 = MIN(units, *u0 + run);
     return *u0 < units;
@@ -772,7 +776,7 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                 /* Tiles from a shared counter, not a fixed share: when the host slows
                  * one core for a while, the others take more of the tiles instead of
                  * waiting for it at the barrier below. */
-                while (claim(&next, tiles * panels, nt, &u0, &u1))
+                while (claim(&next, tiles * panels, RUN_ROWS * tiles, nt, &u0, &u1))
                     for (long long u = u0; u < u1;) { /* the run's tiles in one panel */
                         const int ic = (int)(u / tiles) * MR, mb = MIN(MR, M - ic);
                         const int ja = (int)(u % tiles), jb = (int)MIN(tiles, ja + (u1 - u));
