@@ -1116,7 +1116,7 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     values["ch2.sweep_sizes"] = f"{sizes[0]} to {sizes[-1]}"
     wins = [s for s in sizes if records.value(rec, "sweep", impl="smallem", n=s)
             >= records.value(rec, "sweep", impl="numpy", n=s)]
-    values["ch2.sweep_wins"] = ", ".join(f"{s}³" for s in wins) or "none of the sizes"
+    values["ch2.sweep_wins"] = _listing([f"{s}³" for s in wins], "none of the sizes")
     small = sizes[0]
     for impl, key in (("smallem", "ch2.call_us"), ("numpy", "ch2.numpy_call_us")):
         found = records.results(rec, "call", impl=impl)  # absent from records before 2026-11-29
@@ -1199,6 +1199,13 @@ def shape_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
+def _listing(items: list[str], empty: str) -> str:
+    """"a", "a and b", "a, b and c" for prose; ``empty`` for none."""
+    if len(items) < 2:
+        return items[0] if items else empty
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def _shape_verdicts(rec: dict) -> dict:
     """Which of the model's products the sign test calls faster, slower, or a tie."""
     groups = {"faster": [], "slower": [], "tied": []}
@@ -1214,7 +1221,7 @@ def _shape_verdicts(rec: dict) -> dict:
             groups["tied"].append(short)
         else:
             groups["faster" if ahead > n - ahead else "slower"].append(short)
-    out = {f"ch2.shapes_{k}": ", ".join(v) or "none" for k, v in groups.items()}
+    out = {f"ch2.shapes_{k}": _listing(v, "none") for k, v in groups.items()}
     k = _lopsided(n) if n else None
     out["ch2.shapes_lopsided"] = ("n/a" if not n else f"{k} of {n}" if k <= n else
                                   f"no count of {n} (too few rounds to tell)")
