@@ -1007,25 +1007,23 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
 
 def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_one: float) -> dict:
     """The final GEMM on one core beside numpy on one core, and what threads add to each.
-    On one core the final GEMM is rung 5 itself; records before 2026-11-30 lack it."""
+    Records before 2026-11-30 lack it; on a one-core machine rung 5's row is that comparison."""
     f = figures.fmt
     found = records.results(rec, "final_one_core", M=n)
     numpy_gain = f"numpy's by {f(numpy_all / numpy_one)}"
     if rec["settings"]["threads"] == 1:
-        one, rounds = final, None
-    elif found:
+        return {"ch2.one_core": "This process had one core: rung 5 ran on one thread, beside "
+                                "numpy on one thread."}
+    if found:
         one = found[0]["value"]["median"]
         rounds = rounds_ahead(found[0], records.results(rec, "numpy", threads=1, M=n)[0])
     else:
-        return {"ch2.thread_speedup": "n/a",
-                "ch2.one_core": f"It was not timed on one core in this record; threads multiply "
-                                f"{numpy_gain}."}
-    ahead = "" if rounds is None else f", ahead in {_rounds_text(rounds)} paired rounds"
-    return {"ch2.thread_speedup": f(final / one),
-            "ch2.one_core": (f"On one core the same GEMM ran at {f(one, 'Gop/s')}, "
-                             f"{100 * one / numpy_one:.1f} % of numpy's {f(numpy_one, 'Gop/s')}"
-                             f"{ahead}: threads multiply its speed by {f(final / one)}, and "
-                             f"{numpy_gain}.")}
+        return {"ch2.one_core": f"It was not timed on one core in this record; threads "
+                                f"multiply {numpy_gain}."}
+    return {"ch2.one_core": (f"On one core the same GEMM ran at {f(one, 'Gop/s')}, "
+                             f"{100 * one / numpy_one:.1f} % of numpy's {f(numpy_one, 'Gop/s')}, "
+                             f"ahead in {_rounds_text(rounds)} paired rounds: threads multiply "
+                             f"its speed by {f(final / one)}, and {numpy_gain}.")}
 
 
 def targets(rec: dict, rec_dir=None) -> list[str]:
