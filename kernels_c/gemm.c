@@ -11,6 +11,7 @@
  * sets once (gemm_set_defaults) and allocate their own buffer.
  */
 #include <stdlib.h>
+#include <time.h>
 #include "common.h"
 #include "gemm.h"
 
@@ -701,6 +702,27 @@ static inline void b_share(int nb, int t, int nt, int *j0, int *j1)
     *j1 = MIN(nb, (int)((long long)panels * (t + 1) / nt) * NR);
 }
 
+/* Where rung 5's time goes, when a caller asks (gemm_f32_phases): each thread
+ * adds the seconds since its last mark to the phase it has just finished. The
+ * clock is read at the edges of packing calls, runs of tiles and barriers:
+ * hundreds of times in a product of tens of milliseconds, never when row is NULL. */
+enum { PACK_B, WAIT_B, PACK_A, TILES, WAIT_END, PHASES };
+
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline void lap(double *row, int phase, double *mark)
+{
+    if (!row) return;
+    const double now = seconds_now();
+    row[phase] += now - *mark;
+    *mark = now;
+}
+
 /* --8<-- [start:threads] */
 /* A run of tiles for a thread of rung 5 to compute, [*u0, *u1) in C's row order,
  * taken from the shared counter *next: a 1/nt share of the tiles left (OpenMP's
@@ -735,7 +757,8 @@ static int claim(long long *next, long long units, long long most, int nt, long 
  * whole call while A's and C's lines stream past it. */
 static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K, float alpha,
                         const void *A, int lda, const void *B, int ldb, float beta, float *C,
-                        int ldc, int nthreads, int mc, int kc, int nc, float *work)
+                        int ldc, int nthreads, int mc, int kc, int nc, float *work,
+                        double *phases)
 {
     const size_t es = dtype == F32 ? 4 : 2; /* element size, bytes */
     const size_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
@@ -759,6 +782,7 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
         team_position(&t, &nt);
         /* this thread's A panel (the buffer has room for an mc x kc block, rung 4's) */
         float *ap = align64(bp + b_floats + 16 + (size_t)t * (mcr * (size_t)kc + 16));
+        double *row = phases ? phases + (size_t)t * PHASES : NULL, mark = row ? seconds_now() : 0;
         for (int jc = 0; jc < N; jc += nc) {
             const int nb = MIN(nc, N - jc), nbr = ROUND_UP(nb, NR);
             const long long tiles = nbr / NR; /* tile u is panel u / tiles, column u % tiles */
@@ -772,7 +796,9 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                                bp + (size_t)(pc - p0) * nbr + (size_t)j0 * kb);
                 }
                 if (t == 0) __atomic_store_n(&next, 0, __ATOMIC_RELAXED);
+                lap(row, PACK_B, &mark);
                 #pragma omp barrier /* B is packed, and the counter reset, before anyone reads */
+                lap(row, WAIT_B, &mark);
                 /* Tiles from a shared counter, not a fixed share: when the host slows
                  * one core for a while, the others take more of the tiles instead of
                  * waiting for it at the barrier below. */
@@ -787,6 +813,7 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                             pack_a_any(dtype, mb, kb,
                                        (const char *)A + (ic * rs_a + pc * cs_a) * es, rs_a,
                                        cs_a, ap);
+                            lap(row, PACK_A, &mark);
                             /* Tiles along C's rows: the A sliver stays in L1 (rung 5's kc
                              * is sized for it, not for B's sliver as in rung 4), B's
                              * slivers stream in from L2/L3, and C is read and written as
@@ -797,10 +824,12 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                                 tile_any(dtype, kb, ap, b + (size_t)j * NR * kb,
                                          C + (size_t)ic * ldc + jc + j * NR, ldc, mb,
                                          MIN(NR, nb - j * NR), alpha, bt);
+                            lap(row, TILES, &mark);
                         }
                         u += jb - ja;
                     }
                 #pragma omp barrier /* everyone is done with B before it is repacked */
+                lap(row, WAIT_END, &mark);
             }
         }
     }
@@ -970,7 +999,7 @@ void gemm_threads_ex(int M, int N, int K, const float *A, int lda, const float *
                      float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work)
 {
     gemm_driver(F32, 0, 0, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, nthreads, mc, kc, nc,
-                work);
+                work, NULL);
 }
 
 void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
@@ -978,7 +1007,18 @@ void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
               int mc, int kc, int nc, float *work)
 {
     gemm_driver(F32, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
-                mc, kc, nc, work);
+                mc, kc, nc, work, NULL);
+}
+
+/* gemm_f32, timed by phase: phases has PHASES (5) doubles per thread, zeroed by
+ * the caller; row t receives thread t's seconds packing B, waiting after it,
+ * packing A, in tiles, and waiting at the end of each block of B. */
+void gemm_f32_phases(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                     int nthreads, int mc, int kc, int nc, float *work, double *phases)
+{
+    gemm_driver(F32, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
+                mc, kc, nc, work, phases);
 }
 
 /* path 1: vdpbf16ps on pairs, where this build has it (gemm_native_bf16);
@@ -1002,7 +1042,7 @@ void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float al
     (void)path;
 #endif
     gemm_driver(dtype, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
-                mc, kc, nc, work);
+                mc, kc, nc, work, NULL);
 }
 
 int gemm_native_bf16(void)

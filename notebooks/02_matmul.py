@@ -121,7 +121,7 @@ display(SVG(filename=str(figures.figures_dir() / "ch2_roofline.svg")))
 
 # %%
 display(SVG(filename=str(figures.figures_dir() / "ch2_sweep.svg")))
-for name in ("ch2_sweep", "ch2_shapes", "ch2_bf16"):
+for name in ("ch2_sweep", "ch2_shapes", "ch2_phases", "ch2_bf16"):
     display(Markdown((tables / f"{name}.md").read_text()))
 # The FMA probe ran between the samples of one size: what the cores gave at that moment.
 print(f"at {values['ch2.beside_n']} the probe gave {values['ch2.beside_peak']}; the product "

@@ -26,13 +26,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import build, checks, figures, isa, machine_info, records, reference
-from .timing import measure, measure_interleaved
+from .timing import Timing, measure, measure_interleaved
 
 RECORD = "ch2.gemm"
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
@@ -371,7 +372,8 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
 
 # ---------------------------------------------------------------- the package's GEMM
 
-def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level, path=0):
+def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level, path=0,
+          phases=None):
     dtype = F32 if kind == "f32" else U16
     a, lda = _matrix(a, "a", dtype)
     b, ldb = _matrix(b, "b", dtype)
@@ -406,7 +408,11 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     ctype = "float" if kind == "f32" else "uint16_t"
     args = (int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
             _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, mc, kc, nc, work)
-    if kind == "f32":
+    if phases is not None:  # f32 only: a list that receives the C driver's rows
+        rows = np.zeros((nthreads, len(PHASES)), np.float64)
+        lib.gemm_f32_phases(*args, ffi.from_buffer("double[]", rows))
+        phases.extend(r for r in rows.tolist() if any(r))  # threads the driver did not start: 0
+    elif kind == "f32":
         lib.gemm_f32(*args)
     else:
         lib.gemm_bf16(path, *args)
@@ -435,6 +441,25 @@ def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
     the ISA, for tests.
     """
     return _gemm("f32", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level)
+
+
+PHASES = ("pack B", "wait after packing B", "pack A", "tiles", "wait at the end")
+
+
+def phase_times(a, b, *, trans_a=False, trans_b=False, out=None, threads=None, blocks=None,
+                level=None) -> dict:
+    """One :func:`matmul` (alpha 1, beta 0) timed by phase inside the C driver.
+
+    Returns ``{"wall": s, "threads": [{phase: s, ...}, ...]}``: for each thread that ran,
+    the seconds it spent packing B, waiting at the barrier after that, packing A, in its
+    tiles, and waiting at the barrier that ends each block of B (the phases in
+    :data:`PHASES`), and the call's wall time measured around it in Python.
+    """
+    rows = []
+    t0 = time.perf_counter()
+    _gemm("f32", a, b, trans_a, trans_b, out, 1.0, 0.0, threads, blocks, level, phases=rows)
+    wall = time.perf_counter() - t0
+    return {"wall": wall, "threads": [dict(zip(PHASES, r)) for r in rows]}
 
 
 def matmul_bf16(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
@@ -652,6 +677,56 @@ def whole_b_values(rec: dict) -> dict:
             "ch2.whole_b_rounds": _rounds_text(rounds)}
 
 
+def _measure_phases(rec, a, b, c, params, quick):
+    """Where the final GEMM's time goes on one product: "phase" results in ms per call,
+    each phase of :data:`PHASES` as the mean over the threads, and "wall" (the call)."""
+    calls = [phase_times(a, b, trans_a=params["trans_a"], trans_b=params["trans_b"], out=c)
+             for _ in range(2 if quick else 7)]
+    per = {p: [1e3 * sum(t[p] for t in r["threads"]) / len(r["threads"]) for r in calls]
+           for p in PHASES}
+    per["wall"] = [1e3 * r["wall"] for r in calls]
+    for phase, ms in per.items():
+        rec.add("phase", "ms", Timing(ms).stats(), phase=phase,
+                **{**params, "threads": len(calls[-1]["threads"])})
+
+
+def _phase_calls(rec: dict) -> str:
+    found = records.results(rec, "phase", phase="wall")
+    return str(found[0]["value"]["n"]) if found else "n/a"
+
+
+def phase_rows(rec: dict) -> tuple[list[list], dict]:
+    """Table ch2_phases: each model product's time per call and its shares by phase."""
+    rows, shares = [], {}
+    for label, *_ in shape_pairs(rec):
+        found = {r["params"]["phase"]: r for r in records.results(rec, "phase", label=label)}
+        if set(found) != {*PHASES, "wall"}:
+            continue
+        p = found["wall"]["params"]
+        ms = {k: r["value"]["median"] for k, r in found.items()}
+        busy = sum(ms[k] for k in PHASES)
+        pct = {k: 100 * ms[k] / busy for k in PHASES}
+        wait = pct["wait after packing B"] + pct["wait at the end"]
+        shares[label.split(" (")[0]] = (pct["pack B"], p["K"] * p["N"] * 4 / 2**20, p["M"])
+        rows.append([label.split(" (")[0], f"{p['M']}", f"{p['K'] * p['N'] * 4 / 2**20:.0f} MiB",
+                     figures.fmt(ms["wall"], "ms"), f"{pct['pack B']:.1f} %",
+                     f"{pct['pack A']:.1f} %", f"{pct['tiles']:.1f} %", f"{wait:.1f} %"])
+    if not shares:
+        na = "n/a (not measured in this record)"
+        return rows, {k: na for k in ("ch2.phase_most", "ch2.phase_most_pct", "ch2.phase_most_m",
+                                      "ch2.phase_most_mib", "ch2.phase_least",
+                                      "ch2.phase_least_pct", "ch2.phase_least_m",
+                                      "ch2.phase_least_mib")}
+    most = max(shares, key=lambda k: shares[k][0])
+    least = min(shares, key=lambda k: shares[k][0])
+    values = {}
+    for key, name in (("most", most), ("least", least)):
+        pct, mib, m = shares[name]
+        values.update({f"ch2.phase_{key}": name, f"ch2.phase_{key}_pct": f"{pct:.1f} %",
+                       f"ch2.phase_{key}_m": str(m), f"ch2.phase_{key}_mib": f"{mib:.0f} MiB"})
+    return rows, values
+
+
 def _square(n, rng):
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
@@ -859,6 +934,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         params = dict(label=sh["label"], M=M, N=N, K=K, trans_a=ta, trans_b=tb, threads=cores)
         for impl, r in res.items():
             rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl=impl, **params)
+        _measure_phases(rec, a, b, c, params, quick)
         step(sh["label"])
     del a, b, c
     _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng)
@@ -1549,6 +1625,13 @@ def make_figures(rec_dir) -> dict:
     figures.write_table("ch2_shapes", r,
                         ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy",
                          ROUNDS_HEADER], note=note)
+    r, v = phase_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_phases", r,
+                        ["Product", "M", "B", "per call", "pack B", "pack A", "tiles",
+                         "waiting"],
+                        note=note + f" Medians of {_phase_calls(rec)} calls; each share is the "
+                        "mean over the threads of their time in the parallel region.")
     r, v = dtype_rows(rec)
     values.update(v)
     figures.write_table("ch2_bf16", r, DTYPE_HEADER,

@@ -270,6 +270,61 @@ def test_results_are_bitwise_repeatable(rng, m, k, n):
         assert np.array_equal(first, one)
 
 
+@pytest.mark.parametrize("m, k, n, ta, tb, threads", [(1, 1, 1, False, False, 1),
+                                                    (37, 1031, 101, True, False, 2),
+                                                    (131, 67, 257, False, True, 3)])
+def test_phase_times_computes_the_product_and_times_each_thread(rng, m, k, n, ta, tb, threads):
+    a = rand(rng, k, m) if ta else rand(rng, m, k)
+    b = rand(rng, n, k) if tb else rand(rng, k, n)
+    out = np.full((m, n), np.nan, np.float32)
+    got = gemm.phase_times(a, b, trans_a=ta, trans_b=tb, out=out, threads=threads,
+                           blocks={"kc": 256})
+    # the same driver, blocks and threads as matmul: the same sums in the same order
+    want = gemm.matmul(a, b, trans_a=ta, trans_b=tb, threads=threads, blocks={"kc": 256})
+    assert np.array_equal(out, want)
+    assert 1 <= len(got["threads"]) <= threads
+    for row in got["threads"]:
+        assert set(row) == set(gemm.PHASES) and min(row.values()) >= 0
+        assert 0 < sum(row.values()) <= got["wall"]  # laps inside the call, timed around it
+    assert max(row["pack B"] for row in got["threads"]) > 0
+    if m * n * k > 10**6:  # warm, a product of ~0.1 ms spends most of its call in phases
+        best = max(max(sum(r.values()) for r in g["threads"]) / g["wall"] for g in
+                   (gemm.phase_times(a, b, trans_a=ta, trans_b=tb, out=out, threads=threads,
+                                     blocks={"kc": 256}) for _ in range(5)))
+        assert best > 0.2
+    with pytest.raises(TypeError, match="a: expected dtype float32"):
+        gemm.phase_times(a.astype(np.float64), b, trans_a=ta, trans_b=tb)
+
+
+def test_phases_are_measured_per_model_product_and_said_from_the_record(rng):
+    shapes = [dict(label="wide (a)", M=64, K=40, N=48, ta=False, tb=False),
+              dict(label="thin (b)", M=3, K=900, N=200, ta=True, tb=False)]
+    rec = records.Record("t.gemm", settings={}, machine={"cpu": "test"})
+    assert gemm.phase_rows(rec.data)[1]["ch2.phase_most"].startswith("n/a")
+    for sh in shapes:
+        a = rand(rng, sh["K"], sh["M"]) if sh["ta"] else rand(rng, sh["M"], sh["K"])
+        b = rand(rng, sh["K"], sh["N"])
+        c = np.empty((sh["M"], sh["N"]), np.float32)
+        params = dict(label=sh["label"], M=sh["M"], N=sh["N"], K=sh["K"], trans_a=sh["ta"],
+                      trans_b=sh["tb"], threads=2)
+        for impl in ("smallem", "numpy"):  # the comparison the table rows follow
+            rec.add("shape", "Gop/s", {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1},
+                    impl=impl, **params)
+        gemm._measure_phases(rec, a, b, c, params, quick=True)
+    found = records.results(rec.data, "phase", label="thin (b)")
+    assert {r["params"]["phase"] for r in found} == {*gemm.PHASES, "wall"}
+    assert all(r["value"]["n"] == 2 for r in found)
+    rows, v = gemm.phase_rows(rec.data)
+    assert [r[0] for r in rows] == ["wide", "thin"]
+    for row in rows:  # the four shares are of the same time: they add up to 100 %
+        assert sum(float(x.split()[0]) for x in row[4:]) == pytest.approx(100, abs=0.3)
+    share = {r[0]: r[4] for r in rows}
+    assert v["ch2.phase_most"] in share and v["ch2.phase_most_pct"] == share[v["ch2.phase_most"]]
+    assert v["ch2.phase_least_pct"] == share[v["ch2.phase_least"]]
+    assert v["ch2.phase_most_m"] == str(next(s["M"] for s in shapes
+                                             if s["label"].startswith(v["ch2.phase_most"])))
+
+
 def test_packing_buffer_is_reused_and_no_result_is_allocated(rng):
     a, b = rand(rng, 100, 80), rand(rng, 80, 60)
     out = np.empty((100, 60), np.float32)
@@ -464,11 +519,12 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
                 "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio",
                 "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct", "ch2.thread_min_us",
-                "ch2.rung2_verdict"):
+                "ch2.rung2_verdict", "ch2.phase_most", "ch2.phase_least_pct"):
         assert key in values, key
     figs = tmp_path / "figures"
     for name in ("ch2_ladder.svg", "ch2_sweep.svg", "ch2_roofline.svg", "tables/ch2_ladder.md",
-                 "tables/ch2_shapes.md", "tables/ch2_bf16.md", "tables/ch2_sweep.md"):
+                 "tables/ch2_shapes.md", "tables/ch2_bf16.md", "tables/ch2_sweep.md",
+                 "tables/ch2_phases.md"):
         assert (figs / name).is_file(), name
     data = records.load(gemm.RECORD, records_tmp)
     assert len(records.results(data, "rung")) == len(gemm.LADDER)
