@@ -697,7 +697,7 @@ def _phase_calls(rec: dict) -> str:
 
 def phase_rows(rec: dict) -> tuple[list[list], dict]:
     """Table ch2_phases: each model product's time per call and its shares by phase."""
-    rows, shares = [], {}
+    rows, shares, a_shares = [], {}, {}
     for label, *_ in shape_pairs(rec):
         found = {r["params"]["phase"]: r for r in records.results(rec, "phase", label=label)}
         if set(found) != {*PHASES, "wall"}:
@@ -708,7 +708,8 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
         pct = {k: 100 * ms[k] / busy for k in PHASES}
         wait = pct["wait after packing B"] + pct["wait at the end"]
         shares[label.split(" (")[0]] = (pct["pack B"], p["K"] * p["N"] * 4 / 2**20, p["M"])
-        rows.append([label.split(" (")[0], f"{p['M']}", f"{p['K'] * p['N'] * 4 / 2**20:.0f} MiB",
+        a_shares[label.split(" (")[0]] = (pct["pack A"], p["N"])
+        rows.append([label.split(" (")[0], f"{p['M']}", figures.fmt(p["K"] * p["N"] * 4 / 2**20, "MiB"),
                      figures.fmt(ms["wall"], "ms"), f"{pct['pack B']:.1f} %",
                      f"{pct['pack A']:.1f} %", f"{pct['tiles']:.1f} %", f"{wait:.1f} %"])
     if not shares:
@@ -716,14 +717,17 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
         return rows, {k: na for k in ("ch2.phase_most", "ch2.phase_most_pct", "ch2.phase_most_m",
                                       "ch2.phase_most_mib", "ch2.phase_least",
                                       "ch2.phase_least_pct", "ch2.phase_least_m",
-                                      "ch2.phase_least_mib")}
+                                      "ch2.phase_least_mib", "ch2.phase_a_most",
+                                      "ch2.phase_a_most_pct", "ch2.phase_a_most_n")}
     most = max(shares, key=lambda k: shares[k][0])
     least = min(shares, key=lambda k: shares[k][0])
-    values = {}
+    a_most = max(a_shares, key=lambda k: a_shares[k][0])
+    values = {"ch2.phase_a_most": a_most, "ch2.phase_a_most_pct": f"{a_shares[a_most][0]:.1f} %",
+              "ch2.phase_a_most_n": str(a_shares[a_most][1])}
     for key, name in (("most", most), ("least", least)):
         pct, mib, m = shares[name]
         values.update({f"ch2.phase_{key}": name, f"ch2.phase_{key}_pct": f"{pct:.1f} %",
-                       f"ch2.phase_{key}_m": str(m), f"ch2.phase_{key}_mib": f"{mib:.0f} MiB"})
+                       f"ch2.phase_{key}_m": str(m), f"ch2.phase_{key}_mib": figures.fmt(mib, "MiB")})
     return rows, values
 
 

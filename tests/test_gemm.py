@@ -323,6 +323,7 @@ def test_phases_are_measured_per_model_product_and_said_from_the_record(rng):
     assert v["ch2.phase_least_pct"] == share[v["ch2.phase_least"]]
     assert v["ch2.phase_most_m"] == str(next(s["M"] for s in shapes
                                              if s["label"].startswith(v["ch2.phase_most"])))
+    assert v["ch2.phase_a_most_pct"] == max((r[5] for r in rows), key=lambda x: float(x.split()[0]))
 
 
 def test_packing_buffer_is_reused_and_no_result_is_allocated(rng):
