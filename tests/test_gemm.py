@@ -281,6 +281,7 @@ def test_phase_times_computes_the_product_and_times_each_thread(rng, m, k, n, ta
                            blocks={"kc": 256})
     # the same driver, blocks and threads as matmul: the same sums in the same order
     want = gemm.matmul(a, b, trans_a=ta, trans_b=tb, threads=threads, blocks={"kc": 256})
+    checks.assert_close(out, ref(a, b, ta, tb).astype(np.float32), k=k, name="phase_times")
     assert np.array_equal(out, want)
     assert 1 <= len(got["threads"]) <= threads
     for row in got["threads"]:
@@ -294,6 +295,15 @@ def test_phase_times_computes_the_product_and_times_each_thread(rng, m, k, n, ta
         assert best > 0.2
     with pytest.raises(TypeError, match="a: expected dtype float32"):
         gemm.phase_times(a.astype(np.float64), b, trans_a=ta, trans_b=tb)
+
+
+def test_phase_times_on_every_isa(rng, level):
+    a, b = rand(rng, 700, 29), rand(rng, 700, 67)  # K: three slices of 256; A transposed
+    out = np.empty((29, 67), np.float32)
+    got = gemm.phase_times(a, b, trans_a=True, out=out, threads=2, blocks={"kc": 256},
+                           level=level)
+    checks.assert_close(out, ref(a, b, True, False).astype(np.float32), k=700, name=level)
+    assert got["threads"] and all(0 < sum(r.values()) <= got["wall"] for r in got["threads"])
 
 
 def test_phases_are_measured_per_model_product_and_said_from_the_record(rng):
