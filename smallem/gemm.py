@@ -668,7 +668,7 @@ def whole_b_values(rec: dict) -> dict:
                                 "ch2.whole_b_rounds")}
     p, w, s = found["whole"]["params"], found["whole"]["value"], found["slices"]["value"]
     rounds = rounds_ahead(found["whole"], found["slices"])
-    return {"ch2.whole_b_label": p["label"].split(" (")[0],
+    return {"ch2.whole_b_label": _short(p["label"]),
             "ch2.whole_b_mib": f"{p['K'] * p['N'] * 4 / 2**20:.0f} MiB",
             "ch2.whole_b_slices": str(math.ceil(p["K"] / p["kc"])),
             "ch2.whole_b_gops": f(w["median"], "Gop/s"),
@@ -707,9 +707,9 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
         busy = sum(ms[k] for k in PHASES)
         pct = {k: 100 * ms[k] / busy for k in PHASES}
         wait = pct["wait after packing B"] + pct["wait at the end"]
-        shares[label.split(" (")[0]] = (pct["pack B"], p["K"] * p["N"] * 4 / 2**20, p["M"])
-        a_shares[label.split(" (")[0]] = (pct["pack A"], p["N"])
-        rows.append([label.split(" (")[0], f"{p['M']}", figures.fmt(p["K"] * p["N"] * 4 / 2**20, "MiB"),
+        name, mib = _short(label), p["K"] * p["N"] * 4 / 2**20
+        shares[name], a_shares[name] = (pct["pack B"], mib, p["M"]), (pct["pack A"], p["N"])
+        rows.append([name, f"{p['M']}", figures.fmt(mib, "MiB"),
                      figures.fmt(ms["wall"], "ms"), f"{pct['pack B']:.1f} %",
                      f"{pct['pack A']:.1f} %", f"{pct['tiles']:.1f} %", f"{wait:.1f} %"])
     if not shares:
@@ -1277,6 +1277,11 @@ def shape_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
+def _short(label: str) -> str:
+    """A model product's name without its shapes: "x W1 (8192x768 · 768x3072)" -> "x W1"."""
+    return label.split(" (")[0]
+
+
 def _listing(items: list[str], empty: str) -> str:
     """"a", "a and b", "a, b and c" for prose; ``empty`` for none."""
     if len(items) < 2:
@@ -1294,7 +1299,7 @@ def _shape_verdicts(rec: dict) -> dict:
             return {f"ch2.shapes_{k}": "n/a (a record without samples)" for k in
                     (*groups, "lopsided")}
         ahead, n = rounds
-        short = label.split(" (")[0]
+        short = _short(label)
         if sign_test(ahead, n) >= SIGN_LEVEL:
             groups["tied"].append(short)
         else:
