@@ -1098,6 +1098,36 @@ void gemm_threads(int M, int N, int K, const float *A, int lda, const float *B, 
     free(work);
 }
 
+/* ---------------------------------------------------- the micro-kernel alone */
+
+/* The micro-kernel with nothing around it, to see what the caches cost it: each of
+ * nthreads threads runs `reps` passes over `slivers` tiles, its own A sliver
+ * (MR x kc, packed: MR floats per k) against packed B slivers (kc x NR each),
+ * either one set that every thread reads (shared_b, as rung 5 shares its block
+ * of B) or a set per thread. Thread t's tiles sum into its C, MR x (slivers * NR)
+ * floats at c + t * MR * slivers * NR, so the caller can check the arithmetic:
+ * after the call C = C0 + reps * A_t B. No packing, no edges, no barriers in the
+ * passes: the B slivers' size decides where they come from (L2 or L3). */
+void gemm_kernel_alone(int kc, int slivers, int reps, int nthreads, int shared_b,
+                       const float *a, const float *b, float *c)
+{
+    const int ldc = slivers * NR;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int t0, nt;
+        team_position(&t0, &nt);
+        for (int t = t0; t < nthreads; t += nt) { /* without OpenMP one thread does all */
+            const float *at = a + (size_t)t * MR * kc;
+            const float *bt = b + (shared_b ? 0 : (size_t)t * slivers * NR * kc);
+            float *ct = c + (size_t)t * MR * ldc;
+            for (int r = 0; r < reps; r++)
+                for (int j = 0; j < slivers; j++)
+                    store_tile(kc, at, bt + (size_t)j * NR * kc, ct + j * NR, ldc, MR, NR,
+                               1.0f, 1.0f); /* the call rung 5 makes for a full tile */
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ the thread pool */
 
 /* The kernel-thread id of each OpenMP thread: equal ids on two calls show that

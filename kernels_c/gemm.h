@@ -17,6 +17,7 @@ void gemm_set_defaults(int rung5, int mc, int kc, int nc);
 void gemm_micro_shape(int *mr, int *nr);
 int gemm_native_bf16(void);
 int gemm_amx_bf16(void);
+void gemm_kernel_alone(int kc, int slivers, int reps, int nthreads, int shared_b, const float *a, const float *b, float *c);
 int gemm_pool_ids(int nthreads, long long *ids);
 void gemm_empty_regions(int reps, int nthreads);
 void gemm_spawn_join(int reps, int nthreads);

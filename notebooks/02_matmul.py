@@ -117,6 +117,19 @@ display(SVG(filename=str(figures.figures_dir() / "ch2_ladder.svg")))
 display(SVG(filename=str(figures.figures_dir() / "ch2_roofline.svg")))
 
 # %% [markdown]
+# ## Where the cores contend
+#
+# The micro-kernel alone, its B slivers in L2 or in L3, on one core and on all, each case
+# timed in turn with the FMA probe.
+
+# %%
+display(Markdown((tables / "ch2_alone.md").read_text()))
+print(f"on one core, B in L3 instead of L2: {values['ch2.alone_l3_one']}; on all cores, one "
+      f"shared block: {values['ch2.alone_l3_shared']}, a block per thread: "
+      f"{values['ch2.alone_l3_own']}; the tiles inside the model's products: "
+      f"{values['ch2.tiles_range']}")
+
+# %% [markdown]
 # ## Sizes, the model's shapes, bf16
 
 # %%

@@ -587,6 +587,33 @@ def pool_ids(threads: int | None = None, level: str | None = None) -> list[int]:
     return [int(ids[i]) for i in range(got)]
 
 
+def kernel_alone(kc: int, slivers: int, reps: int = 1, threads: int = 1, shared_b: bool = True,
+                 level: str | None = None, seed: int = 0) -> tuple:
+    """The micro-kernel with nothing around it (C: ``gemm_kernel_alone``), ready to time.
+
+    Each of ``threads`` threads makes ``reps`` passes over ``slivers`` full tiles: its own
+    packed A sliver (MR x kc) against packed B slivers (kc x NR each), one set that every
+    thread reads (``shared_b``, as rung 5 shares its block of B) or a set per thread. The
+    size of the B slivers decides which cache they come from. Returns ``(run, gop, data)``:
+    ``run()`` makes one call, ``gop`` is its Gop, and ``data`` holds ``a`` (threads, kc, MR),
+    ``b`` (sets, slivers, kc, NR) and ``c`` (threads, MR, slivers * NR), into which every
+    call adds ``reps`` times thread t's tiles, so that a test can check the arithmetic.
+    """
+    kc = checks.positive_int(kc, "kc")
+    slivers = checks.positive_int(slivers, "slivers")
+    reps = checks.positive_int(reps, "reps")
+    threads = checks.positive_int(threads, "threads", limit=4096)
+    ffi, lib, mr, nr, *_ = _load(level)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((threads, kc, mr), dtype=np.float32)
+    b = rng.standard_normal((1 if shared_b else threads, slivers, kc, nr), dtype=np.float32)
+    c = np.zeros((threads, mr, slivers * nr), np.float32)
+    pa, pb, pc = _ptr(ffi, a), _ptr(ffi, b), _ptr(ffi, c)
+    gop = 2.0 * mr * nr * kc * slivers * reps * threads / 1e9
+    return (lambda: lib.gemm_kernel_alone(kc, slivers, reps, threads, int(bool(shared_b)),
+                                          pa, pb, pc)), gop, {"a": a, "b": b, "c": c}
+
+
 # ---------------------------------------------------------------- measuring
 
 def quick_mode() -> bool:
@@ -688,6 +715,44 @@ def _measure_phases(rec, a, b, c, params, quick):
     for phase, ms in per.items():
         rec.add("phase", "ms", Timing(ms).stats(), phase=phase,
                 **{**params, "threads": len(calls[-1]["threads"])})
+
+
+def alone_slivers(kc: int, nr: int, geometry: dict | None = None) -> dict:
+    """How many B slivers (kc x NR floats each) :func:`_measure_alone` gives each case:
+    half an L2, which stays there, and a quarter of the L3, more than any L2 holds."""
+    g = geometry or cache_geometry()
+    sliver = kc * nr * 4
+    return {"L2": max(1, g["L2"]["bytes"] // 2 // sliver),
+            "L3": max(2, g["L3"]["bytes"] // 4 // sliver)}
+
+
+def _measure_alone(rec, level, cores, quick):
+    """The micro-kernel alone (:func:`kernel_alone`, rung 5's KC) with its B slivers in L2
+    and in L3, on one core and on all: on all cores, from L3, either one block every thread
+    reads (rung 5's way) or a block per thread. Each thread count is timed in turn with
+    chapter 1's FMA probe on as many threads: "alone" and "alone_probe" results."""
+    from . import machine
+
+    _, _, mr, nr, blocks, _ = _load(level)
+    kc = blocks[1]
+    slivers = alone_slivers(kc, nr)
+    gop_per_thread = 0.05 if quick else 10.0  # a call of ~40 ms at 250 Gop/s a core
+    for th in sorted({1, cores}):
+        fns, work, cases = {}, {}, {}
+        fns["probe"], work["probe"] = machine.peak_probe("f32", th)
+        for where, shared in [("L2", True), ("L3", True)] + ([("L3", False)] if th > 1 else []):
+            key = f"{where} {'shared' if shared else 'own'}"
+            per_pass = 2.0 * mr * nr * kc * slivers[where] / 1e9
+            reps = max(1, math.ceil(gop_per_thread / per_pass))
+            fns[key], work[key], _ = kernel_alone(kc, slivers[where], reps, th, shared, level)
+            cases[key] = dict(b_in=where, shared_b=shared, slivers=slivers[where], kc=kc,
+                              b_kib=slivers[where] * kc * nr * 4 / 1024, reps=reps)
+        res = _compare(fns, 1, 1, 1, quick=quick, pause=0.0, work=work)
+        rec.add("alone_probe", "Gop/s", res["probe"]["value"], seconds=res["probe"]["seconds"],
+                kind="f32", threads=th)
+        for key, params in cases.items():
+            rec.add("alone", "Gop/s", res[key]["value"], seconds=res[key]["seconds"], **params,
+                    threads=th)
 
 
 def _phase_calls(rec: dict) -> str:
@@ -824,7 +889,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
     rng = np.random.default_rng(0)
-    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 2 + 1
+    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 1 + 2 + 1
     bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
 
     def step(what):
@@ -943,6 +1008,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     del a, b, c
     _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng)
     step("all of B at once")
+    _measure_alone(rec, level, cores, quick)
+    step("the micro-kernel alone")
     first = shapes[0]
     _measure_dtypes(rec, [(n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])],
                     cores, quick, rng, step)
@@ -1609,6 +1676,78 @@ def kc_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
+def _versus(r: dict, base: dict) -> str:
+    """Result r against result base (two rates timed in turn) as prose: "2.1 % slower (in
+    14 of 15 rounds)", with "too few to tell" where the sign test cannot tell them apart.
+    Each round's rates come from its samples: the work per call is median rate x median
+    seconds, as the two may do different work."""
+    d = 100 * (r["value"]["median"] / base["value"]["median"] - 1)
+    out = "as fast" if abs(d) < 0.05 else f"{abs(d):.1f} % {'faster' if d > 0 else 'slower'}"
+    a, b = (x.get("seconds", {}).get("samples") for x in (r, base))
+    if not a or not b or len(a) != len(b) or abs(d) < 0.05:
+        return out
+    wa, wb = (x["value"]["median"] * x["seconds"]["median"] for x in (r, base))
+    k = sum((wa / x > wb / y) == (d > 0) for x, y in zip(a, b))
+    tell = "" if sign_test(k, len(a)) < SIGN_LEVEL else ", too few to tell"
+    return f"{out} (in {k} of {len(a)} rounds{tell})"
+
+
+def alone_rows(rec: dict) -> tuple[list[list], dict]:
+    """Table ch2_alone: the micro-kernel alone, its B slivers in L2 or L3, on one core and
+    on all, each against the FMA probe timed in turn with it; and the values the text
+    quotes (each case against B in L2 on as many threads)."""
+    keys = ("ch2.alone_kc", "ch2.alone_l2_kib", "ch2.alone_l3_kib", "ch2.alone_pct_one",
+            "ch2.alone_pct_all", "ch2.alone_l3_one", "ch2.alone_l3_shared", "ch2.alone_l3_own",
+            "ch2.alone_threads", "ch2.tiles_range")
+    found = records.results(rec, "alone")
+    if not found:
+        return [], {k: "n/a (not measured in this record)" for k in keys}
+    f = figures.fmt
+    rows, by = [], {}
+    for r in found:
+        p = r["params"]
+        probe = records.value(rec, "alone_probe", threads=p["threads"])
+        gops = r["value"]["median"]
+        by[p["b_in"], p["shared_b"], p["threads"]] = r
+        if p["b_in"] == "L2":
+            where = "L2"
+        elif p["threads"] == 1:
+            where = "L3"
+        else:
+            where = "L3, one block all threads read" if p["shared_b"] else "L3, a block per thread"
+        rows.append([where, f(p["b_kib"], "KiB"), str(p["threads"]), f(gops, "Gop/s"),
+                     f(probe, "Gop/s"), f"{100 * gops / probe:.0f} %"])
+    p0 = found[0]["params"]
+    one, cores = 1, max(r["params"]["threads"] for r in found)
+    l2_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L2")
+    l3_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L3")
+
+    def pct(t):
+        gops = by["L2", True, t]["value"]["median"]
+        return f"{100 * gops / records.value(rec, 'alone_probe', threads=t):.0f} %"
+
+    na = "n/a (one core)"
+    values = {"ch2.alone_kc": str(p0["kc"]), "ch2.alone_l2_kib": f(l2_kib, "KiB"),
+              "ch2.alone_l3_kib": f(l3_kib, "KiB"), "ch2.alone_threads": str(cores),
+              "ch2.alone_pct_one": pct(one),
+              "ch2.alone_pct_all": pct(cores) if cores > 1 else na,
+              "ch2.alone_l3_one": _versus(by["L3", True, one], by["L2", True, one]),
+              "ch2.alone_l3_shared": (_versus(by["L3", True, cores], by["L2", True, cores])
+                                      if cores > 1 else na),
+              "ch2.alone_l3_own": (_versus(by["L3", False, cores], by["L2", True, cores])
+                                   if cores > 1 else na)}
+    # the tiles inside the model's products: 2MNK over each thread's time in its tiles
+    tiles = []
+    for label, *_ in shape_pairs(rec):
+        t = records.results(rec, "phase", label=label, phase="tiles")
+        if t and t[0]["value"]["median"] > 0:
+            q = t[0]["params"]
+            tiles.append(2.0 * q["M"] * q["N"] * q["K"] / 1e9 / (t[0]["value"]["median"] / 1e3))
+    values["ch2.tiles_range"] = (f"{f(min(tiles))} to {f(max(tiles), 'Gop/s')}" if tiles
+                                 else "n/a (not measured in this record)")
+    return rows, values
+
+
 def make_figures(rec_dir) -> dict:
     write_rung_diffs()  # from the source, not the record: always possible
     if not records.exists(RECORD, rec_dir):
@@ -1641,6 +1780,13 @@ def make_figures(rec_dir) -> dict:
                          "waiting"],
                         note=note + f" Medians of {_phase_calls(rec)} calls; each share is the "
                         "mean over the threads of their time in the parallel region.")
+    r, v = alone_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_alone", r,
+                        ["B's slivers in", "B", "threads", "the micro-kernel alone",
+                         "FMA probe, in turn", "of the probe"],
+                        note=note + f" K_C = {v['ch2.alone_kc']}, full tiles, no packing and "
+                        "no barriers; medians of samples taken in turn with the probe.")
     r, v = dtype_rows(rec)
     values.update(v)
     figures.write_table("ch2_bf16", r, DTYPE_HEADER,

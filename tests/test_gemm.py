@@ -336,6 +336,86 @@ def test_phases_are_measured_per_model_product_and_said_from_the_record(rng):
     assert v["ch2.phase_a_most_pct"] == max((r[5] for r in rows), key=lambda x: float(x.split()[0]))
 
 
+@pytest.mark.parametrize("kc, slivers, threads, shared", [(1, 1, 1, True), (13, 3, 3, True),
+                                                          (301, 2, 2, False), (7, 5, 4, False)])
+def test_kernel_alone_sums_each_threads_tiles(level, kc, slivers, threads, shared):
+    run, gop, d = gemm.kernel_alone(kc, slivers, reps=3, threads=threads, shared_b=shared,
+                                    level=level, seed=kc)
+    mr, nr = gemm.kernel_shape(level)
+    assert d["a"].shape == (threads, kc, mr) and d["c"].shape == (threads, mr, slivers * nr)
+    assert d["b"].shape == ((1 if shared else threads), slivers, kc, nr)
+    assert gop == pytest.approx(2 * mr * nr * kc * slivers * 3 * threads / 1e9)
+    a, b = d["a"].astype(np.float64), d["b"].astype(np.float64)
+    ref = np.stack([3 * np.concatenate([a[t].T @ b[0 if shared else t, j] for j in range(slivers)],
+                                       axis=1) for t in range(threads)])
+    run()
+    checks.assert_close(d["c"], ref.astype(np.float32), k=3 * kc, name=level)
+    run()  # a second call adds the same again
+    checks.assert_close(d["c"], (2 * ref).astype(np.float32), k=6 * kc, name=level)
+
+
+def test_kernel_alone_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="kc"):
+        gemm.kernel_alone(0, 1)
+    with pytest.raises(TypeError, match="slivers"):
+        gemm.kernel_alone(8, 2.0)
+    with pytest.raises(ValueError, match="threads"):
+        gemm.kernel_alone(8, 2, threads=-1)
+
+
+def test_alone_slivers_put_b_in_half_the_l2_and_a_quarter_of_the_l3():
+    geo = {"L1d": {"bytes": 48 << 10, "ways": 12, "line": 64},
+           "L2": {"bytes": 1 << 20, "ways": 16, "line": 64},
+           "L3": {"bytes": 32 << 20, "ways": 16, "line": 64}}
+    got = gemm.alone_slivers(804, 32, geo)
+    sliver = 804 * 32 * 4
+    assert got["L2"] * sliver <= (1 << 19) < (got["L2"] + 1) * sliver
+    assert got["L3"] * sliver <= (8 << 20) < (got["L3"] + 1) * sliver
+    assert gemm.alone_slivers(100_000, 32, geo) == {"L2": 1, "L3": 2}  # never empty
+
+
+def _timed(gops, secs):
+    """A result as _compare records it: the median rate, and every sample's seconds."""
+    s = sorted(secs)
+    return {"value": {"median": gops}, "seconds": {"median": s[len(s) // 2], "samples": secs}}
+
+
+def test_versus_says_how_much_and_whether_the_rounds_tell():
+    base = _timed(100.0, [1.0] * 15)
+    clear = _timed(95.0, [1.0 / 0.95] * 15)  # slower in every round
+    assert gemm._versus(clear, base) == "5.0 % slower (in 15 of 15 rounds)"
+    mixed = _timed(101.0, [0.99] * 8 + [1.01] * 7)  # faster in 8 rounds, slower in 7
+    assert gemm._versus(mixed, base).endswith("(in 8 of 15 rounds, too few to tell)")
+    assert gemm._versus(mixed, base).startswith("1.0 % faster")
+    # different work per call: rates, not seconds, are compared round by round
+    double = _timed(110.0, [2 / 1.1] * 15)  # twice the work, more seconds, a higher rate
+    assert gemm._versus(double, base) == "10.0 % faster (in 15 of 15 rounds)"
+    assert gemm._versus(_timed(100.0, [1.0] * 15), base) == "as fast"
+
+
+def test_alone_is_measured_and_said_from_the_record(monkeypatch):
+    monkeypatch.setenv("SMALLEM_QUICK", "1")
+    rec = records.Record("t.gemm", settings={}, machine={"cpu": "test"})
+    assert gemm.alone_rows(rec.data)[1]["ch2.alone_pct_one"].startswith("n/a")
+    gemm._measure_alone(rec, None, 2, quick=True)
+    found = records.results(rec.data, "alone")
+    assert sorted((r["params"]["threads"], r["params"]["b_in"], r["params"]["shared_b"])
+                  for r in found) == [(1, "L2", True), (1, "L3", True), (2, "L2", True),
+                                      (2, "L3", False), (2, "L3", True)]
+    assert len(records.results(rec.data, "alone_probe")) == 2
+    rows, v = gemm.alone_rows(rec.data)
+    assert len(rows) == 5 and v["ch2.alone_threads"] == "2"
+    one_l2 = records.value(rec.data, "alone", threads=1, b_in="L2")
+    probe = records.value(rec.data, "alone_probe", threads=1)
+    assert v["ch2.alone_pct_one"] == f"{100 * one_l2 / probe:.0f} %" == rows[0][-1]
+    assert v["ch2.tiles_range"].startswith("n/a")  # no phase results in this record
+    for key in ("ch2.alone_l3_one", "ch2.alone_l3_shared", "ch2.alone_l3_own"):
+        assert v[key] == "as fast" or " % " in v[key], v[key]
+    one = gemm.alone_rows({**rec.data, "results": [r for r in rec.data["results"]
+                                                   if r["params"].get("threads") == 1]})[1]
+    assert one["ch2.alone_l3_shared"].startswith("n/a") and one["ch2.alone_pct_one"] != "n/a"
+
+
 def test_packing_buffer_is_reused_and_no_result_is_allocated(rng):
     a, b = rand(rng, 100, 80), rand(rng, 80, 60)
     out = np.empty((100, 60), np.float32)
@@ -530,12 +610,13 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
                 "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio",
                 "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct", "ch2.thread_min_us",
-                "ch2.rung2_verdict", "ch2.phase_most", "ch2.phase_least_pct"):
+                "ch2.rung2_verdict", "ch2.phase_most", "ch2.phase_least_pct",
+                "ch2.alone_pct_all", "ch2.alone_l3_shared", "ch2.tiles_range"):
         assert key in values, key
     figs = tmp_path / "figures"
     for name in ("ch2_ladder.svg", "ch2_sweep.svg", "ch2_roofline.svg", "tables/ch2_ladder.md",
                  "tables/ch2_shapes.md", "tables/ch2_bf16.md", "tables/ch2_sweep.md",
-                 "tables/ch2_phases.md"):
+                 "tables/ch2_phases.md", "tables/ch2_alone.md"):
         assert (figs / name).is_file(), name
     data = records.load(gemm.RECORD, records_tmp)
     assert len(records.results(data, "rung")) == len(gemm.LADDER)
