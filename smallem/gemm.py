@@ -1867,6 +1867,9 @@ def cmd_gemm(args) -> int:
     for r in shape_rows(rec.data)[0]:
         print(f"  {r[0]:<36} smallem {r[2]:>12}  numpy {r[3]:>12}  ({r[4]})")
     _print_dtype_rows(dtype_rows(rec.data)[0])
+    for r in alone_rows(rec.data)[0]:
+        print(f"  micro-kernel alone, B in {r[0]} ({r[1]}), {r[2]} thread(s): {r[3]}, {r[5]} of "
+              f"the probe")
     for line in targets(rec.data):
         print("  target: " + line)
     pv = pool_values(rec.data)
