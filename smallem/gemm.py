@@ -719,11 +719,13 @@ def _measure_phases(rec, a, b, c, params, quick):
 
 def alone_slivers(kc: int, nr: int, geometry: dict | None = None) -> dict:
     """How many B slivers (kc x NR floats each) :func:`_measure_alone` gives each case:
-    half an L2, which stays there, and a quarter of the L3, more than any L2 holds."""
+    half an L2, which stays there, and for L3 a quarter of it, but at least four L2s (so
+    that it cannot stay in one) and at most half the L3."""
     g = geometry or cache_geometry()
     sliver = kc * nr * 4
-    return {"L2": max(1, g["L2"]["bytes"] // 2 // sliver),
-            "L3": max(2, g["L3"]["bytes"] // 4 // sliver)}
+    l2, l3 = g["L2"]["bytes"], g["L3"]["bytes"]
+    return {"L2": max(1, l2 // 2 // sliver),
+            "L3": max(2, min(l3 // 2, max(l3 // 4, 4 * l2)) // sliver)}
 
 
 def _measure_alone(rec, level, cores, quick):
@@ -1692,13 +1694,18 @@ def _versus(r: dict, base: dict) -> str:
     return f"{out} (in {k} of {len(a)} rounds{tell})"
 
 
+def _size(kib: float) -> str:
+    """A size for prose and tables: KiB below a MiB, MiB from there."""
+    return figures.fmt(kib, "KiB") if kib < 1024 else figures.fmt(kib / 1024, "MiB")
+
+
 def alone_rows(rec: dict) -> tuple[list[list], dict]:
     """Table ch2_alone: the micro-kernel alone, its B slivers in L2 or L3, on one core and
     on all, each against the FMA probe timed in turn with it; and the values the text
     quotes (each case against B in L2 on as many threads)."""
     keys = ("ch2.alone_kc", "ch2.alone_l2_kib", "ch2.alone_l3_kib", "ch2.alone_pct_one",
             "ch2.alone_pct_all", "ch2.alone_l3_one", "ch2.alone_l3_shared", "ch2.alone_l3_own",
-            "ch2.alone_threads", "ch2.tiles_range")
+            "ch2.alone_threads", "ch2.tiles_range", "ch2.alone_l3_where", "ch2.alone_verdict")
     found = records.results(rec, "alone")
     if not found:
         return [], {k: "n/a (not measured in this record)" for k in keys}
@@ -1715,7 +1722,7 @@ def alone_rows(rec: dict) -> tuple[list[list], dict]:
             where = "L3"
         else:
             where = "L3, one block all threads read" if p["shared_b"] else "L3, a block per thread"
-        rows.append([where, f(p["b_kib"], "KiB"), str(p["threads"]), f(gops, "Gop/s"),
+        rows.append([where, _size(p["b_kib"]), str(p["threads"]), f(gops, "Gop/s"),
                      f(probe, "Gop/s"), f"{100 * gops / probe:.0f} %"])
     p0 = found[0]["params"]
     one, cores = 1, max(r["params"]["threads"] for r in found)
@@ -1727,8 +1734,21 @@ def alone_rows(rec: dict) -> tuple[list[list], dict]:
         return f"{100 * gops / records.value(rec, 'alone_probe', threads=t):.0f} %"
 
     na = "n/a (one core)"
-    values = {"ch2.alone_kc": str(p0["kc"]), "ch2.alone_l2_kib": f(l2_kib, "KiB"),
-              "ch2.alone_l3_kib": f(l3_kib, "KiB"), "ch2.alone_threads": str(cores),
+    l2 = (rec["settings"].get("cache_geometry") or cache_geometry())["L2"]["bytes"]
+    if l3_kib * 1024 >= 2 * l2:
+        l3_where = (f"is more than an L2 holds ({_size(l2 / 1024)}), so it comes from L3 on "
+                    "every pass")
+    else:
+        l3_where = (f"is not much more than an L2 ({_size(l2 / 1024)}) on this machine, so part "
+                    "of it may stay there")
+    best = by["L2", True, cores]["value"]["median"] / records.value(rec, "alone_probe",
+                                                                    threads=cores)
+    verdict = ("so the register tile and its loads are not what keeps a product from the peak"
+               if best >= 0.9 else "so on this machine the micro-kernel itself stays well "
+               "below the peak, before any packing or memory")
+    values = {"ch2.alone_l3_where": l3_where, "ch2.alone_verdict": verdict,
+              "ch2.alone_kc": str(p0["kc"]), "ch2.alone_l2_kib": _size(l2_kib),
+              "ch2.alone_l3_kib": _size(l3_kib), "ch2.alone_threads": str(cores),
               "ch2.alone_pct_one": pct(one),
               "ch2.alone_pct_all": pct(cores) if cores > 1 else na,
               "ch2.alone_l3_one": _versus(by["L3", True, one], by["L2", True, one]),

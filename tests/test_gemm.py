@@ -363,7 +363,7 @@ def test_kernel_alone_refuses_bad_sizes():
         gemm.kernel_alone(8, 2, threads=-1)
 
 
-def test_alone_slivers_put_b_in_half_the_l2_and_a_quarter_of_the_l3():
+def test_alone_slivers_put_b_in_half_the_l2_and_well_beyond_it():
     geo = {"L1d": {"bytes": 48 << 10, "ways": 12, "line": 64},
            "L2": {"bytes": 1 << 20, "ways": 16, "line": 64},
            "L3": {"bytes": 32 << 20, "ways": 16, "line": 64}}
@@ -372,6 +372,9 @@ def test_alone_slivers_put_b_in_half_the_l2_and_a_quarter_of_the_l3():
     assert got["L2"] * sliver <= (1 << 19) < (got["L2"] + 1) * sliver
     assert got["L3"] * sliver <= (8 << 20) < (got["L3"] + 1) * sliver
     assert gemm.alone_slivers(100_000, 32, geo) == {"L2": 1, "L3": 2}  # never empty
+    small = {**geo, "L2": {**geo["L2"], "bytes": 1280 << 10}, "L3": {**geo["L3"], "bytes": 4 << 20}}
+    got = gemm.alone_slivers(804, 32, small)  # a quarter of this L3 fits in an L2: half of it
+    assert got["L3"] * sliver <= (2 << 20) < (got["L3"] + 1) * sliver
 
 
 def _timed(gops, secs):
@@ -409,6 +412,7 @@ def test_alone_is_measured_and_said_from_the_record(monkeypatch):
     probe = records.value(rec.data, "alone_probe", threads=1)
     assert v["ch2.alone_pct_one"] == f"{100 * one_l2 / probe:.0f} %" == rows[0][-1]
     assert v["ch2.tiles_range"].startswith("n/a")  # no phase results in this record
+    assert v["ch2.alone_l3_where"].startswith("is ") and v["ch2.alone_verdict"].startswith("so ")
     for key in ("ch2.alone_l3_one", "ch2.alone_l3_shared", "ch2.alone_l3_own"):
         assert v[key] == "as fast" or " % " in v[key], v[key]
     one = gemm.alone_rows({**rec.data, "results": [r for r in rec.data["results"]
