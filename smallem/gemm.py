@@ -1685,13 +1685,16 @@ def _versus(r: dict, base: dict) -> str:
     seconds, as the two may do different work."""
     d = 100 * (r["value"]["median"] / base["value"]["median"] - 1)
     out = "as fast" if abs(d) < 0.05 else f"{abs(d):.1f} % {'faster' if d > 0 else 'slower'}"
-    a, b = (x.get("seconds", {}).get("samples") for x in (r, base))
-    if not a or not b or len(a) != len(b) or abs(d) < 0.05:
+    if abs(d) < 0.05:
         return out
-    wa, wb = (x["value"]["median"] * x["seconds"]["median"] for x in (r, base))
-    k = sum((wa / x > wb / y) == (d > 0) for x, y in zip(a, b))
-    tell = "" if sign_test(k, len(a)) < SIGN_LEVEL else ", too few to tell"
-    return f"{out} (in {k} of {len(a)} rounds{tell})"
+    per_op = [{"seconds": {"samples": [t / (x["value"]["median"] * x["seconds"]["median"])
+                                       for t in x.get("seconds", {}).get("samples") or []]}}
+              for x in (r, base)]  # seconds per Gop: less is faster, whatever the work
+    rounds = rounds_ahead(*(per_op if d > 0 else per_op[::-1]))
+    if rounds is None:
+        return out
+    tell = "" if sign_test(*rounds) < SIGN_LEVEL else ", too few to tell"
+    return f"{out} (in {rounds[0]} of {rounds[1]} rounds{tell})"
 
 
 def _size(kib: float) -> str:
@@ -1725,7 +1728,7 @@ def alone_rows(rec: dict) -> tuple[list[list], dict]:
         rows.append([where, _size(p["b_kib"]), str(p["threads"]), f(gops, "Gop/s"),
                      f(probe, "Gop/s"), f"{100 * gops / probe:.0f} %"])
     p0 = found[0]["params"]
-    one, cores = 1, max(r["params"]["threads"] for r in found)
+    cores = max(r["params"]["threads"] for r in found)
     l2_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L2")
     l3_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L3")
 
@@ -1749,9 +1752,9 @@ def alone_rows(rec: dict) -> tuple[list[list], dict]:
     values = {"ch2.alone_l3_where": l3_where, "ch2.alone_verdict": verdict,
               "ch2.alone_kc": str(p0["kc"]), "ch2.alone_l2_kib": _size(l2_kib),
               "ch2.alone_l3_kib": _size(l3_kib), "ch2.alone_threads": str(cores),
-              "ch2.alone_pct_one": pct(one),
+              "ch2.alone_pct_one": pct(1),
               "ch2.alone_pct_all": pct(cores) if cores > 1 else na,
-              "ch2.alone_l3_one": _versus(by["L3", True, one], by["L2", True, one]),
+              "ch2.alone_l3_one": _versus(by["L3", True, 1], by["L2", True, 1]),
               "ch2.alone_l3_shared": (_versus(by["L3", True, cores], by["L2", True, cores])
                                       if cores > 1 else na),
               "ch2.alone_l3_own": (_versus(by["L3", False, cores], by["L2", True, cores])
