@@ -11,12 +11,6 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.smallem-installed
 SITE   := site
 
-# The measurements `make book` runs, in chapter order: each is a `smallem <command>` that writes
-# its record under figures/records/. A chapter appends its own: MEASURE += gemm
-MEASURE = machine
-MEASURE += gemm
-MEASURE += bench-train
-
 export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup test book chromium cross simde figures build site clean
@@ -82,9 +76,8 @@ site: figures
 
 book: setup
 	$(PY) -m smallem build
-	@for m in $(MEASURE); do \
-	  echo "== smallem $$m"; $(PY) -m smallem $$m || exit 1; \
-	done
+	@# every chapter's measurement, in book order (the list is smallem.book.CHAPTERS)
+	$(PY) -m smallem measure
 	$(PY) -m smallem figures
 	$(VENV)/bin/mkdocs build --strict --site-dir $(SITE)
 	@echo

@@ -12,7 +12,7 @@
 # Budget: about 1 minute of tests, 2 to 3 of measurements, 1 to 2 for step 4; each step has
 # its own time limit, 9 minutes in all.
 # Records say which commit they measured. A copy of the tree whose .git is missing or stale
-# names it with SMALLEM_COMMIT=<the commit it was copied from> (smallem.records.git_commit).
+# names it with SMALLEM_COMMIT=<the commit it was copied from> (smallem.book.records.git_commit).
 # Copy the records into figures/records/ and run `smallem figures` to update the book.
 set -uo pipefail
 OUT=${1:?usage: kernels_cuda/gpu_check.sh OUTDIR [--quick]}

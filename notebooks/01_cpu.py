@@ -22,7 +22,8 @@
 # %%
 from IPython.display import SVG, Markdown, display
 
-from smallem import figures, isa, machine, machine_info, records
+from smallem import isa, machine, machine_info
+from smallem.book import ch1, figures, records
 
 print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |",
       "ISA", isa.selected(), isa.extensions(isa.selected()))
@@ -35,7 +36,7 @@ print("caches:", {k: v for k, v in machine_info.caches().items() if k.endswith("
 # the compiler flags and the commit. Everything below is computed from it.
 
 # %%
-data = records.load_or_measure(machine.RECORD, machine.run)
+data = records.load_or_measure(ch1.RECORD, ch1.run)
 print(figures.machine_line(data))
 print("theoretical f32 peak from:", data["settings"]["theory"]["source"])
 
@@ -47,8 +48,8 @@ print("theoretical f32 peak from:", data["settings"]["theory"]["source"])
 # runs the fallback that the AVX2 or plain-C path would use.
 
 # %%
-display(Markdown(machine.table_markdown(data)))
-summary = machine.summary(data)
+display(Markdown(ch1.table_markdown(data)))
+summary = ch1.summary(data)
 print(f"f32: measured / theoretical = {summary['f32_fraction_of_theory']:.1%}")
 print(f"DRAM triad on all cores / numpy copy = {summary['dram_triad_vs_numpy']:.1%}")
 print(f"naive product: {summary['naive_below_peak']:.0f} times below the measured f32 peak")
@@ -69,17 +70,17 @@ print(f"clock now: {clock['median'] / 1e9:.2f} GHz (min {clock['min'] / 1e9:.2f}
 # ## The staircase and the roofline
 
 # %%
-machine.staircase_figure(data)
+ch1.staircase_figure(data)
 display(SVG(filename=str(figures.figures_dir() / "ch1_staircase.svg")))
 
 # %%
 n = data["settings"]["gemm_naive_n"]
-machine.roofline_figure([(f"naive {n}³ product", machine.naive_gemm_intensity(n),
+ch1.roofline_figure([(f"naive {n}³ product", ch1.naive_gemm_intensity(n),
                           records.value(data, "gemm_naive"))], "ch1_roofline", data)
 display(SVG(filename=str(figures.figures_dir() / "ch1_roofline.svg")))
 
 # %%
 # The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last
 # recorded GPU measurements with their machine and date, or a line saying there are none.
-from smallem import gpu
+from smallem.book import gpu
 _ = gpu.notebook_section("ch1")

@@ -25,7 +25,8 @@ import os
 import numpy as np
 from IPython.display import SVG, Markdown, display
 
-from smallem import checks, figures, gemm, isa, machine_info, records
+from smallem import checks, gemm, isa, machine_info
+from smallem.book import ch2, compare, figures, records
 from smallem.timing import measure
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
@@ -93,9 +94,9 @@ for rung in gemm.LADDER[:2]:
 # ## Measure, or read the record
 
 # %%
-data = records.load_or_measure(gemm.RECORD, gemm.run)
+data = records.load_or_measure(ch2.RECORD, ch2.run)
 print(figures.machine_line(data))
-values = gemm.make_figures(records.records_dir())
+values = ch2.report(records.records_dir())
 print(f"final rung: {values['ch2.final_gops']} = {values['ch2.final_pct_peak']} of the peak, "
       f"{values['ch2.final_vs_numpy']} of numpy")
 
@@ -150,10 +151,10 @@ print(f"at {values['ch2.beside_n']} the probe gave {values['ch2.beside_peak']}; 
 print(gemm.pool_ids(), gemm.pool_ids())
 print(f"empty parallel region {values['ch2.pool_region_us']}, "
       f"create + join {values['ch2.pool_spawn_us']}; the team's thread ids: "
-      f"{values['ch2.pool_persistent']}")
+      f"{values['ch2.pool_same']} on every call")
 
 # %%
 # The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last
 # recorded GPU measurements with their machine and date, or a line saying there are none.
-from smallem import gpu
+from smallem.book import gpu
 _ = gpu.notebook_section("ch2")

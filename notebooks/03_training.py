@@ -27,7 +27,8 @@ import os
 import numpy as np
 from IPython.display import SVG, Markdown, display
 
-from smallem import figures, machine_info, records, train
+from smallem import machine_info, train
+from smallem.book import ch3, figures, records
 from smallem.checks import assert_close
 from smallem.model import GPT, Config
 
@@ -95,12 +96,12 @@ except ImportError:
 # ## Measure, or read the records
 
 # %%
-have = records.exists(train.RECORD_STEP) and records.exists(train.RECORD_RUN)
+have = records.exists(ch3.RECORD_STEP) and records.exists(ch3.RECORD_RUN)
 if QUICK or REMEASURE or not have:
-    train.bench_train(quick=QUICK, progress=False)
-step_rec = records.load(train.RECORD_STEP)
-run_rec = records.load(train.RECORD_RUN)
-values = train.make_figures(records.records_dir())
+    ch3.bench_train(quick=QUICK, progress=False)
+step_rec = records.load(ch3.RECORD_STEP)
+run_rec = records.load(ch3.RECORD_RUN)
+values = ch3.report(records.records_dir())
 print(figures.machine_line(step_rec))
 
 # %% [markdown]

@@ -1,32 +1,22 @@
 """The ``smallem`` command line.
 
     smallem build [--isa LEVEL|all]    compile the C kernels into the cache
-    smallem machine [--quick]          chapter 1: measure this machine, write the record
-    smallem gemm [--quick]             chapter 2: the matrix-product ladder, write the record
+    smallem train ...                  chapter 3: train a GPT on the CPU
+    smallem measure [--list]           every chapter's measurement, in book order (`make book`)
     smallem figures                    regenerate figures and tables from records
+    smallem machine | gemm | ...       one chapter's measurement (see `smallem --help`)
 
-Each subcommand lives in its chapter's module; this file only dispatches.
+The library's commands are here; each chapter's commands come from its book module, through
+the one list of chapters in :mod:`smallem.book`. This file only dispatches.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import subprocess
 import sys
 
-# name -> "module:function"; each function takes the parsed args.
-# A module adds its own options with an ``add_arguments(parser)`` beside it.
-COMMANDS = {
-    "build": ("smallem.cli:cmd_build", "compile the C kernels into the cache"),
-    "machine": ("smallem.machine:cmd_machine", "chapter 1: measure this machine"),
-    "gemm": ("smallem.gemm:cmd_gemm", "chapter 2: measure the matrix-product ladder"),
-    "gemm-bf16": ("smallem.gemm:cmd_gemm_bf16",
-                  "chapter 2: f32 against bf16 inputs only (for a second CPU, with AVX512_BF16)"),
-    "gpu-check": ("smallem.gpu:cmd_gpu_check", "chapters 1-2 on the GPU: measure, write records to --out"),
-    "figures": ("smallem.cli:cmd_figures", "regenerate figures and tables from records"),
-    "train": ("smallem.train:cmd_train", "chapter 3: train a GPT on the CPU"),
-    "bench-train": ("smallem.train:cmd_bench_train", "chapter 3: time training steps, write records"),
-}
+from . import train
 
 
 def cmd_build(args) -> int:
@@ -47,27 +37,57 @@ def add_build_arguments(p):
 
 
 def cmd_figures(args) -> int:
-    from . import figures
+    from . import book
+    from .book import figures
 
-    values = figures.make_all()
+    values = book.report_all()
     print(f"wrote figures and tables to {figures.figures_dir()} ({len(values)} values)")
     return 0
 
 
+def cmd_measure(args) -> int:
+    """Each chapter's measurement in its own process, in book order: a chapter's threads
+    and libraries (OpenMP, OpenBLAS, PyTorch) start fresh, as when run by hand."""
+    from . import book
+
+    names = book.measure_commands()
+    if args.list:
+        print(" ".join(names))
+        return 0
+    for name in names:
+        print(f"== smallem {name}", flush=True)
+        rc = subprocess.call([sys.executable, "-m", "smallem", name])
+        if rc:
+            return rc
+    return 0
+
+
+def add_measure_arguments(p):
+    p.add_argument("--list", action="store_true", help="print the commands, run nothing")
+
+
+# name -> (function, add_arguments, help): the library's commands; the book adds its own
+COMMANDS = {
+    "build": (cmd_build, add_build_arguments, "compile the C kernels into the cache"),
+    "train": (train.cmd_train, train.add_train_arguments, "chapter 3: train a GPT on the CPU"),
+    "measure": (cmd_measure, add_measure_arguments,
+                "run every chapter's measurement, in book order (what `make book` does)"),
+    "figures": (cmd_figures, None, "regenerate figures and tables from records"),
+}
+
+
 def main(argv=None) -> int:
+    from . import book
+
     parser = argparse.ArgumentParser(prog="smallem", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (target, help_) in COMMANDS.items():
+    for name, (func, add_arguments, help_) in {**COMMANDS, **book.commands()}.items():
         p = sub.add_parser(name, help=help_)
-        module_name, func = target.split(":")
-        module = importlib.import_module(module_name)
-        adder = getattr(module, f"add_{func.removeprefix('cmd_')}_arguments", None)
-        if adder:
-            adder(p)
-        p.set_defaults(_target=target)
+        if add_arguments:
+            add_arguments(p)
+        p.set_defaults(_func=func)
     args = parser.parse_args(argv)
-    module_name, func = args._target.split(":")
-    return getattr(importlib.import_module(module_name), func)(args) or 0
+    return args._func(args) or 0
 
 
 if __name__ == "__main__":

@@ -1,15 +1,43 @@
-"""A GPT-2-style transformer with hand-written forward and backward passes.
+"""A GPT-2-style transformer in one file: its layers, then the model.
 
-No autograd: :meth:`GPT.forward` keeps every activation the backward pass
-needs in a :class:`Workspace` allocated once per (config, B, T), and
-:meth:`GPT.backward` walks the layers in reverse, writing gradients into one
-flat buffer that mirrors the flat parameter buffer. The layer arithmetic lives
-in :mod:`smallem.layers`; ``backend="numpy"`` runs the numpy reference,
-``backend="kernels"`` runs chapter 2's GEMM and ``kernels_c/layers.c``.
+Read it from top to bottom, as llm.c's ``train_gpt2.c``. First the layers, in the order the
+forward pass meets them: embedding, LayerNorm, linear (the attention's QKV and projection,
+the MLP's two layers), attention, residual add, GELU, the tied head, cross-entropy; then
+AdamW and the gradient norm, which the trainer calls. Each layer is written twice, side by side:
 
-Parameters live in one contiguous float32 array (weights that take weight
-decay first, then biases and LayerNorm gains), so that the optimiser, the
-gradient norm and the checkpoint each see one buffer, not sixty.
+- ``Numpy<Layer>``, the reference: a few lines of numpy for the forward and the backward,
+  dtype-generic, so that the tests run it in float64 against finite differences and
+  PyTorch. It allocates temporaries freely: it is the definition, not the fast path.
+- ``Kernel<Layer>``, the kernel path: the calls it makes instead. Every product goes to
+  chapter 2's GEMM (``self.matmul``, ``self.bmm``: :class:`KernelOps`), everything else to
+  the function of the same name in ``kernels_c/layers.c`` (``layers.<name>``: its Python
+  entry in :mod:`smallem.layers` only checks the arguments). It allocates nothing: every
+  output and scratch buffer is passed in.
+
+After the last layer, :class:`NumpyOps` and :class:`KernelOps` each inherit one class of
+every pair. Then the model: its shape (:class:`Config`), its buffers (:class:`Workspace`)
+and :class:`GPT`, whose forward and backward walk the layers through an ops object, so
+they are written once for both paths.
+
+Why this layout: a reader asking what LayerNorm's backward computes, or what the kernel
+path does for it, finds both on one screen here, and the model that calls them further
+down; the argument checks, a dozen lines per kernel, stay in :mod:`smallem.layers`, where
+they do not stand between the two versions. A layer is a pair of small classes, rather
+than a method in each of two long classes, to keep the pair together; building the ops
+objects from them keeps every method overridable on its own, which the performance
+ladder's rungs (subclasses of :class:`KernelOps`, in :data:`BACKENDS`) rely on.
+
+No autograd: :meth:`GPT.forward` keeps every activation the backward pass needs in a
+:class:`Workspace` allocated once per (config, B, T), and :meth:`GPT.backward` walks the
+layers in reverse, writing gradients into one flat buffer that mirrors the flat parameter
+buffer. Parameters live in one contiguous array (weights that take weight decay first,
+then biases and LayerNorm gains), so that the optimiser, the gradient norm and the
+checkpoint each see one buffer, not sixty.
+
+Conventions: activations are (N, C) row-major with N = B*T tokens; a linear layer's
+weight is stored (in, out), so y = x @ W + b; attention tensors per head are (B, H, T, hd).
+Backward methods that say "adds into" accumulate into their output (the residual stream's
+gradient); all others overwrite.
 """
 
 from __future__ import annotations
@@ -19,7 +47,335 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .layers import make_ops
+from . import checks, layers
+
+# ================================================================ the layers
+# In a Kernel<Layer>, self.threads, self.matmul and self.bmm come from KernelOps (after them).
+
+# ---------------------------------------------------------------- embedding
+# out[b*T + t] = wte[idx[b, t]] + wpe[t]. Backward: each position's gradient goes to the
+# row of its byte in wte (a scatter-add) and to its row of wpe (summed over the batch).
+
+class NumpyEmbedding:
+    def embedding(self, idx, wte, wpe, out):
+        T = idx.shape[1]
+        out[...] = (wte[idx] + wpe[:T]).reshape(out.shape)
+
+    def embedding_backward(self, idx, dout, dwte, dwpe):
+        """Adds into dwte (which holds the tied head's share, or zeros); overwrites dwpe."""
+        B, T = idx.shape
+        d = dout.reshape(B, T, -1)
+        dwpe[...] = 0
+        dwpe[:T] = d.sum(axis=0)
+        np.add.at(dwte, idx.reshape(-1), dout)  # not dwte[idx] += : a repeated byte adds twice
+
+
+class KernelEmbedding:
+    def embedding(self, idx, wte, wpe, out):
+        layers.embedding_forward(idx, wte, wpe, out, self.threads)
+
+    def embedding_backward(self, idx, dout, dwte, dwpe):
+        layers.embedding_backward(idx, dout, dwte, dwpe, self.threads)
+
+
+# ---------------------------------------------------------------- LayerNorm
+# Per row of C features: y = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + LN_EPS).
+# The forward keeps mean and rstd for the backward. With xh the normalised row and
+# g = dy * w, dx = rstd * (g - mean(g) - xh * mean(g * xh)): two means, no C x C Jacobian.
+LN_EPS = 1e-5
+
+# --8<-- [start:numpy_layernorm]
+class NumpyLayerNorm:
+    def layernorm(self, x, w, b, out, mean, rstd):
+        mean[...] = x.mean(axis=1)
+        xc = x - mean[:, None]
+        rstd[...] = 1.0 / np.sqrt((xc * xc).mean(axis=1) + LN_EPS)
+        out[...] = xc * rstd[:, None] * w + b
+
+    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
+        """Adds the input gradient into dx; overwrites dw and db."""
+        xh = (x - mean[:, None]) * rstd[:, None]
+        g = dy * w
+        dx += rstd[:, None] * (g - g.mean(axis=1, keepdims=True)
+                               - xh * (g * xh).mean(axis=1, keepdims=True))
+        dw[...] = (dy * xh).sum(axis=0)
+        db[...] = dy.sum(axis=0)
+# --8<-- [end:numpy_layernorm]
+
+
+class KernelLayerNorm:
+    def layernorm(self, x, w, b, out, mean, rstd):
+        layers.layernorm_forward(x, w, b, out, mean, rstd, self.threads)
+
+    def layernorm_backward(self, dy, x, w, mean, rstd, dx, dw, db):
+        layers.layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, self.threads)
+
+
+# ---------------------------------------------------------------- linear
+# y = x @ w + b, w stored (in, out): the attention's QKV (C -> 3C) and projection (C -> C),
+# the MLP's fc (C -> 4C) and fc2 (4C -> C). Backward: dx = dy w^T, dw = x^T dy, db = the
+# column sums of dy: two products the forward's size, so training costs 6 FLOPs a weight.
+
+# --8<-- [start:numpy_linear]
+class NumpyLinear:
+    def linear(self, x, w, b, out):
+        np.matmul(x, w, out=out)
+        if b is not None:
+            out += b
+
+    def linear_backward(self, dy, x, w, dx, dw, db, accumulate=False):
+        if accumulate:
+            dx += dy @ w.T
+        else:
+            np.matmul(dy, w.T, out=dx)
+        np.matmul(x.T, dy, out=dw)
+        if db is not None:
+            np.sum(dy, axis=0, out=db)
+# --8<-- [end:numpy_linear]
+
+
+# --8<-- [start:kernel_linear]
+class KernelLinear:
+    def linear(self, x, w, b, out):
+        self.matmul(x, w, out=out)
+        if b is not None:
+            layers.add_bias(out, b, self.threads)
+
+    def linear_backward(self, dy, x, w, dx, dw, db, accumulate=False):
+        self.matmul(dy, w, trans_b=True, out=dx, beta=1.0 if accumulate else 0.0)
+        self.matmul(x, dy, trans_a=True, out=dw)
+        if db is not None:
+            layers.col_sum(dy, db, self.threads)
+# --8<-- [end:kernel_linear]
+
+
+# ---------------------------------------------------------------- attention
+# Causal self-attention over the QKV linear's output (N, 3C), per head: S = Q K^T,
+# P = softmax(S / sqrt(hd)) over each row's causal prefix, O = P V; the heads side by side
+# are the output (N, C). ``a`` holds the layer's buffers (_Attn, in the Workspace below),
+# where the forward keeps q, k, v and P for the backward:
+#   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)) / sqrt(hd), dQ = dS K, dK = dS^T Q.
+
+# --8<-- [start:numpy_attention]
+class NumpyAttention:
+    def attention(self, qkv, out, a):
+        """qkv (B*T, 3C) -> out (B*T, C); keeps q, k, v, p in the attention workspace ``a``."""
+        B, H, T, hd = a.q.shape
+        x = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+        a.q[...], a.k[...], a.v[...] = x[0], x[1], x[2]
+        s = (a.q @ a.k.swapaxes(-1, -2)) / math.sqrt(hd)
+        s[..., np.triu(np.ones((T, T), bool), 1)] = -np.inf      # causal mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        a.p[...] = s / s.sum(axis=-1, keepdims=True)
+        out[...] = (a.p @ a.v).transpose(0, 2, 1, 3).reshape(B * T, H * hd)
+
+    def attention_backward(self, dout, dqkv, a):
+        B, H, T, hd = a.q.shape
+        do = dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+        dv = a.p.swapaxes(-1, -2) @ do
+        dp = do @ a.v.swapaxes(-1, -2)
+        ds = a.p * (dp - (dp * a.p).sum(axis=-1, keepdims=True)) / math.sqrt(hd)
+        dq, dk = ds @ a.k, ds.swapaxes(-1, -2) @ a.q
+        dqkv.reshape(B, T, 3, H, hd)[...] = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4)
+# --8<-- [end:numpy_attention]
+
+
+# --8<-- [start:kernel_attention]
+class KernelAttention:
+    def attention(self, qkv, out, a):
+        B, H, T, hd = a.q.shape
+        layers.heads_split(qkv, (a.q, a.k, a.v), B, T, H, self.threads)
+        S, P = a.p.reshape(B * H, T, T), a.p.reshape(B * H, T, T)
+        self.bmm(a.q.reshape(-1, T, hd), a.k.reshape(-1, T, hd), S, trans_b=True)  # S = Q K^T
+        layers.attn_softmax_forward(a.p, 1.0 / math.sqrt(hd), self.threads)
+        self.bmm(P, a.v.reshape(-1, T, hd), a.o.reshape(-1, T, hd))             # O = P V
+        layers.heads_merge((a.o,), out, self.threads)
+
+    def attention_backward(self, dout, dqkv, a):
+        B, H, T, hd = a.q.shape
+        flat = lambda x: x.reshape(B * H, *x.shape[2:])  # noqa: E731
+        layers.heads_split(dout, (a.do,), B, T, H, self.threads)
+        self.bmm(flat(a.do), flat(a.v), flat(a.dp), trans_b=True)   # dP = dO V^T
+        self.bmm(flat(a.p), flat(a.do), flat(a.dv), trans_a=True)   # dV = P^T dO
+        layers.attn_softmax_backward(a.p, a.dp, 1.0 / math.sqrt(hd), self.threads)
+        self.bmm(flat(a.dp), flat(a.k), flat(a.dq))                 # dQ = dS K
+        self.bmm(flat(a.dp), flat(a.q), flat(a.dk), trans_a=True)   # dK = dS^T Q
+        layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
+# --8<-- [end:kernel_attention]
+
+
+# ---------------------------------------------------------------- residual add
+# out = a + b, after the attention branch and after the MLP branch. No backward: the
+# gradient passes through unchanged, so GPT._block_backward has no line for it.
+
+class NumpyResidual:
+    def add(self, a, b, out):
+        np.add(a, b, out=out)
+
+
+class KernelResidual:
+    def add(self, a, b, out):
+        layers.residual_add(a, b, out, self.threads)
+
+
+# ---------------------------------------------------------------- GELU
+# The MLP is linear (C -> 4C), GELU, linear (4C -> C). GELU in GPT-2's tanh form,
+# 0.5 x (1 + tanh(u)), u = GELU_K (x + 0.044715 x^3). The backward, dx = dy * gelu'(x),
+# may write dx over dy: the model does, to keep one 4C-wide gradient buffer.
+GELU_K = math.sqrt(2.0 / math.pi)
+
+
+class NumpyGelu:
+    def gelu(self, x, out):
+        out[...] = 0.5 * x * (1.0 + np.tanh(GELU_K * (x + 0.044715 * x ** 3)))
+
+    def gelu_backward(self, x, dy, dx):
+        t = np.tanh(GELU_K * (x + 0.044715 * x ** 3))
+        dt = (1.0 - t * t) * GELU_K * (1.0 + 3 * 0.044715 * x * x)
+        dx[...] = dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
+
+
+class KernelGelu:
+    def gelu(self, x, out):
+        layers.gelu_forward(x, out, self.threads)
+
+    def gelu_backward(self, x, dy, dx):
+        layers.gelu_backward(x, dy, dx, self.threads)
+
+
+# ---------------------------------------------------------------- head
+# After the last block, a final LayerNorm (above), then logits = x w^T, w (V, C): with tied
+# weights the token table read as the output matrix. Backward: dx = dlogits w and
+# dw = dlogits^T x, both overwritten (tied: the embedding's backward adds to dw later).
+
+class NumpyHead:
+    def head(self, x, w, out):
+        np.matmul(x, w.T, out=out)
+
+    def head_backward(self, dlogits, x, w, dx, dw):
+        """dx = dlogits @ w (overwrites); dw = dlogits^T x (overwrites)."""
+        np.matmul(dlogits, w, out=dx)
+        np.matmul(dlogits.T, x, out=dw)
+
+
+class KernelHead:
+    def head(self, x, w, out):
+        self.matmul(x, w, trans_b=True, out=out)
+
+    def head_backward(self, dlogits, x, w, dx, dw):
+        self.matmul(dlogits, w, out=dx)
+        self.matmul(dlogits, x, trans_a=True, out=dw)
+
+
+# ---------------------------------------------------------------- cross-entropy
+# Softmax and loss fused, per row: loss = log(sum exp z) - z[target], and the gradient of
+# the mean loss, (softmax(z) - onehot(target)) / N, written in the same pass. Returns the
+# mean loss.
+
+class NumpyCrossEntropy:
+    def cross_entropy(self, logits, targets, losses, dlogits):
+        z = logits - logits.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        s = e.sum(axis=1, keepdims=True)
+        rows = np.arange(len(targets))
+        losses[...] = np.log(s[:, 0]) - z[rows, targets]
+        dlogits[...] = e / s
+        dlogits[rows, targets] -= 1.0
+        dlogits /= len(targets)
+        return float(losses.mean(dtype=np.float64))
+
+
+class KernelCrossEntropy:
+    def cross_entropy(self, logits, targets, losses, dlogits):
+        return layers.cross_entropy(logits, targets, losses, dlogits, self.threads)
+
+
+# ---------------------------------------------------------------- AdamW and the gradient norm
+# Not layers, but the rest of a training step (smallem.train.Trainer calls them): the
+# gradient's squared norm, for clipping, and one AdamW update of p and its moments m, v in
+# place. The clipping factor comes in as grad_scale, so the update is one pass; ``step``
+# counts from 1 for the bias corrections.
+
+class NumpyAdamW:
+    def sum_squares(self, x):
+        y = x.astype(np.float64)
+        return float(y @ y)
+
+    def adamw(self, p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, grad_scale, step):
+        g = g * grad_scale
+        m *= beta1
+        m += (1 - beta1) * g
+        v *= beta2
+        v += (1 - beta2) * g * g
+        p *= 1 - lr * weight_decay
+        denom = np.sqrt(v) / math.sqrt(1 - beta2 ** step) + eps
+        p -= (lr / (1 - beta1 ** step)) * m / denom
+
+
+class KernelAdamW:
+    def sum_squares(self, x):
+        return layers.sum_squares(x, self.threads)
+
+    def adamw(self, p, g, m, v, **kw):
+        layers.adamw(p, g, m, v, threads=self.threads, **kw)
+
+
+# ================================================================ the two ops objects
+
+class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, NumpyResidual,
+               NumpyGelu, NumpyHead, NumpyCrossEntropy, NumpyAdamW):
+    """The reference: each layer in a few lines of numpy, any float dtype."""
+
+    name = "numpy"
+
+    def __init__(self, threads=None):
+        self.threads = threads
+
+
+class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
+                KernelResidual, KernelGelu, KernelHead, KernelCrossEntropy, KernelAdamW):
+    """Chapter 2's GEMM for every product, ``kernels_c/layers.c`` for the rest."""
+
+    name = "kernels"
+
+    def __init__(self, threads=None):
+        from . import build
+        from .gemm import matmul
+        self.threads = checks.threads(threads)
+        self._matmul = matmul
+        build.load("layers")  # build now, not inside the first timed step
+        try:
+            self.bmm = layers.BatchedGemm(self.threads)
+        except RuntimeError:  # a GEMM without gemm_f32: loop over the slices in Python
+            self.bmm = self._bmm_python
+
+    def matmul(self, a, b, **kw):
+        """Chapter 2's GEMM; products under ~1 MFLOP stay on one thread (as PAR_MIN in
+        kernels_c/layers.c decides for the other kernels)."""
+        k = b.shape[1] if kw.get("trans_b") else b.shape[0]
+        madds = a.size * (b.size // max(k, 1))  # (M K) (N) = M N K multiply-adds
+        kw["threads"] = 1 if madds < (1 << 19) else self.threads
+        return self._matmul(a, b, **kw)
+
+    def _bmm_python(self, a, b, out, *, trans_a=False, trans_b=False):
+        for x, y, o in zip(a, b, out):
+            self.matmul(x, y, out=o, trans_a=trans_a, trans_b=trans_b)
+
+
+# backend name -> ops class. The performance ladder's rungs (a persistent thread pool, tiled
+# attention, bf16 products, ...) are subclasses of KernelOps that override the methods they
+# change, registered here under their own names; the model code does not change.
+BACKENDS = {"numpy": NumpyOps, "kernels": KernelOps}
+
+
+def make_ops(backend: str, threads=None):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))}, "
+                         f"got {backend!r}")
+    return BACKENDS[backend](threads)
+
+
+# ================================================================ the model
 
 VOCAB = 256  # byte-level tokens
 
@@ -111,7 +467,7 @@ def get_config(name_or_config) -> Config:
 
 
 class _Attn:
-    """Per-layer attention buffers: q, k, v and the probabilities P."""
+    """Per-layer attention buffers: q, k, v, the output o and the probabilities P."""
 
     def __init__(self, B, H, T, hd, dtype, shared):
         self.q, self.k, self.v, self.o = (np.zeros((B, H, T, hd), dtype) for _ in range(4))
@@ -119,10 +475,6 @@ class _Attn:
         # backward scratch, shared by all layers (only one layer's backward runs at a time)
         self.do, self.dq, self.dk, self.dv, self.dp = (
             shared["do"], shared["dq"], shared["dk"], shared["dv"], shared["dp"])
-        # one (T, hd) or (T, T) view per (sequence, head), made once: the GEMM loop's operands
-        for name in ("q", "k", "v", "o", "p", "do", "dq", "dk", "dv", "dp"):
-            a = getattr(self, name)
-            setattr(self, name + "_", list(a.reshape(B * H, *a.shape[2:])))
 
 
 @dataclass

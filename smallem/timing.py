@@ -8,9 +8,15 @@ calls until a sample lasts at least ``min_sample`` seconds.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
+
+
+def quick_mode() -> bool:
+    """``SMALLEM_QUICK=1``: every measurement on tiny sizes, in seconds (tests, notebooks)."""
+    return os.environ.get("SMALLEM_QUICK") == "1"
 
 
 @dataclass

@@ -65,11 +65,12 @@ def built_site(tmp_path_factory):
     import shutil
 
     import site_build
-    from smallem import figures, records
+    from smallem import book
+    from smallem.book import figures, records
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("SMALLEM_FIGURES", raising=False)  # the pages include the repository's figures/
-        figures.make_all()
+        book.report_all()
     tmp = tmp_path_factory.mktemp("site")
     docs, stand_ins = site_build.docs_dir_for_tests(tmp)
     # The notebooks run during the build read the records, and measure (and save) any that is

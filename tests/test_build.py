@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from smallem import build, checks, isa, records
+from smallem import build, checks, isa
+from smallem.book import records
 
 KERNELS = build.kernel_names()
 UNRUNNABLE = [l for l in isa.LEVELS if not isa.supported(l)]
@@ -164,6 +165,35 @@ def test_editing_a_shared_header_rebuilds(tmp_path, monkeypatch):
     assert build.load("uses_header", "generic")[1].answer() == 7
     common.write_text(common.read_text().replace("SM_TEST_VALUE 7", "SM_TEST_VALUE 8"))
     assert build.load("uses_header", "generic")[1].answer() == 8
+
+
+def test_editing_a_file_the_kernel_includes_rebuilds(tmp_path, monkeypatch):
+    # A module of several files (kernels_c/<name>.c including kernels_c/<name>/*.c, as gemm
+    # does): each of them is in the cache key and in the stamp that says when to look again.
+    kdir = _scratch_kernels(tmp_path, monkeypatch)
+    (kdir / "parts").mkdir()
+    part = kdir / "parts" / "value.c"
+    part.write_text("static int value(void) { return 5; }\n")
+    _write_kernel(kdir, "parts", '#include "parts/value.c"\nint answer(void) { return value(); }')
+    assert build.load("parts", "generic")[1].answer() == 5
+    part.write_text("static int value(void) { return 6; }\n")
+    assert build.load("parts", "generic")[1].answer() == 6
+    (kdir / "parts" / "more.h").write_text("#define MORE 10\n")  # a new file is found too
+    part.write_text('#include "more.h"\nstatic int value(void) { return MORE; }\n')
+    assert build.load("parts", "generic")[1].answer() == 10
+    (kdir / "parts" / "more.h").write_text("#define MORE 11\n")  # and then watched
+    assert build.load("parts", "generic")[1].answer() == 11
+    assert "parts" in build.kernel_names() and "value" not in build.kernel_names()
+
+
+def test_gemm_key_covers_every_file_of_the_module():
+    files = {p.relative_to(build.KERNELS_DIR).as_posix() for p in build._sources("gemm")[1]}
+    parts = {p.relative_to(build.KERNELS_DIR).as_posix()
+             for p in (build.KERNELS_DIR / "gemm").glob("*.c")}
+    assert {"gemm/driver.c", "gemm/bf16.c", "gemm/instruments.c"} <= parts <= files
+    text = (build.KERNELS_DIR / "gemm.c").read_text()
+    for name in sorted(parts):  # and every one of them is part of the module
+        assert f'#include "{name}"' in text
 
 
 def test_compile_error_names_the_file_and_quotes_the_compiler(tmp_path, monkeypatch):

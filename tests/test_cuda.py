@@ -39,14 +39,14 @@ def test_kernel_files_found():
 
 
 def test_package_imports_without_gpu():
-    code = "import smallem.cuda, smallem.gpu, smallem.cli; print(smallem.cuda.why_unavailable())"
+    code = "import smallem.cuda, smallem.book.gpu, smallem.cli; print(smallem.cuda.why_unavailable())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
 @no_gpu_only
 def test_gpu_entries_raise_clear_error():
-    from smallem import gpu
+    from smallem.book import gpu
     calls = [lambda: cuda.require(), lambda: cuda.gemm("vec", None, None),
              lambda: cuda.matmul(None, None), lambda: cuda.to_bf16(None),
              lambda: cuda.kernel("gemm", "sgemm_vec"), lambda: gpu.run_ch1(quick=True),
@@ -64,8 +64,8 @@ def test_gpu_check_command_fails_clearly(tmp_path, capsys):
 
 
 def test_tables_without_records(records_tmp, tmp_path):
-    from smallem import figures, gpu
-    vals = gpu.make_figures(records_tmp)
+    from smallem.book import figures, gpu
+    vals = gpu.report(records_tmp)
     assert vals["gpu.f32_peak"] == gpu.NOT_MEASURED
     for name in ("gpu_peaks", "gpu_staircase", "gpu_gemm"):
         text = (figures.tables_dir() / f"{name}.md").read_text()
@@ -75,7 +75,7 @@ def test_tables_without_records(records_tmp, tmp_path):
 
 @no_gpu_only
 def test_notebook_section_without_gpu(records_tmp, capsys):
-    from smallem import gpu
+    from smallem.book import gpu
     assert gpu.notebook_section("ch2") is None
     out = capsys.readouterr().out
     assert "No GPU" in out and "recorded yet" in out
@@ -83,7 +83,7 @@ def test_notebook_section_without_gpu(records_tmp, capsys):
 
 def test_tables_from_a_record(records_tmp):
     """A synthetic record (made-up numbers, never committed) renders every table and figure."""
-    from smallem import figures, gpu, records
+    from smallem.book import figures, gpu, records
     mach = {"cpu": "x", "gpu": {"name": "Test GPU", "compute_capability": "90", "sms": 2,
                                 "l2_bytes": 4 * 2**20, "cupy": "0"}}
     r1 = records.Record(gpu.CH1, settings={"quick": True}, machine=mach)
@@ -104,10 +104,12 @@ def test_tables_from_a_record(records_tmp):
         r2.add("gemm", "Gop/s", v(10.0 * (rung.number + 1)), rung=rung.name, number=rung.number,
                dtype=rung.dtype, n=64, max_rel_err=1e-6)
     r2.save()
-    vals = gpu.make_figures(records_tmp)
-    final = 10.0 * (cuda.RUNGS[cuda.FINAL_F32].number + 1)
-    assert vals["gpu.name"] == "Test GPU" and vals["gpu.final_f32_pct"] == f"{100 * final / 90:.0f} %"
-    assert "Test GPU" in (figures.tables_dir() / "gpu_gemm.md").read_text()
+    gpu.report(records_tmp)
+    final = cuda.RUNGS[cuda.FINAL_F32]
+    table = (figures.tables_dir() / "gpu_gemm.md").read_text()
+    row = next(line for line in table.splitlines() if f"| {final.name} |" in line)
+    assert f"| {100 * 10.0 * (final.number + 1) / 90:.0f} % |" in row
+    assert "Test GPU" in table
     if REASON is not None:  # without a GPU the notebook shows the record with its machine
         assert gpu.notebook_section("ch1")["name"] == gpu.CH1
 
@@ -230,7 +232,7 @@ def test_validation(cp):
 @pytest.mark.gpu
 def test_probes_run(cp, records_tmp):
     """The chapter-1 probes and the ladder run end to end at tiny sizes (no speed checked)."""
-    from smallem import gpu
+    from smallem.book import gpu
     r1 = gpu.run_ch1(quick=True, progress=False)
     assert all(r["value"]["median"] > 0 for r in r1.data["results"])
     r2 = gpu.run_ch2(quick=True, progress=False)
@@ -248,12 +250,14 @@ def test_orchestration_with_fake_cupy(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "fake_cupy"),
            "SMALLEM_RECORDS": str(tmp_path / "rec"), "SMALLEM_FIGURES": str(tmp_path / "fig"),
            "MPLBACKEND": "Agg"}
-    code = ("from smallem import gpu, cuda\n"
+    code = ("from smallem import cuda\nfrom smallem.book import gpu\n"
             "assert cuda.why_unavailable() is None\n"
             "gpu.run_ch1(quick=True, progress=False).save()\n"
             "gpu.run_ch2(quick=True, progress=False).save()\n"
-            "v = gpu.make_figures(None)\n"
-            "assert v['gpu.name'] == 'Fake GPU' and v['gpu.final_f32_pct'] == '100 %', v\n"
+            "gpu.report(None)\n"
+            "import os, pathlib\n"
+            "table = pathlib.Path(os.environ['SMALLEM_FIGURES'], 'tables', 'gpu_gemm.md')\n"
+            "assert 'Fake GPU' in table.read_text() and '100 %' in table.read_text()\n"
             "assert gpu.notebook_section('ch2', quick=False)['name'] == 'ch2.gpu'\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)

@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from smallem import checks, figures, gemm, isa, machine, records
+from smallem import checks, gemm, isa, machine
+from smallem.book import ch1, ch2, compare, figures, records
 
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 2), (2, 3, 5), (7, 13, 11), (17, 31, 29), (37, 19, 41),
           (6, 16, 8), (13, 33, 64)]
@@ -125,6 +126,58 @@ def test_ladder_is_ordered_and_complete():
     assert gemm.LADDER[0].name == "naive" and gemm.LADDER[-1].threaded
 
 
+# ---------------------------------------------------------------- rung 5
+
+THIN = [(1, 1, 1), (1, 300, 70), (3, 45, 200), (5, 7, 33)]  # fewer rows than one panel (MR >= 6)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 5])
+def test_rung5_on_every_isa_and_thread_count(threads, level, rng):
+    """Rung 5 against numpy: awkward shapes, products thinner than one MR-row panel (their
+    tiles are shared out along the columns), several K slices and blocks of columns, and
+    1 to 5 threads, at times more than there are tiles (the rung then starts fewer)."""
+    rung = gemm.LADDER[5]
+    mr, nr = gemm.kernel_shape(level)
+    for blocks in (None, SMALL_BLOCKS, {"mc": 2 * mr, "kc": 16, "nc": 2 * nr + 3}):
+        for M, N, K in SHAPES + THIN:
+            a, b = rand(rng, M, K), rand(rng, K, N)
+            c = rung(a, b, threads=threads, blocks=blocks, level=level)
+            checks.assert_close(c, ref(a, b).astype(np.float32), k=K,
+                                name=f"rung 5 {M}x{N}x{K} {blocks}, {threads} threads")
+
+
+@pytest.mark.parametrize("n", [1, 13, 64, 200, 333])
+def test_rung5_and_matmul_give_the_same_bits(n, level, rng):
+    """Rung 5 is the package's GEMM without transposes, alpha, beta or bf16: on a plain f32
+    square product, with the same blocks and threads, both sum every tile in the same K
+    slices with the same micro-kernel, so the bits agree, also where matmul packs all of
+    B first (gemm_b_whole) and rung 5 one slice at a time."""
+    lib = gemm._load(level)[1]
+    a, b = rand(rng, n, n), rand(rng, n, n)
+    whole = set()
+    for blocks in (None, {"mc": 28, "kc": 48, "nc": 96}, {"kc": 64, "nc": 4096}):
+        mc, kc, nc = gemm._blocks(blocks, level)
+        whole.add(bool(lib.gemm_b_whole(n, n, kc, nc)))
+        for threads in (1, 2, 3):
+            got = gemm.LADDER[5](a, b, threads=threads, blocks=blocks, level=level)
+            want = gemm.matmul(a, b, threads=threads, blocks=blocks, level=level)
+            assert np.array_equal(got, want), f"{n}^3, blocks {blocks}, {threads} threads"
+    assert whole == ({False, True} if n >= 200 else {False})  # kc = 64 < n: all of B fits
+
+
+def test_rung5_is_a_page_of_diff_from_rung4(records_tmp):
+    """The chapter shows rung 5 as its difference from rung 4, as it shows every step; the
+    package's generalisations live in gemm/driver.c so that this stays short enough to read."""
+    assert ch2.reading.RUNG_SECTIONS[-2:] == ["packed", "threads"]
+    paths = {p.name: p for p in ch2.reading.write_rung_diffs()}
+    lines = paths["ch2_diff_packed_threads.md"].read_text().splitlines()
+    assert lines[0] == "```diff" and lines[-1] == "```"
+    diff = lines[1:-1]
+    assert any(x.startswith("-void gemm_packed_ex(") for x in diff)
+    assert any(x.startswith("+void gemm_threads_ex(") for x in diff)
+    assert len(diff) < 60, f"rung 4 -> 5 is {len(diff)} lines of diff"
+
+
 # ---------------------------------------------------------------- the package's GEMM
 
 @pytest.mark.parametrize("ta", [False, True])
@@ -229,13 +282,13 @@ def test_whole_b_is_measured_where_it_applies_and_said_from_the_record(rng):
     shapes = [dict(label="one slice (a)", M=40, K=16, N=24, ta=False, tb=False),
               dict(label="fits (b)", M=40, K=100, N=24, ta=False, tb=False)]
     rec = records.Record("t.gemm", settings={}, machine={"cpu": "test"})
-    assert gemm.whole_b_values(rec.data)["ch2.whole_b_ratio"].startswith("n/a")
-    gemm._measure_whole_b(rec, lib, shapes[:1], blocks, 2, True, rng)  # K = kc: one slice
+    assert ch2.reading.whole_b_values(rec.data)["ch2.whole_b_ratio"].startswith("n/a")
+    ch2.measuring._measure_whole_b(rec, lib, shapes[:1], blocks, 2, True, rng)  # K = kc: one slice
     assert not records.results(rec.data, "whole_b")
-    gemm._measure_whole_b(rec, lib, shapes, blocks, 2, True, rng)
+    ch2.measuring._measure_whole_b(rec, lib, shapes, blocks, 2, True, rng)
     got = {r["params"]["b"]: r for r in records.results(rec.data, "whole_b")}
     assert set(got) == {"whole", "slices"} and got["whole"]["params"]["label"] == "fits (b)"
-    v = gemm.whole_b_values(rec.data)
+    v = ch2.reading.whole_b_values(rec.data)
     ratio = got["whole"]["value"]["median"] / got["slices"]["value"]["median"]
     assert v["ch2.whole_b_label"] == "fits" and v["ch2.whole_b_slices"] == "7"
     assert v["ch2.whole_b_ratio"] == f"× {ratio:.3f}" and v["ch2.whole_b_rounds"].endswith("of 3")
@@ -310,7 +363,7 @@ def test_phases_are_measured_per_model_product_and_said_from_the_record(rng):
     shapes = [dict(label="wide (a)", M=64, K=40, N=48, ta=False, tb=False),
               dict(label="thin (b)", M=3, K=900, N=200, ta=True, tb=False)]
     rec = records.Record("t.gemm", settings={}, machine={"cpu": "test"})
-    assert gemm.phase_rows(rec.data)[1]["ch2.phase_most"].startswith("n/a")
+    assert ch2.reading.phase_rows(rec.data)[1]["ch2.phase_most"].startswith("n/a")
     for sh in shapes:
         a = rand(rng, sh["K"], sh["M"]) if sh["ta"] else rand(rng, sh["M"], sh["K"])
         b = rand(rng, sh["K"], sh["N"])
@@ -320,11 +373,11 @@ def test_phases_are_measured_per_model_product_and_said_from_the_record(rng):
         for impl in ("smallem", "numpy"):  # the comparison the table rows follow
             rec.add("shape", "Gop/s", {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1},
                     impl=impl, **params)
-        gemm._measure_phases(rec, a, b, c, params, quick=True)
+        ch2.measuring._measure_phases(rec, a, b, c, params, quick=True)
     found = records.results(rec.data, "phase", label="thin (b)")
     assert {r["params"]["phase"] for r in found} == {*gemm.PHASES, "wall"}
     assert all(r["value"]["n"] == 2 for r in found)
-    rows, v = gemm.phase_rows(rec.data)
+    rows, v = ch2.reading.phase_rows(rec.data)
     assert [r[0] for r in rows] == ["wide", "thin"]
     for row in rows:  # the four shares are of the same time: they add up to 100 %
         assert sum(float(x.split()[0]) for x in row[4:]) == pytest.approx(100, abs=0.3)
@@ -367,13 +420,13 @@ def test_alone_slivers_put_b_in_half_the_l2_and_well_beyond_it():
     geo = {"L1d": {"bytes": 48 << 10, "ways": 12, "line": 64},
            "L2": {"bytes": 1 << 20, "ways": 16, "line": 64},
            "L3": {"bytes": 32 << 20, "ways": 16, "line": 64}}
-    got = gemm.alone_slivers(804, 32, geo)
+    got = ch2.measuring.alone_slivers(804, 32, geo)
     sliver = 804 * 32 * 4
     assert got["L2"] * sliver <= (1 << 19) < (got["L2"] + 1) * sliver
     assert got["L3"] * sliver <= (8 << 20) < (got["L3"] + 1) * sliver
-    assert gemm.alone_slivers(100_000, 32, geo) == {"L2": 1, "L3": 2}  # never empty
+    assert ch2.measuring.alone_slivers(100_000, 32, geo) == {"L2": 1, "L3": 2}  # never empty
     small = {**geo, "L2": {**geo["L2"], "bytes": 1280 << 10}, "L3": {**geo["L3"], "bytes": 4 << 20}}
-    got = gemm.alone_slivers(804, 32, small)  # a quarter of this L3 fits in an L2: half of it
+    got = ch2.measuring.alone_slivers(804, 32, small)  # a quarter of this L3 fits in an L2: half of it
     assert got["L3"] * sliver <= (2 << 20) < (got["L3"] + 1) * sliver
 
 
@@ -386,36 +439,37 @@ def _timed(gops, secs):
 def test_versus_says_how_much_and_whether_the_rounds_tell():
     base = _timed(100.0, [1.0] * 15)
     clear = _timed(95.0, [1.0 / 0.95] * 15)  # slower in every round
-    assert gemm._versus(clear, base) == "5.0 % slower (in 15 of 15 rounds)"
+    assert compare.versus(clear, base) == "5.0 % slower (in 15 of 15 rounds)"
     mixed = _timed(101.0, [0.99] * 8 + [1.01] * 7)  # faster in 8 rounds, slower in 7
-    assert gemm._versus(mixed, base).endswith("(in 8 of 15 rounds, too few to tell)")
-    assert gemm._versus(mixed, base).startswith("1.0 % faster")
+    assert compare.versus(mixed, base).endswith("(in 8 of 15 rounds, too few to tell)")
+    assert compare.versus(mixed, base).startswith("1.0 % faster")
     # different work per call: rates, not seconds, are compared round by round
     double = _timed(110.0, [2 / 1.1] * 15)  # twice the work, more seconds, a higher rate
-    assert gemm._versus(double, base) == "10.0 % faster (in 15 of 15 rounds)"
-    assert gemm._versus(_timed(100.0, [1.0] * 15), base) == "as fast"
+    assert compare.versus(double, base) == "10.0 % faster (in 15 of 15 rounds)"
+    assert compare.versus(_timed(100.0, [1.0] * 15), base) == "as fast"
 
 
 def test_alone_is_measured_and_said_from_the_record(monkeypatch):
     monkeypatch.setenv("SMALLEM_QUICK", "1")
     rec = records.Record("t.gemm", settings={}, machine={"cpu": "test"})
-    assert gemm.alone_rows(rec.data)[1]["ch2.alone_pct_one"].startswith("n/a")
-    gemm._measure_alone(rec, None, 2, quick=True)
+    ch2.measuring._measure_alone(rec, None, 2, quick=True)
     found = records.results(rec.data, "alone")
     assert sorted((r["params"]["threads"], r["params"]["b_in"], r["params"]["shared_b"])
                   for r in found) == [(1, "L2", True), (1, "L3", True), (2, "L2", True),
                                       (2, "L3", False), (2, "L3", True)]
     assert len(records.results(rec.data, "alone_probe")) == 2
-    rows, v = gemm.alone_rows(rec.data)
+    rows, v, kc = ch2.alone_rows(rec.data)
+    assert kc == gemm.default_blocks()["kc"]
     assert len(rows) == 5 and v["ch2.alone_threads"] == "2"
     one_l2 = records.value(rec.data, "alone", threads=1, b_in="L2")
     probe = records.value(rec.data, "alone_probe", threads=1)
     assert v["ch2.alone_pct_one"] == f"{100 * one_l2 / probe:.0f} %" == rows[0][-1]
     assert v["ch2.tiles_range"].startswith("n/a")  # no phase results in this record
-    assert v["ch2.alone_l3_where"].startswith("is ") and v["ch2.alone_verdict"].startswith("so ")
+    l3 = records.results(rec.data, "alone", threads=1, b_in="L3")[0]["params"]["b_kib"] * 1024
+    assert v["ch2.alone_l3_per_l2"] == figures.fmt(l3 / gemm.cache_geometry()["L2"]["bytes"])
     for key in ("ch2.alone_l3_one", "ch2.alone_l3_shared", "ch2.alone_l3_own"):
         assert v[key] == "as fast" or " % " in v[key], v[key]
-    one = gemm.alone_rows({**rec.data, "results": [r for r in rec.data["results"]
+    one = ch2.alone_rows({**rec.data, "results": [r for r in rec.data["results"]
                                                    if r["params"].get("threads") == 1]})[1]
     assert one["ch2.alone_l3_shared"].startswith("n/a") and one["ch2.alone_pct_one"] != "n/a"
 
@@ -608,11 +662,11 @@ def test_openmp_pool_is_persistent():
 @pytest.mark.slow  # a few seconds on an idle machine, more when the cores are shared
 def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp_path):
     monkeypatch.setenv("SMALLEM_QUICK", "1")
-    rec = gemm.run(quick=True, progress=False)
+    rec = ch2.run(quick=True, progress=False)
     rec.save()
-    values = gemm.make_figures(records_tmp)
-    for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.numpy_gops", "ch2.peak", "ch2.kc",
-                "ch2.pool_persistent", "ch2.bf16_path", "ch2.sweep_ratio_256", "ch2.shape3_ratio",
+    values = ch2.report(records_tmp)
+    for key in ("ch2.final_gops", "ch2.naive_gops", "ch2.one_core_gops", "ch2.peak", "ch2.kc",
+                "ch2.pool_same", "ch2.bf16_chosen", "ch2.sweep_ratio_1024", "ch2.kc_best",
                 "ch2.call_us", "ch2.numpy_call_us", "ch2.smallest_us", "ch2.beside_pct", "ch2.thread_min_us",
                 "ch2.rung2_verdict", "ch2.phase_most", "ch2.phase_least_pct",
                 "ch2.alone_pct_all", "ch2.alone_l3_shared", "ch2.tiles_range"):
@@ -622,7 +676,7 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
                  "tables/ch2_shapes.md", "tables/ch2_bf16.md", "tables/ch2_sweep.md",
                  "tables/ch2_phases.md", "tables/ch2_alone.md"):
         assert (figs / name).is_file(), name
-    data = records.load(gemm.RECORD, records_tmp)
+    data = records.load(ch2.RECORD, records_tmp)
     assert len(records.results(data, "rung")) == len(gemm.LADDER)
     # the FMA probe ran beside the largest sweep size up to 2048, with its own work per call
     beside = records.results(data, "peak_beside")
@@ -636,15 +690,15 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     assert data["settings"]["blas"]
     # with chapter 1's record beside it, the rungs go on chapter 1's roofline
     from smallem.build import ROOT
-    ch1 = ROOT / "figures" / "records" / "ch1.machine.json"
-    if ch1.is_file():
-        (records_tmp / "ch1.machine.json").write_text(ch1.read_text())
-        values = gemm.make_figures(records_tmp)
+    ch1_rec = ROOT / "figures" / "records" / "ch1.machine.json"
+    if ch1_rec.is_file():
+        (records_tmp / "ch1.machine.json").write_text(ch1_rec.read_text())
+        values = ch2.report(records_tmp)
         assert values["ch2.peak_source"] in ("chapter 1's record", "this run's probe")
         # every "% of peak" on the page divides by that one peak
-        peak, _ = gemm._peak(data, records_tmp)
-        ours = records.value(data, "sweep", impl="smallem", n=256)
-        assert values["ch2.sweep_pct_peak_256"] == f"{100 * ours / peak:.0f} %"
+        peak, _ = ch2.reading._peak(data, records_tmp)
+        final = records.value(data, "rung", rung=len(gemm.LADDER) - 1, M=data["settings"]["n_ladder"])
+        assert values["ch2.final_pct_peak"] == f"{100 * final / peak:.0f} %"
         per_core = peak * 1e9 / data["settings"]["threads"]
         assert values["ch2.thread_min_us"] == figures.fmt(gemm.THREAD_MIN_OPS / per_core * 1e6, "µs")
 
@@ -653,33 +707,34 @@ def test_bf16_check_for_a_second_machine(records_tmp, tmp_path, capsys):
     from smallem import cli
     from smallem.build import ROOT
 
-    committed = ROOT / "figures" / "records" / f"{gemm.RECORD}.json"
+    committed = ROOT / "figures" / "records" / f"{ch2.RECORD}.json"
     if not committed.is_file():
         pytest.skip("no committed chapter-2 record to draw the page's tables beside")
     records_tmp.mkdir(parents=True, exist_ok=True)
     (records_tmp / committed.name).write_text(committed.read_text())
-    values = gemm.make_figures(records_tmp)
-    assert values["ch2.bf16_native_line"].startswith(f"No record `{gemm.BF16_RECORD}`")
+    values = ch2.report(records_tmp)
+    assert values["ch2.bf16_native_machine"] == f"n/a (no record {ch2.BF16_RECORD})"
     table = tmp_path / "figures" / "tables" / "ch2_bf16_native.md"
     assert "not measured yet" in table.read_text()
 
     assert cli.main(["gemm-bf16", "--quick"]) == 0
     assert "wrote" in capsys.readouterr().out
-    data = records.load(gemm.BF16_RECORD, records_tmp)
+    data = records.load(ch2.BF16_RECORD, records_tmp)
     sizes = {(r["params"]["M"], r["params"]["K"], r["params"]["N"])
              for r in records.results(data, "dtype")}
     assert sizes == {tuple(x) for x in data["settings"]["sizes"]} and len(sizes) == 2
     assert data["settings"]["native_bf16"] == gemm.native_bf16()
-    values = gemm.make_figures(records_tmp)
-    assert values["ch2.bf16_native_line"].startswith("The same comparison on a second machine")
-    assert values["ch2.bf16_native_path"] in values["ch2.bf16_native_line"]
+    values = ch2.report(records_tmp)
+    assert values["ch2.bf16_native_machine"] == figures.machine_line(data)
+    assert values["ch2.bf16_native_chosen"].startswith(data["settings"]["bf16_path"] + " (")
     M, K, N = data["settings"]["sizes"][0]
     g32 = records.value(data, "dtype", dtype="f32", M=M, K=K, N=N)
     g16 = records.value(data, "dtype", dtype="bf16", path=data["settings"]["bf16_path"],
                         M=M, K=K, N=N)
     assert {r["params"]["kind"] for r in records.results(data, "peak")} == {"f32", "bf16"}
-    assert "the bf16 dot probe" in values["ch2.bf16_native_line"]
-    assert values["ch2.bf16_native_0_ratio"] == f"{100 * g16 / g32:.0f} %"
+    peak = records.value(data, "peak", kind="bf16")
+    assert values["ch2.bf16_native_bf16_probe"] == figures.fmt(peak, "Gop/s")
+    assert f"| {100 * g16 / g32:.0f} % |" in table.read_text()
     assert f"{M}×{K}×{N}" in table.read_text() and "not measured" not in table.read_text()
 
 
@@ -700,22 +755,20 @@ def test_gpu_check_selects_the_real_avx512_gemm_tests():
 
 
 def test_make_figures_without_record_is_skipped(records_tmp, tmp_path):
-    assert gemm.make_figures(records_tmp) == {}
+    assert ch2.report(records_tmp) == {}
     # the rung-to-rung diffs come from the source and are written all the same
     diff = (tmp_path / "figures" / "tables" / "ch2_diff_naive_loop_order.md").read_text()
     assert diff.startswith("```diff") and "+void gemm_loop_order(" in diff
 
 
-def test_sweep_summary_says_where_the_model_landed():
+def test_sweep_values_say_where_the_model_landed():
     def pts(rates):
         return [{"params": {"mc": k}, "value": {"median": v}} for k, v in rates.items()]
-    s = gemm._sweep_summary(pts({42: 90.0, 168: 100.0}), "mc", 168, "MC")
-    assert s.startswith("the model's MC = 168 was the fastest") and "10 % below" in s
-    s = gemm._sweep_summary(pts({84: 100.0, 168: 99.8, 252: 98.0}), "mc", 168, "MC")
-    assert "came within 0.5 % of it" in s and "within 5 % of the fastest" in s
-    s = gemm._sweep_summary(pts({84: 100.0, 168: 96.0}), "mc", 168, "MC")
-    assert "came 4 % below it" in s
-    assert "not in this record" in gemm._sweep_summary(pts({84: 1.0}), "mc", 168, "MC")
+    v = ch2.reading._sweep_values(pts({42: 90.0, 168: 100.0}), "mc", 168, "p")
+    assert v == {"p_best": "168", "p_best_gops": "100 Gop/s", "p_model_gap": "0.0 %",
+                 "p_spread": "10.0 %"}
+    v = ch2.reading._sweep_values(pts({84: 100.0, 168: 96.0, 252: 98.0}), "mc", 168, "p")
+    assert v["p_best"] == "84" and v["p_model_gap"] == "4.0 %" == v["p_spread"]
 
 
 def test_auto_threads_gives_each_thread_enough_work(monkeypatch):
@@ -736,16 +789,16 @@ def test_bf16_target_reads_both_paths_and_the_probes():
         rec.add("dtype", "Gop/s", v(widen), dtype="bf16", path="widen", M=M, K=K, N=N)
         rec.add("dtype", "Gop/s", v(native), dtype="bf16", path="native", M=M, K=K, N=N)
     rec.add("dtype", "Gop/s", v(100.0), dtype="f32", M=8, K=8, N=8)  # no bf16 beside it
-    line = gemm.bf16_target(rec.data)
+    line = ch2.bf16_target(rec.data)
     assert "met (the faster bf16 path: 1.75x to 1.80x f32)" in line and "probe" not in line
     rec.add("peak", "Gop/s", v(100.0), kind="f32")
     rec.add("peak", "Gop/s", v(49.0), kind="bf16")
     rec.data["results"][2]["value"] = v(120.0)  # native at 64^3 now 1.2x
-    line = gemm.bf16_target(rec.data)
+    line = ch2.bf16_target(rec.data)
     assert "MISSED (the faster bf16 path: 1.20x to 1.75x f32)" in line
     assert line.endswith("the bf16 dot probe runs at 0.49x the f32 FMA probe on this CPU")
     rec.data["settings"]["native_bf16"] = False
-    assert "not applicable" in gemm.bf16_target(rec.data)
+    assert "not applicable" in ch2.bf16_target(rec.data)
 
 
 def test_targets_include_the_model_shapes():
@@ -759,7 +812,7 @@ def test_targets_include_the_model_shapes():
     for label, ours, theirs in (("fwd", 160.0, 150.0), ("bwd", 149.5, 150.0)):
         rec.add("shape", "Gop/s", v(ours), impl="smallem", label=label)
         rec.add("shape", "Gop/s", v(theirs), impl="numpy", label=label)
-    lines = gemm.targets(rec.data, rec_dir="/nonexistent")
+    lines = ch2.targets(rec.data, rec_dir="/nonexistent")
     assert "smallem >= numpy at 4096^3: MISSED (150.0 vs 151.0 Gop/s)" in lines
     assert any(x.startswith(">= 85 % of the f32 peak at 2048^3: met (86 %") for x in lines)
     assert "smallem >= numpy on fwd: met (160.0 vs 150.0 Gop/s)" in lines
@@ -767,21 +820,21 @@ def test_targets_include_the_model_shapes():
     for impl, xs in (("smallem", [1.0, 2.0, 1.0]), ("numpy", [1.5] * 3)):  # paired samples
         r = records.results(rec.data, "shape", impl=impl, label="bwd")[0]
         r["seconds"] = {"median": 1.0, "min": 1.0, "max": 2.0, "n": 3, "samples": xs}
-    lines = gemm.targets(rec.data, rec_dir="/nonexistent")
+    lines = ch2.targets(rec.data, rec_dir="/nonexistent")
     assert ("smallem >= numpy on bwd: MISSED (149.5 vs 150.0 Gop/s; ahead in 2 of 3 paired "
             "rounds)") in lines
     rec.data["settings"]["quick"] = True  # shapes divided by 16: not the targets' sizes
-    lines = gemm.targets(rec.data, rec_dir="/nonexistent")
+    lines = ch2.targets(rec.data, rec_dir="/nonexistent")
     assert not any(" on fwd" in x for x in lines)
     assert any("model's shapes: not measured at their size" in x for x in lines)
 
 
 def test_paired_rounds_and_the_sign_test():
-    assert gemm.sign_test(0, 15) == gemm.sign_test(15, 15) == pytest.approx(2 / 2**15)
-    assert gemm.sign_test(12, 15) == pytest.approx(0.0352, abs=1e-4)
-    assert gemm.sign_test(11, 15) == pytest.approx(0.1185, abs=1e-4)
-    assert gemm.sign_test(7, 15) == gemm.sign_test(8, 15) == 1.0
-    assert gemm._lopsided(15) == 12 and gemm._lopsided(3) == 4  # 3 rounds never tell
+    assert compare.sign_test(0, 15) == compare.sign_test(15, 15) == pytest.approx(2 / 2**15)
+    assert compare.sign_test(12, 15) == pytest.approx(0.0352, abs=1e-4)
+    assert compare.sign_test(11, 15) == pytest.approx(0.1185, abs=1e-4)
+    assert compare.sign_test(7, 15) == compare.sign_test(8, 15) == 1.0
+    assert compare.lopsided(15) == 12 and compare.lopsided(3) == 4  # 3 rounds never tell
     secs = lambda xs: {"median": sorted(xs)[len(xs) // 2], "min": min(xs), "max": max(xs),
                        "n": len(xs), "samples": xs}
     v = lambda x: {"median": x, "min": x, "max": x, "n": 15}
@@ -793,31 +846,31 @@ def test_paired_rounds_and_the_sign_test():
         rec.add("shape", "Gop/s", v(1.0), seconds=secs(ours), impl="smallem", label=label,
                 M=8, K=8, N=8)
         rec.add("shape", "Gop/s", v(1.0), seconds=secs([1.05] * 15), impl="numpy", label=label)
-    rows, values = gemm.shape_rows(rec.data)
+    rows, values = ch2.shape_rows(rec.data)
     assert [r[-1] for r in rows] == ["15 of 15", "2 of 15", "7 of 15"]
     assert values["ch2.shapes_faster"] == "fast" and values["ch2.shapes_slower"] == "slow"
     assert values["ch2.shapes_tied"] == "tie" and values["ch2.shapes_lopsided"] == "12 of 15"
     # a record from before the samples were kept says so instead of guessing
     for r in rec.data["results"]:
         del r["seconds"]["samples"]
-    rows, values = gemm.shape_rows(rec.data)
+    rows, values = ch2.shape_rows(rec.data)
     assert {r[-1] for r in rows} == {"n/a (not kept)"}
     assert values["ch2.shapes_tied"].startswith("n/a")
 
 
 def test_compare_keeps_every_sample_in_round_order():
     calls = []
-    res = gemm._compare({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+    res = compare.paired({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
                         1, 1, 1, quick=True)
     for key in ("a", "b"):
         s = res[key]["seconds"]
         assert len(s["samples"]) == s["n"] == 3 and min(s["samples"]) == s["min"]
     ours = {"seconds": {"samples": [1.0, 3.0, 1.0]}}
-    assert gemm.rounds_ahead(ours, {"seconds": {"samples": [2.0, 2.0, 2.0]}}) == (2, 3)
-    assert gemm.rounds_ahead(ours, {"seconds": {"samples": [2.0, 2.0]}}) is None
+    assert compare.rounds_ahead(ours, {"seconds": {"samples": [2.0, 2.0, 2.0]}}) == (2, 3)
+    assert compare.rounds_ahead(ours, {"seconds": {"samples": [2.0, 2.0]}}) is None
 
 
 def test_blocking_verdict_follows_the_measured_gain():
-    assert gemm.blocking_verdict(0.80) == "is slower here"
-    assert gemm.blocking_verdict(0.97) == gemm.blocking_verdict(1.08) == "buys little"
-    assert gemm.blocking_verdict(1.3) == "helps a little"
+    assert ch2.reading.blocking_verdict(0.80) == "is slower here"
+    assert ch2.reading.blocking_verdict(0.97) == ch2.reading.blocking_verdict(1.08) == "buys little"
+    assert ch2.reading.blocking_verdict(1.3) == "helps a little"

@@ -8,7 +8,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from smallem import build, checks, machine, records
+from smallem import build, checks, machine
+from smallem.book import ch1, figures, records
 
 
 @pytest.mark.no_emulation
@@ -117,12 +118,12 @@ def test_plateaus_pick_each_level():
         return out
 
     data, caches = _fake_record(stairs)
-    one = machine.plateaus(records.results(data, "stream", threads=1), caches, 1)
+    one = ch1.plateaus(records.results(data, "stream", threads=1), caches, 1)
     assert one == {"L1": 100, "L2": 60, "L3": 30, "DRAM": 10}
-    assert machine.staircase_distinct(one)
+    assert ch1.staircase_distinct(one)
     flat = dict(one, L3=58)
-    assert not machine.staircase_distinct(flat)
-    assert not machine.staircase_distinct(dict(one, DRAM=math.nan))
+    assert not ch1.staircase_distinct(flat)
+    assert not ch1.staircase_distinct(dict(one, DRAM=math.nan))
 
 
 def test_theoretical_peak_infers_unknown_cores(monkeypatch):
@@ -139,16 +140,15 @@ def test_zen4_avx512_peak_counts_half_width_pipes(monkeypatch):
 
 def test_quick_run_makes_table_and_figures(records_tmp, monkeypatch):
     monkeypatch.setenv("SMALLEM_QUICK", "1")
-    rec = machine.run(quick=True, progress=False)
+    rec = ch1.run(quick=True, progress=False)
     rec.save()
-    values = machine.make_figures(records_tmp)
-    from smallem import figures
+    values = ch1.report(records_tmp)
     table = (figures.tables_dir() / "ch1_machine.md").read_text()
     assert "f32 FMA peak, measured" in table and figures.fmt(1314, "Gop/s") in table
     for name in ("ch1_staircase", "ch1_roofline"):
         assert (figures.figures_dir() / f"{name}.svg").stat().st_size > 1000
     assert values["ch1.cores"] == str(max(rec.data["settings"]["threads"]))
-    assert values["ch1.scaling_floor"] == f"{100 * machine.SCALING_FLOOR:.0f} %"
+    assert values["ch1.scaling_floor"] == f"{100 * ch1.SCALING_FLOOR:.0f} %"
     assert all(isinstance(v, str) and v for v in values.values())
 
 
@@ -237,26 +237,25 @@ def _fake_peaks(rates):
 
 def test_peaks_that_scale_are_measured_once(monkeypatch):
     monkeypatch.setattr(machine, "settle", lambda s=0: None)
-    fake, calls = _fake_peaks({(k, t): [100.0 * t] for k in machine.PEAK_KINDS for t in (1, 2)})
-    peaks, warnings = machine.measure_peaks([1, 2], fake)
+    fake, calls = _fake_peaks({(k, t): [100.0 * t] for k in ch1.PEAK_KINDS for t in (1, 2)})
+    peaks, warnings = ch1.measure_peaks([1, 2], fake)
     assert warnings == [] and len(calls) == 6
-    assert calls[:3] == [(k, 1) for k in machine.PEAK_KINDS]  # one thread first
+    assert calls[:3] == [(k, 1) for k in ch1.PEAK_KINDS]  # one thread first
 
 
 def test_peaks_that_do_not_scale_are_remeasured_then_flagged(monkeypatch):
     monkeypatch.setattr(machine, "settle", lambda s=0: None)
-    rates = {(k, t): [100.0 * t] for k in machine.PEAK_KINDS for t in (1, 2)}
+    rates = {(k, t): [100.0 * t] for k in ch1.PEAK_KINDS for t in (1, 2)}
     rates["f32", 2] = [102.0, 190.0]  # a neighbour took a core, then left
     rates["int8", 2] = [100.0]         # a neighbour that stays
     fake, calls = _fake_peaks(rates)
-    peaks, warnings = machine.measure_peaks([1, 2], fake, retries=2)
+    peaks, warnings = ch1.measure_peaks([1, 2], fake, retries=2)
     assert peaks["f32", 2]["value"]["median"] == 190.0
     assert calls.count(("f32", 2)) == 2 and calls.count(("int8", 2)) == 3
     assert len(warnings) == 1 and warnings[0].startswith("int8 peak") and "1.00x" in warnings[0]
 
 
 def test_warnings_reach_the_record_and_the_machine_line(records_tmp, capsys):
-    from smallem import figures
     rec = records.Record("t.warn")
     rec.warn("f32 peak: cores did not scale")
     assert "cores did not scale" in capsys.readouterr().err

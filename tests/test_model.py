@@ -8,8 +8,7 @@ import pytest
 
 from smallem import layers
 from smallem.checks import assert_close
-from smallem.layers import NumpyOps
-from smallem.model import CONFIGS, GPT, Config, Workspace
+from smallem.model import CONFIGS, GPT, Config, KernelOps, NumpyOps, Workspace
 
 TINY = Config("tiny", d_model=12, n_layer=2, n_head=3, context=7)
 TINY_UNTIED = Config("tiny-untied", d_model=8, n_layer=1, n_head=2, context=5, tied=False)
@@ -262,7 +261,7 @@ def test_kernel_attention(level, rng, B, H, T, hd):
     cfg = Config("a", d_model=H * hd, n_layer=1, n_head=H, context=T)
     ws64 = Workspace(cfg, B, T, np.float64)
     ws32 = Workspace(cfg, B, T, np.float32)
-    ref, ker = NumpyOps(), layers.KernelOps()
+    ref, ker = NumpyOps(), KernelOps()
     C = H * hd
     qkv = f32(rng, B * T, 3 * C)
     o64, o32 = np.empty((B * T, C)), np.empty((B * T, C), np.float32)
@@ -326,7 +325,7 @@ def test_kernel_adamw_and_norm(level, rng, n):
 @pytest.mark.parametrize("count,M,N,K,ta,tb", [(1, 1, 1, 1, False, False), (5, 7, 13, 3, False, True),
                                                (3, 33, 17, 65, True, False), (2, 9, 9, 9, True, True)])
 def test_batched_gemm(level, rng, count, M, N, K, ta, tb):
-    bmm = layers.KernelOps().bmm
+    bmm = KernelOps().bmm
     a = f32(rng, count, *((K, M) if ta else (M, K)))
     b = f32(rng, count, *((N, K) if tb else (K, N)))
     out = np.empty((count, M, N), np.float32)

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from smallem import checkpoint, data, records
+from smallem import checkpoint, data
+from smallem.book import records
 from smallem.model import Config
 from smallem.train import Trainer, lr_at, train
 
@@ -218,7 +219,7 @@ def test_cli_train_writes_log_checkpoint_and_resumes(text_corpus, tmp_path, caps
 
 
 def test_bench_train_quick_and_figures(records_tmp):
-    from smallem.train import bench_train, make_figures
+    from smallem.book.ch3 import bench_train, report as make_figures
 
     step_rec, run_rec = bench_train(quick=True, progress=False, threads=2)
     assert records.exists("ch3.train_step") and records.exists("ch3.train_run")

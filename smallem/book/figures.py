@@ -1,32 +1,17 @@
 """Figures, tables and prose values, made from measurement records only.
 
-Each chapter module has ``make_figures(rec_dir) -> dict`` which reads its
-records, saves figures with :func:`save`, writes Markdown tables with
-:func:`write_table`, and returns the values the chapter's prose quotes
-(``{"ch1.f32_peak": "102 Gop/s", ...}``). ``smallem figures`` runs them all,
-in chapter order, and writes the values to ``figures/tables/values.json``,
-where the site's hook (``chapters/hooks/values.py``) substitutes
-``{{ ch1.f32_peak }}`` in the pages. Nothing here is typed by hand.
+Each chapter's ``report(rec_dir)`` (see :mod:`smallem.book`) reads its records, saves
+figures with :func:`save`, writes Markdown tables with :func:`write_table`, and returns the
+values its page quotes (``{"ch1.f32_peak_all": "102 Gop/s", ...}``), formatted by
+:func:`fmt`. Nothing here is typed by hand.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
 from pathlib import Path
 
-from . import records
-from .build import ROOT
-
-# chapter order; "module:function"
-GENERATORS = [
-    "smallem.machine:make_figures",
-    "smallem.gemm:make_figures",
-    "smallem.gpu:make_figures",
-    "smallem.train:make_figures",
-]
-
+from ..build import ROOT
 
 def figures_dir() -> Path:
     path = Path(os.environ.get("SMALLEM_FIGURES", ROOT / "figures"))
@@ -89,20 +74,6 @@ def machine_line(rec: dict) -> str:
     return (f"{m['cpu']}, {m['cores']} cores, ISA {m['isa']['isa']}"
             f"{' + ' + '/'.join(m['isa']['extensions']) if m['isa']['extensions'] else ''}; "
             f"measured {rec['date'][:10]}, commit {rec['commit']}"
-            + "".join(f" (warning: {w})" for w in rec.get("warnings", [])))
-
-
-def make_all(rec_dir: Path | None = None, only: list[str] | None = None) -> dict:
-    rec_dir = Path(rec_dir or records.records_dir())
-    values: dict = {}
-    for spec in GENERATORS:
-        module, func = spec.split(":")
-        if only and not any(o in module for o in only):
-            continue
-        fn = getattr(importlib.import_module(module), func)
-        values.update(fn(rec_dir) or {})
-    path = tables_dir() / "values.json"
-    old = json.loads(path.read_text()) if path.exists() and only else {}
-    old.update(values)
-    path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
-    return values
+            + "".join(f" (warning: {w})" for w in rec.get("warnings", []))
+            + (" (a quick run on tiny sizes, for tests: its numbers are not this machine's)"
+               if rec.get("settings", {}).get("quick") else ""))

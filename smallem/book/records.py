@@ -18,7 +18,7 @@ taken, so that sample i of each side is round i.
 
 The records folder is ``figures/records/`` in the repository (committed: they
 are what the site shows), or ``$SMALLEM_RECORDS``. Figures and tables are made
-from records by :mod:`smallem.figures`, never by hand.
+from records by :mod:`smallem.book.figures`, never by hand.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import isa, machine_info
-from .build import ROOT
+from .. import isa, machine_info
+from ..build import ROOT
 
 SCHEMA = "smallem.record/1"
 

@@ -14,24 +14,20 @@ measurement. Without a GPU, :func:`notebook_section` shows the last committed re
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-from . import cuda, figures, machine_info, records
-from .timing import Timing
+from .. import cuda, machine_info
+from ..timing import Timing, quick_mode
+from . import figures, records
 
 CH1 = "ch1.gpu"
 CH2 = "ch2.gpu"
+RECORDS = (CH1, CH2)
 NOT_MEASURED = "not measured on a GPU yet"
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
-
-
-def quick_mode() -> bool:
-    return os.environ.get("SMALLEM_QUICK") == "1"
 
 
 # ---------------------------------------------------------------- timing
@@ -238,7 +234,7 @@ def _f64_rows(data: dict, dtype: str):
     key = f"f64_{dtype}"
     if key not in data:
         cp = cuda.require()
-        from .gemm import bf16_to_f32
+        from ..gemm import bf16_to_f32
         A, B = (data["a16"], data["b16"]) if dtype == "bf16" else (data["A"], data["B"])
         rows = np.linspace(0, A.shape[0] - 1, CHECK_ROWS).astype(np.int64)
         a, b = cp.asnumpy(A[rows]), cp.asnumpy(B)
@@ -396,37 +392,6 @@ def gemm_rows(rec: dict | None) -> list[list]:
     return rows
 
 
-def values(ch1: dict | None, ch2: dict | None) -> dict:
-    f = figures.fmt
-    out = {k: NOT_MEASURED for k in (
-        "gpu.name", "gpu.f32_peak", "gpu.bf16_peak", "gpu.cublas_f32", "gpu.cublas_bf16",
-        "gpu.l2_read", "gpu.hbm_read", "gpu.hbm_copy", "gpu.ch1_measured",
-        "gpu.final_f32", "gpu.final_bf16", "gpu.final_f32_pct", "gpu.final_bf16_pct",
-        "gpu.ladder_n", "gpu.ch2_measured")}
-    if ch1 is not None:
-        l2, hbm = l2_plateau(ch1)
-        out.update({
-            "gpu.name": ch1["machine"]["gpu"]["name"],
-            "gpu.f32_peak": f(records.value(ch1, "fma_peak"), "Gop/s"),
-            "gpu.bf16_peak": f(records.value(ch1, "mma_peak"), "Gop/s"),
-            "gpu.cublas_f32": f(_best_cublas(ch1, "f32"), "Gop/s"),
-            "gpu.cublas_bf16": f(_best_cublas(ch1, "bf16"), "Gop/s"),
-            "gpu.l2_read": f(l2, "GB/s"), "gpu.hbm_read": f(hbm, "GB/s"),
-            "gpu.hbm_copy": f(records.value(ch1, "copy", impl="ours"), "GB/s"),
-            "gpu.ch1_measured": gpu_line(ch1)})
-    if ch2 is not None:
-        n = ch2["settings"]["ladder_n"]
-        for dt, name in (("f32", cuda.FINAL_F32), ("bf16", cuda.FINAL_BF16)):
-            v = records.value(ch2, "gemm", rung=name, n=n)
-            ref = records.value(ch2, "cublas", dtype=dt, n=n)
-            out[f"gpu.final_{dt}"] = f(v, "Gop/s")
-            out[f"gpu.final_{dt}_pct"] = f"{100 * v / ref:.0f} %"
-        out["gpu.ladder_n"] = str(n)
-        out["gpu.ch2_measured"] = gpu_line(ch2)
-        out.setdefault("gpu.name", ch2["machine"]["gpu"]["name"])
-    return out
-
-
 # ---------------------------------------------------------------- figures and tables
 
 def _placeholder(name: str, title: str):
@@ -475,7 +440,7 @@ def roofline_figure(rec: dict, cpu_rec: dict | None, name: str = "gpu_roofline")
     ax.axhline(fma, color="#264653", lw=1.2, label=f"{gname} f32 {figures.fmt(fma, 'Gop/s')}")
     if cpu_rec is not None:
         try:
-            from . import machine as cpu
+            from . import ch1 as cpu
             sm = cpu.summary(cpu_rec)
             cores = sm["cores"]
             f32 = sm["peak"][("f32", cores)]
@@ -514,7 +479,7 @@ def gemm_figure(rec: dict, name: str = "gpu_gemm"):
     figures.save(fig, name)
 
 
-def make_figures(rec_dir) -> dict:
+def report(rec_dir) -> dict:
     ch1, ch2 = _load(CH1, rec_dir), _load(CH2, rec_dir)
     note1 = f"Measured on {gpu_line(ch1)}." if ch1 else ""
     note2 = (f"Measured on {gpu_line(ch2)}. Errors are the largest difference from the "
@@ -536,7 +501,7 @@ def make_figures(rec_dir) -> dict:
         gemm_figure(ch2)
     else:
         _placeholder("gpu_gemm", "GPU GEMM ladder")
-    return values(ch1, ch2)
+    return {}  # the pages quote no GPU value; the tables and figures show the records
 
 
 # ---------------------------------------------------------------- notebooks
@@ -650,3 +615,9 @@ def cmd_gpu_check(args) -> int:
     (out / "gpu_tables.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     return 0
+
+
+# what `smallem` offers for this chapter: name -> (function, add_arguments, help)
+COMMANDS = {"gpu-check": (cmd_gpu_check, add_gpu_check_arguments,
+                          "chapters 1-2 on the GPU: measure, write records to --out")}
+MEASURE = None  # needs a GPU: `smallem gpu-check` runs on a lent machine (gpu_check.sh)  # the command `make book` runs

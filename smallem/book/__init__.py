@@ -1,0 +1,67 @@
+"""The book: for each chapter, its measurement, the reading of its records into tables,
+figures and values, and its command. The library (``smallem.gemm``, ``smallem.model``, ...)
+never imports from here.
+
+:data:`CHAPTERS` is the one list of the book's modules, in the book's order. Each module has
+
+- ``RECORDS``: the names of the records it writes and reads (``figures/records/<name>.json``);
+- ``COMMANDS``: ``{name: (function, add_arguments, help)}``, the ``smallem`` commands it adds;
+- ``MEASURE``: the one of those that ``make book`` runs (``smallem measure``), or None;
+- ``report(rec_dir) -> dict``: writes its tables and figures from the records and returns the
+  values its page quotes as ``{{ key }}``.
+
+``smallem <command>``, ``smallem measure`` (hence ``make book``) and ``smallem figures`` all
+read this list; adding a chapter is one module and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+CHAPTERS = (
+    "ch1",   # what a CPU is worth
+    "ch2",   # the matrix product
+    "gpu",   # chapters 1 and 2 on a GPU, measured where one is lent
+    "ch3",   # training a GPT on the CPU
+)
+
+
+def modules() -> list:
+    return [importlib.import_module(f"{__name__}.{name}") for name in CHAPTERS]
+
+
+def commands() -> dict:
+    """Every chapter's commands: {name: (function, add_arguments, help)}, in book order."""
+    out: dict = {}
+    for module in modules():
+        for name, spec in module.COMMANDS.items():
+            if name in out:
+                raise RuntimeError(f"command {name!r} defined twice ({module.__name__})")
+            out[name] = spec
+    return out
+
+
+def measure_commands() -> list[str]:
+    """The commands ``smallem measure`` (``make book``) runs, in book order."""
+    return [m.MEASURE for m in modules() if m.MEASURE]
+
+
+def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> dict:
+    """Every chapter's (or only those named) tables and figures from the records in
+    ``rec_dir``; the values are also written to ``figures/tables/values.json``, where the
+    site's hook (``chapters/hooks/values.py``) substitutes them for ``{{ key }}``."""
+    from . import figures, records
+
+    rec_dir = Path(rec_dir or records.records_dir())
+    values: dict = {}
+    for name, module in zip(CHAPTERS, modules()):
+        if only and name not in only:
+            continue
+        values.update(module.report(rec_dir) or {})
+    path = figures.tables_dir() / "values.json"
+    old = json.loads(path.read_text()) if path.exists() and only else {}
+    old.update(values)
+    path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    return values

@@ -1,0 +1,442 @@
+"""Chapter 1, what a CPU is worth: the measurement, the reading of its record, its command.
+
+Measures this machine's limits with the library's probes (:mod:`smallem.machine`) and writes
+them to one record, ``ch1.machine``:
+
+- the clock, from a chain of dependent integer adds (one cycle each);
+- peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
+- the memory staircase: STREAM copy/scale/add/triad over working sets from
+  16 KiB to 1 GiB, on one core and on all, with numpy's copy as a peer;
+- the starting point of chapter 2: a naive 1024^3 matrix product.
+
+Later chapters read this machine's peaks and bandwidths through :func:`facts`, loaded once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .. import build, isa, machine_info
+from ..gemm import LADDER
+from ..machine import (STREAM_KERNELS, GiB, KiB, MiB, Stream, measure_clock, measure_peak,
+                       measure_stream_point, native, settle, theoretical_peak)
+from ..timing import measure, quick_mode
+from . import figures, records, reference
+
+RECORD = "ch1.machine"
+RECORDS = (RECORD,)
+
+PEAK_KINDS = ("f32", "bf16", "int8")
+SCALING_FLOOR = 0.75  # all cores below this share of cores x one core: somebody else was running
+
+
+def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS) -> list[str]:
+    """The probes whose all-core rate fell below SCALING_FLOOR x cores x their one-core rate.
+
+    Each probe keeps its data in registers, so its cores share nothing: a shortfall means
+    another process (or a hypervisor's neighbour) took some of the cores during the run.
+    """
+    if cores == 1:
+        return []
+    return [k for k in kinds if (k, 1) in peaks and (k, cores) in peaks
+            and peaks[k, cores]["value"]["median"]
+            < SCALING_FLOOR * cores * peaks[k, 1]["value"]["median"]]
+
+
+def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
+                  pause: float = 2.0, kinds=PEAK_KINDS) -> tuple[dict, list[str]]:
+    """Every probe on every thread count, remeasured while the cores do not scale.
+
+    Returns ``{(kind, threads): measurement}`` and the warnings left after ``retries``.
+    """
+    measure_one = measure_one or measure_peak
+    cores = max(thread_counts)
+    peaks = {(kind, th): measure_one(kind, th)
+             for th in thread_counts for kind in kinds}  # one thread first: see settle()
+    for _ in range(retries):
+        busy = poorly_scaled(peaks, cores, kinds)
+        if not busy:
+            break
+        settle(pause)
+        for kind in busy:
+            peaks[kind, 1] = measure_one(kind, 1)
+        for kind in busy:
+            peaks[kind, cores] = measure_one(kind, cores)
+    warnings = [
+        f"{kind} peak: {cores} threads reached only "
+        f"{peaks[kind, cores]['value']['median'] / peaks[kind, 1]['value']['median']:.2f}x "
+        f"one thread's rate (expected close to {cores}x): another process was probably using "
+        f"the cores; measure again on a quiet machine"
+        for kind in poorly_scaled(peaks, cores, kinds)]
+    return peaks, warnings
+
+def stream_sizes(quick: bool) -> list[int]:
+    """Working sets, in bytes, from 16 KiB to 1 GiB (quick: 16 KiB to 64 MiB), by factors of 2."""
+    top = 64 * MiB if quick else GiB
+    sizes, s = [], 16 * KiB
+    while s <= top:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def measure_numpy_copy(ws_bytes: int, repeats: int = 5) -> dict:
+    """numpy's copy of one array into another: the peer for the DRAM plateau."""
+    n = ws_bytes // 16
+    src = np.ones(n)
+    dst = np.zeros(n)
+    t = measure(lambda: np.copyto(dst, src), repeats=repeats)
+    return {"value": t.rate(16.0 * n / 1e9), "seconds": t.stats()}
+
+
+def plateau_ranges(caches: dict, threads: int) -> dict:
+    """Working-set ranges (bytes, totals over ``threads``) that sit well inside each level.
+
+    A level's plateau is where the data fits comfortably in it (at most half of
+    it) and no longer in the level above (at least twice that level's size).
+    Private caches (L1, L2) add up across cores; the L3 counts once per instance.
+    """
+    l1 = caches["L1d_bytes"] * threads
+    l2 = caches["L2_bytes"] * threads
+    l3 = caches["L3_bytes"] * min(threads, caches["L3_instances"])
+    return {"L1": (0, l1 / 2), "L2": (2 * l1, l2 / 2), "L3": (2 * l2, l3 / 2),
+            "DRAM": (4 * l3, math.inf)}
+
+
+def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
+    """Median bandwidth of the points inside each level's range (NaN if none)."""
+    out = {}
+    for level, (lo, hi) in plateau_ranges(caches, threads).items():
+        inside = [p["value"]["median"] for p in points if lo <= p["params"]["bytes"] <= hi]
+        out[level] = float(np.median(inside)) if inside else float("nan")
+    return out
+
+
+# ---------------------------------------------------------------- the naive product
+
+def measure_naive_gemm(n: int, repeats: int = 3) -> dict:
+    """Chapter 2's rung 0 on one thread: the starting point of the climb."""
+    naive = LADDER[0]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.empty((n, n), np.float32)
+    t = measure(lambda: naive(a, b, c, threads=1), repeats=repeats, warmup=0, max_time=30)
+    return {"value": t.rate(2.0 * n**3 / 1e9), "seconds": t.stats()}
+
+
+# ---------------------------------------------------------------- the whole chapter
+
+def run(quick: bool | None = None, progress: bool = True) -> records.Record:
+    """Measure everything chapter 1 shows; returns the (unsaved) record."""
+    from tqdm import tqdm
+
+    quick = quick_mode() if quick is None else quick
+    cores = machine_info.usable_cores()
+    thread_counts = sorted({1, cores})
+    level = isa.selected()
+    sizes = stream_sizes(quick)
+    gemm_n = 256 if quick else 1024
+    rec = records.Record(RECORD, settings={
+        "quick": quick, "threads": thread_counts, "isa": level, "gemm_naive_n": gemm_n,
+        "stream_sizes": sizes, "compiler": build.compiler_version(build.compiler()),
+        "cflags": build.BASE_FLAGS + build.tuning_flags(build.compiler())
+        + isa.compile_flags(level, isa.extensions(level))})
+
+    steps = 1 + 3 * len(thread_counts) + len(sizes) * len(STREAM_KERNELS) * len(thread_counts) + 2
+    bar = tqdm(total=steps, desc="chapter 1", disable=not progress, unit="probe")
+
+    clock = measure_clock()
+    rec.add("clock", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock.items()})
+    bar.update()
+    counted = set()
+
+    def peak_with_progress(kind, th):
+        bar.set_postfix_str(f"{kind} peak, {th} thread(s)")
+        if (kind, th) not in counted:  # a second measurement is not a new step
+            counted.add((kind, th))
+            bar.update()
+        return measure_peak(kind, th)
+
+    peaks, warnings = measure_peaks(thread_counts, peak_with_progress, pause=0.2 if quick else 2.0)
+    for (kind, th), r in peaks.items():
+        rec.add("peak", "Gop/s", r["value"], seconds=r["seconds"], kind=kind, threads=th,
+                native=native(kind))
+    for w in warnings:
+        rec.warn(w)
+
+    stream = Stream(max(sizes), cores)
+    settle()
+    for th in thread_counts:
+        for kernel in STREAM_KERNELS:
+            for ws in sizes:
+                bar.set_postfix_str(f"{kernel} {ws // KiB} KiB, {th} thread(s)")
+                r = measure_stream_point(stream, kernel, ws, th)
+                rec.add("stream", "GB/s", r["value"], seconds=r["seconds"], kernel=kernel,
+                        threads=th, bytes=ws, reps=r["reps"])
+                bar.update()
+    del stream
+
+    settle()
+    r = measure_numpy_copy(max(sizes))
+    rec.add("numpy_copy", "GB/s", r["value"], seconds=r["seconds"], bytes=max(sizes), threads=1)
+    bar.update()
+    bar.set_postfix_str(f"naive {gemm_n}^3 product")
+    r = measure_naive_gemm(gemm_n)
+    rec.add("gemm_naive", "Gop/s", r["value"], seconds=r["seconds"], M=gemm_n, N=gemm_n, K=gemm_n,
+            threads=1)
+    bar.update()
+    bar.close()
+
+    clock_hz = clock["median"]
+    f32_core = records.value(rec.data, "peak", kind="f32", threads=1) * 1e9
+    rec.data["settings"]["theory"] = theoretical_peak(clock_hz, cores, level, f32_core)
+    return rec
+
+
+# ---------------------------------------------------------------- reading the record
+
+def facts(rec_dir=None) -> dict | None:
+    """This machine's measured limits for every later chapter: :func:`summary` of the
+    ``ch1.machine`` record in ``rec_dir`` (default: the records folder), with the record
+    itself under "record"; None where there is no such record. Each version of the file is
+    read once per process."""
+    path = Path(rec_dir or records.records_dir()) / f"{RECORD}.json"
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _facts(str(path.parent), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _facts(folder: str, stamp: int) -> dict:
+    rec = records.load(RECORD, folder)
+    return {**summary(rec), "record": rec}
+
+
+def summary(rec: dict) -> dict:
+    """The chapter's numbers, derived from one ``ch1.machine`` record."""
+    s = rec["settings"]
+    cores = max(s["threads"])
+    caches = rec["machine"]["caches"]
+    peak = {(r["params"]["kind"], r["params"]["threads"]): r
+            for r in records.results(rec, "peak")}
+    stairs = {}
+    for th in s["threads"]:
+        pts = records.results(rec, "stream", kernel="triad", threads=th)
+        stairs[th] = plateaus(pts, caches, th)
+    out = {
+        "cores": cores,
+        "clock_ghz": records.value(rec, "clock"),
+        "theory": s["theory"],
+        "peak": {k: v["value"]["median"] for k, v in peak.items()},
+        "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
+        "triad_plateaus": stairs,
+        "numpy_copy": records.value(rec, "numpy_copy"),
+        "naive_gops": records.value(rec, "gemm_naive"),
+        "naive_n": s["gemm_naive_n"],
+    }
+    out["dram_triad_vs_numpy"] = stairs[cores]["DRAM"] / out["numpy_copy"]
+    out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / s["theory"]["gops_all"]
+    out["naive_below_peak"] = out["peak"][("f32", cores)] / out["naive_gops"]
+    return out
+
+
+def staircase_distinct(plateau: dict, factor: float = 1.15) -> bool:
+    """True if L1 > L2 > L3 > DRAM, each by at least ``factor``."""
+    v = [plateau[k] for k in ("L1", "L2", "L3", "DRAM")]
+    return all(not math.isnan(x) for x in v) and all(a >= factor * b for a, b in zip(v, v[1:]))
+
+
+def naive_gemm_intensity(n: int) -> float:
+    """Flop per byte if each matrix crossed the memory bus once: 2n^3 / (3 n^2 x 4 bytes)."""
+    return 2.0 * n**3 / (3 * n * n * 4)
+
+
+def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict | None = None):
+    """Chapter 1's roofline with ``points`` [(label, flop per byte, Gop/s)] placed on it.
+
+    The ceilings are this machine's measured ones (all cores): the f32, bf16 and
+    int8 peaks, and one bandwidth slope per level of the staircase (triad).
+    Later chapters call this to place their kernels.
+    """
+    import matplotlib.pyplot as plt
+
+    rec = rec or records.load(RECORD)
+    sm = summary(rec)
+    cores = sm["cores"]
+    x = np.logspace(-2, 3, 400)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    f32 = sm["peak"][("f32", cores)]
+    colors = {"L1": "#2a9d8f", "L2": "#8ab17d", "L3": "#e9c46a", "DRAM": "#e76f51"}
+    for level, bw in sm["triad_plateaus"][cores].items():
+        if math.isnan(bw):
+            continue
+        ax.plot(x, np.minimum(bw * x, f32), color=colors[level], lw=1.6,
+                label=f"{level} {figures.fmt(bw, 'GB/s')}")
+    for kind, style in (("bf16", ":"), ("int8", "--")):
+        ax.axhline(sm["peak"][(kind, cores)], color="grey", ls=style, lw=1,
+                   label=f"{kind} peak {figures.fmt(sm['peak'][(kind, cores)], 'Gop/s')}")
+    ax.axhline(f32, color="black", lw=1.2, label=f"f32 peak {figures.fmt(f32, 'Gop/s')}")
+    for label, ai, gops in points:
+        ax.plot([ai], [gops], "o", ms=7)
+        ax.annotate(label, (ai, gops), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (operations per byte)")
+    ax.set_ylabel("Gop/s")
+    ax.set_title(f"Roofline, {cores} cores: {rec['machine']['cpu']}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")
+    return figures.save(fig, name)
+
+
+def staircase_figure(rec: dict, name: str = "ch1_staircase"):
+    import matplotlib.pyplot as plt
+
+    s = rec["settings"]
+    caches = rec["machine"]["caches"]
+    fig, axes = plt.subplots(1, len(s["threads"]), figsize=(11, 4.2), sharey=True, squeeze=False)
+    for ax, th in zip(axes[0], s["threads"]):
+        for kernel in STREAM_KERNELS:
+            pts = records.results(rec, "stream", kernel=kernel, threads=th)
+            ax.plot([p["params"]["bytes"] for p in pts], [p["value"]["median"] for p in pts],
+                    marker=".", label=kernel)
+        for level, key in (("L1", "L1d_bytes"), ("L2", "L2_bytes"), ("L3", "L3_bytes")):
+            size = caches[key] * (min(th, caches["L3_instances"]) if level == "L3" else th)
+            ax.axvline(size, color="grey", ls=":", lw=1)
+            ax.text(size, 0.98, f" {level}", fontsize=8, color="grey",
+                    transform=ax.get_xaxis_transform(), va="top")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("working set (bytes)")
+        ax.set_title(f"{th} thread{'s' if th > 1 else ''}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.25)
+    axes[0][0].set_ylabel("GB/s (STREAM counting)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"The memory staircase: {rec['machine']['cpu']}", fontsize=10)
+    return figures.save(fig, name)
+
+
+def table_rows(rec: dict) -> tuple[list[list], dict]:
+    """The chapter-1 table and the values the prose quotes."""
+    sm = summary(rec)
+    cores = sm["cores"]
+    th = sm["theory"]
+    f = figures.fmt
+
+    def peak_row(kind, what):
+        nat = "" if sm["native"][kind] else " (emulated)"
+        return [f"{what}{nat}", f(sm["peak"][(kind, 1)], "Gop/s"),
+                f(sm["peak"][(kind, cores)], "Gop/s")]
+
+    rows = [
+        ["Clock, measured", f(sm["clock_ghz"], "GHz"), "", "—"],
+        ["f32 FMA peak, theoretical", f(th["gops_per_core"], "Gop/s"), f(th["gops_all"], "Gop/s"), "—"],
+        peak_row("f32", "f32 FMA peak, measured") + [f(reference.CH1_F32_PEAK_GOPS, "Gop/s")],
+        peak_row("bf16", "bf16 dot peak") + ["—"],
+        peak_row("int8", "int8 dot peak") + ["—"],
+    ]
+    for level in ("L1", "L2", "L3", "DRAM"):
+        rows.append([f"{level} bandwidth (triad)", f(sm["triad_plateaus"][1][level], "GB/s"),
+                     f(sm["triad_plateaus"][cores][level], "GB/s"), "—"])
+    rows.append([f"numpy copy, {f(rec['settings']['stream_sizes'][-1] / GiB)} GiB",
+                 f(sm["numpy_copy"], "GB/s"), "", "—"])
+    n = sm["naive_n"]
+    rows.append([f"Naive {n}³ product", f(sm["naive_gops"], "Gop/s"), "",
+                 f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s")])
+    values = {
+        "ch1.cpu": rec["machine"]["cpu"],
+        "ch1.cores": str(cores),
+        "ch1.scaling_floor": f"{100 * SCALING_FLOOR:.0f} %",
+        "ch1.isa": rec["settings"]["isa"],
+        "ch1.clock": f(sm["clock_ghz"], "GHz"),
+        "ch1.fma_pipes": str(th["pipes"]),
+        "ch1.fma_pipe_bits": str(th["pipe_bits"]),
+        "ch1.fma_source": th["source"],
+        "ch1.flops_per_cycle": str(th["flops_per_cycle_per_core"]),
+        "ch1.lanes": str(th["vector_bits"] // 32),
+        "ch1.f32_theory_core": f(th["gops_per_core"], "Gop/s"),
+        "ch1.f32_theory_all": f(th["gops_all"], "Gop/s"),
+        "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
+        "ch1.f32_peak_all": f(sm["peak"][("f32", cores)], "Gop/s"),
+        "ch1.f32_fraction": f"{100 * sm['f32_fraction_of_theory']:.0f} %",
+        "ch1.bf16_peak_all": f(sm["peak"][("bf16", cores)], "Gop/s"),
+        "ch1.int8_peak_all": f(sm["peak"][("int8", cores)], "Gop/s"),
+        "ch1.bf16_native": "native" if sm["native"]["bf16"] else "emulated (no AVX512_BF16 here)",
+        "ch1.int8_native": "native" if sm["native"]["int8"] else "emulated (no AVX512_VNNI here)",
+        "ch1.naive_n": str(n),
+        "ch1.naive_gops": f(sm["naive_gops"], "Gop/s"),
+        "ch1.naive_below_peak": f(sm["naive_below_peak"]),
+        "ch1.naive_ai": f(naive_gemm_intensity(n), "op/byte"),
+        "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),
+        "ch1.dram_vs_numpy": f"{100 * sm['dram_triad_vs_numpy']:.0f} %",
+        "ch1.staircase_distinct": "four distinct plateaus" if staircase_distinct(
+            sm["triad_plateaus"][cores]) else "fewer than four clearly distinct plateaus",
+        "ch1.machine": figures.machine_line(rec),
+        "ref.machine": reference.MACHINE,
+        "ref.ch1_f32_peak": f(reference.CH1_F32_PEAK_GOPS, "Gop/s"),
+        "ref.ch2_naive": f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"),
+        "ref.ch2_naive_below_peak": f(reference.CH1_F32_PEAK_GOPS / reference.CH2_GEMM_1024_NAIVE_GOPS),
+        "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
+    }
+    for th_ in (1, cores):
+        for level in ("L1", "L2", "L3", "DRAM"):
+            key = f"ch1.{level.lower()}_{'core' if th_ == 1 else 'all'}"
+            values[key] = f(sm["triad_plateaus"][th_][level], "GB/s")
+    return rows, values
+
+
+def table_markdown(rec: dict) -> str:
+    rows, _ = table_rows(rec)
+    cores = max(rec["settings"]["threads"])
+    return figures.table_markdown(
+        rows, ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
+               f"Reference: {reference.MACHINE.split(' vs ')[0]}"],
+        note=f"This machine: {figures.machine_line(rec)}. "
+             f"Reference: quoted from {reference.CITE}, not measured here.")
+
+
+def report(rec_dir) -> dict:
+    rec = records.load(RECORD, rec_dir)
+    _, values = table_rows(rec)
+    (figures.tables_dir() / "ch1_machine.md").write_text(table_markdown(rec))
+    staircase_figure(rec)
+    n = rec["settings"]["gemm_naive_n"]
+    roofline_figure([(f"naive {n}³ product", naive_gemm_intensity(n),
+                      records.value(rec, "gemm_naive"))], "ch1_roofline", rec)
+    return values
+
+
+# ---------------------------------------------------------------- command line
+
+def add_machine_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
+    p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+
+
+def cmd_machine(args) -> int:
+    quick = args.quick or quick_mode()
+    rec = run(quick=quick)
+    rows, values = table_rows(rec.data)
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{figures.machine_line(rec.data)}")
+    print(f"theoretical f32 peak: {rec.data['settings']['theory']['source']}")
+    for r in rows:
+        print(f"  {r[0]:<{width}}  " + "  ".join(f"{c:>14}" for c in r[1:]))
+    print(f"  DRAM triad (all cores) vs numpy copy: {values['ch1.dram_vs_numpy']}; "
+          f"f32 measured / theoretical: {values['ch1.f32_fraction']}; staircase: "
+          f"{values['ch1.staircase_distinct']}")
+    if not args.no_save:
+        print(f"record written to {rec.save()}")
+    return 0
+
+
+# what `smallem` offers for this chapter: name -> (function, add_arguments, help)
+COMMANDS = {"machine": (cmd_machine, add_machine_arguments, "chapter 1: measure this machine")}
+MEASURE = "machine"  # the command `make book` runs

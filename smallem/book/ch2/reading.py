@@ -1,0 +1,781 @@
+"""Chapter 2's record read into the page's tables, figures and values."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ... import build
+from ...gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
+                     THREAD_MIN_OPS, cache_geometry, l2_ways_for_a)
+from .. import ch1, compare, figures, records, reference
+from .measuring import BF16_RECORD, RECORD
+
+
+
+def whole_b_values(rec: dict) -> dict:
+    """The chapter's words on packing all of B at once, from the "whole_b" results."""
+    f = figures.fmt
+    found = {r["params"]["b"]: r for r in records.results(rec, "whole_b")}
+    if set(found) != {"whole", "slices"}:
+        na = "n/a (not measured in this record)"
+        return {k: na for k in ("ch2.whole_b_label", "ch2.whole_b_mib", "ch2.whole_b_slices",
+                                "ch2.whole_b_gops", "ch2.slices_gops", "ch2.whole_b_ratio",
+                                "ch2.whole_b_rounds")}
+    p, w, s = found["whole"]["params"], found["whole"]["value"], found["slices"]["value"]
+    rounds = compare.rounds_ahead(found["whole"], found["slices"])
+    return {"ch2.whole_b_label": _short(p["label"]),
+            "ch2.whole_b_mib": f"{p['K'] * p['N'] * 4 / 2**20:.0f} MiB",
+            "ch2.whole_b_slices": str(math.ceil(p["K"] / p["kc"])),
+            "ch2.whole_b_gops": f(w["median"], "Gop/s"),
+            "ch2.slices_gops": f(s["median"], "Gop/s"),
+            "ch2.whole_b_ratio": f"× {w['median'] / s['median']:.3f}",
+            "ch2.whole_b_rounds": compare.rounds_text(rounds)}
+
+
+
+def _phase_calls(rec: dict) -> str:
+    found = records.results(rec, "phase", phase="wall")
+    return str(found[0]["value"]["n"]) if found else "n/a"
+
+
+
+def phase_rows(rec: dict) -> tuple[list[list], dict]:
+    """Table ch2_phases: each model product's time per call and its shares by phase."""
+    rows, shares, a_shares = [], {}, {}
+    for label, *_ in shape_pairs(rec):
+        found = {r["params"]["phase"]: r for r in records.results(rec, "phase", label=label)}
+        if set(found) != {*PHASES, "wall"}:
+            continue
+        p = found["wall"]["params"]
+        ms = {k: r["value"]["median"] for k, r in found.items()}
+        busy = sum(ms[k] for k in PHASES)
+        pct = {k: 100 * ms[k] / busy for k in PHASES}
+        wait = pct["wait after packing B"] + pct["wait at the end"]
+        name, mib = _short(label), p["K"] * p["N"] * 4 / 2**20
+        shares[name], a_shares[name] = (pct["pack B"], mib, p["M"]), (pct["pack A"], p["N"])
+        rows.append([name, f"{p['M']}", figures.fmt(mib, "MiB"),
+                     figures.fmt(ms["wall"], "ms"), f"{pct['pack B']:.1f} %",
+                     f"{pct['pack A']:.1f} %", f"{pct['tiles']:.1f} %", f"{wait:.1f} %"])
+    if not shares:
+        na = "n/a (not measured in this record)"
+        return rows, {k: na for k in ("ch2.phase_most", "ch2.phase_most_pct", "ch2.phase_most_m",
+                                      "ch2.phase_most_mib", "ch2.phase_least",
+                                      "ch2.phase_least_pct", "ch2.phase_least_m",
+                                      "ch2.phase_least_mib", "ch2.phase_a_most",
+                                      "ch2.phase_a_most_pct", "ch2.phase_a_most_n")}
+    most = max(shares, key=lambda k: shares[k][0])
+    least = min(shares, key=lambda k: shares[k][0])
+    a_most = max(a_shares, key=lambda k: a_shares[k][0])
+    values = {"ch2.phase_a_most": a_most, "ch2.phase_a_most_pct": f"{a_shares[a_most][0]:.1f} %",
+              "ch2.phase_a_most_n": str(a_shares[a_most][1])}
+    for key, name in (("most", most), ("least", least)):
+        pct, mib, m = shares[name]
+        values.update({f"ch2.phase_{key}": name, f"ch2.phase_{key}_pct": f"{pct:.1f} %",
+                       f"ch2.phase_{key}_m": str(m), f"ch2.phase_{key}_mib": figures.fmt(mib, "MiB")})
+    return rows, values
+
+
+
+def _peak(rec: dict, rec_dir) -> tuple[float, str]:
+    """The f32 peak for '% of peak': chapter 1's probe, run again in this run, and chapter 1's
+    record if present. A busy machine only ever lowers a peak, so the higher one is used."""
+    here = records.value(rec, "peak_f32")
+    facts = ch1.facts(rec_dir)
+    if facts is None:
+        return here, "this run's probe"
+    recorded = facts["peak"][("f32", facts["cores"])]
+    return (recorded, "chapter 1's record") if recorded >= here else (here, "this run's probe")
+
+
+
+def blocking_verdict(gain: float) -> str:
+    """What rung 2 (blocking alone, expected to change little) did, from its measured gain."""
+    return "is slower here" if gain < 0.95 else "buys little" if gain <= 1.1 else "helps a little"
+
+
+
+def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
+    f = figures.fmt
+    s = rec["settings"]
+    n = s["n_ladder"]
+    cores = s["threads"]
+    ladder = s.get("blocks_ladder", s["blocks"])  # records before 2026-11-30 had one set
+    peak, peak_src = _peak(rec, rec_dir)
+    numpy_all = records.value(rec, "numpy", threads=cores, M=n)
+    numpy_one = records.value(rec, "numpy", threads=1, M=n)
+    rows = [[f"numpy (OpenBLAS), {cores} threads", f(numpy_all, "Gop/s"),
+             f"{100 * numpy_all / peak:.0f} %", "", "—"]]
+    if cores != 1:
+        rows.append([f"numpy (OpenBLAS), 1 thread", f(numpy_one, "Gop/s"),
+                     f"{100 * numpy_one / peak:.0f} %", "", "—"])
+    prev = None
+    ref = {0: reference.CH2_GEMM_1024_NAIVE_GOPS,
+           len(LADDER) - 1: reference.CH2_GEMM_1024_FINAL_GOPS}
+    gains = {}
+    for rung in LADDER:
+        g = records.value(rec, "rung", rung=rung.index, M=n)
+        gains[rung.index] = g / prev if prev else float("nan")
+        th = cores if rung.threaded else 1
+        rows.append([f"{rung.label}, {th} thread{'s' if th > 1 else ''}", f(g, "Gop/s"),
+                     f"{100 * g / peak:.1f} %" if g / peak < 0.1 else f"{100 * g / peak:.0f} %",
+                     f"× {f(g / prev)}" if prev else "",
+                     f(ref[rung.index], "Gop/s") if rung.index in ref else "—"])
+        prev = g
+    rows.append([f"f32 FMA peak, {cores} cores ({peak_src})", f(peak, "Gop/s"), "100 %", "",
+                 f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
+    final = records.value(rec, "rung", rung=len(LADDER) - 1, M=n)
+    naive = records.value(rec, "rung", rung=0, M=n)
+    values = {
+        "ch2.n": str(n),
+        "ch2.threads": str(cores),
+        "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
+        "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
+        "ch2.kc5": str(s["blocks"]["kc"]), "ch2.nc5": str(s["blocks"]["nc"]),
+        "ch2.widest_n": str(max(s["sweep"])),
+        "ch2.peak": f(peak, "Gop/s"),
+        "ch2.peak_source": peak_src,
+        "ch2.final_gops": f(final, "Gop/s"),
+        "ch2.final_pct_peak": f"{100 * final / peak:.0f} %",
+        "ch2.final_vs_numpy": f"{100 * final / numpy_all:.0f} %",
+        "ch2.naive_gops": f(naive, "Gop/s"),
+        "ch2.climb": f(final / naive),
+        "ch2.machine": figures.machine_line(rec),
+        "ch2.samples": str(records.results(rec, "rung", rung=len(LADDER) - 1)[0]["value"]["n"]),
+        "ch2.blas": _blas_line(rec),
+    }
+    for rung in LADDER:
+        g = records.value(rec, "rung", rung=rung.index, M=n)
+        values[f"ch2.rung{rung.index}_gops"] = f(g, "Gop/s")
+        if 0 < rung.index < len(LADDER) - 1:  # rung 5's gain is the page's one-core comparison
+            values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
+    values["ch2.rung2_verdict"] = blocking_verdict(gains[2])
+    g = s["cache_geometry"]
+    mr, nr, b = s["mr"], s["nr"], ladder
+    vec, regs = REGISTER_FILE[s["isa"]]
+    values.update({
+        "ch2.vec_floats": str(vec), "ch2.registers": str(regs),
+        "ch2.accumulators": str(mr * nr // vec), "ch2.b_vectors": str(nr // vec),
+        "ch2.regs_used": str(mr * nr // vec + nr // vec + 1),
+        "ch2.latency_bound": str(vec * FMA_LATENCY * FMA_PIPES),
+        "ch2.tile_floats": str(mr * nr),
+        "ch2.l1_kib": f"{g['L1d']['bytes'] // 1024} KiB", "ch2.l1_ways": str(g["L1d"]["ways"]),
+        "ch2.l2_kib": f"{g['L2']['bytes'] // 1024} KiB", "ch2.l2_ways": str(g["L2"]["ways"]),
+        "ch2.l3_mib": f"{g['L3']['bytes'] / 1024**2:.0f} MiB",
+        "ch2.line": f"{g['L1d']['line']} B",
+        "ch2.l1_ways_b": str(math.ceil(nr * b["kc"] * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
+        "ch2.l1_ca_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))),
+        "ch2.kc_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))
+                          * g["L1d"]["bytes"] // g["L1d"]["ways"] // (mr * 4)),
+        "ch2.l2_ways_a": str(l2_ways_for_a(g["L2"]["ways"])),
+        "ch2.l1_sets": str(g["L1d"]["bytes"] // (g["L1d"]["ways"] * g["L1d"]["line"])),
+        "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
+        "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",
+        "ch2.a_sliver_kib": f"{mr * b['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.a_sliver5_kib": f"{mr * s['blocks']['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.l1_ways_a5": str(math.ceil(mr * s["blocks"]["kc"] * 4
+                                        / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
+        "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
+        "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
+        "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
+    })
+    packed = records.value(rec, "rung", rung=len(LADDER) - 2, M=n)
+    values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
+    values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
+    return rows, values
+
+
+
+def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_one: float) -> dict:
+    """The final GEMM on one core beside numpy on one core, and what threads add to each."""
+    f = figures.fmt
+    found = records.results(rec, "final_one_core", M=n)
+    if not found:  # one core: rung 5's row is that comparison
+        return {k: "n/a (one core)" for k in ("ch2.one_core_gops", "ch2.one_core_vs_numpy",
+                                              "ch2.one_core_rounds", "ch2.one_core_gain",
+                                              "ch2.numpy_thread_gain", "ch2.numpy_1t_gops")}
+    one = found[0]["value"]["median"]
+    rounds = compare.rounds_ahead(found[0], records.results(rec, "numpy", threads=1, M=n)[0])
+    return {"ch2.one_core_gops": f(one, "Gop/s"),
+            "ch2.one_core_vs_numpy": f"{100 * one / numpy_one:.1f} %",
+            "ch2.one_core_rounds": compare.rounds_text(rounds),
+            "ch2.one_core_gain": f(final / one), "ch2.numpy_thread_gain": f(numpy_all / numpy_one),
+            "ch2.numpy_1t_gops": f(numpy_one, "Gop/s")}
+
+
+
+def targets(rec: dict, rec_dir=None) -> list[str]:
+    """The performance targets, checked on a record (benchmarks check speed, tests don't)."""
+    peak, src = _peak(rec, rec_dir)
+    out = []
+    for n in (1024, 2048, 4096):
+        found = records.results(rec, "sweep", impl="smallem", n=n)
+        if not found:
+            out.append(f"smallem >= numpy at {n}^3: not measured (quick run)")
+            continue
+        ours = found[0]["value"]["median"]
+        theirs = records.value(rec, "sweep", impl="numpy", n=n)
+        out.append(f"smallem >= numpy at {n}^3: {'met' if ours >= theirs else 'MISSED'} "
+                   f"({ours:.1f} vs {theirs:.1f} Gop/s{_rounds_note(rec, 'sweep', n=n)})")
+        if n == 2048:
+            met = "met" if ours >= 0.85 * peak else "MISSED"
+            out.append(f">= 85 % of the f32 peak at 2048^3: {met} "
+                       f"({100 * ours / peak:.0f} % of {peak:.1f} Gop/s, {src})")
+    pairs = shape_pairs(rec)  # the model's products, forward and backward
+    if rec["settings"].get("quick") or not pairs:  # a quick run shrinks them 16 times
+        why = "quick run" if pairs else "not in this record"
+        out.append(f"smallem >= numpy on the model's shapes: not measured at their size ({why})")
+        pairs = []
+    for label, ours, theirs in pairs:
+        out.append(f"smallem >= numpy on {label}: {'met' if ours >= theirs else 'MISSED'} "
+                   f"({ours:.1f} vs {theirs:.1f} Gop/s{_rounds_note(rec, 'shape', label=label)})")
+    return out + [bf16_target(rec)]
+
+
+
+def _rounds_note(rec: dict, name: str, **params) -> str:
+    """The medians decide a target; the rounds say how close the call was."""
+    rounds = _pair_rounds(rec, name, **params)
+    return "" if rounds is None else f"; ahead in {rounds[0]} of {rounds[1]} paired rounds"
+
+
+
+BF16_TARGET = 1.7  # bf16 Gop/s over f32 Gop/s, where AVX512_BF16 exists
+
+
+
+def bf16_target(rec: dict) -> str:
+    """The bf16 target on a record's "dtype" results, with the probes' ratio if measured."""
+    what = f"bf16 >= {BF16_TARGET}x f32 where AVX512_BF16 exists"
+    if not rec["settings"].get("native_bf16"):
+        return f"{what}: not applicable (no AVX512_BF16 here)"
+    ratios = []
+    for r in records.results(rec, "dtype", dtype="f32"):
+        p = r["params"]
+        bf16 = [g for q in BF16_PATHS if (g := _bf16_value(rec, q, p["M"], p["K"], p["N"]))]
+        if bf16:  # a size timed in f32 only has nothing to compare
+            ratios.append(max(bf16) / r["value"]["median"])
+    if not ratios:
+        return f"{what}: not measured"
+    line = (f"{what}: {'met' if min(ratios) >= BF16_TARGET else 'MISSED'} "
+            f"(the faster bf16 path: {min(ratios):.2f}x to {max(ratios):.2f}x f32)")
+    peaks = [records.results(rec, "peak", kind=k) for k in ("f32", "bf16")]
+    if all(peaks):
+        ratio = peaks[1][0]["value"]["median"] / peaks[0][0]["value"]["median"]
+        line += f"; the bf16 dot probe runs at {ratio:.2f}x the f32 FMA probe on this CPU"
+    return line
+
+
+
+def _blas_line(rec: dict) -> str:
+    blas = [b for b in rec["settings"].get("blas_pinned", rec["settings"]["blas"])
+            if b.get("user_api") == "blas"]
+    if not blas:
+        return "unknown BLAS"
+    b = blas[0]
+    return f"{b.get('internal_api')} {b.get('version')}, kernel {b.get('architecture')}"
+
+
+
+def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
+    f = figures.fmt
+    rows, values = [], {}
+    peak, _ = _peak(rec, rec_dir)
+    for s in (1024, 2048, 4096):  # keys the chapter quotes exist even for a quick run
+        values[f"ch2.sweep_ratio_{s}"] = "n/a (not measured)"
+    values["ch2.sweep_pct_peak_2048"] = "n/a (not measured)"
+    sizes = rec["settings"]["sweep"]
+    for s in sizes:
+        ours = records.value(rec, "sweep", impl="smallem", n=s)
+        theirs = records.value(rec, "sweep", impl="numpy", n=s)
+        rows.append([f"{s}³", f(ours, "Gop/s"), f(theirs, "Gop/s"),
+                     f"{100 * ours / theirs:.1f} %", compare.rounds_text(_pair_rounds(rec, "sweep", n=s))])
+        if s in (1024, 2048, 4096):
+            values[f"ch2.sweep_ratio_{s}"] = f"{100 * ours / theirs:.0f} %"
+        if s == 2048:
+            values["ch2.sweep_pct_peak_2048"] = f"{100 * ours / peak:.0f} %"
+    wins = [s for s in sizes if records.value(rec, "sweep", impl="smallem", n=s)
+            >= records.value(rec, "sweep", impl="numpy", n=s)]
+    values["ch2.sweep_wins"] = compare.listing([f"{s}³" for s in wins], "none of the sizes")
+    small = sizes[0]
+    for impl, key in (("smallem", "ch2.call_us"), ("numpy", "ch2.numpy_call_us")):
+        values[key] = f(records.value(rec, "call", impl=impl), "µs")
+    values["ch2.smallest"] = f"{small}³"
+    # The FMA probe timed between one size's samples: the product's share of it separates
+    # a slow product from cores the host gave less of at the time.
+    beside = records.results(rec, "peak_beside")[0]
+    s, probe = beside["params"]["n"], beside["value"]["median"]
+    values["ch2.beside_n"] = f"{s}³"
+    values["ch2.beside_peak"] = f(probe, "Gop/s")
+    for impl, key in (("smallem", "ch2.beside_pct"), ("numpy", "ch2.beside_numpy_pct")):
+        values[key] = f"{100 * records.value(rec, 'sweep', impl=impl, n=s) / probe:.0f} %"
+    for impl, key in (("smallem", "ch2.smallest_us"), ("numpy", "ch2.numpy_smallest_us")):
+        values[key] = f(1e6 * records.results(rec, "sweep", impl=impl, n=small)[0]
+                        ["seconds"]["median"], "µs")
+    return rows, values
+
+
+
+def _pair_rounds(rec: dict, name: str, **params) -> tuple[int, int] | None:
+    ours = records.results(rec, name, impl="smallem", **params)
+    theirs = records.results(rec, name, impl="numpy", **params)
+    return compare.rounds_ahead(ours[0], theirs[0]) if ours and theirs else None
+
+
+
+ROUNDS_HEADER = "rounds smallem ahead"
+
+
+
+def shape_pairs(rec: dict) -> list[tuple[str, float, float]]:
+    """(label, smallem's Gop/s, numpy's) for each of the model's products in a record."""
+    labels = dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape"))
+    return [(label, records.value(rec, "shape", impl="smallem", label=label),
+             records.value(rec, "shape", impl="numpy", label=label)) for label in labels]
+
+
+
+def shape_rows(rec: dict) -> tuple[list[list], dict]:
+    f = figures.fmt
+    rows, values = [], {}
+    for label, ours, theirs in shape_pairs(rec):
+        p = records.results(rec, "shape", impl="smallem", label=label)[0]["params"]
+        rows.append([label, f"{p['M']}×{p['K']}×{p['N']}", f(ours, "Gop/s"), f(theirs, "Gop/s"),
+                     f"{100 * ours / theirs:.1f} %",  # a decimal: 99.6 % is not 100 %
+                     compare.rounds_text(_pair_rounds(rec, "shape", label=label))])
+    values.update(_shape_verdicts(rec))
+    return rows, values
+
+
+
+def _short(label: str) -> str:
+    """A model product's name without its shapes: "x W1 (8192x768 · 768x3072)" -> "x W1"."""
+    return label.split(" (")[0]
+
+
+
+def _shape_verdicts(rec: dict) -> dict:
+    """Which of the model's products the sign test calls faster, slower, or a tie."""
+    groups = {"faster": [], "slower": [], "tied": []}
+    n = None
+    for label, ours, theirs in shape_pairs(rec):
+        rounds = _pair_rounds(rec, "shape", label=label)
+        if rounds is None:
+            return {f"ch2.shapes_{k}": "n/a (a record without samples)" for k in
+                    (*groups, "lopsided")}
+        ahead, n = rounds
+        short = _short(label)
+        if compare.sign_test(ahead, n) >= compare.SIGN_LEVEL:
+            groups["tied"].append(short)
+        else:
+            groups["faster" if ahead > n - ahead else "slower"].append(short)
+    out = {f"ch2.shapes_{k}": compare.listing(v, "none") for k, v in groups.items()}
+    k = compare.lopsided(n) if n else None
+    out["ch2.shapes_lopsided"] = ("n/a" if not n else f"{k} of {n}" if k <= n else
+                                  f"no count of {n} (too few rounds to tell)")
+    return out
+
+
+
+def _bf16_value(rec: dict, path: str, M, K, N) -> float | None:
+    for r in records.results(rec, "dtype", dtype="bf16", M=M, K=K, N=N):
+        # records made before the two paths have one bf16 result, on the path the build had
+        got = r["params"].get("path", "native" if rec["settings"]["native_bf16"] else "widen")
+        if got == path:
+            return r["value"]["median"]
+    return None
+
+
+
+BF16_PATH_TEXT = {"widen": "bf16 widened to f32 in packing, the FMA micro-kernel",
+                  "native": "vdpbf16ps on bf16 pairs", "amx": "AMX tiles (tdpbf16ps)"}
+
+
+
+def _missing(rec: dict, path: str) -> str:
+    """What a table says for a path a record has no result for."""
+    have = rec["settings"].get({"native": "native_bf16", "amx": "amx_bf16"}[path])
+    if path == "amx" and not rec["settings"]["native_bf16"]:
+        have = False  # every CPU with AMX_BF16 has AVX512_BF16
+    if have is False:
+        return "no AVX512_BF16" if path == "native" else "no AMX"
+    return "not measured"  # records from before the path existed
+
+
+
+def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
+    f = figures.fmt
+    rows, values = [], {}
+    sizes = list(dict.fromkeys((r["params"]["M"], r["params"]["K"], r["params"]["N"])
+                               for r in records.results(rec, "dtype")))
+    chosen = rec["settings"]["bf16_path"]
+    for M, K, N in sizes:
+        g32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
+        g16 = {p: _bf16_value(rec, p, M, K, N) for p in BF16_PATHS}
+        cells = [f(g16[p], "Gop/s") if g16[p] is not None else _missing(rec, p)
+                 for p in BF16_PATHS]
+        best = g16[chosen]
+        rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), *cells, f"{100 * best / g32:.0f} %"])
+    has = [x for x, key in (("AVX512_BF16", "native_bf16"), ("AMX", "amx_bf16"))
+           if rec["settings"].get(key)]
+    values[f"{prefix}_extensions"] = " and ".join(has) if has else "no AVX512_BF16"
+    values[f"{prefix}_chosen"] = f"{chosen} ({BF16_PATH_TEXT[chosen]})"
+    peaks = {k: records.results(rec, "peak", kind=k) for k in ("f32", "bf16")}
+    if all(peaks.values()):  # the second machine's record times the probes beside it
+        p32, p16 = (peaks[k][0]["value"]["median"] for k in ("f32", "bf16"))
+        values.update({f"{prefix}_f32_probe": f(p32, "Gop/s"),
+                       f"{prefix}_bf16_probe": f(p16, "Gop/s")})
+    return rows, values
+
+
+
+DTYPE_HEADER = ["M×K×N", "f32 inputs", "bf16, widened", "bf16, vdpbf16ps", "bf16, AMX",
+                "bf16 (path taken) / f32"]
+
+
+
+def _print_dtype_rows(rows):
+    for r in rows:
+        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 widened {r[2]:>12}  vdpbf16ps {r[3]:>14}"
+              f"  AMX {r[4]:>12}  ({r[5]})")
+
+
+
+def bf16_elsewhere(rec_dir) -> dict:
+    """Table ch2_bf16_native and its values, from the second machine's record if any."""
+    keys = ("ch2.bf16_native_machine", "ch2.bf16_native_threads", "ch2.bf16_native_extensions",
+            "ch2.bf16_native_chosen", "ch2.bf16_native_f32_probe", "ch2.bf16_native_bf16_probe")
+    if not records.exists(BF16_RECORD, rec_dir):
+        figures.write_table("ch2_bf16_native", [["not measured yet"] + [""] * 5],
+                            DTYPE_HEADER)
+        return dict.fromkeys(keys, f"n/a (no record {BF16_RECORD})")
+    rec = records.load(BF16_RECORD, rec_dir)
+    rows, values = dtype_rows(rec, prefix="ch2.bf16_native")
+    figures.write_table("ch2_bf16_native", rows, DTYPE_HEADER,
+                        note=f"Machine: {figures.machine_line(rec)}; "
+                             f"bf16 path: {values['ch2.bf16_native_chosen']}.")
+    return {"ch2.bf16_native_machine": figures.machine_line(rec),
+            "ch2.bf16_native_threads": str(rec["settings"]["threads"]), **values}
+
+
+
+def pool_values(rec: dict, rec_dir=None) -> dict:
+    f = figures.fmt
+    peak, _ = _peak(rec, rec_dir)
+    empty = records.value(rec, "pool", what="empty_region")
+    spawn = records.value(rec, "pool", what="spawn_join")
+    ids = rec["settings"]["pool_ids"]
+    same = all(i == ids[0] for i in ids)
+    return {"ch2.pool_region_us": f(empty, "µs"), "ch2.pool_spawn_us": f(spawn, "µs"),
+            "ch2.pool_ratio": f(spawn / empty),
+            "ch2.pool_same": "the same" if same else "not the same",
+            "ch2.pool_calls": str(len(ids)),
+            "ch2.thread_min_mop": f"{THREAD_MIN_OPS / 1e6:.1f} million",
+            # at one core's share of the peak every "% of peak" divides by
+            "ch2.thread_min_us": f(THREAD_MIN_OPS / (peak * 1e9 / rec["settings"]["threads"])
+                                   * 1e6, "µs")}
+
+
+
+def ladder_figure(rec: dict, peak: float, name: str = "ch2_ladder"):
+    import matplotlib.pyplot as plt
+
+    n = rec["settings"]["n_ladder"]
+    cores = rec["settings"]["threads"]
+    labels = [r.label for r in LADDER]
+    vals = [records.value(rec, "rung", rung=r.index, M=n) for r in LADDER]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    bars = ax.barh(labels[::-1], vals[::-1], color="#457b9d")
+    for bar_, v in zip(bars, vals[::-1]):
+        ax.text(v * 1.08, bar_.get_y() + bar_.get_height() / 2, figures.fmt(v, "Gop/s"),
+                va="center", fontsize=8)
+    ax.axvline(peak, color="black", lw=1.2, label=f"f32 peak, {cores} cores")
+    ax.axvline(records.value(rec, "numpy", threads=cores, M=n), color="#e76f51", ls="--", lw=1.2,
+               label=f"numpy, {cores} threads")
+    ax.set_xscale("log")
+    ax.set_xlim(min(vals) / 2, peak * 3)
+    ax.set_xlabel(f"Gop/s, {n}³ f32 product (log scale)")
+    ax.set_title(f"The ladder: {rec['machine']['cpu']}", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", which="both", alpha=0.25)
+    return figures.save(fig, name)
+
+
+
+def sweep_figure(rec: dict, peak: float, name: str = "ch2_sweep"):
+    import matplotlib.pyplot as plt
+
+    sizes = rec["settings"]["sweep"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for impl, style in (("smallem", "o-"), ("numpy", "s--")):
+        ax.plot(sizes, [records.value(rec, "sweep", impl=impl, n=s) for s in sizes], style,
+                label="smallem.matmul" if impl == "smallem" else "numpy (OpenBLAS)")
+    ax.axhline(peak, color="black", lw=1, label="f32 peak")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("n (n×n times n×n, f32)")
+    ax.set_ylabel("Gop/s")
+    top = max([peak] + [r["value"]["median"] for r in records.results(rec, "sweep")])
+    ax.set_ylim(0, top * 1.1)
+    ax.set_title(f"Size sweep, {rec['settings']['threads']} threads", fontsize=10)
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=8)
+    return figures.save(fig, name)
+
+
+
+def roofline_points(rec: dict) -> list[tuple[str, float, float]]:
+    """Each rung at its intensity against the cache level that feeds its innermost loop.
+
+    - rung 0: each multiply-add (2 operations) misses L1 for a new 64-byte line of B (L2);
+    - rungs 1, 2: each multiply-add reads 4 bytes of B that come from L3 (B exceeds L2);
+    - rungs 3 to 5: each step of the micro-kernel does 2 MR NR operations and reads an MR
+      sliver of A (4 MR bytes) from L2; B's sliver stays in L1: NR / 2 operations per byte.
+    """
+    n = rec["settings"]["n_ladder"]
+    nr = rec["settings"]["nr"]
+    where = {0: (2 / 64, "B lines from L2"), 1: (2 / 4, "B from L3"), 2: (2 / 4, "B from L3"),
+             3: (nr / 2, "A from L2"), 4: (nr / 2, "A from L2"), 5: (nr / 2, "A from L2")}
+    # rungs that share an intensity get their labels on alternate lines (a trailing newline
+    # lifts the text by one line), so that close points stay readable
+    return [(f"{r.index} {r.name.replace('_', ' ')} ({where[r.index][1]})"
+             + ("\n" if r.index in (2, 4) else ""), where[r.index][0],
+             records.value(rec, "rung", rung=r.index, M=n)) for r in LADDER]
+
+
+
+def dram_intensity(n: int) -> float:
+    """Operations per byte of an n^3 product if each matrix crosses DRAM once: n / 6."""
+    return 2.0 * n**3 / (3 * n * n * 4)
+
+
+
+def roofline(rec: dict, rec_dir, name: str = "ch2_roofline"):
+    """Chapter 1's roofline with the rungs on it, or a small stand-in if chapter 1 has no record."""
+    points = roofline_points(rec)
+    facts = ch1.facts(rec_dir)
+    if facts is not None:
+        return ch1.roofline_figure(points, name, facts["record"])
+    import matplotlib.pyplot as plt  # stand-in: the peak only, no bandwidth slopes
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    peak, src = _peak(rec, rec_dir)
+    ax.axhline(peak, color="black", label=f"f32 peak ({src})")
+    for label, x, y in points:
+        ax.plot([x], [y], "o")
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("operations per byte")
+    ax.set_ylabel("Gop/s")
+    ax.legend(fontsize=8)
+    return figures.save(fig, name)
+
+
+
+def chapter1_links(rec: dict, rec_dir) -> dict:
+    """Bounds that chapter 1's measurements put on the rungs (n/a without its record)."""
+    f = figures.fmt
+    sm = ch1.facts(rec_dir)
+    if sm is None:
+        return {"ch2.l3_core_bw": "n/a", "ch2.rung1_l3_bound": "n/a"}
+    l3 = sm["triad_plateaus"][1]["L3"]
+    # rung 1 reads one 4-byte float of B from L3 per multiply-add (2 operations)
+    return {"ch2.l3_core_bw": f(l3, "GB/s"), "ch2.rung1_l3_bound": f(l3 * 2 / 4, "Gop/s")}
+
+
+
+RUNG_SECTIONS = ["naive", "loop_order", "blocked", "registers", "packed", "threads"]
+
+
+
+def snippet(name: str, path: Path | None = None) -> list[str]:
+    """The lines between ``--8<-- [start:name]`` and ``[end:name]`` in kernels_c/gemm.c."""
+    path = path or build.KERNELS_DIR / "gemm.c"
+    lines = path.read_text().splitlines()
+    start = next(i for i, l in enumerate(lines) if f"[start:{name}]" in l)
+    end = next(i for i, l in enumerate(lines) if f"[end:{name}]" in l)
+    return lines[start + 1:end]
+
+
+
+def write_rung_diffs() -> list[Path]:
+    """figures/tables/ch2_diff_<a>_<b>.md: what each rung changes, from the real source."""
+    import difflib
+
+    out = []
+    for old, new in zip(RUNG_SECTIONS, RUNG_SECTIONS[1:]):
+        diff = difflib.unified_diff(snippet(old), snippet(new), f"gemm.c: {old}", f"gemm.c: {new}",
+                                    n=2, lineterm="")
+        path = figures.tables_dir() / f"ch2_diff_{old}_{new}.md"
+        path.write_text("```diff\n" + "\n".join(diff) + "\n```\n")
+        out.append(path)
+    return out
+
+
+
+def _sweep_values(pts: list[dict], param: str, chosen: int, prefix: str) -> dict:
+    """A block-size sweep in numbers: the fastest value and its rate, how far below it the
+    model's choice and the slowest came."""
+    by = {p["params"][param]: p["value"]["median"] for p in pts}
+    best, slowest = max(by, key=by.get), min(by, key=by.get)
+    return {f"{prefix}_best": str(best), f"{prefix}_best_gops": figures.fmt(by[best], "Gop/s"),
+            f"{prefix}_model_gap": f"{100 * (1 - by[chosen] / by[best]):.1f} %",
+            f"{prefix}_spread": f"{100 * (1 - by[slowest] / by[best]):.1f} %"}
+
+
+
+def mc_rows(rec: dict) -> tuple[list[list], dict]:
+    """The MC sweep: rung 4, the model's KC, A's block in more or fewer L2 ways."""
+    pts = records.results(rec, "mc_sweep")
+    chosen = rec["settings"]["blocks_ladder"]["mc"]
+    rows = [[f"{p['params']['l2_ways']}" + (" (model)" if p["params"]["mc"] == chosen else ""),
+             f"{p['params']['mc']} × {p['params']['kc']}",
+             f"{p['params']['mc'] * p['params']['kc'] * 4 / 1024:.0f} KiB",
+             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+    th = pts[0]["params"]["threads"]
+    rung = [r.index for r in LADDER if r.name == pts[0]["params"]["rung"]]
+    values = {"ch2.mc_n": str(pts[0]["params"]["n"]),
+              "ch2.mc_threads": f"{th} thread{'s' if th != 1 else ''}",
+              "ch2.mc_rung": str(rung[0]), **_sweep_values(pts, "mc", chosen, "ch2.mc")}
+    return rows, values
+
+
+
+def kc_rows(rec: dict) -> tuple[list[list], dict]:
+    """The KC sweep: the final GEMM on all cores, A's sliver in more or fewer L1 ways."""
+    pts = records.results(rec, "kc_sweep")
+    chosen = rec["settings"]["blocks"]["kc"]
+    width = rec["settings"]["mr"]  # floats of A's sliver per k
+    rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
+             f"{p['params']['kc']}",
+             f"{p['params']['kc'] * width * 4 / 1024:.0f} KiB",
+             f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
+             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+    values = {"ch2.kc_n": str(pts[0]["params"]["n"]),
+              "ch2.kc_c_mib": f"{pts[0]['params']['n'] ** 2 * 4 / 1024**2:.0f} MiB",
+              **_sweep_values(pts, "kc", chosen, "ch2.kc")}
+    return rows, values
+
+
+
+def alone_rows(rec: dict) -> tuple[list[list], dict]:
+    """Table ch2_alone: the micro-kernel alone, its B slivers in L2 or L3, on one core and
+    on all, each against the FMA probe timed in turn with it; and the values the text
+    quotes (each case against B in L2 on as many threads)."""
+    found = records.results(rec, "alone")
+    f = figures.fmt
+    rows, by = [], {}
+    for r in found:
+        p = r["params"]
+        probe = records.value(rec, "alone_probe", threads=p["threads"])
+        rate = r["value"]["median"]
+        by[p["b_in"], p["shared_b"], p["threads"]] = r
+        if p["b_in"] == "L2":
+            where = "L2"
+        elif p["threads"] == 1:
+            where = "L3"
+        else:
+            where = "L3, one block all threads read" if p["shared_b"] else "L3, a block per thread"
+        rows.append([where, compare.size(p["b_kib"]), str(p["threads"]), f(rate, "Gop/s"),
+                     f(probe, "Gop/s"), f"{100 * rate / probe:.0f} %"])
+    p0 = found[0]["params"]
+    cores = max(r["params"]["threads"] for r in found)
+    l2_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L2")
+    l3_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L3")
+
+    def pct(t):
+        rate = by["L2", True, t]["value"]["median"]
+        return f"{100 * rate / records.value(rec, 'alone_probe', threads=t):.0f} %"
+
+    na = "n/a (one core)"
+    l2 = (rec["settings"].get("cache_geometry") or cache_geometry())["L2"]["bytes"]
+    values = {"ch2.alone_l3_per_l2": figures.fmt(l3_kib * 1024 / l2),
+              "ch2.alone_l2_kib": compare.size(l2_kib),
+              "ch2.alone_l3_kib": compare.size(l3_kib), "ch2.alone_threads": str(cores),
+              "ch2.alone_pct_one": pct(1),
+              "ch2.alone_pct_all": pct(cores) if cores > 1 else na,
+              "ch2.alone_l3_one": compare.versus(by["L3", True, 1], by["L2", True, 1]),
+              "ch2.alone_l3_shared": (compare.versus(by["L3", True, cores], by["L2", True, cores])
+                                      if cores > 1 else na),
+              "ch2.alone_l3_own": (compare.versus(by["L3", False, cores], by["L2", True, cores])
+                                   if cores > 1 else na)}
+    # the tiles inside the model's products: 2MNK over each thread's time in its tiles
+    tiles = []
+    for label, *_ in shape_pairs(rec):
+        t = records.results(rec, "phase", label=label, phase="tiles")
+        if t and t[0]["value"]["median"] > 0:
+            q = t[0]["params"]
+            tiles.append(2.0 * q["M"] * q["N"] * q["K"] / 1e9 / (t[0]["value"]["median"] / 1e3))
+    values["ch2.tiles_range"] = (f"{f(min(tiles))} to {f(max(tiles), 'Gop/s')}" if tiles
+                                 else "n/a (no phase results in this record)")
+    return rows, values, p0["kc"]
+
+
+
+def report(rec_dir) -> dict:
+    write_rung_diffs()  # from the source, not the record: always possible
+    if not records.exists(RECORD, rec_dir):
+        print(f"chapter 2: no record {RECORD} in {rec_dir}; run `smallem gemm` (skipped)")
+        return {}
+    rec = records.load(RECORD, rec_dir)
+    peak, _ = _peak(rec, rec_dir)
+    cores = rec["settings"]["threads"]
+    note = f"This machine: {figures.machine_line(rec)}; numpy: {_blas_line(rec)}."
+    rows, values = ladder_rows(rec, rec_dir)
+    figures.write_table("ch2_ladder", rows,
+                        ["Rung", f"Gop/s, {rec['settings']['n_ladder']}³", "of peak", "gain",
+                         f"Reference: {reference.MACHINE.split(' vs ')[0]}, 8 threads"],
+                        note=note + f" Reference: quoted from {reference.CITE}, not measured here.")
+    r, v = sweep_rows(rec, rec_dir)
+    values.update(v)
+    figures.write_table("ch2_sweep", r, ["Size", f"smallem, {cores} threads",
+                                         f"numpy, {cores} threads", "smallem / numpy",
+                                         ROUNDS_HEADER], note=note)
+    r, v = shape_rows(rec)
+    values.update(v)
+    values.update(whole_b_values(rec))
+    figures.write_table("ch2_shapes", r,
+                        ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy",
+                         ROUNDS_HEADER], note=note)
+    r, v = phase_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_phases", r,
+                        ["Product", "M", "B", "per call", "pack B", "pack A", "tiles",
+                         "waiting"],
+                        note=note + f" Medians of {_phase_calls(rec)} calls; each share is the "
+                        "mean over the threads of their time in the parallel region.")
+    r, v, kc = alone_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_alone", r,
+                        ["B's slivers in", "B", "threads", "the micro-kernel alone",
+                         "FMA probe, in turn", "of the probe"],
+                        note=note + f" K_C = {kc}, full tiles, no packing and "
+                        "no barriers; medians of samples taken in turn with the probe.")
+    r, v = dtype_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_bf16", r, DTYPE_HEADER,
+                        note=note + f" bf16 path: {values['ch2.bf16_chosen']}.")
+    values.update(bf16_elsewhere(rec_dir))
+    r, v = mc_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block",
+                                      f"rung {values['ch2.mc_rung']}, Gop/s at "
+                                      f"{values['ch2.mc_n']}³, {values['ch2.mc_threads']}"],
+                        note=note)
+    r, v = kc_rows(rec)
+    values.update(v)
+    figures.write_table("ch2_kc", r, ["L1 ways for A", "KC", "A sliver",
+                                      f"passes over C at {values['ch2.kc_n']}³",
+                                      f"Gop/s, {cores} threads"], note=note)
+    values.update(pool_values(rec, rec_dir))
+    values.update(chapter1_links(rec, rec_dir))
+    ladder_figure(rec, peak)
+    sweep_figure(rec, peak)
+    roofline(rec, rec_dir)
+    values["ch2.ai"] = figures.fmt(dram_intensity(rec["settings"]["n_ladder"]), "op/byte")
+    pts = roofline_points(rec)
+    values["ch2.ai_naive"] = figures.fmt(pts[0][1], "op/byte")
+    values["ch2.ai_loop"] = figures.fmt(pts[1][1], "op/byte")
+    values["ch2.ai_kernel"] = figures.fmt(pts[3][1], "op/byte")
+    return values

@@ -1,0 +1,116 @@
+"""Paired comparisons: two or more kernels timed in turn, and what their rounds say.
+
+Every ratio the book quotes (smallem against numpy, one block size against another) comes
+from one :func:`compare` call, so both sides saw the same machine; the sign test on the rounds
+says whether the difference is larger than the host's noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..timing import measure_interleaved
+from .figures import fmt
+
+
+def numpy_pinned(threads):
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
+
+def blas_info() -> list[dict]:
+    from threadpoolctl import threadpool_info
+    keep = ("user_api", "internal_api", "version", "num_threads", "architecture", "threading_layer")
+    return [{k: d.get(k) for k in keep} for d in threadpool_info()]
+
+
+
+def paired(fns: dict, m, n, k, quick=False, pause=None, work=None) -> dict:
+    """Time ``fns`` in turn (timing.measure_interleaved): {key: {"value", "seconds"}}.
+
+    Every ratio the chapter quotes (smallem against numpy, one block size against
+    another) comes from one such call, so both sides saw the same machine. Between two
+    libraries a pause lets the previous one's spinning threads go to sleep. A call does
+    the m x n x k product's 2mnk operations, unless ``work`` gives a key its own Gop.
+    """
+    if pause is None:
+        pause = 0.0 if quick else 0.25
+    ts = measure_interleaved(fns, repeats=3 if quick else 15, warmup=1,
+                             min_sample=0.005 if quick else 0.05, pause=pause,
+                             max_time=1.0 if quick else 60.0)
+    gemm_work = 2.0 * m * n * k / 1e9
+    # Every sample is kept, in the order taken: sample i of each key is round i of the
+    # comparison, so the record can say in how many rounds one side was ahead.
+    return {key: {"value": t.rate((work or {}).get(key, gemm_work)),
+                  "seconds": {**t.stats(), "samples": list(t.seconds)}}
+            for key, t in ts.items()}
+
+
+
+def rounds_ahead(ours: dict, theirs: dict) -> tuple[int, int] | None:
+    """In how many rounds of a paired comparison ``ours`` took less time than ``theirs``,
+    and of how many: two results of one :func:`paired` call. None for results recorded
+    before the samples were kept (records before 2026-11-30)."""
+    a, b = (r.get("seconds", {}).get("samples") for r in (ours, theirs))
+    if not a or not b or len(a) != len(b):
+        return None
+    return sum(x < y for x, y in zip(a, b)), len(a)
+
+
+
+def sign_test(ahead: int, n: int) -> float:
+    """Two-sided sign test: how often n fair coin flips give a split at least as lopsided
+    as ``ahead`` of ``n``. Rounds are paired, so the machine's drift cancels within a
+    round; what is left is noise, which favours neither side."""
+    worst = max(ahead, n - ahead)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(worst, n + 1)) / 2 ** n)
+
+
+
+SIGN_LEVEL = 0.05  # a split a coin gives less often than once in 20: a real difference
+
+
+
+def lopsided(n: int) -> int:
+    """The fewest rounds of n one side must be ahead in for the sign test to tell."""
+    return next((k for k in range(n // 2, n + 1) if sign_test(k, n) < SIGN_LEVEL), n + 1)
+
+
+
+def rounds_text(rounds: tuple[int, int] | None) -> str:
+    return "n/a (not kept)" if rounds is None else f"{rounds[0]} of {rounds[1]}"
+
+
+
+def listing(items: list[str], empty: str) -> str:
+    """"a", "a and b", "a, b and c" for prose; ``empty`` for none."""
+    if len(items) < 2:
+        return items[0] if items else empty
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+
+def versus(r: dict, base: dict) -> str:
+    """Result r against result base (two rates timed in turn) as prose: "2.1 % slower (in
+    14 of 15 rounds)", with "too few to tell" where the sign test cannot tell them apart.
+    Each round's rates come from its samples: the work per call is median rate x median
+    seconds, as the two may do different work."""
+    d = 100 * (r["value"]["median"] / base["value"]["median"] - 1)
+    out = "as fast" if abs(d) < 0.05 else f"{abs(d):.1f} % {'faster' if d > 0 else 'slower'}"
+    if abs(d) < 0.05:
+        return out
+    per_op = [{"seconds": {"samples": [t / (x["value"]["median"] * x["seconds"]["median"])
+                                       for t in x.get("seconds", {}).get("samples") or []]}}
+              for x in (r, base)]  # seconds per Gop: less is faster, whatever the work
+    rounds = rounds_ahead(*(per_op if d > 0 else per_op[::-1]))
+    if rounds is None:
+        return out
+    tell = "" if sign_test(*rounds) < SIGN_LEVEL else ", too few to tell"
+    return f"{out} (in {rounds[0]} of {rounds[1]} rounds{tell})"
+
+
+
+def size(kib: float) -> str:
+    """A size for prose and tables: KiB below a MiB, MiB from there."""
+    return fmt(kib, "KiB") if kib < 1024 else fmt(kib / 1024, "MiB")

@@ -1,0 +1,126 @@
+"""The package's layout: the library apart from the book, one module per chapter, files a
+reader can take in, and no value computed for the pages that no page quotes."""
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from smallem import book
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "smallem"
+JOINT = {"smallem.cli", "smallem.__main__"}  # the command line joins the library and the book
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every smallem module ``path`` imports, at the top or inside a function, with
+    ``from . import x`` resolved to ``package.x``."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")
+                up = up[:len(up) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
+    known = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    return {m for m in out if m in known}
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+LIBRARY = [m for m in MODULES if not m.startswith("smallem.book") and m not in JOINT]
+
+
+def test_the_walk_sees_imports():
+    """The walk itself: it finds relative imports, imports inside functions, and packages."""
+    assert "smallem.book.records" in imports(MODULES["smallem.book.ch1"])
+    assert "smallem.gemm" in imports(MODULES["smallem.book.ch2.measuring"])
+    assert "smallem.book" in imports(MODULES["smallem.cli"])  # inside main()
+    assert "smallem.gemm" in LIBRARY and "smallem.book.ch2" not in LIBRARY
+
+
+@pytest.mark.parametrize("module", LIBRARY)
+def test_library_imports_nothing_from_the_book(module):
+    bad = sorted(m for m in imports(MODULES[module]) if m.startswith("smallem.book"))
+    assert not bad, f"{module} (library) imports {', '.join(bad)} (the book's)"
+
+
+def chapter_of(module: str) -> str | None:
+    """The chapter a module of the book belongs to (a chapter may be a package)."""
+    for c in book.CHAPTERS:
+        if module == f"smallem.book.{c}" or module.startswith(f"smallem.book.{c}."):
+            return c
+    return None
+
+
+def test_no_cycle_between_chapters():
+    chapters = set(book.CHAPTERS)
+    edges = {c: set() for c in chapters}
+    for m, path in MODULES.items():
+        if chapter_of(m):
+            edges[chapter_of(m)] |= {chapter_of(x) for x in imports(path) if chapter_of(x)}
+    for c in chapters:
+        edges[c].discard(c)
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cyclic = sorted(c for c in chapters if c in reach(c))
+    assert not cyclic, f"chapter modules in an import cycle: {cyclic}"
+
+
+def test_one_list_of_chapters():
+    """Every chapter module is in the list, and has what the list's users need."""
+    on_disk = ({p.stem for p in (PACKAGE / "book").glob("*.py")}
+               | {p.parent.name for p in (PACKAGE / "book").glob("*/__init__.py")})
+    for name, module in zip(book.CHAPTERS, book.modules()):
+        assert name in on_disk
+        assert callable(module.report) and module.RECORDS
+        assert module.MEASURE is None or module.MEASURE in module.COMMANDS
+        for func, add_arguments, help_ in module.COMMANDS.values():
+            assert callable(func) and help_
+    assert book.measure_commands() == ["machine", "gemm", "bench-train"]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
+def test_files_a_reader_can_take_in(path):
+    limit = 700 if path == PACKAGE / "gemm.py" else 800
+    lines = len(path.read_text().splitlines())
+    assert lines <= limit, f"{path.relative_to(ROOT)}: {lines} lines (at most {limit})"
+
+
+def quoted_text() -> str:
+    pages = sorted((ROOT / "chapters").glob("*.md")) + sorted((ROOT / "notebooks").glob("*.py"))
+    return "\n".join(p.read_text() for p in pages)
+
+
+def test_every_value_is_quoted(tmp_path, monkeypatch):
+    """A value the records give a page that no page or notebook quotes is dead code: the
+    values of the committed records, each named in a chapter (``{{ key }}``) or a notebook."""
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path))
+    values = book.report_all()
+    text = quoted_text()
+    unquoted = sorted(k for k in values if not re.search(re.escape(k) + r"(?![\w.])", text))
+    assert not unquoted, f"values no page or notebook quotes: {unquoted}"
+    written = json.loads((tmp_path / "tables" / "values.json").read_text())
+    assert written == values
