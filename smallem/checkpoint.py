@@ -52,13 +52,6 @@ def _write_atomic(path: Path, data: bytes):
     _fsync_dir(path.parent)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def save(folder, tensors: dict[str, np.ndarray], meta: dict) -> Path:
     """Write ``tensors`` and ``meta`` (must hold ``step``) as the folder's checkpoint."""

@@ -49,5 +49,5 @@ def on_page_markdown(markdown, page, config, files):
         raise PluginError(
             f"page {page.file.src_path}: unknown value key(s) "
             + ", ".join("{{ " + k + " }}" for k in unknown)
-            + f" (not in {where}; run `smallem figures`, or check the chapter's make_figures)")
+            + f" (not in {where}; run `smallem figures`, or check the chapter's report() in smallem/book)")
     return KEY.sub(lambda m: str(values[m.group(1)]), markdown)

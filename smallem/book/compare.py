@@ -50,8 +50,8 @@ def paired(fns: dict, m, n, k, quick=False, pause=None, work=None) -> dict:
 
 def rounds_ahead(ours: dict, theirs: dict) -> tuple[int, int] | None:
     """In how many rounds of a paired comparison ``ours`` took less time than ``theirs``,
-    and of how many: two results of one :func:`paired` call. None for results recorded
-    before the samples were kept (records before 2026-11-30)."""
+    and of how many: two results of one :func:`paired` call. None for results timed alone,
+    which keep no samples (the slow rungs)."""
     a, b = (r.get("seconds", {}).get("samples") for r in (ours, theirs))
     if not a or not b or len(a) != len(b):
         return None

@@ -9,7 +9,7 @@ cuBLAS measured in the same run.
 GPU time is taken with CUDA events around each call (a host clock would time the launch,
 not the kernel); samples are kept in a :class:`smallem.timing.Timing` like every other
 measurement. Without a GPU, :func:`notebook_section` shows the last committed records and
-:func:`make_figures` writes tables that say nothing has been measured yet.
+:func:`report` writes tables that say nothing has been measured yet.
 """
 
 from __future__ import annotations
@@ -382,10 +382,9 @@ def gemm_rows(rec: dict | None) -> list[list]:
     for r in records.results(rec, "gemm"):
         p = r["params"]
         ref = records.value(rec, "cublas", dtype=p["dtype"], n=n)
-        err64 = p.get("max_rel_err_f64")  # records before it lack it
         rows.append([p["number"], p["rung"], p["dtype"], figures.fmt(r["value"]["median"]),
                      f"{100 * r['value']['median'] / ref:.0f} %", f"{p['max_rel_err']:.1e}",
-                     "-" if err64 is None else f"{err64:.1e}"])
+                     f"{p['max_rel_err_f64']:.1e}"])
     for dt in ("f32", "bf16"):
         rows.append(["-", f"cuBLAS ({'cupy.matmul' if dt == 'f32' else 'cublasGemmEx'})", dt,
                      figures.fmt(records.value(rec, "cublas", dtype=dt, n=n)), "100 %", "-", "-"])

@@ -100,7 +100,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     s = rec["settings"]
     n = s["n_ladder"]
     cores = s["threads"]
-    ladder = s.get("blocks_ladder", s["blocks"])  # records before 2026-11-30 had one set
+    ladder = s["blocks_ladder"]
     peak, peak_src = _peak(rec, rec_dir)
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
