@@ -1,9 +1,5 @@
 void gemm_naive(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads);
 void gemm_loop_order(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads);
-void gemm_blocked(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads);
-void gemm_registers(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads);
-void gemm_packed(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads);
-void gemm_threads(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads);
 void gemm_blocked_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc);
 void gemm_registers_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc);
 void gemm_packed_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
@@ -13,7 +9,6 @@ void gemm_f32_phases(int trans_a, int trans_b, int M, int N, int K, float alpha,
 void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
 long long gemm_work_floats(int N, int K, int mc, int kc, int nc, int nthreads);
 int gemm_b_whole(int N, int K, int kc, int nc);
-void gemm_set_defaults(int rung5, int mc, int kc, int nc);
 void gemm_micro_shape(int *mr, int *nr);
 int gemm_native_bf16(void);
 int gemm_amx_bf16(void);

@@ -3,10 +3,13 @@
 Each ``kernels_c/<name>.c`` becomes one Python extension module per ISA level;
 its exported functions are declared, and only declared, in ``kernels_c/<name>.h``
 (plain prototypes that cffi reads as they are; the ``.c`` includes the header).
+A module too long for one file keeps the rest in ``kernels_c/<name>/``, whose
+``.c`` and ``.h`` files ``<name>.c`` includes: still one translation unit, so
+static functions are shared and inlined across the files.
 The module's file name carries a hash of everything that changes the machine
-code: the kernel source, every header in ``kernels_c/``, the cffi declarations,
-the compiler and its version, the flags and the ISA. Edit a kernel, call it
-again, and it is rebuilt; nothing else is.
+code: the kernel source, the files of its folder, every header in ``kernels_c/``,
+the cffi declarations, the compiler and its version, the flags and the ISA. Edit
+a kernel, call it again, and it is rebuilt; nothing else is.
 
 We run the compiler ourselves (cffi only writes the wrapper C file) so that a
 failure can quote the compiler's own message and name the kernel file.
@@ -109,10 +112,14 @@ def openmp_flags(cc: str) -> tuple[list[str], list[str]]:
 
 
 def _sources(name: str) -> tuple[Path, list[Path]]:
+    """``kernels_c/<name>.c``, and the files it may include: every header in ``kernels_c/``
+    and every ``.c`` and ``.h`` file under ``kernels_c/<name>/``."""
     src = KERNELS_DIR / f"{name}.c"
     if not src.is_file():
         raise BuildError(f"kernel source {src} does not exist")
-    return src, sorted(KERNELS_DIR.glob("*.h"))
+    own = KERNELS_DIR / name
+    parts = sorted(p for p in own.rglob("*") if p.suffix in (".c", ".h") and p.is_file())
+    return src, sorted(KERNELS_DIR.glob("*.h")) + parts
 
 
 def cdef_of(name: str) -> str:
@@ -124,12 +131,14 @@ def cdef_of(name: str) -> str:
 
 
 def _key(name: str, level: str, exts: tuple[str, ...], cc: str) -> tuple[str, list[str], list[str]]:
-    src, headers = _sources(name)
+    src, deps = _sources(name)
     cdef = cdef_of(name)
     omp_c, omp_l = openmp_flags(cc)
     cflags = BASE_FLAGS + tuning_flags(cc) + isa.compile_flags(level, exts) + omp_c
     h = hashlib.sha256()
-    for part in [src.read_bytes(), *(p.name.encode() + p.read_bytes() for p in headers),
+    # each file by its path under kernels_c/ (gemm/driver.c), so that a rename counts too
+    files = (p.relative_to(KERNELS_DIR).as_posix().encode() + p.read_bytes() for p in deps)
+    for part in [src.read_bytes(), *files,
                  cdef.encode(), " ".join(cflags + omp_l).encode(), compiler_version(cc).encode(),
                  level.encode(), sys.version.encode(), platform.machine().encode()]:
         h.update(hashlib.sha256(part).digest())
@@ -188,18 +197,23 @@ def _import(path: str):
 
 
 def _stamp(name: str) -> tuple:
-    """Modification times and sizes of the files a kernel is built from: one stat each."""
-    out = []
-    for path in _files(name, str(KERNELS_DIR)):
+    """Modification times and sizes of the files a kernel is built from: one stat each.
+
+    The folders' own times come first: a file added to or removed from ``kernels_c/`` or
+    ``kernels_c/<name>/`` changes them, and so makes :func:`_files` list the files again."""
+    folders = tuple(os.stat(d).st_mtime_ns if os.path.isdir(d) else 0
+                    for d in (KERNELS_DIR, KERNELS_DIR / name))
+    out = [folders]
+    for path in _files(name, str(KERNELS_DIR), folders):
         st = os.stat(path)
         out.append((st.st_mtime_ns, st.st_size))
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)
-def _files(name: str, kernels_dir: str) -> tuple[str, ...]:
-    src, headers = _sources(name)
-    return tuple(str(p) for p in [src, *headers])
+def _files(name: str, kernels_dir: str, folders: tuple = ()) -> tuple[str, ...]:
+    src, deps = _sources(name)
+    return tuple(str(p) for p in [src, *deps])
 
 
 def load(name: str, level: str | None = None):

@@ -1,0 +1,306 @@
+/* bf16 inputs for the package's GEMM (gemm_bf16 in gemm/driver.c): packing that
+ * widens bf16 to f32 for the f32 micro-kernel, the vdpbf16ps micro-kernel on pairs
+ * (AVX512_BF16), and AMX tiles (AMX_BF16).
+ *
+ * Included by ../gemm.c after the ladder, before gemm/driver.c, not compiled alone.
+ */
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* AMX (bf16 inputs only, see gemm_amx): with the AVX-512 build, on CPUs that have it. */
+#if defined(SM_AMX_BF16) && defined(SM_AVX512) && defined(SM_AVX512_BF16)
+#define AMX_BF16 1
+#define AMX_MR 32 /* rows of C per block: two tiles of 16 */
+#define AMX_KB 32 /* bf16 along k in one 64-byte tile row */
+#endif
+
+/* bf16 is the top half of an f32: widening is a 16-bit shift. */
+static inline float bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* The same packing for bf16 inputs, widened to f32 on the way: the micro-kernel
+ * is the f32 one, and the widening costs O(mk + kn) per block, not O(mnk). */
+static void pack_a_bf16(int mb, int kb, const uint16_t *a, size_t rs, size_t cs, float *ap)
+{
+    for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb) {
+        const int mr = MIN(MR, mb - ir);
+        const uint16_t *p = a + ir * rs;
+        for (int k = 0; k < kb; k++)
+            if (mr == MR)
+                for (int r = 0; r < MR; r++)
+                    ap[(size_t)k * MR + r] = bf16_to_f32(p[r * rs + k * cs]);
+            else
+                for (int r = 0; r < MR; r++)
+                    ap[(size_t)k * MR + r] = r < mr ? bf16_to_f32(p[r * rs + k * cs]) : 0.0f;
+    }
+}
+
+static void pack_b_panel_bf16(int nr, int kb, const uint16_t *b, size_t rs, size_t cs, float *bp)
+{
+    for (int k = 0; k < kb; k++)
+        if (nr == NR)
+            for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = bf16_to_f32(b[k * rs + j * cs]);
+        else
+            for (int j = 0; j < NR; j++)
+                bp[(size_t)k * NR + j] = j < nr ? bf16_to_f32(b[k * rs + j * cs]) : 0.0f;
+}
+
+#if defined(SM_AVX512) && defined(SM_AVX512_BF16)
+/* --8<-- [start:bf16_kernel] */
+/* Native bf16: vdpbf16ps multiplies pairs of bf16 (k, k+1) and adds both
+ * products into one f32 lane, so A is packed as 32-bit pairs (broadcast once
+ * per pair) and B as NR columns of pairs. kc is padded to even with a zero. */
+#define NATIVE_BF16 1
+
+/* x[0] and x[step] as one 32-bit pair, x[0] in the low half (x86 is little-endian). */
+static inline uint32_t bf16_pair(const uint16_t *x, size_t step)
+{
+    return x[0] | (uint32_t)x[step] << 16;
+}
+
+static void pack_a_pairs(int mb, int kb, const uint16_t *a, size_t rs, size_t cs, uint16_t *ap)
+{
+    const int kp = (kb + 1) / 2, whole = kb / 2; /* pairs, and pairs with no padding */
+    /* panels stay MR*kb floats apart, as the driver expects: MR*kp pairs fit in that */
+    for (int ir = 0; ir < mb; ir += MR, ap += (size_t)MR * kb * 2) {
+        const int mr = MIN(MR, mb - ir);
+        uint32_t *dst = (uint32_t *)ap;
+        for (int p = 0; p < kp; p++)
+            for (int r = 0; r < MR; r++) {
+                const uint16_t *x = a + (ir + r) * rs + 2 * p * cs;
+                dst[(size_t)p * MR + r] = r >= mr ? 0 : p < whole ? bf16_pair(x, cs) : x[0];
+            }
+    }
+}
+
+/* B's rows two at a time, left to right across every panel, as pack_b reads
+ * f32 (panel by panel, each pair of rows would be a jump of two rows of B). */
+static void pack_b_pairs(int nb, int kb, const uint16_t *b, size_t rs, size_t cs, float *bp)
+{
+    const int kp = (kb + 1) / 2, whole = kb / 2;
+    for (int p = 0; p < kp; p++)
+        for (int jr = 0; jr < nb; jr += NR) {
+            const int nr = MIN(NR, nb - jr);
+            const uint16_t *x = b + 2 * p * rs + jr * cs;
+            uint32_t *dst = (uint32_t *)(bp + (size_t)jr * kb) + (size_t)p * NR;
+            if (nr == NR && p < whole && cs == 1) /* B as stored: this loop vectorises */
+                for (int j = 0; j < NR; j++) dst[j] = x[j] | (uint32_t)x[rs + j] << 16;
+            else
+                for (int j = 0; j < NR; j++)
+                    dst[j] = j >= nr ? 0 : p < whole ? bf16_pair(x + j * cs, rs) : x[j * cs];
+        }
+}
+
+static void micro_kernel_bf16(int kb, const uint16_t *a, const uint16_t *b, float *c, int ldc,
+                              float alpha, float beta)
+{
+    const int kp = (kb + 1) / 2;
+    __m512 acc[MR][2];
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const uint32_t *a32 = (const uint32_t *)a;
+    for (int p = 0; p < kp; p++) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR * 2);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + (size_t)p * NR * 2 + 32);
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; r++) {
+            const __m512bh ar = (__m512bh)_mm512_set1_epi32((int)a32[(size_t)p * MR + r]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, b0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, b1);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < 2; v++) {
+            float *cp = c + (size_t)r * ldc + v * 16;
+            __m512 t = _mm512_mul_ps(va, acc[r][v]);
+            if (beta != 0.0f) t = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cp), t);
+            _mm512_storeu_ps(cp, t);
+        }
+}
+/* --8<-- [end:bf16_kernel] */
+#endif
+
+#ifdef AMX_BF16
+/* AMX (Sapphire Rapids and later): eight tile registers of up to 16 rows of 64
+ * bytes, and tdpbf16ps, which multiplies a 16 x 32 bf16 tile of A by a 32 x 16
+ * tile of B (in pairs along k, as vdpbf16ps takes them) into a 16 x 16 f32 tile
+ * of C: 8192 multiply-adds in one instruction, where a zmm FMA does 16. Four C
+ * tiles make a 32 x 32 block of C, fed by two tiles of A and two of B. */
+#if NR != 32
+#error "the AMX block reads B in the 32-column panels of the AVX-512 build"
+#endif
+
+struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16]; /* bytes per row of each tile */
+    uint8_t rows[16];
+};
+
+static void amx_configure(void)
+{
+    struct amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    SM_TILE_LOADCONFIG(&c);
+}
+
+/* Linux gives the tiles' 8 KB of register state only to a process that asks. */
+static int amx_permitted(void)
+{
+#if defined(SM_EMULATE_AVX512)
+    return 1;
+#elif defined(__linux__)
+    static int state = -1;
+    if (state < 0)
+        state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                        18 /* XFEATURE_XTILEDATA */) == 0;
+    return state;
+#else
+    return 0;
+#endif
+}
+
+/* 32 rows of A as they are, bf16, each padded with zeros to kp (a multiple of
+ * 32): a tile row is then 32 consecutive k of one row of A. */
+static void pack_a_amx(int mb, int kb, int kp, const uint16_t *a, size_t rs, size_t cs,
+                       uint16_t *ap)
+{
+    for (int r = 0; r < AMX_MR; r++, ap += kp) {
+        int k = 0;
+        if (r < mb && cs == 1) {
+            memcpy(ap, a + r * rs, (size_t)kb * sizeof *ap);
+            k = kb;
+        } else if (r < mb) {
+            for (; k < kb; k++) ap[k] = a[r * rs + k * cs];
+        }
+        for (; k < kp; k++) ap[k] = 0;
+    }
+}
+
+/* B in pack_b_pairs' layout (NR columns of pairs for each pair of rows), padded
+ * with zero pairs to kp / 2, so that a tile of 16 pair rows stays in its panel. */
+static void pack_b_amx(int nb, int kb, int kp, const uint16_t *b, size_t rs, size_t cs,
+                       uint16_t *bp)
+{
+    const int whole = kb / 2;
+    for (int jr = 0; jr < nb; jr += NR) {
+        const int nr = MIN(NR, nb - jr);
+        uint32_t *dst = (uint32_t *)(bp + (size_t)jr * kp);
+        for (int p = 0; p < kp / 2; p++, dst += NR)
+            for (int j = 0; j < NR; j++) {
+                const uint16_t *x = b + 2 * (size_t)p * rs + (size_t)(jr + j) * cs;
+                dst[j] = j >= nr || 2 * p >= kb ? 0 : p < whole ? bf16_pair(x, rs) : x[0];
+            }
+    }
+}
+
+/* --8<-- [start:amx] */
+/* A 32 x 32 block of C into t (32 x 32 floats) from a packed A panel and B panel. */
+static void amx_block(int kp, const uint16_t *a, const uint16_t *b, float *t)
+{
+    SM_TILE_ZERO(0);
+    SM_TILE_ZERO(1);
+    SM_TILE_ZERO(2);
+    SM_TILE_ZERO(3);
+    for (int k = 0; k < kp; k += AMX_KB) {
+        SM_TILE_LOADD(4, a + k, (long)kp * 2);                   /* rows 0-15 of A */
+        SM_TILE_LOADD(5, a + (size_t)16 * kp + k, (long)kp * 2); /* rows 16-31 */
+        SM_TILE_LOADD(6, b + (size_t)k * NR, NR * 4);            /* columns 0-15 of B */
+        SM_TILE_LOADD(7, b + (size_t)k * NR + 32, NR * 4);       /* columns 16-31 */
+        SM_TILE_DPBF16PS(0, 4, 6);
+        SM_TILE_DPBF16PS(1, 4, 7);
+        SM_TILE_DPBF16PS(2, 5, 6);
+        SM_TILE_DPBF16PS(3, 5, 7);
+    }
+    SM_TILE_STORED(0, t, NR * 4);
+    SM_TILE_STORED(1, t + 16, NR * 4);
+    SM_TILE_STORED(2, t + 16 * NR, NR * 4);
+    SM_TILE_STORED(3, t + 16 * NR + 16, NR * 4);
+}
+/* --8<-- [end:amx] */
+
+/* gemm_driver's loops with 32-row panels of A and the AMX block: the threads
+ * pack a block of B together, then take 32 rows of C at a time. */
+static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                     const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                     float *C, int ldc, int nthreads, int kc, int nc, float *work)
+{
+    const size_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
+    const size_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
+    const int ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR), kca = ROUND_UP(kc, AMX_KB);
+    nc = MIN(nc, ncr);
+    uint16_t *bp = (uint16_t *)align64(work); /* layout: gemm_work_floats */
+    const int panels = (M + AMX_MR - 1) / AMX_MR;
+    if (nthreads > panels) nthreads = panels;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int t, nt, j0, j1;
+        team_position(&t, &nt);
+        uint16_t *ap = (uint16_t *)align64(work + (size_t)ncr * kca / 2 + 16 +
+                                           (size_t)t * (AMX_MR / 2 * (size_t)kca + 16));
+        float tile[AMX_MR * NR] __attribute__((aligned(64)));
+        amx_configure(); /* tile shapes are per thread */
+        for (int jc = 0; jc < N; jc += nc) {
+            const int nb = MIN(nc, N - jc);
+            for (int pc = 0; pc < K; pc += kca) {
+                const int kb = MIN(kca, K - pc), kp = ROUND_UP(kb, AMX_KB);
+                const float bt = pc == 0 ? beta : 1.0f;
+                b_share(nb, t, nt, &j0, &j1);
+                if (j0 < j1)
+                    pack_b_amx(j1 - j0, kb, kp, B + pc * rs_b + (jc + j0) * cs_b, rs_b, cs_b,
+                               bp + (size_t)j0 * kp);
+                #pragma omp barrier
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int ic = 0; ic < M; ic += AMX_MR) {
+                    const int mb = MIN(AMX_MR, M - ic);
+                    pack_a_amx(mb, kb, kp, A + ic * rs_a + pc * cs_a, rs_a, cs_a, ap);
+                    for (int jr = 0; jr < nb; jr += NR) {
+                        const int nr = MIN(NR, nb - jr);
+                        amx_block(kp, ap, bp + (size_t)jr * kp, tile);
+                        for (int r = 0; r < mb; r++) {
+                            float *c = C + (size_t)(ic + r) * ldc + jc + jr;
+                            const float *x = tile + r * NR;
+                            if (bt != 0.0f)
+                                for (int j = 0; j < nr; j++) c[j] = alpha * x[j] + bt * c[j];
+                            else
+                                for (int j = 0; j < nr; j++) c[j] = alpha * x[j];
+                        }
+                    }
+                }
+                #pragma omp barrier
+            }
+        }
+        SM_TILE_RELEASE();
+    }
+}
+#endif
+
+int gemm_native_bf16(void)
+{
+#ifdef NATIVE_BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int gemm_amx_bf16(void)
+{
+#ifdef AMX_BF16
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
