@@ -30,7 +30,7 @@ def _measure_gops(fn, m, n, k, quick=False):
 
 
 def _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng):
-    """Rung 5 with all of B packed first against one K slice at a time, on the first of
+    """The package's GEMM with all of B packed first against one K slice at a time, on the first of
     the model's products where all of B fits (`gemm_b_whole`). ``nc = N`` keeps the
     same single block of columns but takes the slice-by-slice path: the two differ in
     that alone. "whole_b" results, ``b`` = "whole" or "slices"."""
