@@ -20,16 +20,52 @@ def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = No
     ``shape`` may hold ``None`` for a free dimension. Returns ``x`` unchanged:
     nothing is copied behind the caller's back.
     """
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
-    dtype = np.dtype(dtype)
-    if x.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype} "
-                        f"(convert with {name}.astype(np.{dtype}))")
+    _kind(x, name, dtype)
     layout(x, name, ndim, shape, module="np")
     if writable and not x.flags.writeable:
         raise ValueError(f"{name}: array is read-only but the kernel writes into it")
     return x
+
+
+def matrix(x, name: str, dtype, writable: bool = False) -> tuple[np.ndarray, int]:
+    """A 2-D array of ``dtype`` whose rows are contiguous; returns it and its leading dimension.
+
+    Rows may be further apart than their width (a slice ``big[:, :k]``: lda > k),
+    but the elements of a row must be adjacent; anything else is an error, not a copy.
+    """
+    if (type(x) is np.ndarray and x.dtype is dtype and x.ndim == 2 and x.flags.c_contiguous
+            and x.size and (not writable or x.flags.writeable) and max(x.shape) <= 2**31 - 1):
+        return x, x.shape[1]  # the usual case, without the checks below
+    _kind(x, name, dtype)
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D matrix, got shape {x.shape}")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{name}: array is read-only but the kernel writes into it")
+    rows, cols = x.shape
+    es = x.itemsize
+    if x.size == 0:  # nothing to read or write; the caller handles empty products
+        return x, max(cols, 1)
+    if cols > 1 and x.strides[1] != es:
+        raise ValueError(f"{name}: the elements of a row are not adjacent (strides {x.strides}); "
+                         f"pass np.ascontiguousarray({name}), or use trans_a/trans_b "
+                         f"for a transpose")
+    ld = x.strides[0] // es if rows > 1 else max(cols, 1)
+    if rows > 1 and (x.strides[0] % es or ld < cols):
+        raise ValueError(f"{name}: rows overlap or are misaligned (strides {x.strides}); "
+                         f"pass np.ascontiguousarray({name})")
+    if ld > 2**31 - 1 or rows > 2**31 - 1 or cols > 2**31 - 1:
+        raise ValueError(f"{name}: shape {x.shape} too large for the C kernels' int sizes")
+    return x, max(ld, 1)
+
+
+def _kind(x, name: str, dtype) -> None:
+    """Check that ``x`` is an ndarray of ``dtype``; bf16 travels as uint16 bits."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
+    dtype = np.dtype(dtype)
+    if x.dtype != dtype:
+        hint = "f32_to_bf16" if dtype == np.uint16 else f"{name}.astype(np.{dtype})"
+        raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype} (convert with {hint})")
 
 
 def layout(x, name: str, ndim: int | None, shape: tuple | None, module: str = "np") -> None:

@@ -228,44 +228,6 @@ def _workspace(ffi, lib, level, n, k, mc, kc, nc, nthreads):
     return found[1]
 
 
-# ---------------------------------------------------------------- argument checks
-
-def _matrix(x, name: str, dtype, writable: bool = False) -> tuple[np.ndarray, int]:
-    """A 2-D array of ``dtype`` whose rows are contiguous; returns it and its leading dimension.
-
-    Rows may be further apart than their width (a slice ``big[:, :k]``: lda > k),
-    but the elements of a row must be adjacent; anything else is an error, not a copy.
-    """
-    if (type(x) is np.ndarray and x.dtype is dtype and x.ndim == 2 and x.flags.c_contiguous
-            and x.size and (not writable or x.flags.writeable) and max(x.shape) <= 2**31 - 1):
-        return x, x.shape[1]  # the usual case, without the checks below
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(x).__name__}")
-    dtype = np.dtype(dtype)
-    if x.dtype != dtype:
-        hint = "f32_to_bf16" if dtype == U16 else f"{name}.astype(np.{dtype})"
-        raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype} (convert with {hint})")
-    if x.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D matrix, got shape {x.shape}")
-    if writable and not x.flags.writeable:
-        raise ValueError(f"{name}: array is read-only but the kernel writes into it")
-    rows, cols = x.shape
-    es = x.itemsize
-    if x.size == 0:  # nothing to read or write; the caller handles empty products
-        return x, max(cols, 1)
-    if cols > 1 and x.strides[1] != es:
-        raise ValueError(f"{name}: the elements of a row are not adjacent (strides {x.strides}); "
-                         f"pass np.ascontiguousarray({name}), or use trans_a/trans_b "
-                         f"for a transpose")
-    ld = x.strides[0] // es if rows > 1 else max(cols, 1)
-    if rows > 1 and (x.strides[0] % es or ld < cols):
-        raise ValueError(f"{name}: rows overlap or are misaligned (strides {x.strides}); "
-                         f"pass np.ascontiguousarray({name})")
-    if ld > 2**31 - 1 or rows > 2**31 - 1 or cols > 2**31 - 1:
-        raise ValueError(f"{name}: shape {x.shape} too large for the C kernels' int sizes")
-    return x, max(ld, 1)
-
-
 def _ptr(ffi, x, ctype="float"):
     """A C pointer to ``x``'s first element; ``ctype`` is the element type."""
     if x.flags.c_contiguous:  # the fast way (half a microsecond); keeps x alive during the call
@@ -298,7 +260,7 @@ def _scalar(v, name: str) -> float:
 def _out(out, name, shape):
     if out is None:
         return np.empty(shape, F32), shape[1]
-    out, ldc = _matrix(out, name, F32, writable=True)
+    out, ldc = checks.matrix(out, name, F32, writable=True)
     if out.shape != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {out.shape}")
     return out, ldc
@@ -341,8 +303,8 @@ LADDER = [
 
 
 def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=None):
-    a, lda = _matrix(a, "a", F32)
-    b, ldb = _matrix(b, "b", F32)
+    a, lda = checks.matrix(a, "a", F32)
+    b, ldb = checks.matrix(b, "b", F32)
     (M, K), (K2, N) = a.shape, b.shape
     if K != K2:
         raise ValueError(f"a and b: inner dimensions differ, {a.shape} @ {b.shape}")
@@ -369,8 +331,8 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
 def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level, path=0,
           phases=None):
     dtype = F32 if kind == "f32" else U16
-    a, lda = _matrix(a, "a", dtype)
-    b, ldb = _matrix(b, "b", dtype)
+    a, lda = checks.matrix(a, "a", dtype)
+    b, ldb = checks.matrix(b, "b", dtype)
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
     M, K = a.shape[::-1] if trans_a else a.shape
     K2, N = b.shape[::-1] if trans_b else b.shape
