@@ -1,9 +1,9 @@
 /* Shared by every kernel file: sizes, the ISA macros, OpenMP if present.
  *
  * Which vector code a file compiles is decided by the compiler's own macros
- * (__AVX512F__, __AVX2__, __FMA__, __AVX512BF16__, __AVX512VNNI__, __AMX_BF16__),
+ * (__AVX512F__, __AVX2__, __FMA__, __AVX512BF16__, __AVX512VNNI__, __AMX_BF16__, __AMX_INT8__),
  * which follow the -m flags of the ISA level, and is named here as SM_AVX512,
- * SM_AVX2, SM_AVX512_BF16, SM_AVX512_VNNI and SM_AMX_BF16. A file written for
+ * SM_AVX2, SM_AVX512_BF16, SM_AVX512_VNNI and SM_AMX_TILE/_BF16/_INT8. A file written for
  * AVX-512 therefore always has an AVX2 and a plain-C branch. The one macro the
  * build may add itself is SM_EMULATE_AVX512, for tests (emulate.h).
  */
@@ -32,15 +32,22 @@
 #if defined(__AVX512VNNI__)
 #define SM_AVX512_VNNI 1
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define SM_AMX_BF16 1
+#if defined(__AMX_TILE__)
+#define SM_AMX_TILE 1
 /* AMX tile registers are named by number in each instruction: macros, not functions. */
 #define SM_TILE_LOADCONFIG(cfg) _tile_loadconfig(cfg)
 #define SM_TILE_RELEASE() _tile_release()
 #define SM_TILE_ZERO(t) _tile_zero(t)
 #define SM_TILE_LOADD(t, base, stride) _tile_loadd(t, base, stride)
 #define SM_TILE_STORED(t, base, stride) _tile_stored(t, base, stride)
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define SM_AMX_BF16 1
 #define SM_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define SM_AMX_INT8 1
+#define SM_TILE_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #endif
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
@@ -59,8 +66,11 @@
  * out of a loop, without emitting any instruction. */
 #if defined(__GNUC__)
 #define SM_OPAQUE(v) __asm__ volatile("" : "+r,m"(v))
+/* the same, with v held in a register: a chain through memory would time the store and load */
+#define SM_OPAQUE_REG(v) __asm__ volatile("" : "+r"(v))
 #define SM_OPAQUE_VEC(v) __asm__ volatile("" : "+x"(v))
 #else
 #define SM_OPAQUE(v) ((void)0)
+#define SM_OPAQUE_REG(v) ((void)0)
 #define SM_OPAQUE_VEC(v) ((void)0)
 #endif

@@ -17,7 +17,9 @@
 #define SM_AVX512 1
 #define SM_AVX512_BF16 1
 #define SM_AVX512_VNNI 1
+#define SM_AMX_TILE 1
 #define SM_AMX_BF16 1
+#define SM_AMX_INT8 1
 
 /* vcvtps2dq: round to nearest even (the default MXCSR mode), as nearbyintf does */
 static inline simde__m512i sm_emu_cvtps_epi32(simde__m512 a)
@@ -116,9 +118,25 @@ static inline void sm_emu_tile_dpbf16ps(int c, int a, int b)
         }
 }
 
+/* tdpbssd: c[m][n] += a[m] quad k . b[k] quad n, signed bytes into int32 */
+static inline void sm_emu_tile_dpbssd(int c, int a, int b)
+{
+    struct sm_emu_tile *tc = &sm_emu_tiles[c], *ta = &sm_emu_tiles[a], *tb = &sm_emu_tiles[b];
+    for (int m = 0; m < tc->rows; m++)
+        for (int n = 0; n < tc->colsb / 4; n++) {
+            int32_t acc;
+            memcpy(&acc, &tc->bytes[m][4 * n], 4);
+            for (int k = 0; k < ta->colsb / 4; k++)
+                for (int q = 0; q < 4; q++)
+                    acc += (int8_t)ta->bytes[m][4 * k + q] * (int8_t)tb->bytes[k][4 * n + q];
+            memcpy(&tc->bytes[m][4 * n], &acc, 4);
+        }
+}
+
 #define SM_TILE_LOADCONFIG(cfg) sm_emu_tile_loadconfig(cfg)
 #define SM_TILE_RELEASE() ((void)0)
 #define SM_TILE_ZERO(t) memset(sm_emu_tiles[t].bytes, 0, sizeof sm_emu_tiles[t].bytes)
 #define SM_TILE_LOADD(t, base, stride) sm_emu_tile_loadd(t, base, stride)
 #define SM_TILE_STORED(t, base, stride) sm_emu_tile_stored(t, base, stride)
 #define SM_TILE_DPBF16PS(c, a, b) sm_emu_tile_dpbf16ps(c, a, b)
+#define SM_TILE_DPBSSD(c, a, b) sm_emu_tile_dpbssd(c, a, b)

@@ -6,22 +6,45 @@
  * drop the work.
  */
 #include "common.h"
+#include "amx.h"
 #include "probes.h"
 
 /* --8<-- [start:add_chain] */
 /* The clock, measured: 64 integer adds per iteration, each waiting for the one
- * before. An add has a latency of one cycle on every core we know of, so
- * adds per second is cycles per second. The empty asm keeps the compiler from
- * folding the 64 adds into one. */
+ * before. An add of two registers has a latency of one cycle on every core we
+ * know of, so adds per second is cycles per second. The step lives in a
+ * register the compiler cannot see into: an add of a small constant would not
+ * do, because Intel cores since Golden Cove (Alder Lake P, Sapphire and
+ * Emerald Rapids) perform such adds while renaming registers, several per
+ * cycle, and the chain then runs faster than the clock. The empty asm after
+ * each add keeps the compiler from folding the 64 adds into one. */
 double probe_add_chain(long long iters)
 {
-    long long x = 0;
+    long long x = 0, step = 1;
+    SM_OPAQUE_REG(step);
     for (long long i = 0; i < iters; i++) {
-#define ADD1 x += 1; SM_OPAQUE(x);
+#define ADD1 x += step; SM_OPAQUE_REG(x);
 #define ADD8 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1 ADD1
         ADD8 ADD8 ADD8 ADD8 ADD8 ADD8 ADD8 ADD8
     }
     return (double)x;
+}
+
+/* A second clock, independent of the first: the same chain of 64 dependent
+ * operations, multiplies this time. A 64-bit integer multiply takes three
+ * cycles on every x86 core since Intel Nehalem and AMD Zen, and no core
+ * shortens it at renaming, so the two clocks agree only if both chains
+ * measure what they claim. Odd factors keep x from ever becoming 0. */
+double probe_mul_chain(long long iters)
+{
+    unsigned long long x = 1, factor = 3;
+    SM_OPAQUE_REG(factor);
+    for (long long i = 0; i < iters; i++) {
+#define MUL1 x *= factor; SM_OPAQUE_REG(x);
+#define MUL8 MUL1 MUL1 MUL1 MUL1 MUL1 MUL1 MUL1 MUL1
+        MUL8 MUL8 MUL8 MUL8 MUL8 MUL8 MUL8 MUL8
+    }
+    return (double)(x & 0xffff);
 }
 /* --8<-- [end:add_chain] */
 
@@ -94,6 +117,13 @@ double probe_fma_f32(long long iters, int nthreads, float *sink)
     return (double)iters * fma_ops_per_iter() * nthreads;
 }
 
+/* Independent chains in the AVX-512 dot probes. A vdpbf16ps or vpdpbusd takes
+ * several cycles before its result can be used, and a core may start up to two
+ * a cycle, so at least latency x 2 chains must be in flight, or the probe times
+ * the latency, not the rate. 24 chains (of the 32 zmm registers) cover a
+ * latency of up to 12 cycles. */
+#define DOT_CHAINS 24
+
 /* --8<-- [start:bf16] */
 /* bf16 dot: vdpbf16ps multiplies 32 pairs of bf16 and adds them, two by two,
  * into 16 f32 lanes: 64 operations per instruction, twice the f32 FMA's 32.
@@ -102,7 +132,7 @@ double probe_fma_f32(long long iters, int nthreads, float *sink)
 static float bf16_one_thread(long long iters)
 {
 #if defined(SM_AVX512_BF16)
-    enum { NACC = 16 };
+    enum { NACC = DOT_CHAINS };
     __m512 acc[NACC];
     __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);   /* 1.0 */
     __m512bh b = (__m512bh)_mm512_set1_epi16(0x0000);   /* 0.0: acc stays put */
@@ -113,8 +143,10 @@ static float bf16_one_thread(long long iters)
     return _mm512_reduce_add_ps(acc[0]);
 #elif defined(SM_AVX2)
     /* 8 f32 lanes per register: each iteration widens a fresh pair of bf16
-     * vectors (the empty asm makes them "fresh") into even and odd halves. */
-    enum { NACC = 6 };
+     * vectors (the empty asm makes them "fresh") into even and odd halves.
+     * Each chain is two FMAs deep per iteration (8 cycles), so two pipes need
+     * 8 chains; with the 7 other vectors that fills the 16 ymm registers less one. */
+    enum { NACC = 8 };
     __m256 acc[NACC];
     __m256i x = _mm256_set1_epi32(0x3f7f3f7f), y = _mm256_set1_epi32(0x3a833a83);
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000);
@@ -161,9 +193,9 @@ static float bf16_one_thread(long long iters)
 static double bf16_ops_per_iter(void)
 {
 #if defined(SM_AVX512_BF16)
-    return 16 * 64;
+    return DOT_CHAINS * 64;
 #elif defined(SM_AVX2)
-    return 6 * 2 * 8 * 2;   /* 6 accumulators x 2 FMAs x 8 lanes x 2 ops */
+    return 8 * 2 * 8 * 2;   /* 8 accumulators x 2 FMAs x 8 lanes x 2 ops */
 #else
     return 8 * 8 * 2 * 2;
 #endif
@@ -184,7 +216,7 @@ double probe_dot_bf16(long long iters, int nthreads, float *sink)
 static int32_t int8_one_thread(long long iters)
 {
 #if defined(SM_AVX512_VNNI)
-    enum { NACC = 16 };
+    enum { NACC = DOT_CHAINS };
     __m512i acc[NACC];
     __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
     for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_epi32(k);
@@ -230,7 +262,7 @@ static int32_t int8_one_thread(long long iters)
 static double int8_ops_per_iter(void)
 {
 #if defined(SM_AVX512_VNNI)
-    return 16 * 128;
+    return DOT_CHAINS * 128;
 #elif defined(SM_AVX2)
     return 6 * 32 * 2;
 #else
@@ -243,6 +275,123 @@ double probe_dot_int8(long long iters, int nthreads, int32_t *sink)
 {
     ON_THREADS(nthreads, int32_t, int8_one_thread(iters), sink);
     return (double)iters * int8_ops_per_iter() * nthreads;
+}
+
+/* --8<-- [start:amx] */
+/* AMX tiles (Sapphire Rapids and later): one tdpbf16ps multiplies a 16 x 32 bf16
+ * tile by a 32 x 16 one into a 16 x 16 f32 tile, 16 x 16 x 32 x 2 = 16384
+ * operations; tdpbssd does the same with 16 x 64 int8 into int32, 32768. The
+ * probe keeps four accumulator tiles, fed by two tiles of A and two of B, and
+ * loads nothing in the loop: the tile unit's own rate, not the caches'. Four
+ * independent accumulators cover the instruction's latency. A is 1 and B is
+ * 2^-10 (bf16) or 1 (int8), so the sums stay exact. */
+#define TILE_OPS_BF16 (16.0 * 16 * 32 * 2)
+#define TILE_OPS_INT8 (16.0 * 16 * 64 * 2)
+
+#if defined(SM_AMX_TILE)
+/* Tiles 4, 5 from a, 6, 7 from b (16 rows of 64 bytes each), 0-3 zero. Tile
+ * numbers are part of each instruction, so each is written out. */
+static void tiles_fill(const void *a, const void *b)
+{
+    sm_amx_configure();
+    SM_TILE_LOADD(4, a, 64);
+    SM_TILE_LOADD(5, a, 64);
+    SM_TILE_LOADD(6, b, 64);
+    SM_TILE_LOADD(7, b, 64);
+    SM_TILE_ZERO(0);
+    SM_TILE_ZERO(1);
+    SM_TILE_ZERO(2);
+    SM_TILE_ZERO(3);
+}
+
+/* The four accumulator tiles, one after the other, into c (4 x 1 KiB); then the
+ * tile state is given back. */
+static void tiles_store(void *c)
+{
+    SM_TILE_STORED(0, c, 64);
+    SM_TILE_STORED(1, (char *)c + 1024, 64);
+    SM_TILE_STORED(2, (char *)c + 2048, 64);
+    SM_TILE_STORED(3, (char *)c + 3072, 64);
+    SM_TILE_RELEASE();
+}
+#endif
+
+static float amx_bf16_one_thread(long long iters)
+{
+#if defined(SM_AMX_BF16)
+    uint16_t a[16 * 32], b[16 * 32];
+    float c[4 * 256], s = 0;
+    for (int i = 0; i < 16 * 32; i++) { a[i] = 0x3f80; b[i] = 0x3a80; } /* 1.0, 2^-10 */
+    tiles_fill(a, b);
+    for (long long i = 0; i < iters; i++) {
+        SM_TILE_DPBF16PS(0, 4, 6);
+        SM_TILE_DPBF16PS(1, 4, 7);
+        SM_TILE_DPBF16PS(2, 5, 6);
+        SM_TILE_DPBF16PS(3, 5, 7);
+    }
+    tiles_store(c);
+    for (int t = 0; t < 4; t++) s += c[256 * t] + c[256 * t + 255];
+    return s;
+#else
+    (void)iters;
+    return 0;
+#endif
+}
+
+static int32_t amx_int8_one_thread(long long iters)
+{
+#if defined(SM_AMX_INT8)
+    int8_t a[16 * 64], b[16 * 64];
+    int32_t c[4 * 256];
+    uint32_t s = 0; /* unsigned: wrapping is defined */
+    for (int i = 0; i < 16 * 64; i++) { a[i] = 1; b[i] = 1; }
+    tiles_fill(a, b);
+    for (long long i = 0; i < iters; i++) {
+        SM_TILE_DPBSSD(0, 4, 6);
+        SM_TILE_DPBSSD(1, 4, 7);
+        SM_TILE_DPBSSD(2, 5, 6);
+        SM_TILE_DPBSSD(3, 5, 7);
+    }
+    tiles_store(c);
+    for (int t = 0; t < 4; t++) s += (uint32_t)c[256 * t] + (uint32_t)c[256 * t + 255];
+    return (int32_t)s;
+#else
+    (void)iters;
+    return 0;
+#endif
+}
+/* --8<-- [end:amx] */
+
+/* What the tile probes can run here: bit 0 bf16, bit 1 int8 (0 without AMX, or
+ * where the kernel refuses the tile state). */
+int probe_has_amx(void)
+{
+#if defined(SM_AMX_TILE)
+    if (!sm_amx_permitted()) return 0;
+#endif
+    int have = 0;
+#if defined(SM_AMX_BF16)
+    have |= 1;
+#endif
+#if defined(SM_AMX_INT8)
+    have |= 2;
+#endif
+    return have;
+}
+
+/* 0 operations where this build has no such tiles: Python checks probe_has_amx first. */
+double probe_amx_bf16(long long iters, int nthreads, float *sink)
+{
+    if (!(probe_has_amx() & 1)) return 0;
+    ON_THREADS(nthreads, float, amx_bf16_one_thread(iters), sink);
+    return (double)iters * 4 * TILE_OPS_BF16 * nthreads;
+}
+
+double probe_amx_int8(long long iters, int nthreads, int32_t *sink)
+{
+    if (!(probe_has_amx() & 2)) return 0;
+    ON_THREADS(nthreads, int32_t, amx_int8_one_thread(iters), sink);
+    return (double)iters * 4 * TILE_OPS_INT8 * nthreads;
 }
 
 int probe_has_native_bf16(void)

@@ -1,7 +1,7 @@
 """Which instruction set the C kernels are built for.
 
-Three levels, best first: ``avx512`` (F/BW/VL/DQ, plus VNNI, BF16 and AMX_BF16
-where the CPU has them), ``avx2`` (with FMA and F16C) and ``generic`` (portable C,
+Three levels, best first: ``avx512`` (F/BW/VL/DQ, plus VNNI, BF16, AMX_BF16 and
+AMX_INT8 where the CPU has them), ``avx2`` (with FMA and F16C) and ``generic`` (portable C,
 the only level on arm64 or any non-x86 CPU). The best level the CPU supports is
 chosen at run time; ``SMALLEM_ISA=avx2`` (or ``generic``, ``avx512``) forces one.
 
@@ -32,10 +32,10 @@ REQUIRED = {
 }
 
 # Extensions that widen a level when present; each becomes a -m flag and a macro.
-OPTIONAL = {"avx512": ("avx512_vnni", "avx512_bf16", "amx_bf16")}
+OPTIONAL = {"avx512": ("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")}
 # Compiler flags of an optional extension, where they are not "-m" + its name without "_".
-# AMX's tile registers (amx_tile) come with every CPU that has amx_bf16.
-EXTENSION_FLAGS = {"amx_bf16": ("-mamx-tile", "-mamx-bf16")}
+# AMX's tile registers (amx_tile) come with every CPU that has amx_bf16 or amx_int8.
+EXTENSION_FLAGS = {"amx_bf16": ("-mamx-tile", "-mamx-bf16"), "amx_int8": ("-mamx-tile", "-mamx-int8")}
 
 
 class ISAError(RuntimeError):

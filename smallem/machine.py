@@ -2,7 +2,8 @@
 
 Measures this machine's limits and writes them to one record, ``ch1.machine``:
 
-- the clock, from a chain of dependent integer adds (one cycle each);
+- the clock, from a chain of dependent integer adds (one cycle each), checked against a
+  chain of multiplies;
 - peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
 - the memory staircase: STREAM copy/scale/add/triad over working sets from
   16 KiB to 1 GiB, on one core and on all, with numpy's copy as a peer;
@@ -31,60 +32,78 @@ STREAM_KERNELS = {  # name: (arrays touched, bytes moved per element as STREAM c
 
 # ---------------------------------------------------------------- the theoretical peak
 
-def fma_units() -> tuple[int, int, str]:
-    """(FMA pipes per core, bits per pipe, where this came from) for this CPU.
+# FMA pipes per core and bits per pipe, from the vendors' manuals (bibliography.md: amd-opt,
+# intel-opt, strix-point). A vector wider than a pipe is split across it in halves.
+FMA_PIPES = {  # core: (pipes, bits per pipe, how it runs AVX-512 where it has it)
+    "AMD Zen 1": (2, 128, ""),
+    "AMD Zen 2": (2, 256, ""),
+    "AMD Zen 3": (2, 256, ""),
+    "AMD Zen 4": (2, 256, "a 512-bit FMA runs as two 256-bit halves"),
+    "AMD Zen 5 (desktop, server)": (2, 512, ""),
+    "AMD Zen 5 (mobile: Strix, Krackan Point)": (2, 256, "256-bit datapaths: 512-bit ops in halves"),
+    "Intel Xeon with AVX-512 (Skylake-SP to Granite Rapids)": (
+        2, 512, "ports 0+1 fused, and port 5; a few low-end SKUs lack port 5's"),
+    "Intel client core with AVX-512 (Ice, Tiger, Rocket Lake)": (
+        2, 256, "one 512-bit FMA: ports 0 and 1 fused"),
+    "Intel core with AVX2 and FMA (Haswell on)": (2, 256, ""),
+    "Apple M-series": (4, 128, "NEON"),
+}
+# family 6 models of the Intel server cores with two 512-bit FMA pipes
+INTEL_SERVER_AVX512 = {0x55, 0x6A, 0x6C, 0x8F, 0xCF, 0xAD, 0xAE}
+# AMD family 1Ah (Zen 5) models with 256-bit datapaths: Strix Point and Krackan Point
+ZEN5_NARROW_MODELS = (range(0x20, 0x30), range(0x60, 0x70))
 
-    No operating system reports the number of FMA pipes, so we look the core up
-    in the vendors' optimisation manuals (see bibliography.md). An unknown core
-    gets ``(0, 0, "unknown")`` and the caller infers the pipes from the
-    measurement, saying so.
+
+def core_name(ident: dict | None = None) -> str | None:
+    """The :data:`FMA_PIPES` row of a CPU, or None for a core not in the table.
+
+    ``ident`` is :func:`smallem.machine_info.parse_cpuinfo`'s reading (default: this machine).
     """
-    flags = isa.cpu_flags()
-    model = machine_info.cpu_model()
-    family = _cpuinfo_int("cpu family")
-    if "AMD" in model or "AuthenticAMD" in _cpuinfo_str("vendor_id"):
-        if family == 0x17 and _cpuinfo_int("model") < 0x30:
-            return 2, 128, "AMD Zen 1: two 128-bit FMA pipes"
-        if family in (0x17, 0x19):
-            return 2, 256, "AMD Zen 2/3/4: two 256-bit FMA pipes (Zen 4 splits AVX-512 in two halves)"
+    ident = ident or machine_info.cpu_identity()
+    flags, family, model = ident["flags"], ident["family"], ident["model"]
+    if ident["vendor"] == "AuthenticAMD":
+        if family == 0x17:
+            return "AMD Zen 1" if 0 <= model < 0x30 else "AMD Zen 2"
+        if family == 0x19:
+            return "AMD Zen 4" if "avx512f" in flags else "AMD Zen 3"
         if family == 0x1A:
-            return 2, 512, "AMD Zen 5: two 512-bit FMA pipes"
-    if "Intel" in model and "fma" in flags:
-        if "avx512f" in flags and ("Xeon" in model):
-            return 2, 512, "Intel Xeon with AVX-512: two 512-bit FMA pipes (some SKUs have one)"
-        return 2, 256, "Intel core with FMA: two 256-bit FMA pipes"
-    if platform.machine() in ("arm64", "aarch64"):
-        if "Apple" in model or platform.system() == "Darwin":
-            return 4, 128, "Apple M-series: four 128-bit NEON FMA pipes"
-    return 0, 0, "unknown"
+            narrow = any(model in r for r in ZEN5_NARROW_MODELS)
+            return "AMD Zen 5 (mobile: Strix, Krackan Point)" if narrow else "AMD Zen 5 (desktop, server)"
+    if ident["vendor"] == "GenuineIntel" and family == 6 and "fma" in flags:
+        if "avx512f" in flags:
+            return ("Intel Xeon with AVX-512 (Skylake-SP to Granite Rapids)"
+                    if model in INTEL_SERVER_AVX512 else
+                    "Intel client core with AVX-512 (Ice, Tiger, Rocket Lake)")
+        return "Intel core with AVX2 and FMA (Haswell on)"
+    if platform.machine() in ("arm64", "aarch64") and (
+            "Apple" in ident["model_name"] or platform.system() == "Darwin"):
+        return "Apple M-series"
+    return None
 
 
-def _cpuinfo_str(key: str) -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+def fma_units(ident: dict | None = None) -> tuple[int, int, str]:
+    """(FMA pipes per core, bits per pipe, where this came from) for a CPU.
 
-
-def _cpuinfo_int(key: str) -> int:
-    value = _cpuinfo_str(key)
-    try:
-        return int(value, 0)
-    except ValueError:
-        return -1
+    No operating system reports the number of FMA pipes, so we look the core up in
+    :data:`FMA_PIPES`. An unknown core gets ``(0, 0, "unknown")`` and the caller infers
+    the pipes from the measurement, saying so.
+    """
+    name = core_name(ident)
+    if name is None:
+        return 0, 0, "unknown"
+    pipes, bits, how = FMA_PIPES[name]
+    return pipes, bits, f"{name}: {pipes} FMA pipes of {bits} bits" + (f" ({how})" if how else "")
 
 
 def vector_bits(level: str) -> int:
     return {"avx512": 512, "avx2": 256}.get(level, 128)
 
 
-def theoretical_peak(clock_hz: float, cores: int, level: str, measured_per_core: float) -> dict:
-    """f32 peak = cores x pipes x lanes x 2 x clock, for the vector width ``level`` uses."""
-    pipes, pipe_bits, source = fma_units()
+def theoretical_peak(clock_hz: float, cores: int, level: str, measured_per_core: float,
+                     ident: dict | None = None) -> dict:
+    """f32 peak = cores x pipes x lanes x 2 x clock, for the vector width ``level`` uses
+    (on the CPU ``ident`` describes; default this one)."""
+    pipes, pipe_bits, source = fma_units(ident) if ident else fma_units()
     width = vector_bits(level)
     if pipes == 0:  # unknown core: the number of pipes that explains the measurement
         lanes_per_pipe = width // 32
@@ -115,41 +134,62 @@ def settle(seconds: float = 1.0) -> None:
     time.sleep(seconds)
 
 
-def measure_clock(repeats: int = 5) -> dict:
-    """Cycles per second, from adds that each wait one cycle for the previous one."""
+MUL_LATENCY = 3  # cycles of a 64-bit integer multiply: Intel since Nehalem, AMD since Zen
+
+
+def measure_clock(repeats: int = 5, chain: str = "add") -> dict:
+    """Cycles per second, from chains of dependent operations: adds of two registers (one
+    cycle each), or, as an independent check, multiplies (``MUL_LATENCY`` cycles each)."""
     _, lib = _probes()
+    fn, cycles = {"add": (lib.probe_add_chain, 1), "mul": (lib.probe_mul_chain, MUL_LATENCY)}[chain]
     iters = 2_000_000 if quick_mode() else 10_000_000  # 64 adds each: ~40 or ~200 ms at 3 GHz
-    t = measure(lambda: lib.probe_add_chain(iters), repeats=repeats)
-    return t.rate(iters * 64.0)
+    iters //= cycles
+    t = measure(lambda: fn(iters), repeats=repeats)
+    return t.rate(iters * 64.0 * cycles)
+
+
+PROBES = ("f32", "bf16", "int8", "amx_bf16", "amx_int8")
 
 
 def peak_probe(kind: str, threads: int, iters: int | None = None, level: str | None = None):
-    """One of the compute probes ('f32', 'bf16', 'int8') on ``threads`` threads, ready to
-    time: (a function that runs it once, the Gop one run does)."""
+    """One of the compute probes (:data:`PROBES`) on ``threads`` threads, ready to time:
+    (a function that runs it once, the Gop one run does)."""
     threads = checks.positive_int(threads, "threads", limit=4096)
     ffi, lib = _probes(level)
-    fn = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16, "int8": lib.probe_dot_int8}.get(kind)
+    fn = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16, "int8": lib.probe_dot_int8,
+          "amx_bf16": lib.probe_amx_bf16, "amx_int8": lib.probe_amx_int8}.get(kind)
     if fn is None:
-        raise ValueError(f"kind: expected 'f32', 'bf16' or 'int8', got {kind!r}")
-    sink = ffi.new("int32_t *" if kind == "int8" else "float *")
-    if iters is None:  # ~40 ms a sample: longer than a host hiccup
+        raise ValueError(f"kind: expected one of {PROBES}, got {kind!r}")
+    if kind.startswith("amx") and not native(kind, level):
+        raise ValueError(f"kind: {kind!r} needs AMX tiles, which this build or CPU lacks")
+    sink = ffi.new("int32_t *" if kind.endswith("int8") else "float *")
+    if iters is None:  # ~40 ms a sample: longer than a host hiccup (a tile op does 512 FMAs' work)
         iters = 200_000 if quick_mode() else 20_000_000
+        iters //= 64 if kind.startswith("amx") else 1
     ops = fn(iters, threads, sink)  # also the warm-up: threads spawned, clocks up
     return (lambda: fn(iters, threads, sink)), ops / 1e9
 
 
 def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
-    """Gop/s of one of the compute probes ('f32', 'bf16', 'int8') on ``threads`` threads."""
+    """Gop/s of one of the compute probes (:data:`PROBES`) on ``threads`` threads."""
     run_once, gop = peak_probe(kind, threads)
     t = measure(run_once, repeats=repeats, warmup=0)
     return {"value": t.rate(gop), "seconds": t.stats()}
 
 
 
-def native(kind: str) -> bool:
-    _, lib = _probes()
+def native(kind: str, level: str | None = None) -> bool:
+    """Whether the probe ``kind`` runs its own instruction here (not a fallback); for the
+    AMX kinds, whether it can run at all."""
+    _, lib = _probes(level)
     return bool({"f32": 1, "bf16": lib.probe_has_native_bf16(),
-                 "int8": lib.probe_has_native_int8()}[kind])
+                 "int8": lib.probe_has_native_int8(), "amx_bf16": lib.probe_has_amx() & 1,
+                 "amx_int8": lib.probe_has_amx() & 2}[kind])
+
+
+def amx_kinds(level: str | None = None) -> tuple[str, ...]:
+    """The AMX tile probes this machine can run (none without AMX)."""
+    return tuple(k for k in ("amx_bf16", "amx_int8") if native(k, level))
 
 
 # ---------------------------------------------------------------- the memory staircase

@@ -31,12 +31,46 @@ def _affinity_count() -> int:
     return os.cpu_count() or 1
 
 
-def cpu_model() -> str:
-    if os.path.exists("/proc/cpuinfo"):
+def parse_cpuinfo(text: str) -> dict:
+    """Vendor, family, model, model name and flags of the first CPU in a /proc/cpuinfo text.
+
+    Family and model are ints (-1 where absent, as on arm64); flags a frozenset.
+    """
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+
+    def number(key):
+        try:
+            return int(fields.get(key, ""), 0)
+        except ValueError:
+            return -1
+
+    name = next((fields[k] for k in ("model name", "Model", "Hardware") if fields.get(k)), "")
+    return {"vendor": fields.get("vendor_id", ""), "family": number("cpu family"),
+            "model": number("model"), "model_name": name,
+            "flags": frozenset((fields.get("flags") or fields.get("Features") or "").split())}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_identity() -> dict:
+    """:func:`parse_cpuinfo` of this machine (empty fields where there is no /proc/cpuinfo)."""
+    try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "Model", "Hardware")):
-                    return line.split(":", 1)[1].strip()
+            return parse_cpuinfo(f.read())
+    except OSError:
+        return parse_cpuinfo("")
+
+
+def cpu_model() -> str:
+    name = cpu_identity()["model_name"]
+    if name:
+        return name
     if platform.system() == "Darwin":
         out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
                              capture_output=True, text=True).stdout.strip()
@@ -58,30 +92,46 @@ def caches() -> dict:
     ``*_instances`` counts how many separate caches of that level the usable
     cores touch (an L3 is often shared, an L2 usually private).
     """
-    found = {"L1d": 0, "L2": 0, "L3": 0}
-    shared = {"L1d": 1, "L2": 1, "L3": 1}
+    entries = []
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     if base.is_dir():
         for index in sorted(base.glob("index*")):
             try:
-                level = (index / "level").read_text().strip()
-                kind = (index / "type").read_text().strip()
-                size = _parse_size((index / "size").read_text())
-                sharing = (index / "shared_cpu_list").read_text().strip()
+                entry = {k: (index / k).read_text().strip()
+                         for k in ("level", "type", "size", "shared_cpu_list")}
             except OSError:
                 continue
-            name = {"1": "L1d", "2": "L2", "3": "L3"}.get(level)
-            if name is None or (level == "1" and kind == "Instruction"):
-                continue
-            found[name] = size
-            shared[name] = _count_cpus(sharing)
+            try:
+                entry["ways"] = (index / "ways_of_associativity").read_text().strip()
+            except OSError:
+                pass
+            entries.append(entry)
     elif platform.system() == "Darwin":
-        for name, key in (("L1d", "hw.l1dcachesize"), ("L2", "hw.l2cachesize"), ("L3", "hw.l3cachesize")):
+        for level, key in (("1", "hw.l1dcachesize"), ("2", "hw.l2cachesize"), ("3", "hw.l3cachesize")):
             out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True).stdout.strip()
-            found[name] = int(out) if out.isdigit() else 0
-    cores = usable_cores()
+            if out.isdigit():
+                entries.append({"level": level, "type": "Data" if level == "1" else "Unified",
+                                "size": out, "shared_cpu_list": "0"})
+    return caches_from(entries, usable_cores())
+
+
+def caches_from(entries: list[dict], cores: int) -> dict:
+    """:func:`caches` from the entries of cpu0's cache folder in sysfs (each a dict of its
+    files ``level``, ``type``, ``size``, ``shared_cpu_list`` and, where known, ``ways``), for
+    ``cores`` usable cores. ``*_ways`` is the associativity (0 where unknown)."""
+    found = {"L1d": 0, "L2": 0, "L3": 0}
+    shared = {"L1d": 1, "L2": 1, "L3": 1}
+    ways = {"L1d": 0, "L2": 0, "L3": 0}
+    for e in entries:
+        name = {"1": "L1d", "2": "L2", "3": "L3"}.get(e["level"])
+        if name is None or (e["level"] == "1" and e["type"] == "Instruction"):
+            continue
+        found[name] = _parse_size(e["size"])
+        shared[name] = _count_cpus(e["shared_cpu_list"])
+        ways[name] = int(e.get("ways") or 0)
     return {
         **{f"{k}_bytes": v for k, v in found.items()},
+        **{f"{k}_ways": v for k, v in ways.items()},
         **{f"{k}_instances": max(1, -(-cores // shared[k])) for k in found},
     }
 
@@ -105,6 +155,7 @@ def fingerprint() -> dict:
     """The machine part of every record."""
     return {
         "cpu": cpu_model(),
+        **{k: cpu_identity()[k] for k in ("vendor", "family", "model")},
         "arch": platform.machine(),
         "cores": usable_cores(),
         "logical_cpus": os.cpu_count(),

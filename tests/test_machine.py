@@ -8,14 +8,36 @@ import subprocess
 import numpy as np
 import pytest
 
-from smallem import build, checks, machine
+from pathlib import Path
+
+from smallem import build, checks, machine, machine_info
 from smallem.book import ch1, figures, records
+
+MACHINES = Path(__file__).parent / "machines"
 
 
 @pytest.mark.no_emulation
 def test_clock_is_plausible(level):
     clock = machine.measure_clock(repeats=1)
     assert 0.2e9 < clock["median"] < 8e9, clock
+
+
+@pytest.mark.no_emulation
+def test_two_clocks_agree(level):
+    # A chain of adds and a chain of multiplies (3 cycles each) must give the same clock.
+    # On Golden Cove and later, a chain of `x += 1` ran at several adds per cycle: this fails
+    # for that method. Interleaved rounds, each clock's best: the least disturbed by neighbours.
+    adds, muls = [], []
+    for _ in range(4):
+        adds.append(machine.measure_clock(repeats=1, chain="add")["max"])
+        muls.append(machine.measure_clock(repeats=1, chain="mul")["max"])
+    assert max(muls) == pytest.approx(max(adds), rel=ch1.CLOCK_AGREEMENT), (adds, muls)
+
+
+def test_clock_probes_compute_their_chains(level):
+    _, lib = build.load("probes", level)
+    assert lib.probe_add_chain(10) == 640
+    assert lib.probe_mul_chain(1) == 3**64 % 2**64 & 0xFFFF
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -262,3 +284,131 @@ def test_warnings_reach_the_record_and_the_machine_line(records_tmp, capsys):
     assert rec.data["warnings"] == ["f32 peak: cores did not scale"]
     assert "warning: f32 peak: cores did not scale" in figures.machine_line(rec.data)
     assert "warning" not in figures.machine_line(records.Record("t.clean").data)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_dot_probes_compute_what_they_count(level, kind):
+    ffi, lib = build.load("probes", level)
+    if not machine.native(kind, level):
+        pytest.skip(f"the {kind} fallback: its operations are counted, not checked here")
+    iters, threads, chains = 5, 2, 24
+    if kind == "bf16":  # acc += 1.0 * 0.0: each of 16 lanes of each chain keeps 1 + k
+        sink = ffi.new("float *")
+        ops = lib.probe_dot_bf16(iters, threads, sink)
+        assert sink[0] == threads * 16 * sum(1 + k for k in range(chains))
+        assert ops == iters * chains * 64 * threads
+    else:  # acc += 1*1 four times a lane: each lane of chain k ends at k + 4 iters
+        sink = ffi.new("int32_t *")
+        ops = lib.probe_dot_int8(iters, threads, sink)
+        assert sink[0] == threads * 16 * sum(k + 4 * iters for k in range(chains))
+        assert ops == iters * chains * 128 * threads
+
+
+@pytest.mark.parametrize("kind", ["amx_bf16", "amx_int8"])
+def test_amx_probes_compute_what_they_count(level, kind):
+    ffi, lib = build.load("probes", level)
+    if not machine.native(kind, level):
+        with pytest.raises(ValueError, match="AMX"):
+            machine.peak_probe(kind, 1, iters=1, level=level)
+        pytest.skip(f"no {kind} tiles in this build or on this CPU")
+    iters, threads = 3, 2
+    if kind == "amx_bf16":  # each tile element gains 32 x 1.0 x 2^-10 per instruction
+        sink = ffi.new("float *")
+        ops = lib.probe_amx_bf16(iters, threads, sink)
+        assert sink[0] == threads * 8 * iters / 32
+        assert ops == iters * 4 * 16 * 16 * 32 * 2 * threads
+    else:  # each int32 element gains 64 x 1 x 1 per instruction
+        sink = ffi.new("int32_t *")
+        ops = lib.probe_amx_int8(iters, threads, sink)
+        assert sink[0] == threads * 8 * 64 * iters
+        assert ops == iters * 4 * 16 * 16 * 64 * 2 * threads
+
+
+# ---------------------------------------------------------------- machines met so far
+
+def captured(name: str) -> tuple[dict, dict]:
+    """(parse_cpuinfo's reading, caches_from's) of a machine in tests/machines/, for 2 cores."""
+    ident = machine_info.parse_cpuinfo((MACHINES / name / "cpuinfo-cpu0.txt").read_text())
+    entries = []
+    for line in (MACHINES / name / "caches.txt").read_text().splitlines():
+        fields = dict(kv.split("=", 1) for kv in line.partition(": ")[2].split())
+        entries.append({"level": fields["level"], "type": fields["type"], "size": fields["size"],
+                        "shared_cpu_list": fields["shared"], "ways": fields.get("ways")})
+    return ident, machine_info.caches_from(entries, cores=2)
+
+
+def captured_record(name: str, record: str) -> dict:
+    return records.load(record, MACHINES / name / "records")
+
+
+@pytest.mark.parametrize("name, core, pipes, bits, caches", [
+    ("intel-xeon-emr-2c", "Intel Xeon with AVX-512", 2, 512,
+     {"L1d_bytes": 48 * 1024, "L2_bytes": 2 * 1024**2, "L3_bytes": 300 * 1024**2,
+      "L1d_ways": 12, "L2_instances": 2, "L3_instances": 1}),
+    ("amd-zen4-2c", "AMD Zen 4", 2, 256,
+     {"L1d_bytes": 32 * 1024, "L2_bytes": 1024**2, "L3_bytes": 32 * 1024**2,
+      "L1d_ways": 8, "L2_instances": 2, "L3_instances": 1}),
+])
+def test_machine_detection_on_captured_machines(name, core, pipes, bits, caches):
+    ident, found = captured(name)
+    assert machine.core_name(ident).startswith(core)
+    assert machine.fma_units(ident)[:2] == (pipes, bits)
+    assert {k: found[k] for k in caches} == caches
+
+
+def test_fma_table_covers_the_cores_we_know():
+    def ident(vendor, family, model, *flags):
+        return {"vendor": vendor, "family": family, "model": model, "model_name": "",
+                "flags": frozenset(("fma", "avx2") + flags)}
+
+    amd, intel = "AuthenticAMD", "GenuineIntel"
+    assert machine.fma_units(ident(amd, 0x19, 0x21))[:2] == (2, 256)               # Zen 3
+    assert machine.fma_units(ident(amd, 0x19, 0x61, "avx512f"))[:2] == (2, 256)    # Zen 4
+    assert machine.fma_units(ident(amd, 0x1A, 0x44, "avx512f"))[:2] == (2, 512)    # Granite Ridge
+    assert machine.fma_units(ident(amd, 0x1A, 0x24, "avx512f"))[:2] == (2, 256)    # Strix Point
+    assert machine.fma_units(ident(intel, 6, 0x8F, "avx512f"))[:2] == (2, 512)     # SPR
+    assert machine.fma_units(ident(intel, 6, 0x97))[:2] == (2, 256)                # Alder Lake
+    assert machine.fma_units(ident(intel, 6, 0x7E, "avx512f"))[:2] == (2, 256)     # Ice Lake
+    assert machine.fma_units(ident("HygonGenuine", 0x18, 0, "avx512f")) == (0, 0, "unknown")
+
+
+@pytest.mark.parametrize("name", ["intel-xeon-emr-2c", "amd-zen5-2c"])
+def test_pipe_table_explains_each_recorded_fma_rate(name):
+    # The clock at which a machine's measured one-core f32 rate runs the table's FMAs per cycle
+    # is a clock such a core has: the table's pipes are right for it. (The Xeon's record predates
+    # the two-chain clock; its chain of adds "measured" 9.9 GHz.)
+    rec = captured_record(name, "ch1.machine")
+    theory = rec["settings"]["theory"]
+    implied = records.value(rec, "peak", kind="f32", threads=1) / theory["flops_per_cycle_per_core"]
+    assert 2.0 < implied < 5.5, implied
+
+
+@pytest.mark.parametrize("name", ["intel-xeon-emr-2c", "amd-zen5-2c"])
+def test_plateaus_on_recorded_machines(name):
+    rec = captured_record(name, "ch1.machine")
+    caches = rec["machine"]["caches"]
+    for th in rec["settings"]["threads"]:
+        found = ch1.plateaus(records.results(rec, "stream", kernel="triad", threads=th), caches, th)
+        assert not any(math.isnan(v) for v in found.values()), (th, found)
+        assert found["L1"] > found["L2"] > found["L3"] > found["DRAM"], (th, found)
+    one = ch1.plateaus(records.results(rec, "stream", kernel="triad", threads=1), caches, 1)
+    assert ch1.staircase_distinct(one), one
+
+
+def test_staircase_reaches_past_a_huge_l3():
+    _, caches = captured("intel-xeon-emr-2c")
+    sizes = ch1.stream_sizes(False, caches, memory=24 * 1024**3)
+    assert sizes[-1] >= 4 * caches["L3_bytes"] and sizes[0] == 16 * 1024
+    small = ch1.stream_sizes(False, caches, memory=2 * 1024**3)  # arrays in a quarter of it
+    assert 1.5 * small[-1] <= 2 * 1024**3 / 4
+    assert ch1.stream_sizes(True, caches)[-1] == 64 * 1024**2
+
+
+def test_plateau_not_reached_is_nan_and_named():
+    def stairs(th):
+        return [(2**p, 100 if p <= 15 else 60 if p <= 19 else 30) for p in range(14, 25)]
+
+    data, caches = _fake_record(stairs)  # the largest working set, 16 MiB, is half the L3
+    found = ch1.plateaus(records.results(data, "stream", threads=1), caches, 1)
+    assert math.isnan(found["DRAM"]) and found["L3"] == 30
+    assert ch1.staircase_close(found) == ["DRAM"]

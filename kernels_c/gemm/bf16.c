@@ -4,10 +4,7 @@
  *
  * Included by ../gemm.c after the ladder, before gemm/driver.c, not compiled alone.
  */
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "../amx.h"
 
 /* AMX (bf16 inputs only, see gemm_amx): with the AVX-512 build, on CPUs that have it. */
 #if defined(SM_AMX_BF16) && defined(SM_AVX512) && defined(SM_AVX512_BF16)
@@ -137,40 +134,6 @@ static void micro_kernel_bf16(int kb, const uint16_t *a, const uint16_t *b, floa
 #error "the AMX block reads B in the 32-column panels of the AVX-512 build"
 #endif
 
-struct amx_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16]; /* bytes per row of each tile */
-    uint8_t rows[16];
-};
-
-static void amx_configure(void)
-{
-    struct amx_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    SM_TILE_LOADCONFIG(&c);
-}
-
-/* Linux gives the tiles' 8 KB of register state only to a process that asks. */
-static int amx_permitted(void)
-{
-#if defined(SM_EMULATE_AVX512)
-    return 1;
-#elif defined(__linux__)
-    static int state = -1;
-    if (state < 0)
-        state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                        18 /* XFEATURE_XTILEDATA */) == 0;
-    return state;
-#else
-    return 0;
-#endif
-}
-
 /* 32 rows of A as they are, bf16, each padded with zeros to kp (a multiple of
  * 32): a tile row is then 32 consecutive k of one row of A. */
 static void pack_a_amx(int mb, int kb, int kp, const uint16_t *a, size_t rs, size_t cs,
@@ -250,7 +213,7 @@ static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
         uint16_t *ap = (uint16_t *)align64(work + (size_t)ncr * kca / 2 + 16 +
                                            (size_t)t * (AMX_MR / 2 * (size_t)kca + 16));
         float tile[AMX_MR * NR] __attribute__((aligned(64)));
-        amx_configure(); /* tile shapes are per thread */
+        sm_amx_configure(); /* tile shapes are per thread */
         for (int jc = 0; jc < N; jc += nc) {
             const int nb = MIN(nc, N - jc);
             for (int pc = 0; pc < K; pc += kca) {
@@ -298,7 +261,7 @@ int gemm_native_bf16(void)
 int gemm_amx_bf16(void)
 {
 #ifdef AMX_BF16
-    return amx_permitted();
+    return sm_amx_permitted();
 #else
     return 0;
 #endif

@@ -3,7 +3,8 @@
 Measures this machine's limits with the library's probes (:mod:`smallem.machine`) and writes
 them to one record, ``ch1.machine``:
 
-- the clock, from a chain of dependent integer adds (one cycle each);
+- the clock, from a chain of dependent integer adds (one cycle each), checked against a
+  chain of multiplies;
 - peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
 - the memory staircase: STREAM copy/scale/add/triad over working sets from
   16 KiB to 1 GiB, on one core and on all, with numpy's copy as a peer;
@@ -22,7 +23,8 @@ import numpy as np
 
 from .. import build, isa, machine_info
 from ..gemm import LADDER
-from ..machine import (STREAM_KERNELS, GiB, KiB, MiB, Stream, measure_clock, measure_peak,
+from ..machine import (FMA_PIPES, MUL_LATENCY, amx_kinds, STREAM_KERNELS, GiB, KiB, MiB, Stream, measure_clock,
+                       measure_peak,
                        measure_stream_point, native, settle, theoretical_peak)
 from ..timing import measure, quick_mode
 from . import figures, records, reference
@@ -31,6 +33,10 @@ RECORD = "ch1.machine"
 RECORDS = (RECORD,)
 
 PEAK_KINDS = ("f32", "bf16", "int8")
+AMX_KINDS = ("amx_bf16", "amx_int8")  # measured where the CPU has AMX
+DOT_INSTRUCTION = {"bf16": "vdpbf16ps", "int8": "vpdpbusd",
+                   "amx_bf16": "tdpbf16ps", "amx_int8": "tdpbssd"}
+CLOCK_AGREEMENT = 0.10  # the two clocks, and the clock the f32 probe implies, agree this well
 SCALING_FLOOR = 0.75  # all cores below this share of cores x one core: somebody else was running
 
 
@@ -74,13 +80,17 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
         for kind in poorly_scaled(peaks, cores, kinds)]
     return peaks, warnings
 
-def stream_sizes(quick: bool) -> list[int]:
-    """Working sets, in bytes, from 16 KiB to 1 GiB (quick: 16 KiB to 64 MiB), by factors of 2."""
-    top = 64 * MiB if quick else GiB
-    sizes, s = [], 16 * KiB
-    while s <= top:
-        sizes.append(s)
-        s *= 2
+def stream_sizes(quick: bool, caches: dict | None = None, memory: int | None = None) -> list[int]:
+    """Working sets, in bytes, by factors of 2 from 16 KiB to 1 GiB, or further: to at least
+    4 x the L3 (the plateau past a cache starts some way beyond its size), as long as the three
+    arrays fit in a quarter of the memory. Quick: 16 KiB to 64 MiB."""
+    caches = caches or machine_info.caches()
+    memory = machine_info.memory_bytes() if memory is None else memory
+    want = 64 * MiB if quick else max(GiB, 4 * caches["L3_bytes"] * caches["L3_instances"])
+    room = memory / 4 / 1.5 if memory and not quick else math.inf  # Stream's arrays: 1.5 x
+    sizes = [16 * KiB]
+    while sizes[-1] < want and (2 * sizes[-1] <= room or sizes[-1] < 64 * MiB):
+        sizes.append(2 * sizes[-1])
     return sizes
 
 
@@ -93,26 +103,76 @@ def measure_numpy_copy(ws_bytes: int, repeats: int = 5) -> dict:
     return {"value": t.rate(16.0 * n / 1e9), "seconds": t.stats()}
 
 
-def plateau_ranges(caches: dict, threads: int) -> dict:
-    """Working-set ranges (bytes, totals over ``threads``) that sit well inside each level.
+LEVELS = ("L1", "L2", "L3", "DRAM")
+DISTINCT = 1.15  # two neighbouring plateaus are distinct when one is this much faster
 
-    A level's plateau is where the data fits comfortably in it (at most half of
-    it) and no longer in the level above (at least twice that level's size).
+
+def level_sizes(caches: dict, threads: int) -> dict:
+    """The bytes each cache level holds for ``threads`` threads (0 where unknown).
+
     Private caches (L1, L2) add up across cores; the L3 counts once per instance.
     """
-    l1 = caches["L1d_bytes"] * threads
-    l2 = caches["L2_bytes"] * threads
-    l3 = caches["L3_bytes"] * min(threads, caches["L3_instances"])
-    return {"L1": (0, l1 / 2), "L2": (2 * l1, l2 / 2), "L3": (2 * l2, l3 / 2),
-            "DRAM": (4 * l3, math.inf)}
+    return {"L1": caches["L1d_bytes"] * threads, "L2": caches["L2_bytes"] * threads,
+            "L3": caches["L3_bytes"] * min(threads, caches["L3_instances"])}
 
 
 def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
-    """Median bandwidth of the points inside each level's range (NaN if none)."""
-    out = {}
-    for level, (lo, hi) in plateau_ranges(caches, threads).items():
-        inside = [p["value"]["median"] for p in points if lo <= p["params"]["bytes"] <= hi]
-        out[level] = float(np.median(inside)) if inside else float("nan")
+    """Median bandwidth of each level of the staircase, found in the data (NaN: not reached).
+
+    The curve of bandwidth against working set (both on log scales) is cut into as many
+    stretches as there are levels (the caches the system reports, then DRAM), at the cuts
+    that leave the least spread inside the stretches: an exact search, a dynamic programme
+    over the cut points. The cache sizes only name the stretches; they do not say where
+    one ends, because a VM's share of a big shared L3, a victim cache or a prefetcher moves
+    the knee away from the nominal size. A level counts as reached when the largest
+    working set is at least twice the level above it.
+    """
+    pts = sorted(points, key=lambda p: p["params"]["bytes"])
+    sizes = level_sizes(caches, threads)
+    top = pts[-1]["params"]["bytes"] if pts else 0
+    above = {"L1": 0, "L2": sizes["L1"], "L3": sizes["L2"], "DRAM": sizes["L3"] or sizes["L2"]}
+    known = [lv for lv in LEVELS if lv == "DRAM" or sizes[lv]]
+    reached = [lv for lv in known if top >= 2 * above[lv]]
+    out = {lv: float("nan") for lv in LEVELS}
+    y = np.log([p["value"]["median"] for p in pts])
+    bw = np.array([p["value"]["median"] for p in pts])
+    for lv, (i, j) in zip(reached, _segments(y, len(reached))):
+        out[lv] = float(np.median(bw[i:j]))
+    return out
+
+
+def _segments(y: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """Cut ``y`` into ``k`` consecutive stretches [i, j) with the least total squared
+    deviation from each stretch's mean (fewer stretches if there are fewer points)."""
+    n = len(y)
+    k = min(k, n)
+    if k <= 0:
+        return []
+    c1, c2 = np.concatenate([[0], np.cumsum(y)]), np.concatenate([[0], np.cumsum(y * y)])
+
+    def cost(i, j):  # spread of y[i:j] around its mean
+        s = c1[j] - c1[i]
+        return c2[j] - c2[i] - s * s / (j - i)
+
+    best = {(0, 0): (0.0, None)}  # (stretches, end) -> (cost, start of the last stretch)
+    for m in range(1, k + 1):
+        for j in range(m, n - (k - m) + 1):
+            best[m, j] = min((best[m - 1, i][0] + cost(i, j), i)
+                             for i in range(m - 1, j) if (m - 1, i) in best)
+    cuts, j = [], n
+    for m in range(k, 0, -1):
+        i = best[m, j][1]
+        cuts.append((i, j))
+        j = i
+    return cuts[::-1]
+
+
+def staircase_close(plateau: dict, factor: float = DISTINCT) -> list[str]:
+    """The neighbouring levels whose plateaus differ by less than ``factor`` ("L3/DRAM"),
+    and the levels not reached; empty when the four plateaus are distinct."""
+    out = [lv for lv in LEVELS if math.isnan(plateau[lv])]
+    v = [(lv, plateau[lv]) for lv in LEVELS if not math.isnan(plateau[lv])]
+    out += [f"{a}/{b}" for (a, x), (b, y) in zip(v, v[1:]) if x < factor * y]
     return out
 
 
@@ -147,11 +207,19 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         "cflags": build.BASE_FLAGS + build.tuning_flags(build.compiler())
         + isa.compile_flags(level, isa.extensions(level))})
 
-    steps = 1 + 3 * len(thread_counts) + len(sizes) * len(STREAM_KERNELS) * len(thread_counts) + 2
+    steps = 1 + (len(PEAK_KINDS) + len(amx_kinds(level))) * len(thread_counts) + len(sizes) * len(STREAM_KERNELS) * len(thread_counts) + 2
     bar = tqdm(total=steps, desc="chapter 1", disable=not progress, unit="probe")
 
     clock = measure_clock()
-    rec.add("clock", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock.items()})
+    rec.add("clock", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock.items()},
+            chain="add")
+    clock_mul = measure_clock(chain="mul")
+    rec.add("clock_mul", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock_mul.items()},
+            chain="mul", latency=MUL_LATENCY)
+    if abs(clock_mul["median"] / clock["median"] - 1) > CLOCK_AGREEMENT:
+        rec.warn(f"the add chain measured {clock['median'] / 1e9:.2f} GHz and the multiply "
+                 f"chain {clock_mul['median'] / 1e9:.2f} GHz: one of them does not take the "
+                 f"cycles it is supposed to on this core")
     bar.update()
     counted = set()
 
@@ -162,7 +230,9 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             bar.update()
         return measure_peak(kind, th)
 
-    peaks, warnings = measure_peaks(thread_counts, peak_with_progress, pause=0.2 if quick else 2.0)
+    kinds = PEAK_KINDS + amx_kinds(level)
+    peaks, warnings = measure_peaks(thread_counts, peak_with_progress, pause=0.2 if quick else 2.0,
+                                    kinds=kinds)
     for (kind, th), r in peaks.items():
         rec.add("peak", "Gop/s", r["value"], seconds=r["seconds"], kind=kind, threads=th,
                 native=native(kind))
@@ -230,9 +300,11 @@ def summary(rec: dict) -> dict:
     for th in s["threads"]:
         pts = records.results(rec, "stream", kernel="triad", threads=th)
         stairs[th] = plateaus(pts, caches, th)
+    clock_mul = records.results(rec, "clock_mul")
     out = {
         "cores": cores,
         "clock_ghz": records.value(rec, "clock"),
+        "clock_mul_ghz": clock_mul[0]["value"]["median"] if clock_mul else math.nan,
         "theory": s["theory"],
         "peak": {k: v["value"]["median"] for k, v in peak.items()},
         "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
@@ -241,16 +313,17 @@ def summary(rec: dict) -> dict:
         "naive_gops": records.value(rec, "gemm_naive"),
         "naive_n": s["gemm_naive_n"],
     }
+    # the clock at which the f32 probe would run at exactly the table's FMAs per cycle
+    out["clock_f32_ghz"] = out["peak"][("f32", 1)] / s["theory"]["flops_per_cycle_per_core"]
     out["dram_triad_vs_numpy"] = stairs[cores]["DRAM"] / out["numpy_copy"]
     out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / s["theory"]["gops_all"]
     out["naive_below_peak"] = out["peak"][("f32", cores)] / out["naive_gops"]
     return out
 
 
-def staircase_distinct(plateau: dict, factor: float = 1.15) -> bool:
+def staircase_distinct(plateau: dict, factor: float = DISTINCT) -> bool:
     """True if L1 > L2 > L3 > DRAM, each by at least ``factor``."""
-    v = [plateau[k] for k in ("L1", "L2", "L3", "DRAM")]
-    return all(not math.isnan(x) for x in v) and all(a >= factor * b for a, b in zip(v, v[1:]))
+    return not staircase_close(plateau, factor)
 
 
 def naive_gemm_intensity(n: int) -> float:
@@ -279,9 +352,11 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
             continue
         ax.plot(x, np.minimum(bw * x, f32), color=colors[level], lw=1.6,
                 label=f"{level} {figures.fmt(bw, 'GB/s')}")
-    for kind, style in (("bf16", ":"), ("int8", "--")):
-        ax.axhline(sm["peak"][(kind, cores)], color="grey", ls=style, lw=1,
-                   label=f"{kind} peak {figures.fmt(sm['peak'][(kind, cores)], 'Gop/s')}")
+    for kind, style in (("bf16", ":"), ("int8", "--"), ("amx_bf16", "-."), ("amx_int8", (0, (1, 4)))):
+        if (kind, cores) in sm["peak"]:
+            ax.axhline(sm["peak"][(kind, cores)], color="grey", ls=style, lw=1,
+                       label=f"{kind.replace('_', ' ')} peak "
+                             f"{figures.fmt(sm['peak'][(kind, cores)], 'Gop/s')}")
     ax.axhline(f32, color="black", lw=1.2, label=f"f32 peak {figures.fmt(f32, 'Gop/s')}")
     for label, ai, gops in points:
         ax.plot([ai], [gops], "o", ms=7)
@@ -335,27 +410,46 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         return [f"{what}{nat}", f(sm["peak"][(kind, 1)], "Gop/s"),
                 f(sm["peak"][(kind, cores)], "Gop/s")]
 
+    none = ["—", "—"]  # the reference published no such figure
+    ref_peak = [f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
+                f(reference.CH1_F32_PEAK_GOPS, "Gop/s")]
     rows = [
-        ["Clock, measured", f(sm["clock_ghz"], "GHz"), "", "—"],
-        ["f32 FMA peak, theoretical", f(th["gops_per_core"], "Gop/s"), f(th["gops_all"], "Gop/s"), "—"],
-        peak_row("f32", "f32 FMA peak, measured") + [f(reference.CH1_F32_PEAK_GOPS, "Gop/s")],
-        peak_row("bf16", "bf16 dot peak") + ["—"],
-        peak_row("int8", "int8 dot peak") + ["—"],
+        ["Clock, chain of adds", f(sm["clock_ghz"], "GHz"), ""] + none,
+        ["Clock, chain of multiplies", f(sm["clock_mul_ghz"], "GHz"), ""] + none,
+        ["Clock the f32 probe implies", f(sm["clock_f32_ghz"], "GHz"), ""] + none,
+        ["f32 FMA peak, theoretical", f(th["gops_per_core"], "Gop/s"),
+         f(th["gops_all"], "Gop/s")] + none,
+        peak_row("f32", "f32 FMA peak, measured") + ref_peak,
+        peak_row("bf16", f"bf16 dot peak ({DOT_INSTRUCTION['bf16']})") + none,
+        peak_row("int8", f"int8 dot peak ({DOT_INSTRUCTION['int8']})") + none,
     ]
-    for level in ("L1", "L2", "L3", "DRAM"):
-        rows.append([f"{level} bandwidth (triad)", f(sm["triad_plateaus"][1][level], "GB/s"),
-                     f(sm["triad_plateaus"][cores][level], "GB/s"), "—"])
+    rows += [peak_row(k, f"AMX {k[4:]} tile peak ({DOT_INSTRUCTION[k]})") + none
+             for k in AMX_KINDS if (k, 1) in sm["peak"]]
+    top = rec["settings"]["stream_sizes"][-1]
+
+    def bandwidth(th, level):
+        bw = sm["triad_plateaus"][th][level]
+        return (f"not reached (largest working set {f(top / MiB)} MiB)" if math.isnan(bw)
+                else f(bw, "GB/s"))
+
+    for level in LEVELS:
+        rows.append([f"{level} bandwidth (triad)", bandwidth(1, level), bandwidth(cores, level)]
+                    + none)
     rows.append([f"numpy copy, {f(rec['settings']['stream_sizes'][-1] / GiB)} GiB",
-                 f(sm["numpy_copy"], "GB/s"), "", "—"])
+                 f(sm["numpy_copy"], "GB/s"), ""] + none)
     n = sm["naive_n"]
-    rows.append([f"Naive {n}³ product", f(sm["naive_gops"], "Gop/s"), "",
-                 f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s")])
+    rows.append([f"Naive {n}³ product, one thread", f(sm["naive_gops"], "Gop/s"), "",
+                 f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"), ""])
     values = {
         "ch1.cpu": rec["machine"]["cpu"],
         "ch1.cores": str(cores),
         "ch1.scaling_floor": f"{100 * SCALING_FLOOR:.0f} %",
         "ch1.isa": rec["settings"]["isa"],
         "ch1.clock": f(sm["clock_ghz"], "GHz"),
+        "ch1.clock_mul": f(sm["clock_mul_ghz"], "GHz"),
+        "ch1.clock_f32": f(sm["clock_f32_ghz"], "GHz"),
+        "ch1.clock_agreement": f"{100 * CLOCK_AGREEMENT:.0f} %",
+        "ch1.mul_latency": str(MUL_LATENCY),
         "ch1.fma_pipes": str(th["pipes"]),
         "ch1.fma_pipe_bits": str(th["pipe_bits"]),
         "ch1.fma_source": th["source"],
@@ -370,14 +464,16 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ch1.int8_peak_all": f(sm["peak"][("int8", cores)], "Gop/s"),
         "ch1.bf16_native": "native" if sm["native"]["bf16"] else "emulated (no AVX512_BF16 here)",
         "ch1.int8_native": "native" if sm["native"]["int8"] else "emulated (no AVX512_VNNI here)",
+        "ch1.amx": "measured" if ("amx_bf16", 1) in sm["peak"] else "not on this CPU",
         "ch1.naive_n": str(n),
         "ch1.naive_gops": f(sm["naive_gops"], "Gop/s"),
         "ch1.naive_below_peak": f(sm["naive_below_peak"]),
         "ch1.naive_ai": f(naive_gemm_intensity(n), "op/byte"),
         "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),
         "ch1.dram_vs_numpy": f"{100 * sm['dram_triad_vs_numpy']:.0f} %",
-        "ch1.staircase_distinct": "four distinct plateaus" if staircase_distinct(
-            sm["triad_plateaus"][cores]) else "fewer than four clearly distinct plateaus",
+        "ch1.staircase_close": ", ".join(staircase_close(sm["triad_plateaus"][cores])) or "none",
+        "ch1.distinct": f"{100 * (DISTINCT - 1):.0f} %",
+        "ch1.stream_top": f"{f(top / MiB)} MiB",
         "ch1.machine": figures.machine_line(rec),
         "ref.machine": reference.MACHINE,
         "ref.ch1_f32_peak": f(reference.CH1_F32_PEAK_GOPS, "Gop/s"),
@@ -385,10 +481,13 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ref.ch2_naive_below_peak": f(reference.CH1_F32_PEAK_GOPS / reference.CH2_GEMM_1024_NAIVE_GOPS),
         "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
     }
+    for kind, paths in narrow_paths(sm).items():
+        values[f"ch1.{kind}_fastest"] = paths[-1][0]
+        values[f"ch1.{kind}_fastest_all"] = f(paths[-1][2], "Gop/s")
+        values[f"ch1.{kind}_fastest_vs_f32"] = f(paths[-1][2] / sm["peak"]["f32", cores])
     for th_ in (1, cores):
-        for level in ("L1", "L2", "L3", "DRAM"):
-            key = f"ch1.{level.lower()}_{'core' if th_ == 1 else 'all'}"
-            values[key] = f(sm["triad_plateaus"][th_][level], "GB/s")
+        for level in LEVELS:
+            values[f"ch1.{level.lower()}_{'core' if th_ == 1 else 'all'}"] = bandwidth(th_, level)
     return rows, values
 
 
@@ -397,15 +496,62 @@ def table_markdown(rec: dict) -> str:
     cores = max(rec["settings"]["threads"])
     return figures.table_markdown(
         rows, ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
-               f"Reference: {reference.MACHINE.split(' vs ')[0]}"],
+               "Reference, per core", f"Reference, {reference.CORES} cores"],
         note=f"This machine: {figures.machine_line(rec)}. "
-             f"Reference: quoted from {reference.CITE}, not measured here.")
+             f"Reference: {reference.MACHINE.split(' vs ')[0]}, quoted from {reference.CITE}, "
+             f"not measured here; its per-core figure is its {reference.CORES}-core figure "
+             f"divided by {reference.CORES}.")
+
+
+def narrow_paths(sm: dict) -> dict:
+    """For bf16 and int8: [(path, Gop/s on one core, on all cores)] measured here, fastest last.
+
+    bf16 can always be widened to f32 for the FMAs (the f32 peak bounds that path); its dot
+    instruction runs where the CPU has it, else the probe times the widening fallback.
+    """
+    cores = sm["cores"]
+    out = {}
+    for kind, widened in (("bf16", "widened to f32, FMAs"), ("int8", None)):
+        rows = []
+        if widened:
+            rows.append((f"{widened} (at most the f32 peak)", sm["peak"]["f32", 1],
+                         sm["peak"]["f32", cores]))
+        dot = DOT_INSTRUCTION[kind] if sm["native"][kind] else f"{kind} fallback without it"
+        rows.append((dot, sm["peak"][kind, 1], sm["peak"][kind, cores]))
+        if ("amx_" + kind, 1) in sm["peak"]:
+            rows.append((f"AMX tiles, {DOT_INSTRUCTION['amx_' + kind]}",
+                         sm["peak"]["amx_" + kind, 1], sm["peak"]["amx_" + kind, cores]))
+        out[kind] = sorted(rows, key=lambda r: r[2])
+    return out
+
+
+def fma_pipes_rows(this_core: str) -> list[list]:
+    """The table of FMA pipes by core, this machine's row marked."""
+    rows = []
+    for name, (pipes, bits, how) in FMA_PIPES.items():
+        f32_avx512 = 2 * pipes * min(bits, 512) // 32
+        rows.append([f"**{name}** (this machine)" if name in this_core else name,
+                     f"{pipes} × {bits} bits", how or "—", str(f32_avx512)])
+    return rows
 
 
 def report(rec_dir) -> dict:
     rec = records.load(RECORD, rec_dir)
+    f = figures.fmt
     _, values = table_rows(rec)
     (figures.tables_dir() / "ch1_machine.md").write_text(table_markdown(rec))
+    cores = max(rec["settings"]["threads"])
+    figures.write_table(
+        "ch1_narrow", [[kind, path, f(one, "Gop/s"), f(all_, "Gop/s")]
+                       for kind, paths in narrow_paths(summary(rec)).items()
+                       for path, one, all_ in paths],
+        ["Numbers", "Path (slowest first)", "1 core", f"{cores} cores"],
+        note=f"This machine: {figures.machine_line(rec)}.")
+    figures.write_table(
+        "ch1_fma_pipes", fma_pipes_rows(rec["settings"]["theory"]["source"]),
+        ["Core", "FMA pipes", "Wider vectors", "f32 operations per cycle (widest vectors)"],
+        note="Sources: [AMD](bibliography.md#amd-opt), [Intel](bibliography.md#intel-opt), "
+             "[Chips and Cheese](bibliography.md#strix-point).")
     staircase_figure(rec)
     n = rec["settings"]["gemm_naive_n"]
     roofline_figure([(f"naive {n}³ product", naive_gemm_intensity(n),
@@ -431,7 +577,7 @@ def cmd_machine(args) -> int:
         print(f"  {r[0]:<{width}}  " + "  ".join(f"{c:>14}" for c in r[1:]))
     print(f"  DRAM triad (all cores) vs numpy copy: {values['ch1.dram_vs_numpy']}; "
           f"f32 measured / theoretical: {values['ch1.f32_fraction']}; staircase: "
-          f"{values['ch1.staircase_distinct']}")
+          f"levels close or not reached: {values['ch1.staircase_close']}")
     if not args.no_save:
         print(f"record written to {rec.save()}")
     return 0

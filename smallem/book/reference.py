@@ -6,6 +6,7 @@ not publish that figure.
 """
 
 MACHINE = "Ryzen 7 7700 (8 Zen 4 cores) vs RTX 3090"
+CORES = 8                          # the reference's CPU cores: per-core figures divide by this
 CITE = "[Smallem : le processeur](bibliography.md#smallem-fr)"
 
 CH1_F32_PEAK_GOPS = 1314          # measured f32 peak, 8 cores
