@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from . import build, checks, isa, machine_info
+from . import build, checks, machine_info
 from .timing import measure, quick_mode
 
 RECORD = "ch1.machine"

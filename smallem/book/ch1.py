@@ -326,6 +326,18 @@ def staircase_distinct(plateau: dict, factor: float = DISTINCT) -> bool:
     return not staircase_close(plateau, factor)
 
 
+def column_lines_held(cache_bytes: int, ways: int, stride_bytes: int, line: int = 64) -> int:
+    """How many lines of a column ``stride_bytes`` apart a cache can hold at once (0: unknown).
+
+    A line's set is its address / line, modulo the number of sets; lines a multiple of
+    the sets' span apart fall into one set, whose ways are all the cache has for them.
+    """
+    if not cache_bytes or not ways:
+        return 0
+    sets = cache_bytes // (ways * line)
+    return ways * (sets // math.gcd(sets, max(1, stride_bytes // line)))
+
+
 def naive_gemm_intensity(n: int) -> float:
     """Flop per byte if each matrix crossed the memory bus once: 2n^3 / (3 n^2 x 4 bytes)."""
     return 2.0 * n**3 / (3 * n * n * 4)
@@ -403,6 +415,7 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     sm = summary(rec)
     cores = sm["cores"]
     th = sm["theory"]
+    caches = rec["machine"]["caches"]
     f = figures.fmt
 
     def peak_row(kind, what):
@@ -469,6 +482,10 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ch1.naive_gops": f(sm["naive_gops"], "Gop/s"),
         "ch1.naive_below_peak": f(sm["naive_below_peak"]),
         "ch1.naive_ai": f(naive_gemm_intensity(n), "op/byte"),
+        "ch1.naive_stride": f"{4 * n // KiB} KiB" if 4 * n >= KiB else f"{4 * n} bytes",
+        "ch1.naive_l1_lines": str(column_lines_held(caches["L1d_bytes"], caches.get("L1d_ways", 0), 4 * n) or "?"),
+        "ch1.naive_l2_lines": str(column_lines_held(caches["L2_bytes"], caches.get("L2_ways", 0), 4 * n) or "?"),
+        "ch1.l1_ways": str(caches.get("L1d_ways") or "?"),
         "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),
         "ch1.dram_vs_numpy": f"{100 * sm['dram_triad_vs_numpy']:.0f} %",
         "ch1.staircase_close": ", ".join(staircase_close(sm["triad_plateaus"][cores])) or "none",
