@@ -4,9 +4,9 @@ void gemm_blocked_ex(int M, int N, int K, const float *A, int lda, const float *
 void gemm_registers_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc);
 void gemm_packed_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
 void gemm_threads_ex(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
-void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
-void gemm_f32_phases(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work, double *phases);
-void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads, int mc, int kc, int nc, float *work);
+void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads, int order, int mc, int kc, int nc, float *work);
+void gemm_f32_phases(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads, int order, int mc, int kc, int nc, float *work, double *phases);
+void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads, int order, int mc, int kc, int nc, float *work);
 long long gemm_work_floats(int N, int K, int mc, int kc, int nc, int nthreads);
 int gemm_b_whole(int N, int K, int kc, int nc);
 void gemm_micro_shape(int *mr, int *nr);

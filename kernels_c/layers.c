@@ -387,12 +387,13 @@ void heads_merge(const float *q, const float *k, const float *v, float *x, int B
  * thread takes whole products and runs chapter 2's GEMM (passed in as a
  * function pointer, its gemm_f32) single-threaded with its own packing buffer. */
 typedef void (*gemm_f32_fn)(int, int, int, int, int, float, const float *, int, const float *,
-                            int, float, float *, int, int, int, int, int, float *);
+                            int, float, float *, int, int, int, int, int, int, float *);
 
 void batched_gemm(void *gemm, int count, int trans_a, int trans_b, int M, int N, int K,
                   float alpha, const float *A, long long stride_a, int lda, const float *B,
                   long long stride_b, int ldb, float beta, float *C, long long stride_c, int ldc,
-                  int mc, int kc, int nc, float *work, long long work_per_thread, int nthreads)
+                  int order, int mc, int kc, int nc, float *work, long long work_per_thread,
+                  int nthreads)
 {
     gemm_f32_fn fn = (gemm_f32_fn)gemm;
     #pragma omp parallel num_threads(TEAM((long long)count * M * N * K / 16))
@@ -405,7 +406,7 @@ void batched_gemm(void *gemm, int count, int trans_a, int trans_b, int M, int N,
         #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < count; i++)
             fn(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb,
-               beta, C + i * stride_c, ldc, 1, mc, kc, nc, w);
+               beta, C + i * stride_c, ldc, 1, order, mc, kc, nc, w);
     }
 }
 /* --8<-- [end:batched_gemm] */
@@ -494,7 +495,8 @@ int cross_entropy(const float *logits, const int *targets, float *losses, float 
  * both moments, step by lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps). gscale folds
  * gradient clipping into the same pass. Per float: 16 bytes read, 12 written
  * (p, m, v; g is read only), 3 state arrays the size of the model: for 25 M
- * parameters that is 700 MB of traffic per step, a few ms at DRAM speed. */
+ * parameters that is 700 MB of traffic per step: tens of milliseconds at the
+ * DRAM bandwidths chapter 1 measures on the 2-core machines of this book. */
 void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1,
            float beta2, float eps, float wd, float gscale, float bc1, float bc2, int nthreads)
 {

@@ -15,4 +15,4 @@ void attn_softmax_backward(const float *p, float *dp, int BH, int T, float scale
 int cross_entropy(const float *logits, const int *targets, float *losses, float *dlogits, int N, int V, float dscale, int nthreads);
 void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2, int nthreads);
 double sum_squares(const float *x, long long n, int nthreads);
-void batched_gemm(void *gemm, int count, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, long long stride_a, int lda, const float *B, long long stride_b, int ldb, float beta, float *C, long long stride_c, int ldc, int mc, int kc, int nc, float *work, long long work_per_thread, int nthreads);
+void batched_gemm(void *gemm, int count, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, long long stride_a, int lda, const float *B, long long stride_b, int ldb, float beta, float *C, long long stride_c, int ldc, int order, int mc, int kc, int nc, float *work, long long work_per_thread, int nthreads);

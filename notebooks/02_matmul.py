@@ -111,8 +111,9 @@ display(SVG(filename=str(figures.figures_dir() / "ch2_ladder.svg")))
 # %% [markdown]
 # ## On the roofline
 #
-# All rungs share one arithmetic intensity with respect to memory: the work and the data are
-# the same, only the order differs. The gap between them is inside the core and its caches.
+# Every rung does the same work on the same data; what differs is where each reuse of a
+# number is served from. So each rung sits at its own intensity, counted against the level
+# that feeds its innermost loop, under one core's roof (dashed) or all cores' (rung 5).
 
 # %%
 display(SVG(filename=str(figures.figures_dir() / "ch2_roofline.svg")))

@@ -26,12 +26,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from . import build, checks, isa, machine, machine_info
-from .timing import measure
 
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
 
@@ -60,27 +58,16 @@ def micro_shape(vec_floats: int, registers: int, latency: int = FMA_LATENCY,
     return mr, nr
 
 
-def cache_geometry() -> dict:
-    """Size, ways and line size of L1d, L2, L3 (sizes from machine_info.caches())."""
-    sizes = machine_info.caches()
+def cache_geometry(caches: dict | None = None) -> dict:
+    """Size, ways, line size and instances of L1d, L2, L3, from ``caches`` (default
+    :func:`smallem.machine_info.caches`); a size or associativity the system does not
+    report takes a common value (32 KiB 8-way, 512 KiB 8-way, 8 MiB 16-way)."""
+    sizes = caches or machine_info.caches()
     defaults = {"L1d": (32 * 1024, 8), "L2": (512 * 1024, 8), "L3": (8 * 1024**2, 16)}
-    out = {}
-    for name, (size, ways) in defaults.items():
-        out[name] = {"bytes": sizes.get(f"{name}_bytes") or size, "ways": ways, "line": 64,
-                     "instances": sizes.get(f"{name}_instances", 1)}
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for index in sorted(base.glob("index*")) if base.is_dir() else []:
-        try:
-            level = (index / "level").read_text().strip()
-            kind = (index / "type").read_text().strip()
-            ways = int((index / "ways_of_associativity").read_text())
-            line = int((index / "coherency_line_size").read_text())
-        except (OSError, ValueError):
-            continue
-        name = {"1": "L1d", "2": "L2", "3": "L3"}.get(level)
-        if name and kind != "Instruction" and ways > 0 and line > 0:
-            out[name].update(ways=ways, line=line)
-    return out
+    return {name: {"bytes": sizes.get(f"{name}_bytes") or size,
+                   "ways": sizes.get(f"{name}_ways") or ways, "line": 64,
+                   "instances": sizes.get(f"{name}_instances", 1)}
+            for name, (size, ways) in defaults.items()}
 
 
 def l2_ways_for_a(ways: int) -> int:
@@ -153,14 +140,56 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
     return {"mc": int(mc), "kc": int(kc), "nc": int(nc)}
 
 
+ORDERS = ("rows", "columns")  # the C driver's order numbers: 0, 1
+ORDER_ENV = "SMALLEM_GEMM_ORDER"
+HEADROOM = 0.5  # the share of a level's measured bandwidth one stream of the kernel counts on
+
+
+def loop_order(mr: int, nr: int, feeds: dict, geometry: dict | None = None,
+               threads: int = 1) -> tuple[str, dict]:
+    """The order of the tiles, from the caches and from what they can feed, and why.
+
+    "rows" (rung 5): each MR x KC sliver of A stays in L1 while the tiles go along C's
+    rows, and the KC x NR slivers of B stream in from the L3, one per tile: 4 KC NR bytes
+    for 2 MR NR KC operations, 2 / MR bytes an operation, plus 4 / KC for C's lines.
+    Its KC is the longer (A's slivers are MR floats wide, B's NR), so C is read fewer
+    times; it is chosen when the L3 can deliver that at one core's peak rate with
+    HEADROOM to spare: the triad's bandwidth is what a loop that does nothing else gets,
+    and the kernel's loads from L1 run at the same time.
+
+    "columns" (rung 4's order): each B sliver stays in L1 for the tiles down its column,
+    and the A slivers come from the MC x KC block in L2: 2 / NR bytes an operation from
+    L2, and the L3 only sees a B sliver once per block of A.
+
+    ``feeds``: ``f32_gops_core`` (one core's FMA rate) and ``l3_gbs_core`` (each core's
+    share of the L3's triad bandwidth with every core reading), as :func:`feeds`
+    measures them or chapter 1 recorded them.
+    """
+    rows = block_sizes(mr, nr, geometry, threads, rung5=True)
+    need = feeds["f32_gops_core"] * (2 / mr + 4 / rows["kc"])  # GB/s from L3, at the peak
+    have = feeds["l3_gbs_core"]
+    why = {"need_gbs": need, "have_gbs": have, "headroom": HEADROOM,
+           "bytes_per_op": 2 / mr + 4 / rows["kc"]}
+    return ("rows" if need <= HEADROOM * have else "columns"), why
+
+
+def feeds(level: str | None = None) -> dict:
+    """What :func:`loop_order` weighs for this machine: one core's f32 FMA rate, its bf16
+    dot rate, and each core's share of the L3's bandwidth (triad, every core reading a
+    working set between the L2s and the L3). Measured once per machine with chapter 1's
+    probes (about half a second, at the first product) and kept in the build cache, so
+    every process on this machine makes the same choices."""
+    return machine.feeds(isa.best() if level is None or isa.emulating(level) else level)
+
+
 # ---------------------------------------------------------------- loading the kernels
 
 _lock = threading.Lock()
 
 
 def _load(level: str | None = None):
-    """(ffi, lib, MR, NR, rung 5's blocks, rungs 2-4's blocks) for ``level`` (default: the
-    selected ISA); each set of blocks is a tuple (mc, kc, nc).
+    """(ffi, lib, MR, NR, rung 5's blocks, rungs 2-4's blocks, the package's order) for
+    ``level`` (default: the selected ISA); each set of blocks is a tuple (mc, kc, nc).
 
     Loaded once per process and level: build.load checks the sources' timestamps
     on every call (half a millisecond), which a 64^3 product cannot afford.
@@ -173,10 +202,15 @@ def _load(level: str | None = None):
             mr, nr = ffi.new("int *"), ffi.new("int *")
             lib.gemm_micro_shape(mr, nr)
             sets = []  # passed to every call that takes blocks (run_rung, _gemm): C keeps none
+            threads = checks.threads(None)
             for rung5 in (True, False):
-                b = block_sizes(mr[0], nr[0], threads=checks.threads(None), rung5=rung5)
+                b = block_sizes(mr[0], nr[0], threads=threads, rung5=rung5)
                 sets.append((b["mc"], b["kc"], b["nc"]))
-            found = _loaded[level] = (ffi, lib, mr[0], nr[0], *sets)
+            order = os.environ.get(ORDER_ENV) or loop_order(mr[0], nr[0], feeds(level),
+                                                            threads=threads)[0]
+            if order not in ORDERS:
+                raise ValueError(f"${ORDER_ENV}={order!r}: expected one of {ORDERS}")
+            found = _loaded[level] = (ffi, lib, mr[0], nr[0], *sets, order)
     return found
 
 
@@ -188,28 +222,59 @@ def kernel_shape(level: str | None = None) -> tuple[int, int]:
     return _load(level)[2:4]
 
 
+def default_order(level: str | None = None) -> str:
+    """The order of :func:`matmul`'s tiles here: ``$SMALLEM_GEMM_ORDER``, else
+    :func:`loop_order`'s choice."""
+    return _load(level)[6]
+
+
+def order_blocks(order: str, level: str | None = None) -> dict:
+    """The model's blocks for an order: "rows" lets A's sliver set KC (rung 5's blocks),
+    "columns" B's (rungs 2 to 4's)."""
+    if order not in ORDERS:
+        raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
+    return dict(zip(("mc", "kc", "nc"), _load(level)[4 if order == "rows" else 5]))
+
+
 def default_blocks(level: str | None = None) -> dict:
-    """The blocks of the package's GEMM (rung 5): A's sliver sets KC."""
-    return dict(zip(("mc", "kc", "nc"), _load(level)[4]))
+    """The blocks of the package's GEMM: those of :func:`default_order`."""
+    return order_blocks(default_order(level), level)
 
 
 def ladder_blocks(level: str | None = None) -> dict:
     """The blocks of rungs 2 to 4: B's sliver sets KC."""
-    return dict(zip(("mc", "kc", "nc"), _load(level)[5]))
+    return order_blocks("columns", level)
+
+
+def default_config(level: str | None = None) -> tuple[int, int, int, int]:
+    """(order number, mc, kc, nc) that the C driver takes by default."""
+    order = default_order(level)
+    return (ORDERS.index(order), *order_blocks(order, level).values())
 
 
 def _blocks(blocks, level, rung5: bool = True) -> tuple[int, int, int]:
+    """A rung's blocks: the model's (rung 5's, or rungs 2-4's), with ``blocks`` over them."""
+    return _config(blocks, level, "rows" if rung5 else "columns")[1:]
+
+
+def _config(blocks, level, order: str | None = None) -> tuple[int, int, int, int]:
+    """(order number, mc, kc, nc): ``blocks`` ({"order", "mc", "kc", "nc"}, or a tuple of the
+    three sizes) over the model's blocks for the order asked, or the default one."""
+    if isinstance(blocks, dict) and "order" in blocks:
+        order = blocks["order"]
+    order = order or default_order(level)
+    b = order_blocks(order, level)
     if blocks is None:
-        return _load(level)[4 if rung5 else 5]
-    b = default_blocks(level) if rung5 else ladder_blocks(level)
+        return (ORDERS.index(order), *b.values())
     if isinstance(blocks, dict):
-        unknown = set(blocks) - {"mc", "kc", "nc"}
+        unknown = set(blocks) - {"mc", "kc", "nc", "order"}
         if unknown:
-            raise ValueError(f"blocks: unknown keys {sorted(unknown)}; use mc, kc, nc")
-        b.update(blocks)
+            raise ValueError(f"blocks: unknown keys {sorted(unknown)}; use mc, kc, nc, order")
+        b.update((k, v) for k, v in blocks.items() if k != "order")
     else:
         b.update(zip(("mc", "kc", "nc"), blocks))
-    return tuple(checks.positive_int(b[k], f"blocks['{k}']") for k in ("mc", "kc", "nc"))
+    return (ORDERS.index(order),
+            *(checks.positive_int(b[k], f"blocks['{k}']") for k in ("mc", "kc", "nc")))
 
 
 _work = threading.local()  # one packing buffer per Python thread: concurrent calls never share
@@ -359,11 +424,12 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
         return out
     level = level or isa.selected()
     ffi, lib, *_ = _load(level)
-    mc, kc, nc = _blocks(blocks, level)
+    order, mc, kc, nc = _config(blocks, level)
     work = _workspace(ffi, lib, level, N, K, mc, kc, nc, nthreads)
     ctype = "float" if kind == "f32" else "uint16_t"
     args = (int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
-            _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, mc, kc, nc, work)
+            _ptr(ffi, b, ctype), ldb, beta, _ptr(ffi, out), ldc, nthreads, order, mc, kc, nc,
+            work)
     if phases is not None:  # f32 only: a list that receives the C driver's rows
         rows = np.zeros((nthreads, len(PHASES)), np.float64)
         lib.gemm_f32_phases(*args, ffi.from_buffer("double[]", rows))
@@ -393,8 +459,8 @@ def matmul(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
     both float32 with adjacent elements in each row (row slices are fine).
     ``out`` (M x N float32) receives the result; ``beta != 0`` needs it. ``threads``
     defaults to every usable core (fewer for tiny products, see :func:`auto_threads`);
-    ``blocks`` ({"mc", "kc", "nc"}) overrides the cache model's block sizes and ``level``
-    the ISA, for tests.
+    ``blocks`` ({"mc", "kc", "nc", "order"}) overrides the cache model's block sizes or
+    the order of the tiles (see :func:`loop_order`), and ``level`` the ISA, for tests.
     """
     return _gemm("f32", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level)
 
@@ -445,7 +511,6 @@ def amx_bf16(level: str | None = None) -> bool:
 
 BF16_PATHS = ("widen", "native", "amx")  # the C side's path numbers: 0, 1, 2
 BF16_ENV = "SMALLEM_BF16"
-_bf16_choice: dict = {}
 
 
 def bf16_paths(level: str | None = None) -> list[str]:
@@ -475,9 +540,9 @@ def bf16_path(level: str | None = None) -> str:
     outruns the FMA, else "widen".
 
     One AMX instruction does 8192 multiply-adds. vdpbf16ps does two per f32 lane, an FMA
-    one; but a CPU may issue it at a lower rate. The two probes of chapter 1 decide, once
-    per process and level, on one core: "native" only if the bf16 probe's Gop/s beats the
-    f32 probe's.
+    one; but a CPU may issue it at a lower rate. The two probes of chapter 1 decide, on one
+    core, measured once per machine (:func:`feeds`): "native" only if the bf16 probe's
+    Gop/s beats the f32 probe's.
     """
     level = level or isa.selected()
     forced = os.environ.get(BF16_ENV)
@@ -491,23 +556,10 @@ def bf16_path(level: str | None = None) -> str:
         return "amx"
     if "native" not in paths:
         return "widen"
-    if level not in _bf16_choice:
-        if isa.emulating(level):  # SIMDe's timings mean nothing: test the native path
-            _bf16_choice[level] = "native"
-        else:
-            rates = probe_rates(level)
-            _bf16_choice[level] = "native" if rates["bf16"] > rates["f32"] else "widen"
-    return _bf16_choice[level]
-
-
-def probe_rates(level: str, iters: int = 400_000, repeats: int = 3) -> dict:
-    """One core's Gop/s on chapter 1's f32 FMA and bf16 dot probes (the best of
-    ``repeats`` short runs, about a millisecond each on a 3 GHz core)."""
-    rates = {}
-    for kind in ("f32", "bf16"):
-        run_once, gop = machine.peak_probe(kind, 1, iters=iters, level=level)
-        rates[kind] = measure(run_once, repeats=repeats, warmup=0).rate(gop)["max"]
-    return rates
+    if isa.emulating(level):  # SIMDe's timings mean nothing: test the native path
+        return "native"
+    rates = feeds(level)
+    return "native" if rates["bf16_gops_core"] > rates["f32_gops_core"] else "widen"
 
 
 def f32_to_bf16(x) -> np.ndarray:

@@ -272,7 +272,7 @@ def sum_squares(x, threads=None):
 
 
 GEMM_F32_TYPE = ("void(*)(int, int, int, int, int, float, float *, int, float *, int, float, "
-                 "float *, int, int, int, int, int, float *)")
+                 "float *, int, int, int, int, int, int, float *)")
 
 
 class BatchedGemm:
@@ -290,8 +290,7 @@ class BatchedGemm:
         if fn is None or gffi.typeof(fn).cname != GEMM_F32_TYPE:
             raise RuntimeError("kernels_c/gemm.c has no gemm_f32 with the expected prototype")
         self.addr = int(gffi.cast("uintptr_t", gffi.addressof(glib, "gemm_f32")))
-        blocks = gemm.default_blocks()
-        self.blocks = blocks["mc"], blocks["kc"], blocks["nc"]
+        self.config = gemm.default_config()  # (order, mc, kc, nc)
         self.glib = glib
         self.threads = checks.threads(threads)
         self.work = np.zeros(0, np.float32)
@@ -310,14 +309,14 @@ class BatchedGemm:
                              f"op(a) op(b) (trans_a={trans_a}, trans_b={trans_b})")
         if len(a) == 0:
             return out
-        mc, kc, nc = self.blocks
+        order, mc, kc, nc = self.config
         per = int(self.glib.gemm_work_floats(N, K, mc, kc, nc, 1))
         if self.work.size < per * self.threads:
             self.work = np.zeros(per * self.threads, np.float32)
         ffi, lib = _lib()
         lib.batched_gemm(ffi.cast("void *", self.addr), len(a), int(trans_a), int(trans_b), M, N,
                          K, float(alpha), _fp(ffi, a), a[0].size, a.shape[2], _fp(ffi, b),
-                         b[0].size, b.shape[2], 0.0, _fp(ffi, out), out[0].size, N, mc, kc, nc,
+                         b[0].size, b.shape[2], 0.0, _fp(ffi, out), out[0].size, N, order, mc, kc, nc,
                          _fp(ffi, self.work), per, self.threads)
         return out
 

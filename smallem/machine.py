@@ -15,12 +15,18 @@ cores x FMA pipes x lanes x 2 (multiply and add) x measured clock.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import math
+import os
 import platform
+import tempfile
 import time
 
 import numpy as np
 
-from . import build, checks, machine_info
+from . import build, checks, isa, machine_info
 from .timing import measure, quick_mode
 
 RECORD = "ch1.machine"
@@ -257,3 +263,58 @@ def measure_stream_point(s: Stream, kernel: str, ws_bytes: int, threads: int,
             "n": n, "reps": reps}
 
 
+
+
+# ---------------------------------------------------------------- what the GEMM's model weighs
+
+FEEDS_VERSION = 1  # bump when feeds() measures differently: older files are measured again
+
+
+def feeds(level: str) -> dict:
+    """One core's f32 FMA and bf16 dot rates (Gop/s) and each core's share of the L3's triad
+    bandwidth with every core reading (GB/s), for chapter 2's loop-order model and bf16
+    path. Measured once per machine (the CPU, its caches, the usable cores, the ISA level)
+    and kept in the build cache, so every process here makes the same choices."""
+    key = json.dumps([FEEDS_VERSION, machine_info.cpu_model(), machine_info.usable_cores(),
+                      machine_info.caches(), level, sorted(isa.extensions(level))])
+    path = build.cache_dir() / f"feeds_{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return _feeds(str(path), level)
+
+
+@functools.lru_cache(maxsize=8)
+def _feeds(path: str, level: str) -> dict:
+    try:
+        with open(path) as f:
+            found = json.load(f)
+        if {"f32_gops_core", "bf16_gops_core", "l3_gbs_core"} <= set(found):
+            return found
+    except (OSError, ValueError):
+        pass  # not measured yet, or a damaged file: measure again
+    found = measure_feeds(level)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False,
+                                     suffix=".tmp") as f:
+        json.dump(found, f)
+    os.replace(f.name, path)  # whole or not at all, even with several processes at once
+    return found
+
+
+def measure_feeds(level: str, repeats: int = 5) -> dict:
+    """:func:`feeds`, measured: the best of ``repeats`` short runs of each probe."""
+    out = {}
+    for kind in ("f32", "bf16"):
+        run_once, gop = peak_probe(kind, 1, iters=400_000, level=level)
+        out[f"{kind}_gops_core"] = measure(run_once, repeats=repeats, warmup=0).rate(gop)["max"]
+    caches, cores = machine_info.caches(), machine_info.usable_cores()
+    l2 = caches["L2_bytes"] * cores
+    l3 = caches["L3_bytes"] * min(cores, caches["L3_instances"]) or 4 * l2
+    ws = int(math.sqrt(2 * l2 * l3 / 2)) // 4096 * 4096  # between the L2s and the L3
+    s = Stream(ws, cores)
+    n = ws // 24
+    reps = max(1, int(64 * 1024**2 // (n * 24)))
+    s.run("triad", n, reps, cores)
+    t = measure(lambda: s.run("triad", n, reps, cores), repeats=repeats, warmup=0)
+    out["l3_gbs_core"] = t.rate(24.0 * n * reps / 1e9)["max"] / cores
+    out["working_set"] = ws
+    out["date"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return out

@@ -1,9 +1,11 @@
 """Chapter 2: every rung of the ladder and the package's GEMM against numpy."""
 
 import itertools
+import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,11 +63,75 @@ def test_block_sizes_for_zen3_caches():
     assert gemm.block_sizes(14, 32, g, threads=2, rung5=True)["kc"] == 512
 
 
-def test_default_blocks_come_from_this_machine():
+def test_default_blocks_come_from_this_machine(monkeypatch):
     mr, nr = gemm.kernel_shape()
     th = checks.threads(None)
-    assert gemm.default_blocks() == gemm.block_sizes(mr, nr, threads=th, rung5=True)
+    assert gemm.order_blocks("rows") == gemm.block_sizes(mr, nr, threads=th, rung5=True)
     assert gemm.ladder_blocks() == gemm.block_sizes(mr, nr, threads=th)
+    order = gemm.loop_order(mr, nr, gemm.feeds(), threads=th)[0]
+    if not os.environ.get(gemm.ORDER_ENV):
+        assert gemm.default_order() == order
+    assert gemm.default_blocks() == gemm.order_blocks(gemm.default_order())
+    assert gemm.default_config() == (gemm.ORDERS.index(gemm.default_order()),
+                                     *gemm.default_blocks().values())
+
+
+def test_feeds_are_measured_once_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMALLEM_CACHE", str(tmp_path))
+    calls = []
+    real = gemm.machine.measure_feeds
+    monkeypatch.setattr(gemm.machine, "measure_feeds", lambda lvl: calls.append(lvl) or real(lvl))
+    gemm.machine._feeds.cache_clear()
+    first = gemm.feeds()
+    gemm.machine._feeds.cache_clear()  # a new process: the file answers
+    assert gemm.feeds() == first and len(calls) == 1
+    assert first["f32_gops_core"] > 0.1 and first["l3_gbs_core"] > 0.1
+    (path,) = tmp_path.glob("feeds_*.json")
+    path.write_text("{not json")  # a damaged file is measured again, not trusted
+    gemm.machine._feeds.cache_clear()
+    assert set(gemm.feeds()) == set(first) and len(calls) == 2
+    gemm.machine._feeds.cache_clear()
+
+
+@pytest.mark.parametrize("name, order", [("intel-xeon-emr-2c", "columns"),
+                                         ("amd-zen5-2c", "rows"), ("amd-zen4-2c", "rows")])
+def test_loop_order_on_recorded_machines(name, order):
+    """Fed a machine's chapter-1 record: the Xeon's mesh L3 (about 24 GB/s a core) cannot
+    stream B's slivers to rung 5's tiles at its FMA rate; the Zen cores' L3 can."""
+    rec = records.load("ch1.machine", Path(__file__).parent / "machines" / name / "records")
+    sm = ch1.summary(rec)
+    feeds = {"f32_gops_core": sm["peak"]["f32", 1],
+             "l3_gbs_core": sm["triad_plateaus"][sm["cores"]]["L3"] / sm["cores"]}
+    geometry = gemm.cache_geometry(rec["machine"]["caches"])
+    got, why = gemm.loop_order(14, 32, feeds, geometry, threads=sm["cores"])
+    assert got == order, why
+    assert why["need_gbs"] == pytest.approx(feeds["f32_gops_core"] * why["bytes_per_op"])
+
+
+@pytest.mark.parametrize("order", gemm.ORDERS)
+def test_both_orders_compute_every_product(order, level, rng):
+    """The driver's two orders of the tiles, on awkward shapes, transposes, alpha and beta,
+    1 to 3 threads, with blocks that make several blocks of A, B and K: against float64, and
+    bit for bit against each other (each tile is summed the same way in either order)."""
+    for M, N, K in [(1, 1, 1), (29, 37, 41), (97, 65, 130), (14, 200, 33), (300, 31, 70)]:
+        for ta, tb in ((False, False), (True, False), (False, True)):
+            a = rand(rng, *((K, M) if ta else (M, K)))
+            b = rand(rng, *((N, K) if tb else (K, N)))
+            c0 = rand(rng, M, N)
+            for threads in (1, 3):
+                got = {}
+                for o in gemm.ORDERS:
+                    out = c0.copy()
+                    gemm.matmul(a, b, trans_a=ta, trans_b=tb, out=out, alpha=0.5, beta=2.0,
+                                threads=threads, level=level,
+                                blocks={"order": o, "mc": 28, "kc": 48, "nc": 64})
+                    got[o] = out
+                want = 0.5 * ref(a, b, ta, tb) + 2.0 * c0
+                checks.assert_close(got[order], want.astype(np.float32), k=K,
+                                    name=f"{order} {M}x{N}x{K} ta={ta} tb={tb}")
+                assert np.array_equal(got["rows"], got["columns"])
+    with pytest.raises(ValueError, match="order"):
+        gemm.matmul(a, b, trans_a=ta, trans_b=tb, blocks={"order": "diagonal"})
 
 
 def test_rung5_and_the_ladder_get_their_own_blocks(rng, monkeypatch):
@@ -160,7 +226,8 @@ def test_rung5_and_matmul_give_the_same_bits(n, level, rng):
         whole.add(bool(lib.gemm_b_whole(n, n, kc, nc)))
         for threads in (1, 2, 3):
             got = gemm.LADDER[5](a, b, threads=threads, blocks=blocks, level=level)
-            want = gemm.matmul(a, b, threads=threads, blocks=blocks, level=level)
+            want = gemm.matmul(a, b, threads=threads, blocks=dict(blocks or {}, order="rows"),
+                               level=level)
             assert np.array_equal(got, want), f"{n}^3, blocks {blocks}, {threads} threads"
     assert whole == ({False, True} if n >= 200 else {False})  # kc = 64 < n: all of B fits
 
@@ -611,7 +678,6 @@ def test_matmul_bf16(ta, tb, level, rng):
 
 def test_bf16_path_choice(level, monkeypatch):
     monkeypatch.delenv(gemm.BF16_ENV, raising=False)
-    monkeypatch.setattr(gemm, "_bf16_choice", {})
     if gemm.amx_bf16(level):  # where the tiles are, no probe is needed
         assert gemm.bf16_path(level) == "amx"
         monkeypatch.setenv(gemm.BF16_ENV, "native")
@@ -627,20 +693,13 @@ def test_bf16_path_choice(level, monkeypatch):
             gemm.bf16_path(level)
         return
     if not isa.emulating(level):  # the probes decide: the faster one per core
-        rates = {"f32": 100.0, "bf16": 50.0}
-        monkeypatch.setattr(gemm, "probe_rates", lambda lvl: rates)
+        rates = {"f32_gops_core": 100.0, "bf16_gops_core": 50.0}
+        monkeypatch.setattr(gemm, "feeds", lambda lvl: rates)
         assert gemm.bf16_path(level) == "widen"
-        monkeypatch.setattr(gemm, "_bf16_choice", {})
-        rates["bf16"] = 200.0
+        rates["bf16_gops_core"] = 200.0
         assert gemm.bf16_path(level) == "native"
     monkeypatch.setenv(gemm.BF16_ENV, "widen")
     assert gemm.bf16_path(level) == "widen"
-
-
-@pytest.mark.no_emulation
-def test_probe_rates_time_both_probes(level):
-    rates = gemm.probe_rates(level, iters=20_000, repeats=2)
-    assert set(rates) == {"f32", "bf16"} and all(r > 0.1 for r in rates.values()), rates
 
 
 def test_bf16_path_validation(monkeypatch):

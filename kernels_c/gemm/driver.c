@@ -46,6 +46,9 @@ long long gemm_work_floats(int N, int K, int mc, int kc, int nc, int nthreads)
  * faster: a CPU may issue vdpbf16ps at half its FMA rate (see gemm_bf16). */
 enum { F32 = 0, BF16 = 1, BF16_PAIRS = 2 };
 
+/* The two orders of the tiles (gemm_driver's order): chosen by smallem.gemm.loop_order. */
+enum { ROWS = 0, COLUMNS = 1 };
+
 /* One packing call for any input type. */
 static void pack_a_any(int dtype, int mb, int kb, const void *a, size_t rs, size_t cs, float *ap)
 {
@@ -138,7 +141,7 @@ static inline void lap(double *row, int phase, double *mark)
  * whole call while A's and C's lines stream past it. */
 static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K, float alpha,
                         const void *A, int lda, const void *B, int ldb, float beta, float *C,
-                        int ldc, int nthreads, int mc, int kc, int nc, float *work,
+                        int ldc, int nthreads, int order, int mc, int kc, int nc, float *work,
                         double *phases)
 {
     const size_t es = dtype == F32 ? 4 : 2; /* element size, bytes */
@@ -149,8 +152,14 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
     nc = MIN(nc, ncr);
     float *bp = align64(work);
     const size_t b_floats = whole ? (size_t)ROUND_UP(N, NR) * K : (size_t)ncr * kc;
-    const long long panels = (M + MR - 1) / MR; /* MR-row panels of C */
-    if (nthreads > panels * (ncr / NR)) nthreads = panels * (ncr / NR); /* a tile each at least */
+    /* The rows of A a thread packs at once: one MR sliver, which stays in L1 while the
+     * tiles go along C's rows (order ROWS, rung 5), or a block of up to mc rows, which stays
+     * in L2 while each B sliver stays in L1 for the tiles down its column (order COLUMNS,
+     * rung 4's order), no taller than a thread's share of M. */
+    const int ma = order == COLUMNS ? MIN(ROUND_UP(mc, MR), ROUND_UP((M + nthreads - 1) / nthreads, MR))
+                                    : MR;
+    const long long panels = (M + ma - 1) / ma; /* blocks of ma rows of C */
+    if (nthreads > panels * (ncr / NR)) nthreads = panels * (ncr / NR); /* a unit each at least */
     const int kcs = equal_slices(K, kc);
     const int kstep = whole ? K : kcs; /* the K slices of one block of B */
     long long next = 0;                /* the block's first tile not yet claimed */
@@ -180,9 +189,10 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                 /* Tiles from a shared counter, not a fixed share: when the host slows
                  * one core for a while, the others take more of the tiles instead of
                  * waiting for it at the barrier below. */
+                /* unit u: the tile column u % tiles of the block of rows u / tiles */
                 while (claim(&next, tiles * panels, RUN_ROWS * tiles, nt, &u0, &u1))
-                    for (long long u = u0; u < u1;) { /* the run's tiles in one panel */
-                        const int ic = (int)(u / tiles) * MR, mb = MIN(MR, M - ic);
+                    for (long long u = u0; u < u1;) { /* the run's columns in one block */
+                        const int ic = (int)(u / tiles) * ma, mb = MIN(ma, M - ic);
                         const int ja = (int)(u % tiles), jb = (int)MIN(tiles, ja + (u1 - u));
                         for (int pc = p0; pc < p1; pc += kcs) {
                             const int kb = MIN(kcs, K - pc);
@@ -192,11 +202,14 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                                        (const char *)A + (ic * rs_a + pc * cs_a) * es, rs_a,
                                        cs_a, ap);
                             lap(row, PACK_A, &mark);
-                            /* along C's rows, as rung 5: the A sliver stays in L1 */
+                            /* ROWS: one sliver (ir = 0 only), the tiles along C's rows;
+                             * COLUMNS: each B sliver down the block's slivers of A */
                             for (int j = ja; j < jb; j++)
-                                tile_any(dtype, kb, ap, b + (size_t)j * NR * kb,
-                                         C + (size_t)ic * ldc + jc + j * NR, ldc, mb,
-                                         MIN(NR, nb - j * NR), alpha, bt);
+                                for (int ir = 0; ir < mb; ir += MR)
+                                    tile_any(dtype, kb, ap + (size_t)ir * kb,
+                                             b + (size_t)j * NR * kb,
+                                             C + (size_t)(ic + ir) * ldc + jc + j * NR, ldc,
+                                             MIN(MR, mb - ir), MIN(NR, nb - j * NR), alpha, bt);
                             lap(row, TILES, &mark);
                         }
                         u += jb - ja;
@@ -211,10 +224,10 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
 
 void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
               int lda, const float *B, int ldb, float beta, float *C, int ldc, int nthreads,
-              int mc, int kc, int nc, float *work)
+              int order, int mc, int kc, int nc, float *work)
 {
     gemm_driver(F32, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
-                mc, kc, nc, work, NULL);
+                order, mc, kc, nc, work, NULL);
 }
 
 /* gemm_f32, timed by phase: phases has PHASES (5) doubles per thread, zeroed by
@@ -222,10 +235,11 @@ void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
  * packing A, in tiles, and waiting at the end of each block of B. */
 void gemm_f32_phases(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                      int lda, const float *B, int ldb, float beta, float *C, int ldc,
-                     int nthreads, int mc, int kc, int nc, float *work, double *phases)
+                     int nthreads, int order, int mc, int kc, int nc, float *work,
+                     double *phases)
 {
     gemm_driver(F32, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
-                mc, kc, nc, work, phases);
+                order, mc, kc, nc, work, phases);
 }
 
 /* path 1: vdpbf16ps on pairs, where this build has it (gemm_native_bf16);
@@ -233,7 +247,7 @@ void gemm_f32_phases(int trans_a, int trans_b, int M, int N, int K, float alpha,
  * otherwise, or with path 0, bf16 is widened to f32 and the FMA kernel runs. */
 void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float alpha,
                const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C,
-               int ldc, int nthreads, int mc, int kc, int nc, float *work)
+               int ldc, int nthreads, int order, int mc, int kc, int nc, float *work)
 {
 #ifdef AMX_BF16
     if (path == 2 && sm_amx_permitted()) {
@@ -249,5 +263,5 @@ void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float al
     (void)path;
 #endif
     gemm_driver(dtype, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads,
-                mc, kc, nc, work, NULL);
+                order, mc, kc, nc, work, NULL);
 }

@@ -52,10 +52,10 @@ def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> di
     """Every chapter's (or only those named) tables and figures from the records in
     ``rec_dir``; the values are also written to ``figures/tables/values.json``, where the
     site's hook (``chapters/hooks/values.py``) substitutes them for ``{{ key }}``."""
-    from . import figures, records
+    from . import compare, figures, records
 
     rec_dir = Path(rec_dir or records.records_dir())
-    values: dict = {}
+    values: dict = compare.method_values()  # the "How we measure" page's
     for name, module in zip(CHAPTERS, modules()):
         if only and name not in only:
             continue

@@ -122,10 +122,11 @@ def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
     The curve of bandwidth against working set (both on log scales) is cut into as many
     stretches as there are levels (the caches the system reports, then DRAM), at the cuts
     that leave the least spread inside the stretches: an exact search, a dynamic programme
-    over the cut points. The cache sizes only name the stretches; they do not say where
-    one ends, because a VM's share of a big shared L3, a victim cache or a prefetcher moves
-    the knee away from the nominal size. A level counts as reached when the largest
-    working set is at least twice the level above it.
+    over the cut points. The cache sizes name the stretches and bound each cut loosely,
+    between a quarter and four times the level's size (a sixteenth for an L3, of which a
+    VM may own a small part); they do not fix it, because a VM's share of a big shared L3,
+    a victim cache or a prefetcher moves the knee away from the nominal size. A level
+    counts as reached when the largest working set is at least twice the level above it.
     """
     pts = sorted(points, key=lambda p: p["params"]["bytes"])
     sizes = level_sizes(caches, threads)
@@ -134,16 +135,25 @@ def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
     known = [lv for lv in LEVELS if lv == "DRAM" or sizes[lv]]
     reached = [lv for lv in known if top >= 2 * above[lv]]
     out = {lv: float("nan") for lv in LEVELS}
-    y = np.log([p["value"]["median"] for p in pts])
     bw = np.array([p["value"]["median"] for p in pts])
-    for lv, (i, j) in zip(reached, _segments(y, len(reached))):
+    at = [p["params"]["bytes"] for p in pts]
+
+    def allowed(m, c):  # may level m's stretch end just before point c?
+        size = sizes[reached[m - 1]]
+        low = size / (16 if reached[m - 1] == "L3" else 4)  # a VM may own a sliver of an L3
+        return low <= at[c] <= 4 * size
+
+    cuts = _segments(np.log(bw), len(reached), allowed) or _segments(np.log(bw), len(reached))
+    for lv, (i, j) in zip(reached, cuts):
         out[lv] = float(np.median(bw[i:j]))
     return out
 
 
-def _segments(y: np.ndarray, k: int) -> list[tuple[int, int]]:
+def _segments(y: np.ndarray, k: int, allowed=None) -> list[tuple[int, int]]:
     """Cut ``y`` into ``k`` consecutive stretches [i, j) with the least total squared
-    deviation from each stretch's mean (fewer stretches if there are fewer points)."""
+    deviation from each stretch's mean (fewer stretches if there are fewer points), where
+    ``allowed(m, j)`` (if given) says whether stretch m (from 1) may end before point j;
+    [] if no cut satisfies it."""
     n = len(y)
     k = min(k, n)
     if k <= 0:
@@ -157,8 +167,14 @@ def _segments(y: np.ndarray, k: int) -> list[tuple[int, int]]:
     best = {(0, 0): (0.0, None)}  # (stretches, end) -> (cost, start of the last stretch)
     for m in range(1, k + 1):
         for j in range(m, n - (k - m) + 1):
-            best[m, j] = min((best[m - 1, i][0] + cost(i, j), i)
-                             for i in range(m - 1, j) if (m - 1, i) in best)
+            if m < k and allowed and not allowed(m, j):
+                continue
+            options = [(best[m - 1, i][0] + cost(i, j), i)
+                       for i in range(m - 1, j) if (m - 1, i) in best]
+            if options:
+                best[m, j] = min(options)
+    if (k, n) not in best:
+        return []
     cuts, j = [], n
     for m in range(k, 0, -1):
         i = best[m, j][1]
@@ -346,8 +362,9 @@ def naive_gemm_intensity(n: int) -> float:
 def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict | None = None):
     """Chapter 1's roofline with ``points`` [(label, flop per byte, Gop/s)] placed on it.
 
-    The ceilings are this machine's measured ones (all cores): the f32, bf16 and
-    int8 peaks, and one bandwidth slope per level of the staircase (triad).
+    The ceilings are this machine's measured ones: the f32, bf16, int8 (and AMX) peaks on
+    all cores, and one bandwidth slope per level of the staircase (triad); the f32 roof of
+    one core, thinner and dashed, is beside them for the kernels that run on one.
     Later chapters call this to place their kernels.
     """
     import matplotlib.pyplot as plt
@@ -364,6 +381,14 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
             continue
         ax.plot(x, np.minimum(bw * x, f32), color=colors[level], lw=1.6,
                 label=f"{level} {figures.fmt(bw, 'GB/s')}")
+    if cores > 1:  # one core's roof: its own peak and bandwidths
+        f32_1 = sm["peak"][("f32", 1)]
+        for level, bw in sm["triad_plateaus"][1].items():
+            if not math.isnan(bw):
+                ax.plot(x, np.minimum(bw * x, f32_1), color=colors[level], lw=0.9, ls="--",
+                        label=f"{level}, 1 core {figures.fmt(bw, 'GB/s')}")
+        ax.axhline(f32_1, color="black", lw=0.9, ls="--",
+                   label=f"f32 peak, 1 core {figures.fmt(f32_1, 'Gop/s')}")
     for kind, style in (("bf16", ":"), ("int8", "--"), ("amx_bf16", "-."), ("amx_int8", (0, (1, 4)))):
         if (kind, cores) in sm["peak"]:
             ax.axhline(sm["peak"][(kind, cores)], color="grey", ls=style, lw=1,
@@ -377,9 +402,10 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (operations per byte)")
     ax.set_ylabel("Gop/s")
-    ax.set_title(f"Roofline, {cores} cores: {rec['machine']['cpu']}", fontsize=10)
+    ax.set_title(f"Roofline, {cores} cores (solid) and 1 core (dashed): {rec['machine']['cpu']}",
+                 fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=6, loc="lower right", ncol=2)
     return figures.save(fig, name)
 
 

@@ -26,6 +26,11 @@ def blas_info() -> list[dict]:
 
 
 
+ROUNDS = 15        # rounds of a paired comparison
+MIN_SAMPLE = 0.05  # seconds: a sample groups calls until it lasts this long
+PAUSE = 0.25       # seconds before each sample: the previous library's threads go to sleep
+
+
 def paired(fns: dict, m, n, k, quick=False, pause=None, work=None) -> dict:
     """Time ``fns`` in turn (timing.measure_interleaved): {key: {"value", "seconds"}}.
 
@@ -35,9 +40,9 @@ def paired(fns: dict, m, n, k, quick=False, pause=None, work=None) -> dict:
     the m x n x k product's 2mnk operations, unless ``work`` gives a key its own Gop.
     """
     if pause is None:
-        pause = 0.0 if quick else 0.25
-    ts = measure_interleaved(fns, repeats=3 if quick else 15, warmup=1,
-                             min_sample=0.005 if quick else 0.05, pause=pause,
+        pause = 0.0 if quick else PAUSE
+    ts = measure_interleaved(fns, repeats=3 if quick else ROUNDS, warmup=1,
+                             min_sample=0.005 if quick else MIN_SAMPLE, pause=pause,
                              max_time=1.0 if quick else 60.0)
     gemm_work = 2.0 * m * n * k / 1e9
     # Every sample is kept, in the order taken: sample i of each key is round i of the
@@ -114,3 +119,12 @@ def versus(r: dict, base: dict) -> str:
 def size(kib: float) -> str:
     """A size for prose and tables: KiB below a MiB, MiB from there."""
     return fmt(kib, "KiB") if kib < 1024 else fmt(kib / 1024, "MiB")
+
+
+
+def method_values() -> dict:
+    """The numbers of the "How we measure" page, from the constants above."""
+    return {"how.rounds": str(ROUNDS), "how.min_sample_ms": f"{1000 * MIN_SAMPLE:.0f} ms",
+            "how.pause_ms": f"{1000 * PAUSE:.0f} ms", "how.sign_level": f"{100 * SIGN_LEVEL:.0f} %",
+            "how.lopsided": f"{lopsided(ROUNDS)} of {ROUNDS}",
+            "how.one_in": str(round(1 / SIGN_LEVEL))}

@@ -10,9 +10,10 @@ import os
 import numpy as np
 
 from ... import checks, isa
-from ...gemm import (LADDER, PHASES, _load, amx_bf16, bf16_path, bf16_paths, cache_geometry,
-                     default_blocks, f32_to_bf16, kernel_alone, l2_ways_for_a, ladder_blocks,
-                     matmul, matmul_bf16, native_bf16, phase_times, pool_ids)
+from ...gemm import (LADDER, ORDERS, PHASES, _load, amx_bf16, bf16_path, bf16_paths,
+                     cache_geometry, default_blocks, default_order, f32_to_bf16, feeds,
+                     kernel_alone, l2_ways_for_a, ladder_blocks, loop_order, matmul, matmul_bf16,
+                     native_bf16, order_blocks, phase_times, pool_ids)
 from ...machine import measure_peak, peak_probe
 from ...timing import Timing, measure, measure_interleaved, quick_mode
 from .. import ch1, compare, records
@@ -52,6 +53,19 @@ def _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng):
 
 
 
+def _measure_orders(rec, cores, quick, rng):
+    """The package's GEMM at 2048³ in both orders of the tiles, each with the model's blocks
+    for it, timed in turn: "order" results."""
+    n = 128 if quick else 2048
+    a, b, c = _square(n, rng)
+    res = compare.paired({o: (lambda o=o: matmul(a, b, out=c, blocks={"order": o}))
+                          for o in ORDERS}, n, n, n, quick=quick)
+    for order, r in res.items():
+        rec.add("order", "Gop/s", r["value"], seconds=r["seconds"], order=order, n=n,
+                threads=cores)
+
+
+
 def _measure_phases(rec, a, b, c, params, quick):
     """Where the final GEMM's time goes on one product: "phase" results in ms per call,
     each phase of :data:`PHASES` as the mean over the threads, and "wall" (the call)."""
@@ -83,7 +97,7 @@ def _measure_alone(rec, level, cores, quick):
     and in L3, on one core and on all: on all cores, from L3, either one block every thread
     reads (rung 5's way) or a block per thread. Each thread count is timed in turn with
     chapter 1's FMA probe on as many threads: "alone" and "alone_probe" results."""
-    _, _, mr, nr, blocks, _ = _load(level)
+    _, _, mr, nr, blocks, *_ = _load(level)
     kc = blocks[1]
     slivers = alone_slivers(kc, nr)
     gop_per_thread = 0.05 if quick else 10.0  # a call of ~40 ms at 250 Gop/s a core
@@ -189,14 +203,16 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         shapes = [dict(s, M=s["M"] // 16, K=s["K"] // 16, N=s["N"] // 16) for s in shapes]
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": cores, "isa": level, "mr": mr, "nr": nr,
-        "blocks": blocks, "blocks_ladder": ladder,
+        "blocks": blocks, "blocks_ladder": ladder, "blocks_rows": order_blocks("rows", level),
         "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
         "blas": compare.blas_info(), "native_bf16": native_bf16(level), "amx_bf16": amx_bf16(level),
-        "bf16_path": bf16_path(level),
+        "bf16_path": bf16_path(level), "order": default_order(level), "feeds": feeds(level),
+        "order_why": loop_order(mr, nr, feeds(level), threads=cores)[1],
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                               "OMP_NUM_THREADS", "SMALLEM_THREADS")}})
+                                               "OMP_NUM_THREADS", "SMALLEM_THREADS",
+                                               "SMALLEM_GEMM_ORDER", "SMALLEM_BF16")}})
     rng = np.random.default_rng(0)
-    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 1 + 2 + 1
+    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 1 + 1 + 2 + 1
     bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
 
     def step(what):
@@ -256,15 +272,15 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         rec.add("mc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], mc=mc,
                 kc=ladder["kc"], l2_ways=ways, n=n_mc, threads=1, rung=packed.name)
     step("MC sweep")
-    # K_C: the final GEMM on all cores, with a C too large for the L3, so that every
-    # K_C slice is a pass over C in DRAM; A's sliver, the one rung 5 keeps in L1, in
-    # more or fewer of its ways.
+    # K_C: the final GEMM on all cores in rung 5's order, with a C too large for the L3, so
+    # that every K_C slice is a pass over C in DRAM; A's sliver, the one rung 5 keeps in L1,
+    # in more or fewer of its ways.
     n_kc = 128 if quick else 4096
     a, b, c = _square(n_kc, rng)
     g1 = cache_geometry()["L1d"]
     way1 = g1["bytes"] // g1["ways"]
     kcs = {ways: ways * way1 // (mr * 4) for ways in range(max(1, g1["ways"] // 4), g1["ways"] + 1)}
-    res = compare.paired({w: (lambda kc=kc: matmul(a, b, out=c, blocks={"kc": kc}))
+    res = compare.paired({w: (lambda kc=kc: matmul(a, b, out=c, blocks={"kc": kc, "order": "rows"}))
                     for w, kc in kcs.items()}, n_kc, n_kc, n_kc, quick=quick, pause=0.0)
     for ways, kc in kcs.items():
         rec.add("kc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], kc=kc,
@@ -315,6 +331,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     del a, b, c
     _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng)
     step("all of B at once")
+    _measure_orders(rec, cores, quick, rng)
+    step("both orders")
     _measure_alone(rec, level, cores, quick)
     step("the micro-kernel alone")
     first = shapes[0]

@@ -10,6 +10,7 @@ from ...gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTE
                      THREAD_MIN_OPS, cache_geometry, l2_ways_for_a)
 from .. import ch1, compare, figures, records, reference
 from .measuring import BF16_RECORD, RECORD
+from .order import order_values
 
 
 
@@ -105,10 +106,10 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
     rows = [[f"numpy (OpenBLAS), {cores} threads", f(numpy_all, "Gop/s"),
-             f"{100 * numpy_all / peak:.0f} %", "", "—"]]
+             f"{100 * numpy_all / peak:.0f} %", "", "—", "—"]]
     if cores != 1:
         rows.append([f"numpy (OpenBLAS), 1 thread", f(numpy_one, "Gop/s"),
-                     f"{100 * numpy_one / peak:.0f} %", "", "—"])
+                     f"{100 * numpy_one / peak:.0f} %", "", "—", "—"])
     prev = None
     ref = {0: reference.CH2_GEMM_1024_NAIVE_GOPS,
            len(LADDER) - 1: reference.CH2_GEMM_1024_FINAL_GOPS}
@@ -120,9 +121,13 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         rows.append([f"{rung.label}, {th} thread{'s' if th > 1 else ''}", f(g, "Gop/s"),
                      f"{100 * g / peak:.1f} %" if g / peak < 0.1 else f"{100 * g / peak:.0f} %",
                      f"× {f(g / prev)}" if prev else "",
-                     f(ref[rung.index], "Gop/s") if rung.index in ref else "—"])
+                     # the reference's final rung ran on its 8 cores, its naive one on one
+                     f(ref[rung.index] / (reference.CORES if rung.threaded else 1), "Gop/s")
+                     if rung.index in ref else "—",
+                     f(ref[rung.index], "Gop/s") if rung.index in ref and rung.threaded else "—"])
         prev = g
     rows.append([f"f32 FMA peak, {cores} cores ({peak_src})", f(peak, "Gop/s"), "100 %", "",
+                 f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
                  f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
     final = records.value(rec, "rung", rung=len(LADDER) - 1, M=n)
     naive = records.value(rec, "rung", rung=0, M=n)
@@ -131,13 +136,16 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.threads": str(cores),
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
         "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
-        "ch2.kc5": str(s["blocks"]["kc"]), "ch2.nc5": str(s["blocks"]["nc"]),
+        "ch2.kc5": str(s["blocks_rows"]["kc"]), "ch2.nc5": str(s["blocks_rows"]["nc"]),
         "ch2.widest_n": str(max(s["sweep"])),
         "ch2.peak": f(peak, "Gop/s"),
         "ch2.peak_source": peak_src,
         "ch2.final_gops": f(final, "Gop/s"),
         "ch2.final_pct_peak": f"{100 * final / peak:.0f} %",
         "ch2.final_vs_numpy": f"{100 * final / numpy_all:.0f} %",
+        "ch2.final_vs_numpy_test": compare.versus(
+            records.results(rec, "rung", rung=len(LADDER) - 1, M=n)[0],
+            records.results(rec, "numpy", threads=cores, M=n)[0]),
         "ch2.naive_gops": f(naive, "Gop/s"),
         "ch2.climb": f(final / naive),
         "ch2.machine": figures.machine_line(rec),
@@ -172,12 +180,15 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
         "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",
         "ch2.a_sliver_kib": f"{mr * b['kc'] * 4 / 1024:.1f} KiB",
-        "ch2.a_sliver5_kib": f"{mr * s['blocks']['kc'] * 4 / 1024:.1f} KiB",
-        "ch2.l1_ways_a5": str(math.ceil(mr * s["blocks"]["kc"] * 4
+        "ch2.a_sliver5_kib": f"{mr * s['blocks_rows']['kc'] * 4 / 1024:.1f} KiB",
+        "ch2.l1_ways_a5": str(math.ceil(mr * s["blocks_rows"]["kc"] * 4
                                         / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
         "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
         "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
         "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
+        "ch2.b_block_vs_l2": "larger than" if b["kc"] * min(b["nc"], n) * 4 > g["L2"]["bytes"]
+                             else "no larger than",
+        "ch2.b_row_bytes": f"{nr * 4} bytes",
         "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
     })
     packed = records.value(rec, "rung", rung=len(LADDER) - 2, M=n)
@@ -527,18 +538,20 @@ def sweep_figure(rec: dict, peak: float, name: str = "ch2_sweep"):
 def roofline_points(rec: dict) -> list[tuple[str, float, float]]:
     """Each rung at its intensity against the cache level that feeds its innermost loop.
 
-    - rung 0: each multiply-add (2 operations) misses L1 for a new 64-byte line of B (L2);
+    - rung 0: each multiply-add (2 operations) misses for a new 64-byte line of B, which
+      the column's stride keeps out of L1 and most of L2 (chapter 1): from L3;
     - rungs 1, 2: each multiply-add reads 4 bytes of B that come from L3 (B exceeds L2);
     - rungs 3 to 5: each step of the micro-kernel does 2 MR NR operations and reads an MR
       sliver of A (4 MR bytes) from L2; B's sliver stays in L1: NR / 2 operations per byte.
     """
     n = rec["settings"]["n_ladder"]
     nr = rec["settings"]["nr"]
-    where = {0: (2 / 64, "B lines from L2"), 1: (2 / 4, "B from L3"), 2: (2 / 4, "B from L3"),
+    where = {0: (2 / 64, "B lines from L3"), 1: (2 / 4, "B from L3"), 2: (2 / 4, "B from L3"),
              3: (nr / 2, "A from L2"), 4: (nr / 2, "A from L2"), 5: (nr / 2, "A from L2")}
     # rungs that share an intensity get their labels on alternate lines (a trailing newline
     # lifts the text by one line), so that close points stay readable
-    return [(f"{r.index} {r.name.replace('_', ' ')} ({where[r.index][1]})"
+    return [(f"{r.index} {r.name.replace('_', ' ')} ({where[r.index][1]}"
+             f"{'' if r.threaded else ', 1 core'})"
              + ("\n" if r.index in (2, 4) else ""), where[r.index][0],
              records.value(rec, "rung", rung=r.index, M=n)) for r in LADDER]
 
@@ -645,7 +658,7 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
 def kc_rows(rec: dict) -> tuple[list[list], dict]:
     """The KC sweep: the final GEMM on all cores, A's sliver in more or fewer L1 ways."""
     pts = records.results(rec, "kc_sweep")
-    chosen = rec["settings"]["blocks"]["kc"]
+    chosen = rec["settings"]["blocks_rows"]["kc"]
     width = rec["settings"]["mr"]  # floats of A's sliver per k
     rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
              f"{p['params']['kc']}",
@@ -725,7 +738,9 @@ def report(rec_dir) -> dict:
     rows, values = ladder_rows(rec, rec_dir)
     figures.write_table("ch2_ladder", rows,
                         ["Rung", f"Gop/s, {rec['settings']['n_ladder']}³", "of peak", "gain",
-                         f"Reference: {reference.MACHINE.split(' vs ')[0]}, 8 threads"],
+                         "Reference, per core",
+                         f"Reference: {reference.MACHINE.split(' vs ')[0]}, "
+                         f"{reference.CORES} threads"],
                         note=note + f" Reference: quoted from {reference.CITE}, not measured here.")
     r, v = sweep_rows(rec, rec_dir)
     values.update(v)
@@ -769,6 +784,7 @@ def report(rec_dir) -> dict:
                                       f"passes over C at {values['ch2.kc_n']}³",
                                       f"Gop/s, {cores} threads"], note=note)
     values.update(pool_values(rec, rec_dir))
+    values.update(order_values(rec))
     values.update(chapter1_links(rec, rec_dir))
     ladder_figure(rec, peak)
     sweep_figure(rec, peak)

@@ -1,0 +1,32 @@
+"""Chapter 2's loop order read from its record: what the model weighed, what it chose, and
+what the other order did on the same machine, timed in turn."""
+
+from __future__ import annotations
+
+from ... import gemm
+from .. import compare, figures, records
+
+
+def order_values(rec: dict) -> dict:
+    """The page's numbers on the order of the tiles ("order" results and the settings)."""
+    f = figures.fmt
+    s = rec["settings"]
+    why, chosen = s["order_why"], s["order"]
+    other = next(o for o in gemm.ORDERS if o != chosen)
+    found = {r["params"]["order"]: r for r in records.results(rec, "order")}
+    values = {
+        "ch2.order": chosen, "ch2.order_other": other,
+        "ch2.order_need": f(why["need_gbs"], "GB/s"),
+        "ch2.order_have": f(why["have_gbs"], "GB/s"),
+        "ch2.order_headroom": f"{100 * why['headroom']:.0f} %",
+        "ch2.order_bytes_per_op": f(why["bytes_per_op"], "byte"),
+        "ch2.order_f32_core": f(s["feeds"]["f32_gops_core"], "Gop/s"),
+        "ch2.order_forced": "set" if (s.get("env") or {}).get(gemm.ORDER_ENV) else "not set",
+    }
+    values.update({
+        "ch2.order_n": str(found[chosen]["params"]["n"]),
+        "ch2.order_chosen_gops": f(found[chosen]["value"]["median"], "Gop/s"),
+        "ch2.order_other_gops": f(found[other]["value"]["median"], "Gop/s"),
+        "ch2.order_other_vs": compare.versus(found[other], found[chosen]),
+    })
+    return values
