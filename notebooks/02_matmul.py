@@ -49,8 +49,11 @@ print(f"{level}: {regs} vector registers of {vec} floats -> micro-kernel {mr} x 
 geometry = gemm.cache_geometry()
 for name, c in geometry.items():
     print(f"  {name}: {c['bytes'] // 1024} KiB, {c['ways']}-way, {c['line']}-byte lines")
-blocks, final = gemm.ladder_blocks(), gemm.default_blocks()
-print("blocks of rungs 2-4:", blocks, " of rung 5 and matmul:", final)
+blocks, final = gemm.ladder_blocks(), gemm.order_blocks("rows")
+order, why = gemm.loop_order(mr, nr, gemm.feeds(), threads=machine_info.usable_cores())
+print("blocks of rungs 2-4:", blocks, " of rung 5:", final)
+print(f"matmul's order here: {gemm.default_order()} (the model: {order}; rung 5's order needs "
+      f"{why['need_gbs']:.1f} GB/s a core from L3, which gives {why['have_gbs']:.1f})")
 kc, kc5 = blocks["kc"], final["kc"]
 l1 = geometry["L1d"]
 print(f"  L1, rungs 2-4: B sliver {kc}x{nr} = {kc * nr * 4 / 1024:.1f} KiB, "

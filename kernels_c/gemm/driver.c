@@ -155,9 +155,14 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
     /* The rows of A a thread packs at once: one MR sliver, which stays in L1 while the
      * tiles go along C's rows (order ROWS, rung 5), or a block of up to mc rows, which stays
      * in L2 while each B sliver stays in L1 for the tiles down its column (order COLUMNS,
-     * rung 4's order), no taller than a thread's share of M. */
-    const int ma = order == COLUMNS ? MIN(ROUND_UP(mc, MR), ROUND_UP((M + nthreads - 1) / nthreads, MR))
-                                    : MR;
+     * rung 4's order). The blocks are then as many as a multiple of the threads, and of
+     * equal height: each is a large share of the work, and unequal shares would leave a
+     * thread waiting at the end. */
+    int ma = MR;
+    if (order == COLUMNS) {
+        const int blocks = ROUND_UP((M + ROUND_UP(mc, MR) - 1) / ROUND_UP(mc, MR), nthreads);
+        ma = ROUND_UP((M + blocks - 1) / blocks, MR);
+    }
     const long long panels = (M + ma - 1) / ma; /* blocks of ma rows of C */
     if (nthreads > panels * (ncr / NR)) nthreads = panels * (ncr / NR); /* a unit each at least */
     const int kcs = equal_slices(K, kc);
@@ -190,7 +195,8 @@ static void gemm_driver(int dtype, int trans_a, int trans_b, int M, int N, int K
                  * one core for a while, the others take more of the tiles instead of
                  * waiting for it at the barrier below. */
                 /* unit u: the tile column u % tiles of the block of rows u / tiles */
-                while (claim(&next, tiles * panels, RUN_ROWS * tiles, nt, &u0, &u1))
+                while (claim(&next, tiles * panels, (order == COLUMNS ? 1 : RUN_ROWS) * tiles,
+                             nt, &u0, &u1))
                     for (long long u = u0; u < u1;) { /* the run's columns in one block */
                         const int ic = (int)(u / tiles) * ma, mb = MIN(ma, M - ic);
                         const int ja = (int)(u % tiles), jb = (int)MIN(tiles, ja + (u1 - u));

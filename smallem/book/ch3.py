@@ -213,17 +213,20 @@ def report(rec_dir) -> dict:
             found = records.results(rec, "step", backend=backend)
             if not found:
                 why = s.get("missing", {}).get(backend, "not measured")
-                rows.append([label[backend], "—", "—", "—", f"not run: {why}"])
+                rows.append([label[backend], "—", "—", "—", "—", f"not run: {why}"])
                 continue
             v = found[0]["value"]["median"]
             toks[backend] = v
             gf = v * fpt / 1e9
             mfu = f"{100 * gf / peak:.1f}%" if peak else "no ch1 record"
-            rows.append([label[backend], f(v, "tokens/s"),
+            rows.append([label[backend], f(v, "tokens/s"), f(v / s["threads"], "tokens/s"),
                          f(found[0]["seconds"]["median"], "s"), f(gf, "GFLOP/s"), mfu])
+        per = reference.CORES
         rows.append([f"reference series, before → after ({reference.CITE})",
                      f"{reference.CH3_XL_STEP_BEFORE_TOKS} → "
-                     f"{f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s", "—", "—",
+                     f"{f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
+                     f"{f(reference.CH3_XL_STEP_BEFORE_TOKS / per)} → "
+                     f"{f(reference.CH3_XL_STEP_AFTER_TOKS / per)} tokens/s", "—", "—",
                      f"{100 * reference.CH3_XL_MFU_CPU:.0f}% ({reference.MACHINE})"])
         cfg = s["config"]
         numpy_steps = next((r["value"]["n"] for r in records.results(rec, "step", backend="numpy")),
@@ -234,8 +237,10 @@ def report(rec_dir) -> dict:
                 f"{s['warmup_steps']} warm-up; "
                 f"MFU = model FLOPs ({f(fpt / 1e6, 'MFLOP')} per token) / chapter 1's f32 peak"
                 f"{' (' + f(peak, 'Gop/s') + ')' if peak else ''}. {figures.machine_line(rec)}.")
-        figures.write_table("ch3_step", rows, ["path", "training speed", "time per step",
-                                               "model FLOP rate", "MFU"], note)
+        figures.write_table("ch3_step", rows, ["path", "training speed", "per core",
+                                               "time per step", "model FLOP rate", "MFU"],
+                            note + f" The reference's per-core figure is its {per}-core figure "
+                            f"divided by {per}.")
         if "kernels" in toks:
             values["ch3.kernels_toks"] = f(toks["kernels"], "tokens/s")
         if "kernels" in toks and "torch" in toks:
