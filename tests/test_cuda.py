@@ -65,7 +65,8 @@ def test_gpu_check_command_fails_clearly(tmp_path, capsys):
 
 def test_tables_without_records(records_tmp, tmp_path):
     from smallem.book import figures, gpu
-    assert gpu.report(records_tmp) == {}
+    assert gpu.report(records_tmp) == {"gpu.ch1_line": gpu.NOT_MEASURED,
+                                       "gpu.ch2_line": gpu.NOT_MEASURED}
     for name in ("gpu_peaks", "gpu_staircase", "gpu_gemm"):
         text = (figures.tables_dir() / f"{name}.md").read_text()
         assert gpu.NOT_MEASURED in text
