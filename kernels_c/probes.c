@@ -304,6 +304,10 @@ static void tiles_fill(const void *a, const void *b)
     SM_TILE_ZERO(3);
 }
 
+/* Each C tile (0-3) from one A tile (4, 5) and one B tile (6, 7): four products
+ * that do not wait for each other. */
+#define FOUR_TILE_PRODUCTS(OP) do { OP(0, 4, 6); OP(1, 4, 7); OP(2, 5, 6); OP(3, 5, 7); } while (0)
+
 /* The four accumulator tiles, one after the other, into c (4 x 1 KiB); then the
  * tile state is given back. */
 static void tiles_store(void *c)
@@ -323,12 +327,7 @@ static float amx_bf16_one_thread(long long iters)
     float c[4 * 256], s = 0;
     for (int i = 0; i < 16 * 32; i++) { a[i] = 0x3f80; b[i] = 0x3a80; } /* 1.0, 2^-10 */
     tiles_fill(a, b);
-    for (long long i = 0; i < iters; i++) {
-        SM_TILE_DPBF16PS(0, 4, 6);
-        SM_TILE_DPBF16PS(1, 4, 7);
-        SM_TILE_DPBF16PS(2, 5, 6);
-        SM_TILE_DPBF16PS(3, 5, 7);
-    }
+    for (long long i = 0; i < iters; i++) FOUR_TILE_PRODUCTS(SM_TILE_DPBF16PS);
     tiles_store(c);
     for (int t = 0; t < 4; t++) s += c[256 * t] + c[256 * t + 255];
     return s;
@@ -346,12 +345,7 @@ static int32_t amx_int8_one_thread(long long iters)
     uint32_t s = 0; /* unsigned: wrapping is defined */
     for (int i = 0; i < 16 * 64; i++) { a[i] = 1; b[i] = 1; }
     tiles_fill(a, b);
-    for (long long i = 0; i < iters; i++) {
-        SM_TILE_DPBSSD(0, 4, 6);
-        SM_TILE_DPBSSD(1, 4, 7);
-        SM_TILE_DPBSSD(2, 5, 6);
-        SM_TILE_DPBSSD(3, 5, 7);
-    }
+    for (long long i = 0; i < iters; i++) FOUR_TILE_PRODUCTS(SM_TILE_DPBSSD);
     tiles_store(c);
     for (int t = 0; t < 4; t++) s += (uint32_t)c[256 * t] + (uint32_t)c[256 * t + 255];
     return (int32_t)s;
