@@ -880,7 +880,13 @@ def test_targets_include_the_model_shapes():
         r = records.results(rec.data, "shape", impl=impl, label="bwd")[0]
         r["seconds"] = {"median": 1.0, "min": 1.0, "max": 2.0, "n": 3, "samples": xs}
     lines = ch2.targets(rec.data, rec_dir="/nonexistent")
-    assert ("smallem >= numpy on bwd: MISSED (149.5 vs 150.0 Gop/s; ahead in 2 of 3 paired "
+    assert ("smallem >= numpy on bwd: met (tied: the sign test does not call smallem slower) "
+            "(149.5 vs 150.0 Gop/s; ahead in 2 of 3 paired rounds)") in lines
+    for impl, xs in (("smallem", [2.0] * 15), ("numpy", [1.5] * 15)):  # behind in every round
+        r = records.results(rec.data, "shape", impl=impl, label="bwd")[0]
+        r["seconds"] = {"median": 1.0, "min": 1.0, "max": 2.0, "n": 15, "samples": xs}
+    lines = ch2.targets(rec.data, rec_dir="/nonexistent")
+    assert ("smallem >= numpy on bwd: MISSED (149.5 vs 150.0 Gop/s; ahead in 0 of 15 paired "
             "rounds)") in lines
     rec.data["settings"]["quick"] = True  # shapes divided by 16: not the targets' sizes
     lines = ch2.targets(rec.data, rec_dir="/nonexistent")

@@ -372,7 +372,7 @@ def test_fma_table_covers_the_cores_we_know():
     assert machine.fma_units(ident("HygonGenuine", 0x18, 0, "avx512f")) == (0, 0, "unknown")
 
 
-@pytest.mark.parametrize("name", ["intel-xeon-emr-2c", "amd-zen5-2c"])
+@pytest.mark.parametrize("name", ["intel-xeon-emr-2c", "amd-zen5-2c", "amd-zen4-2c"])
 def test_pipe_table_explains_each_recorded_fma_rate(name):
     # The clock at which a machine's measured one-core f32 rate runs the table's FMAs per cycle
     # is a clock such a core has: the table's pipes are right for it. (The Xeon's record predates
@@ -381,6 +381,10 @@ def test_pipe_table_explains_each_recorded_fma_rate(name):
     theory = rec["settings"]["theory"]
     implied = records.value(rec, "peak", kind="f32", threads=1) / theory["flops_per_cycle_per_core"]
     assert 2.0 < implied < 5.5, implied
+    if records.results(rec, "clock_mul"):  # recorded with both chains: all three clocks agree
+        sm = ch1.summary(rec)
+        for clock in (sm["clock_ghz"], sm["clock_mul_ghz"]):
+            assert clock == pytest.approx(implied, rel=ch1.CLOCK_AGREEMENT), (clock, implied)
 
 
 @pytest.mark.parametrize("name", ["intel-xeon-emr-2c", "amd-zen5-2c"])
