@@ -6,7 +6,7 @@ Measures this machine's limits and writes them to one record, ``ch1.machine``:
   chain of multiplies;
 - peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
 - the memory staircase: STREAM copy/scale/add/triad over working sets from
-  16 KiB to 1 GiB, on one core and on all, with numpy's copy as a peer;
+  4 KiB to past the L3, on one core and on all, with numpy's copy as a peer;
 - the starting point of chapter 2: a naive 1024^3 matrix product.
 
 The theoretical peak is computed, not assumed:

@@ -7,7 +7,7 @@ them to one record, ``ch1.machine``:
   chain of multiplies;
 - peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
 - the memory staircase: STREAM copy/scale/add/triad over working sets from
-  16 KiB to 1 GiB, on one core and on all, with numpy's copy as a peer;
+  4 KiB to past the L3, on one core and on all, with numpy's copy as a peer;
 - the starting point of chapter 2: a naive 1024^3 matrix product.
 
 Later chapters read this machine's peaks and bandwidths through :func:`facts`, loaded once.
@@ -81,14 +81,15 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
     return peaks, warnings
 
 def stream_sizes(quick: bool, caches: dict | None = None, memory: int | None = None) -> list[int]:
-    """Working sets, in bytes, by factors of 2 from 16 KiB to 1 GiB, or further: to at least
-    4 x the L3 (the plateau past a cache starts some way beyond its size), as long as the three
-    arrays fit in a quarter of the memory. Quick: 16 KiB to 64 MiB."""
+    """Working sets, in bytes, by factors of 2 from 4 KiB (well inside any L1, so that a thread
+    has a few KiB even with several) to 1 GiB, or further: to at least 4 x the L3 (the plateau
+    past a cache starts some way beyond its size), as long as the three arrays fit in a quarter
+    of the memory. Quick: 4 KiB to 64 MiB."""
     caches = caches or machine_info.caches()
     memory = machine_info.memory_bytes() if memory is None else memory
     want = 64 * MiB if quick else max(GiB, 4 * caches["L3_bytes"] * caches["L3_instances"])
     room = memory / 4 / 1.5 if memory and not quick else math.inf  # Stream's arrays: 1.5 x
-    sizes = [16 * KiB]
+    sizes = [4 * KiB]
     while sizes[-1] < want and (2 * sizes[-1] <= room or sizes[-1] < 64 * MiB):
         sizes.append(2 * sizes[-1])
     return sizes
