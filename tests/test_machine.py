@@ -387,7 +387,7 @@ def test_pipe_table_explains_each_recorded_fma_rate(name):
             assert clock == pytest.approx(implied, rel=ch1.CLOCK_AGREEMENT), (clock, implied)
 
 
-@pytest.mark.parametrize("name", ["intel-xeon-emr-2c", "amd-zen5-2c"])
+@pytest.mark.parametrize("name", ["intel-xeon-emr-2c", "amd-zen5-2c", "amd-zen4-2c"])
 def test_plateaus_on_recorded_machines(name):
     rec = captured_record(name, "ch1.machine")
     caches = rec["machine"]["caches"]
