@@ -16,3 +16,6 @@ int cross_entropy(const float *logits, const int *targets, float *losses, float 
 void adamw(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2, float eps, float wd, float gscale, float bc1, float bc2, int nthreads);
 double sum_squares(const float *x, long long n, int nthreads);
 void batched_gemm(void *gemm, int count, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, long long stride_a, int lda, const float *B, long long stride_b, int ldb, float beta, float *C, long long stride_c, int ldc, int order, int mc, int kc, int nc, float *work, long long work_per_thread, int nthreads);
+long long flash_work_floats(int T, int hd, int tile);
+void flash_forward(const float *q, const float *k, const float *v, float *o, float *lse, int BH, int T, int hd, float scale, int tile, float *work, int nthreads);
+void flash_backward(const float *q, const float *k, const float *v, const float *o, const float *lse, const float *dout, float *dq, float *dk, float *dv, int BH, int T, int hd, float scale, int tile, float *work, int nthreads);

@@ -277,6 +277,62 @@ def test_kernel_attention(level, rng, B, H, T, hd):
     assert_close(d32, d64.astype(np.float32), k=T * hd, atol=1e-5 * np.abs(d64).max())
 
 
+@pytest.mark.parametrize("BH,T,hd,tile", [(1, 1, 1, 16), (3, 7, 5, 16), (2, 33, 16, 16),
+                                           (2, 100, 64, 32), (1, 129, 24, 48), (2, 5, 8, 256)])
+def test_flash_attention_against_the_reference(level, rng, BH, T, hd, tile):
+    """Attention in tiles, forward and backward, against the numpy reference in float64
+    (itself checked against finite differences above): odd T, T smaller than a tile, T one
+    past a multiple of it, hd not a multiple of a vector."""
+    B, H = 1, BH
+    cfg = Config("f", d_model=H * hd, n_layer=1, n_head=H, context=T)
+    a = Workspace(cfg, B, T, np.float64).layers[0].attn
+    qkv = rng.standard_normal((B * T, 3 * H * hd))
+    ref = NumpyOps()
+    out64 = np.empty((B * T, H * hd))
+    ref.attention(qkv, out64, a)
+    q, k, v = (np.ascontiguousarray(x.reshape(BH, T, hd), np.float32) for x in (a.q, a.k, a.v))
+    o, lse = np.full_like(q, np.nan), np.full((BH, T), np.nan, np.float32)
+    scale = 1 / math.sqrt(hd)
+    layers.flash_forward(q, k, v, o, lse, scale, tile=tile)
+    o64 = (a.p @ a.v).reshape(BH, T, hd)
+    assert_close(o, o64.astype(np.float32), k=T * hd, atol=1e-6, name="o")
+    s = np.einsum("btd,bsd->bts", a.q.reshape(BH, T, hd), a.k.reshape(BH, T, hd)) * scale
+    s[:, np.triu(np.ones((T, T), bool), 1)] = -np.inf
+    m = s.max(-1)
+    want_lse = m + np.log(np.exp(s - m[..., None]).sum(-1))
+    assert_close(lse, want_lse.astype(np.float32), k=hd, atol=1e-6, name="lse")
+    dout = rng.standard_normal((B * T, H * hd))
+    d64 = np.empty((B * T, 3 * H * hd))
+    ref.attention_backward(dout, d64, a)
+    want = d64.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4).reshape(3, BH, T, hd)
+    do = np.ascontiguousarray(dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3).reshape(BH, T, hd),
+                              np.float32)
+    dq, dk, dv = (np.full_like(q, np.nan) for _ in range(3))
+    layers.flash_backward(q, k, v, o, lse, do, dq, dk, dv, scale)
+    for got, w, name in zip((dq, dk, dv), want, ("dq", "dk", "dv")):
+        assert_close(got, w.astype(np.float32), k=T * hd, atol=1e-5 * np.abs(w).max(), name=name)
+    for threads in (1, 3):  # one thread per head: the same bits for any number of threads
+        again = [np.empty_like(q) for _ in range(3)]
+        layers.flash_backward(q, k, v, o, lse, do, *again, scale, threads=threads)
+        assert all(np.array_equal(x, y) for x, y in zip(again, (dq, dk, dv)))
+
+
+def test_flash_attention_checks_its_arguments(rng):
+    q = np.zeros((2, 5, 4), np.float32)
+    o, lse = np.empty_like(q), np.empty((2, 5), np.float32)
+    with pytest.raises(TypeError, match="k"):
+        layers.flash_forward(q, q.astype(np.float64), q, o, lse, 0.5)
+    with pytest.raises(ValueError, match="lse"):
+        layers.flash_forward(q, q, q, o, np.empty((2, 4), np.float32), 0.5)
+    with pytest.raises(ValueError, match="tile"):
+        layers.flash_forward(q, q, q, o, lse, 0.5, tile=0)
+    with pytest.raises(ValueError, match="B\\*H, T, hd"):
+        layers.flash_forward(q[0], q[0], q[0], o[0], lse, 0.5)
+    assert layers.flash_tile(64, {"L1d_bytes": 32 * 1024}) == 32
+    assert layers.flash_tile(64, {"L1d_bytes": 48 * 1024}) == 48
+    assert layers.flash_tile(1024, {"L1d_bytes": 32 * 1024}) == 16
+
+
 @pytest.mark.parametrize("B,T,H,hd", [(1, 1, 1, 1), (2, 3, 5, 7)])
 def test_kernel_heads_roundtrip(level, rng, B, T, H, hd):
     x = f32(rng, B * T, 3 * H * hd)
