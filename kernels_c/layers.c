@@ -76,6 +76,8 @@ static inline __m512 exp_vec(__m512 x)
 #define VEC __m512
 #define VLOAD _mm512_loadu_ps
 #define VSTORE _mm512_storeu_ps
+#define VFMA _mm512_fmadd_ps
+#define VSET1 _mm512_set1_ps
 #elif defined(SM_AVX2)
 static inline __m256 exp_vec(__m256 x)
 {
@@ -98,6 +100,8 @@ static inline __m256 exp_vec(__m256 x)
 #define VEC __m256
 #define VLOAD _mm256_loadu_ps
 #define VSTORE _mm256_storeu_ps
+#define VFMA _mm256_fmadd_ps
+#define VSET1 _mm256_set1_ps
 #endif
 
 /* In place, x[i] = exp(x[i]) for a contiguous run. */
@@ -455,171 +459,7 @@ void attn_softmax_backward(const float *p, float *dp, int BH, int T, float scale
 /* --8<-- [end:attn_softmax_backward] */
 
 /* ------------------------------------------------------------------ attention in tiles */
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
-
-/* --8<-- [start:flash_forward] */
-/* Causal attention without the T x T matrix (FlashAttention's online softmax):
- * for each tile of `tile` query rows, the key tiles at or before them, one at a
- * time; each row keeps its running maximum m, the running sum l of exp(s - m)
- * and the running output acc = sum exp(s - m) v, rescaled by exp(m_old - m_new)
- * whenever the maximum grows. At the end o = acc / l, and lse = m + log(l) is
- * kept for the backward. Key tiles after a query row are never visited: the
- * mask is the loop bound. K's tile is packed transposed (hd x tile), so the
- * scores of one row are an FMA per dimension across the tile's keys.
- * q, k, v, o: BH x T x hd; lse: BH x T; work: nthreads x flash_work_floats(). */
-long long flash_work_floats(int T, int hd, int tile) /* per thread, forward or backward */
-{
-    return MAX((long long)hd * tile + tile, 2LL * T);
-}
-
-static void flash_forward_tile(const float *q, const float *k, const float *v, float *o,
-                               float *lse, int T, int hd, float scale, int tile, int i0,
-                               float *kt, float *s)
-{
-    const int rows = MIN(tile, T - i0);
-    for (int r = 0; r < rows; r++) {
-        float *acc = o + (size_t)(i0 + r) * hd; /* the output row is the accumulator */
-        memset(acc, 0, sizeof(float) * hd);
-    }
-    float m[rows], l[rows];
-    for (int r = 0; r < rows; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
-    for (int j0 = 0; j0 < i0 + rows; j0 += tile) {
-        const int cols = MIN(tile, T - j0);
-        for (int c = 0; c < cols; c++)
-            for (int d = 0; d < hd; d++) kt[(size_t)d * tile + c] = k[(size_t)(j0 + c) * hd + d];
-        for (int r = 0; r < rows; r++) {
-            const int i = i0 + r, n = MIN(cols, i - j0 + 1); /* keys j0 .. i */
-            if (n <= 0) continue;
-            const float *qi = q + (size_t)i * hd;
-            float *acc = o + (size_t)i * hd;
-            for (int c = 0; c < n; c++) s[c] = 0.0f;
-            for (int d = 0; d < hd; d++) {
-                const float x = qi[d] * scale, *kd = kt + (size_t)d * tile;
-                #pragma omp simd
-                for (int c = 0; c < n; c++) s[c] += x * kd[c];
-            }
-            const float mnew = MAX(m[r], row_max(s, n)), corr = expf(m[r] - mnew);
-            #pragma omp simd
-            for (int c = 0; c < n; c++) s[c] -= mnew;
-            exp_inplace(s, n);
-            l[r] = l[r] * corr + row_sum(s, n);
-            #pragma omp simd
-            for (int d = 0; d < hd; d++) acc[d] *= corr;
-            for (int c = 0; c < n; c++) {
-                const float pc = s[c], *vc = v + (size_t)(j0 + c) * hd;
-                #pragma omp simd
-                for (int d = 0; d < hd; d++) acc[d] += pc * vc[d];
-            }
-            m[r] = mnew;
-        }
-    }
-    for (int r = 0; r < rows; r++) {
-        float *acc = o + (size_t)(i0 + r) * hd, inv = 1.0f / l[r];
-        #pragma omp simd
-        for (int d = 0; d < hd; d++) acc[d] *= inv;
-        lse[i0 + r] = m[r] + logf(l[r]);
-    }
-}
-
-void flash_forward(const float *q, const float *k, const float *v, float *o, float *lse,
-                   int BH, int T, int hd, float scale, int tile, float *work, int nthreads)
-{
-    const int tiles = (T + tile - 1) / tile;
-    const size_t per = (size_t)flash_work_floats(T, hd, tile);
-    #pragma omp parallel num_threads(TEAM((long long)BH * T * T / 2 * hd / 64))
-    {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
-        float *kt = work + (size_t)t * per, *s = kt + (size_t)hd * tile;
-        /* the last query tiles see the most keys: hand them out first */
-        #pragma omp for schedule(dynamic, 1)
-        for (long long u = 0; u < (long long)BH * tiles; u++) {
-            const long long bh = u % BH;
-            const int i0 = (int)(tiles - 1 - u / BH) * tile;
-            const size_t at = (size_t)bh * T * hd;
-            flash_forward_tile(q + at, k + at, v + at, o + at, lse + (size_t)bh * T, T, hd,
-                               scale, tile, i0, kt, s);
-        }
-    }
-}
-/* --8<-- [end:flash_forward] */
-
-/* --8<-- [start:flash_backward] */
-/* The backward, without P: each probability is recomputed from its score and
- * the forward's lse, p = exp(scale q.k - lse), one query row at a time (not yet
- * in tiles: this version is the reference the tiled one must match).
- * With D_i = dO_i . O_i (the row sum of P * dP):
- *   dV_j += p dO_i,  dp = dO_i . V_j,  ds = p (dp - D_i),
- *   dQ_i += scale ds K_j,  dK_j += scale ds Q_i.
- * One thread takes one (batch, head) whole, so its dQ, dK, dV are its own and the
- * sums come in one order: the results do not depend on the number of threads.
- * work: nthreads x flash_work_floats() floats (here one score row and D). */
-static void flash_backward_head(const float *q, const float *k, const float *v, const float *o,
-                                const float *lse, const float *dout, float *dq, float *dk,
-                                float *dv, int T, int hd, float scale, float *dd, float *s)
-{
-    memset(dq, 0, sizeof(float) * T * hd);
-    memset(dk, 0, sizeof(float) * T * hd);
-    memset(dv, 0, sizeof(float) * T * hd);
-    for (int i = 0; i < T; i++) {
-        float x = 0.0f;
-        const float *oi = o + (size_t)i * hd, *gi = dout + (size_t)i * hd;
-        #pragma omp simd reduction(+:x)
-        for (int d = 0; d < hd; d++) x += oi[d] * gi[d];
-        dd[i] = x;
-    }
-    for (int i = 0; i < T; i++) {
-        const int n = i + 1; /* keys 0 .. i */
-        const float *qi = q + (size_t)i * hd, *gi = dout + (size_t)i * hd;
-        float *dqi = dq + (size_t)i * hd;
-        for (int j = 0; j < n; j++) { /* p = exp(scale q.k - lse) */
-            const float *kj = k + (size_t)j * hd;
-            float x = 0.0f;
-            #pragma omp simd reduction(+:x)
-            for (int d = 0; d < hd; d++) x += qi[d] * kj[d];
-            s[j] = scale * x - lse[i];
-        }
-        exp_inplace(s, n);
-        for (int j = 0; j < n; j++) {
-            const float p = s[j], *kj = k + (size_t)j * hd, *vj = v + (size_t)j * hd;
-            float *dkj = dk + (size_t)j * hd, *dvj = dv + (size_t)j * hd, dp = 0.0f;
-            #pragma omp simd reduction(+:dp)
-            for (int d = 0; d < hd; d++) dp += gi[d] * vj[d];
-            const float ds = scale * p * (dp - dd[i]);
-            #pragma omp simd
-            for (int d = 0; d < hd; d++) {
-                dvj[d] += p * gi[d];
-                dqi[d] += ds * kj[d];
-                dkj[d] += ds * qi[d];
-            }
-        }
-    }
-}
-
-void flash_backward(const float *q, const float *k, const float *v, const float *o,
-                    const float *lse, const float *dout, float *dq, float *dk, float *dv,
-                    int BH, int T, int hd, float scale, int tile, float *work, int nthreads)
-{
-    const size_t per = (size_t)flash_work_floats(T, hd, tile);
-    #pragma omp parallel num_threads(TEAM((long long)BH * T * T * hd / 32))
-    {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
-        float *dd = work + (size_t)t * per, *s = dd + T;
-        #pragma omp for schedule(dynamic, 1)
-        for (int bh = 0; bh < BH; bh++) {
-            const size_t at = (size_t)bh * T * hd;
-            flash_backward_head(q + at, k + at, v + at, o + at, lse + (size_t)bh * T,
-                                dout + at, dq + at, dk + at, dv + at, T, hd, scale, dd, s);
-        }
-    }
-}
-/* --8<-- [end:flash_backward] */
+#include "layers/flash.c"
 
 /* ------------------------------------------------------------------ cross-entropy */
 /* --8<-- [start:cross_entropy] */
