@@ -204,6 +204,32 @@ class KernelAttention:
 # --8<-- [end:kernel_attention]
 
 
+# --8<-- [start:flash_attention]
+class FlashAttention:
+    """The same attention in tiles (kernels_c/layers/flash.c): no (T, T) matrix, in the
+    forward or the backward; the forward keeps each row's log-sum-exp instead of P."""
+
+    needs_scores = False  # the workspace holds no P and no dP
+
+    def attention(self, qkv, out, a):
+        B, H, T, hd = a.q.shape
+        flat = lambda x: x.reshape(B * H, T, hd)  # noqa: E731
+        layers.heads_split(qkv, (a.q, a.k, a.v), B, T, H, self.threads)
+        layers.flash_forward(flat(a.q), flat(a.k), flat(a.v), flat(a.o), a.lse.reshape(B * H, T),
+                             1.0 / math.sqrt(hd), threads=self.threads)
+        layers.heads_merge((a.o,), out, self.threads)
+
+    def attention_backward(self, dout, dqkv, a):
+        B, H, T, hd = a.q.shape
+        flat = lambda x: x.reshape(B * H, T, hd)  # noqa: E731
+        layers.heads_split(dout, (a.do,), B, T, H, self.threads)
+        layers.flash_backward(*(flat(x) for x in (a.q, a.k, a.v, a.o)), a.lse.reshape(B * H, T),
+                              *(flat(x) for x in (a.do, a.dq, a.dk, a.dv)), 1.0 / math.sqrt(hd),
+                              threads=self.threads)
+        layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
+# --8<-- [end:flash_attention]
+
+
 # ---------------------------------------------------------------- residual add
 # out = a + b, after the attention branch and after the MLP branch. No backward: the
 # gradient passes through unchanged, so GPT._block_backward has no line for it.
@@ -362,10 +388,16 @@ class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
             self.matmul(x, y, out=o, trans_a=trans_a, trans_b=trans_b)
 
 
+class FlashOps(FlashAttention, KernelOps):
+    """KernelOps with the attention in tiles."""
+
+    name = "flash"
+
+
 # backend name -> ops class. The performance ladder's rungs (a persistent thread pool, tiled
 # attention, bf16 products, ...) are subclasses of KernelOps that override the methods they
 # change, registered here under their own names; the model code does not change.
-BACKENDS = {"numpy": NumpyOps, "kernels": KernelOps}
+BACKENDS = {"numpy": NumpyOps, "kernels": KernelOps, "flash": FlashOps}
 
 
 def make_ops(backend: str, threads=None):
@@ -467,11 +499,13 @@ def get_config(name_or_config) -> Config:
 
 
 class _Attn:
-    """Per-layer attention buffers: q, k, v, the output o and the probabilities P."""
+    """Per-layer attention buffers: q, k, v, the output o, and the probabilities P (or, for
+    the attention in tiles, only each row's log-sum-exp)."""
 
-    def __init__(self, B, H, T, hd, dtype, shared):
+    def __init__(self, B, H, T, hd, dtype, shared, scores=True):
         self.q, self.k, self.v, self.o = (np.zeros((B, H, T, hd), dtype) for _ in range(4))
-        self.p = np.zeros((B, H, T, T), dtype)
+        self.p = np.zeros((B, H, T, T) if scores else (0,), dtype)
+        self.lse = np.zeros((B, H, T), dtype)
         # backward scratch, shared by all layers (only one layer's backward runs at a time)
         self.do, self.dq, self.dk, self.dv, self.dp = (
             shared["do"], shared["dq"], shared["dk"], shared["dv"], shared["dp"])
@@ -502,18 +536,18 @@ class Workspace:
     = 32 MiB.
     """
 
-    def __init__(self, cfg: Config, B: int, T: int, dtype=np.float32):
+    def __init__(self, cfg: Config, B: int, T: int, dtype=np.float32, scores: bool = True):
         N, C, H, hd = B * T, cfg.d_model, cfg.n_head, cfg.head_dim
         z = lambda *s: np.zeros(s, dtype)  # noqa: E731
         self.B, self.T, self.dtype = B, T, np.dtype(dtype)
         self.idx = np.zeros((B, T), np.int32)
         self.targets = np.zeros(N, np.int32)
         shared = {k: z(B, H, T, hd) for k in ("do", "dq", "dk", "dv")}
-        shared["dp"] = z(B, H, T, T)
+        shared["dp"] = z(B, H, T, T) if scores else z(0)  # no (T, T) buffers in tiles
         self.layers = [
             _Layer(x=z(N, C), ln1=z(N, C), ln1_mean=z(N), ln1_rstd=z(N), qkv=z(N, 3 * C),
                    att=z(N, C), mid=z(N, C), ln2=z(N, C), ln2_mean=z(N), ln2_rstd=z(N),
-                   u=z(N, 4 * C), g=z(N, 4 * C), attn=_Attn(B, H, T, hd, dtype, shared))
+                   u=z(N, 4 * C), g=z(N, 4 * C), attn=_Attn(B, H, T, hd, dtype, shared, scores))
             for _ in range(cfg.n_layer)]
         self.out = z(N, C)            # the last block's output
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
@@ -534,8 +568,9 @@ class GPT:
                  dtype=np.float32):
         self.config = cfg = get_config(config)
         self.dtype = np.dtype(dtype)
-        if backend == "kernels" and self.dtype != np.float32:
-            raise ValueError("backend 'kernels' is float32 only; use backend='numpy' for float64")
+        if backend != "numpy" and self.dtype != np.float32:
+            raise ValueError(f"backend {backend!r} is float32 only; use backend='numpy' for "
+                             f"float64")
         self.ops = make_ops(backend, threads)
         self.backend = backend
         self.shapes = cfg.param_shapes()
@@ -575,7 +610,8 @@ class GPT:
     def workspace(self, B: int, T: int) -> Workspace:
         key = (B, T)
         if key not in self._workspaces:
-            self._workspaces[key] = Workspace(self.config, B, T, self.dtype)
+            self._workspaces[key] = Workspace(self.config, B, T, self.dtype,
+                                              getattr(self.ops, "needs_scores", True))
         return self._workspaces[key]
 
     # ------------------------------------------------------------ forward

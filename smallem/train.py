@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint, data
-from .model import CONFIGS, GPT, get_config
+from .model import BACKENDS, CONFIGS, GPT, get_config
 from .timing import measure
 
 LN2 = math.log(2.0)
@@ -236,7 +236,7 @@ def add_train_arguments(p):
                    help="time budget; without --steps, sets the step count from the first steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, help="peak learning rate (default per config)")
-    p.add_argument("--backend", default="kernels", choices=["kernels", "numpy"])
+    p.add_argument("--backend", default="kernels", choices=list(BACKENDS))
     p.add_argument("--threads", type=int, help="threads (default: every usable core)")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log", help="JSON-lines log (default runs/<config>/log.jsonl)")

@@ -317,6 +317,13 @@ def test_flash_attention_against_the_reference(level, rng, BH, T, hd, tile):
         assert all(np.array_equal(x, y) for x, y in zip(again, (dq, dk, dv)))
 
 
+def test_flash_backend_keeps_no_score_matrices():
+    cfg = Config("f", d_model=16, n_layer=2, n_head=2, context=64)
+    tiled, full = GPT(cfg, "flash").workspace(2, 64), GPT(cfg, "kernels").workspace(2, 64)
+    assert all(L.attn.p.size == 0 and L.attn.lse.shape == (2, 2, 64) for L in tiled.layers)
+    assert tiled.layers[0].attn.dp.size == 0 and full.layers[0].attn.p.shape == (2, 2, 64, 64)
+
+
 def test_flash_attention_checks_its_arguments(rng):
     q = np.zeros((2, 5, 4), np.float32)
     o, lse = np.empty_like(q), np.empty((2, 5), np.float32)
@@ -409,13 +416,14 @@ def test_kernel_arguments_are_checked(rng):
 
 # ---------------------------------------------------------------- whole model
 
+@pytest.mark.parametrize("backend", ["kernels", "flash"])
 @pytest.mark.parametrize("cfg", [TINY, TINY_UNTIED], ids=["tied", "untied"])
-def test_numpy_and_kernels_agree_after_one_step(level, cfg, rng):
+def test_numpy_and_kernels_agree_after_one_step(level, cfg, backend, rng):
     from smallem.train import AdamW
 
     idx = rng.integers(0, 256, (3, cfg.context))
     tg = rng.integers(0, 256, (3, cfg.context))
-    models = [GPT(cfg, b, seed=3) for b in ("numpy", "kernels")]
+    models = [GPT(cfg, b, seed=3) for b in ("numpy", backend)]
     results = []
     for m in models:
         m.flat += np.random.default_rng(9).normal(0, 0.02, m.flat.shape).astype(np.float32)
