@@ -237,11 +237,12 @@ def attn_softmax_backward(p, dp, scale, threads=None):
 
 def flash_tile(hd: int, caches: dict | None = None) -> int:
     """Keys per tile of the attention in tiles: the tile of K (packed, hd x tile) and of V
-    (tile x hd) together in half the L1, in multiples of 16, from 16 to 256."""
+    (tile x hd) together in half the L1, in multiples of 32 (two AVX-512 vectors, the
+    register-tiled path's step), from 32 to 256."""
     from . import machine_info
 
     l1 = (caches or machine_info.caches())["L1d_bytes"] or 32 * 1024
-    return int(min(256, max(16, l1 // 2 // (2 * 4 * hd) // 16 * 16)))
+    return int(min(256, max(32, l1 // 2 // (2 * 4 * hd) // 32 * 32)))
 
 
 def _flash_shapes(q, k, v, names=("q", "k", "v")):
@@ -253,27 +254,40 @@ def _flash_shapes(q, k, v, names=("q", "k", "v")):
     return q.shape
 
 
-def _flash_work(T, hd, tile, threads):
+def flash_work_floats(T, hd, tile, threads) -> int:
+    """The floats of scratch :func:`flash_forward` and :func:`flash_backward` need."""
     ffi, lib = _lib()
-    return np.empty(int(lib.flash_work_floats(T, hd, tile)) * threads, np.float32)
+    return int(lib.flash_work_floats(T, hd, tile)) * threads
 
 
-def flash_forward(q, k, v, o, lse, scale, tile=None, threads=None):
+def _flash_work(work, T, hd, tile, threads):
+    need = flash_work_floats(T, hd, tile, threads)
+    if work is None:
+        return np.empty(need, np.float32)
+    _f32(work, "work", writable=True)
+    if work.ndim != 1 or work.size < need:
+        raise ValueError(f"work: expected a 1-D float32 array of at least {need} floats, "
+                         f"got shape {work.shape}")
+    return work
+
+
+def flash_forward(q, k, v, o, lse, scale, tile=None, threads=None, work=None):
     """Causal attention in tiles: o = softmax(scale q k^T, causal) v, and lse (B*H, T), the
-    log-sum-exp of each row's scaled scores, for the backward; no (T, T) matrix is made."""
+    log-sum-exp of each row's scaled scores, for the backward; no (T, T) matrix is made.
+    ``work`` (see :func:`flash_work_floats`) is the scratch, allocated here if not given."""
     BH, T, hd = _flash_shapes(q, k, v)
     _f32(o, "o", (BH, T, hd), writable=True)
     _f32(lse, "lse", (BH, T), writable=True)
     tile = checks.positive_int(flash_tile(hd) if tile is None else tile, "tile", limit=4096)
     threads = _threads(threads)
-    work = _flash_work(T, hd, tile, threads)
+    work = _flash_work(work, T, hd, tile, threads)
     ffi, lib = _lib()
     lib.flash_forward(_fp(ffi, q), _fp(ffi, k), _fp(ffi, v), _fp(ffi, o), _fp(ffi, lse), BH, T,
                       hd, float(scale), tile, _fp(ffi, work), threads)
     return o
 
 
-def flash_backward(q, k, v, o, lse, dout, dq, dk, dv, scale, threads=None):
+def flash_backward(q, k, v, o, lse, dout, dq, dk, dv, scale, threads=None, work=None):
     """The gradients of :func:`flash_forward`'s o with respect to q, k and v, from dout and
     the forward's o and lse (the probabilities are recomputed, never stored)."""
     BH, T, hd = _flash_shapes(q, k, v)
@@ -284,7 +298,7 @@ def flash_backward(q, k, v, o, lse, dout, dq, dk, dv, scale, threads=None):
         _f32(x, name, (BH, T, hd), writable=True)
     threads = _threads(threads)
     tile = flash_tile(hd)
-    work = _flash_work(T, hd, tile, threads)
+    work = _flash_work(work, T, hd, tile, threads)
     ffi, lib = _lib()
     lib.flash_backward(*(_fp(ffi, x) for x in (q, k, v, o, lse, dout, dq, dk, dv)), BH, T, hd,
                        float(scale), tile, _fp(ffi, work), threads)

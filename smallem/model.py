@@ -211,12 +211,19 @@ class FlashAttention:
 
     needs_scores = False  # the workspace holds no P and no dP
 
+    def _flash_scratch(self, T, hd):  # one scratch for every layer, grown once
+        need = layers.flash_work_floats(T, hd, layers.flash_tile(hd), self.threads)
+        if getattr(self, "_flash", np.empty(0)).size < need:
+            self._flash = np.empty(need, np.float32)
+        return self._flash
+
     def attention(self, qkv, out, a):
         B, H, T, hd = a.q.shape
         flat = lambda x: x.reshape(B * H, T, hd)  # noqa: E731
         layers.heads_split(qkv, (a.q, a.k, a.v), B, T, H, self.threads)
         layers.flash_forward(flat(a.q), flat(a.k), flat(a.v), flat(a.o), a.lse.reshape(B * H, T),
-                             1.0 / math.sqrt(hd), threads=self.threads)
+                             1.0 / math.sqrt(hd), threads=self.threads,
+                             work=self._flash_scratch(T, hd))
         layers.heads_merge((a.o,), out, self.threads)
 
     def attention_backward(self, dout, dqkv, a):
@@ -225,7 +232,7 @@ class FlashAttention:
         layers.heads_split(dout, (a.do,), B, T, H, self.threads)
         layers.flash_backward(*(flat(x) for x in (a.q, a.k, a.v, a.o)), a.lse.reshape(B * H, T),
                               *(flat(x) for x in (a.do, a.dq, a.dk, a.dv)), 1.0 / math.sqrt(hd),
-                              threads=self.threads)
+                              threads=self.threads, work=self._flash_scratch(T, hd))
         layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
 # --8<-- [end:flash_attention]
 
