@@ -11,9 +11,9 @@ import numpy as np
 
 from .. import checks, data
 from ..model import CONFIGS, GPT, get_config
-from ..timing import Timing, measure, quick_mode
+from ..timing import Timing, measure, measure_interleaved, quick_mode
 from ..train import LN2, Trainer, _estimate_steps, train
-from . import ch1, figures, records, reference
+from . import ch1, compare, figures, records, reference
 
 # ---------------------------------------------------------------- benchmark
 
@@ -93,6 +93,27 @@ def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
     return out
 
 
+ATTENTION = {"kernels": "matrices", "flash": "tiles"}  # backend -> how it does attention
+
+
+def _measure_attention(rec, cfg, B, threads, quick):
+    """The kernels' step with the attention as (T, T) matrices and in tiles, timed in turn:
+    "attention_step" results (tokens/s), with every sample for the sign test."""
+    from threadpoolctl import threadpool_limits
+
+    time.sleep(0.5)
+    corpus = data.load_corpus()
+    trainers = {b: Trainer(cfg, corpus=corpus, batch_size=B, steps=100, backend=b,
+                           threads=threads) for b in ATTENTION}
+    with threadpool_limits(threads):
+        ts = measure_interleaved({b: t.train_step for b, t in trainers.items()},
+                                 repeats=2 if quick else 7, warmup=1)
+    for b, t in ts.items():
+        tokens = B * cfg.context
+        rec.add("attention_step", "tokens/s", t.rate(tokens),
+                seconds={**t.stats(), "samples": list(t.seconds)}, attention=ATTENTION[b])
+
+
 def _torch_version():
     try:
         import torch
@@ -137,6 +158,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         if progress:
             print(f"{cfg_name} step, {backend:8s}: {r['tokens'] / statistics.median(secs):9.0f} "
                   f"tokens/s ({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
+    _measure_attention(step_rec, cfg, B, threads, quick)
     step_rec.save()
 
     # the loss curve: config s on the default corpus, a fixed step count
@@ -272,6 +294,11 @@ def report(rec_dir) -> dict:
             rest = total - groups.get("matrix products (+ bias)", 0) - groups.get("attention", 0)
             values["ch3.rest_share"] = f"{100 * rest / total:.0f}%"
         values["ch3.bench_batch"] = str(s["batch_size"])
+        found = {r["params"]["attention"]: r for r in records.results(rec, "attention_step")}
+        values["ch3.matrices_toks"] = f(found["matrices"]["value"]["median"], "tokens/s")
+        values["ch3.tiles_toks"] = f(found["tiles"]["value"]["median"], "tokens/s")
+        values["ch3.tiles_vs_matrices"] = compare.versus(found["tiles"], found["matrices"])
+        values["ch3.tiles_rounds"] = str(found["tiles"]["seconds"]["n"])
 
     if records.exists(RECORD_RUN, rec_dir):
         rec = records.load(RECORD_RUN, rec_dir)
