@@ -223,10 +223,13 @@ def test_bench_train_quick_and_figures(records_tmp):
 
     step_rec, run_rec = bench_train(quick=True, progress=False, threads=2)
     assert records.exists("ch3.train_step") and records.exists("ch3.train_run")
-    backends = {r["params"]["backend"] for r in step_rec.data["results"]}
+    backends = {r["params"]["backend"] for r in records.results(step_rec.data, "step")}
     assert {"numpy", "kernels"} <= backends
+    attention = {r["params"]["attention"] for r in records.results(step_rec.data, "attention_step")}
+    assert attention == {"matrices", "tiles"}
     values = make_figures(records_tmp)
     assert "ch3.kernels_toks" in values and "ch3.s_final_bpb" in values
+    assert "rounds" in values["ch3.tiles_vs_matrices"]
     tables = Path(os.environ["SMALLEM_FIGURES"]) / "tables"
     assert "smallem kernels" in (tables / "ch3_step.md").read_text()
     assert (Path(os.environ["SMALLEM_FIGURES"]) / "ch3_loss.svg").exists()
