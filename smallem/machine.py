@@ -291,11 +291,14 @@ def _feeds(path: str, level: str) -> dict:
     except (OSError, ValueError):
         pass  # not measured yet, or a damaged file: measure again
     found = measure_feeds(level)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False,
-                                     suffix=".tmp") as f:
-        json.dump(found, f)
-    os.replace(f.name, path)  # whole or not at all, even with several processes at once
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False,
+                                         suffix=".tmp") as f:
+            json.dump(found, f)
+        os.replace(f.name, path)  # whole or not at all, even with several processes at once
+    except OSError:
+        pass  # a cache that cannot be written: this process keeps its own measurement
     return found
 
 
