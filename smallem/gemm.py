@@ -177,9 +177,15 @@ def feeds(level: str | None = None) -> dict:
     """What :func:`loop_order` weighs for this machine: one core's f32 FMA rate, its bf16
     dot rate, and each core's share of the L3's bandwidth (triad, every core reading a
     working set between the L2s and the L3). Measured once per machine with chapter 1's
-    probes (about half a second, at the first product) and kept in the build cache, so
-    every process on this machine makes the same choices."""
-    return machine.feeds(isa.best() if level is None or isa.emulating(level) else level)
+    probes at the first product and kept in the build cache, so every process on this
+    machine makes the same choices; read once per process (matmul_bf16 asks on every call)."""
+    level = isa.best() if level is None or isa.emulating(level) else level
+    return _feeds(level, machine_info.usable_cores())
+
+
+@functools.lru_cache(maxsize=8)
+def _feeds(level: str, cores: int) -> dict:
+    return machine.feeds(level)
 
 
 # ---------------------------------------------------------------- loading the kernels
@@ -210,7 +216,8 @@ def _load(level: str | None = None):
                                                             threads=threads)[0]
             if order not in ORDERS:
                 raise ValueError(f"${ORDER_ENV}={order!r}: expected one of {ORDERS}")
-            found = _loaded[level] = (ffi, lib, mr[0], nr[0], *sets, order)
+            config = (ORDERS.index(order), *sets[0 if order == "rows" else 1])
+            found = _loaded[level] = (ffi, lib, mr[0], nr[0], *sets, order, config)
     return found
 
 
@@ -248,8 +255,7 @@ def ladder_blocks(level: str | None = None) -> dict:
 
 def default_config(level: str | None = None) -> tuple[int, int, int, int]:
     """(order number, mc, kc, nc) that the C driver takes by default."""
-    order = default_order(level)
-    return (ORDERS.index(order), *order_blocks(order, level).values())
+    return _load(level)[7]
 
 
 def _blocks(blocks, level, rung5: bool = True) -> tuple[int, int, int]:
@@ -260,6 +266,8 @@ def _blocks(blocks, level, rung5: bool = True) -> tuple[int, int, int]:
 def _config(blocks, level, order: str | None = None) -> tuple[int, int, int, int]:
     """(order number, mc, kc, nc): ``blocks`` ({"order", "mc", "kc", "nc"}, or a tuple of the
     three sizes) over the model's blocks for the order asked, or the default one."""
+    if blocks is None and order is None:
+        return _load(level)[7]  # every plain call: the tuple made once in _load
     if isinstance(blocks, dict) and "order" in blocks:
         order = blocks["order"]
     order = order or default_order(level)

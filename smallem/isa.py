@@ -46,14 +46,48 @@ def is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
+def parse_cpuinfo(text: str) -> dict:
+    """Vendor, family, model, model name and flags of the first CPU in a /proc/cpuinfo text.
+
+    Family and model are ints (-1 where absent, as on arm64); flags a frozenset.
+    """
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+
+    def number(key):
+        try:
+            return int(fields.get(key, ""), 0)
+        except ValueError:
+            return -1
+
+    name = next((fields[k] for k in ("model name", "Model", "Hardware") if fields.get(k)), "")
+    return {"vendor": fields.get("vendor_id", ""), "family": number("cpu family"),
+            "model": number("model"), "model_name": name,
+            "flags": frozenset((fields.get("flags") or fields.get("Features") or "").split())}
+
+
+@functools.lru_cache(maxsize=1)
+def cpuinfo_text() -> str:
+    """/proc/cpuinfo, or "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags, in /proc/cpuinfo spelling."""
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
+    flags = parse_cpuinfo(cpuinfo_text())["flags"]
+    if flags:
+        return flags
     if platform.system() == "Darwin" and is_x86():
         out = _sysctl("machdep.cpu.features") + " " + _sysctl("machdep.cpu.leaf7_features")
         names = {w.lower() for w in out.split()}

@@ -1,16 +1,11 @@
-"""Chapter 1: what a CPU is worth.
+"""Chapter 1's probes of a machine's limits, for the book (smallem.book.ch1 measures and
+records them) and for the GEMM's choices (:func:`feeds`):
 
-Measures this machine's limits and writes them to one record, ``ch1.machine``:
-
-- the clock, from a chain of dependent integer adds (one cycle each), checked against a
-  chain of multiplies;
-- peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
-- the memory staircase: STREAM copy/scale/add/triad over working sets from
-  4 KiB to past the L3, on one core and on all, with numpy's copy as a peer;
-- the starting point of chapter 2: a naive 1024^3 matrix product.
-
-The theoretical peak is computed, not assumed:
-cores x FMA pipes x lanes x 2 (multiply and add) x measured clock.
+- two clocks, chains of dependent adds and of multiplies;
+- the compute probes: f32 FMA, bf16 and int8 dots, AMX tiles where present;
+- the STREAM kernels over any working set;
+- the FMA-pipe table, from which the theoretical peak is computed, not assumed:
+  cores x FMA pipes x lanes x 2 (multiply and add) x measured clock.
 """
 
 from __future__ import annotations
@@ -63,7 +58,7 @@ ZEN5_NARROW_MODELS = (range(0x20, 0x30), range(0x60, 0x70))
 def core_name(ident: dict | None = None) -> str | None:
     """The :data:`FMA_PIPES` row of a CPU, or None for a core not in the table.
 
-    ``ident`` is :func:`smallem.machine_info.parse_cpuinfo`'s reading (default: this machine).
+    ``ident`` is :func:`smallem.isa.parse_cpuinfo`'s reading (default: this machine).
     """
     ident = ident or machine_info.cpu_identity()
     flags, family, model = ident["flags"], ident["family"], ident["model"]

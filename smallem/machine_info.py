@@ -31,40 +31,11 @@ def _affinity_count() -> int:
     return os.cpu_count() or 1
 
 
-def parse_cpuinfo(text: str) -> dict:
-    """Vendor, family, model, model name and flags of the first CPU in a /proc/cpuinfo text.
-
-    Family and model are ints (-1 where absent, as on arm64); flags a frozenset.
-    """
-    fields = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if fields:
-                break  # the first processor's block is enough
-            continue
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-
-    def number(key):
-        try:
-            return int(fields.get(key, ""), 0)
-        except ValueError:
-            return -1
-
-    name = next((fields[k] for k in ("model name", "Model", "Hardware") if fields.get(k)), "")
-    return {"vendor": fields.get("vendor_id", ""), "family": number("cpu family"),
-            "model": number("model"), "model_name": name,
-            "flags": frozenset((fields.get("flags") or fields.get("Features") or "").split())}
-
-
 @functools.lru_cache(maxsize=1)
 def cpu_identity() -> dict:
-    """:func:`parse_cpuinfo` of this machine (empty fields where there is no /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return parse_cpuinfo(f.read())
-    except OSError:
-        return parse_cpuinfo("")
+    """:func:`smallem.isa.parse_cpuinfo` of this machine (empty fields where there is no
+    /proc/cpuinfo)."""
+    return isa.parse_cpuinfo(isa.cpuinfo_text())
 
 
 def cpu_model() -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from pathlib import Path
 
-from smallem import build, checks, machine, machine_info
+from smallem import build, checks, isa, machine, machine_info
 from smallem.book import ch1, figures, records
 
 MACHINES = Path(__file__).parent / "machines"
@@ -328,7 +328,7 @@ def test_amx_probes_compute_what_they_count(level, kind):
 
 def captured(name: str) -> tuple[dict, dict]:
     """(parse_cpuinfo's reading, caches_from's) of a machine in tests/machines/, for 2 cores."""
-    ident = machine_info.parse_cpuinfo((MACHINES / name / "cpuinfo-cpu0.txt").read_text())
+    ident = isa.parse_cpuinfo((MACHINES / name / "cpuinfo-cpu0.txt").read_text())
     entries = []
     for line in (MACHINES / name / "caches.txt").read_text().splitlines():
         fields = dict(kv.split("=", 1) for kv in line.partition(": ")[2].split())
