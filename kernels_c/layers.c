@@ -458,8 +458,31 @@ void attn_softmax_backward(const float *p, float *dp, int BH, int T, float scale
 }
 /* --8<-- [end:attn_softmax_backward] */
 
+/* ------------------------------------------------------------------ bf16 */
+/* --8<-- [start:to_bf16] */
+/* f32 to bf16, rounded to nearest with ties to even: bf16 is the top half of an f32, so
+ * add 0x7fff plus the lowest kept bit and keep the top 16 bits; a carry out of the
+ * mantissa correctly rounds up into the exponent. A NaN would carry into infinity: it is
+ * kept a (quiet) NaN instead. The same bits as smallem.gemm.f32_to_bf16. The training
+ * step's rung 6 rounds both operands of every product this way before chapter 2's bf16
+ * GEMM reads them. */
+void to_bf16(const float *x, uint16_t *out, long long n, int nthreads)
+{
+    const uint32_t *u = (const uint32_t *)x;
+    #pragma omp parallel for simd schedule(static) num_threads(TEAM(n))
+    for (long long i = 0; i < n; i++) {
+        const uint32_t v = u[i];
+        const int nan = (v & 0x7fffffffu) > 0x7f800000u;
+        out[i] = (uint16_t)(nan ? (v >> 16) | 0x0040u : (v + 0x7fffu + ((v >> 16) & 1u)) >> 16);
+    }
+}
+/* --8<-- [end:to_bf16] */
+
 /* ------------------------------------------------------------------ attention in tiles */
 #include "layers/flash.c"
+
+/* ------------------------------------------------------------------ fused element-wise work */
+#include "layers/fused.c"
 
 /* ------------------------------------------------------------------ cross-entropy */
 /* --8<-- [start:cross_entropy] */

@@ -174,6 +174,74 @@ def gelu_backward(x, dy, dx, threads=None):
     return dx
 
 
+def _rows(x, name):
+    _f32(x, name)
+    if x.ndim != 2:
+        raise ValueError(f"{name}: expected 2 dimensions, got shape {x.shape}")
+    return x.shape
+
+
+def bias_gelu_forward(u, b, g, threads=None):
+    """u += b, then g = gelu(u), in one pass (u keeps the biased values for the backward)."""
+    _f32(u, "u", writable=True)
+    N, C = _rows(u, "u")
+    _f32(b, "b", (C,))
+    _f32(g, "g", (N, C), writable=True)
+    ffi, lib = _lib()
+    lib.bias_gelu_forward(_fp(ffi, u), _fp(ffi, b), _fp(ffi, g), N, C, _threads(threads))
+    return g
+
+
+def gelu_backward_bias(x, dy, dx, db, threads=None):
+    """dx = dy * gelu'(x) and db = dx.sum(axis=0), in one pass; dx may be dy."""
+    N, C = _rows(x, "x")
+    _f32(dy, "dy", (N, C))
+    _f32(dx, "dx", (N, C), writable=True)
+    _f32(db, "db", (C,), writable=True)
+    ffi, lib = _lib()
+    lib.gelu_backward_bias(_fp(ffi, x), _fp(ffi, dy), _fp(ffi, dx), _fp(ffi, db), N, C,
+                           _threads(threads))
+    return dx
+
+
+def residual_layernorm(x, t, bias, mid, w, b, out, mean, rstd, threads=None):
+    """mid = x + (t + bias), then out = LayerNorm(mid) with gain w and shift b (keeping
+    mean and rstd), in one pass over the rows."""
+    N, C = _rows(x, "x")
+    _f32(t, "t", (N, C))
+    for a, n in ((bias, "bias"), (w, "w"), (b, "b")):
+        _f32(a, n, (C,))
+    _f32(mid, "mid", (N, C), writable=True)
+    _f32(out, "out", (N, C), writable=True)
+    _f32(mean, "mean", (N,), writable=True)
+    _f32(rstd, "rstd", (N,), writable=True)
+    ffi, lib = _lib()
+    lib.residual_layernorm(*(_fp(ffi, a) for a in (x, t, bias, mid, w, b, out, mean, rstd)), N,
+                           C, _threads(threads))
+    return out
+
+
+def bias_residual(x, t, bias, out, threads=None):
+    """out = x + (t + bias), in one pass."""
+    N, C = _rows(x, "x")
+    _f32(t, "t", (N, C))
+    _f32(bias, "bias", (C,))
+    _f32(out, "out", (N, C), writable=True)
+    ffi, lib = _lib()
+    lib.bias_residual(_fp(ffi, x), _fp(ffi, t), _fp(ffi, bias), _fp(ffi, out), N, C,
+                      _threads(threads))
+    return out
+
+
+def to_bf16(x, out, threads=None):
+    """out = x rounded to bf16 (nearest, ties to even; uint16 bits), any shape."""
+    _f32(x, "x")
+    checks.array(out, "out", np.uint16, shape=x.shape, writable=True)
+    ffi, lib = _lib()
+    lib.to_bf16(_fp(ffi, x), ffi.from_buffer("uint16_t[]", out), x.size, _threads(threads))
+    return out
+
+
 def heads_split(x, outs, B, T, H, threads=None):
     """x (B*T, parts*H*hd) -> each of ``outs`` (B, H, T, hd), parts = len(outs)."""
     parts = len(outs)

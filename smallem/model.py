@@ -2,8 +2,9 @@
 
 Read it from top to bottom, as llm.c's ``train_gpt2.c``. First the layers, in the order the
 forward pass meets them: embedding, LayerNorm, linear (the attention's QKV and projection,
-the MLP's two layers), attention, residual add, GELU, the tied head, cross-entropy; then
-AdamW and the gradient norm, which the trainer calls. Each layer is written twice, side by side:
+the MLP's two layers), attention, residual add, GELU, the element-wise layers that run in a
+row and so can be fused, the tied head, cross-entropy; then AdamW and the gradient norm,
+which the trainer calls. Each layer is written twice, side by side:
 
 - ``Numpy<Layer>``, the reference: a few lines of numpy for the forward and the backward,
   dtype-generic, so that the tests run it in float64 against finite differences and
@@ -121,7 +122,13 @@ class NumpyLinear:
     def linear(self, x, w, b, out):
         np.matmul(x, w, out=out)
         if b is not None:
-            out += b
+            self.bias(out, b)
+
+    def bias(self, y, b):
+        y += b
+
+    def bias_backward(self, dy, db):
+        np.sum(dy, axis=0, out=db)
 
     def linear_backward(self, dy, x, w, dx, dw, db, accumulate=False):
         if accumulate:
@@ -130,7 +137,7 @@ class NumpyLinear:
             np.matmul(dy, w.T, out=dx)
         np.matmul(x.T, dy, out=dw)
         if db is not None:
-            np.sum(dy, axis=0, out=db)
+            self.bias_backward(dy, db)
 # --8<-- [end:numpy_linear]
 
 
@@ -139,13 +146,19 @@ class KernelLinear:
     def linear(self, x, w, b, out):
         self.matmul(x, w, out=out)
         if b is not None:
-            layers.add_bias(out, b, self.threads)
+            self.bias(out, b)
+
+    def bias(self, y, b):
+        layers.add_bias(y, b, self.threads)
+
+    def bias_backward(self, dy, db):
+        layers.col_sum(dy, db, self.threads)
 
     def linear_backward(self, dy, x, w, dx, dw, db, accumulate=False):
         self.matmul(dy, w, trans_b=True, out=dx, beta=1.0 if accumulate else 0.0)
         self.matmul(x, dy, trans_a=True, out=dw)
         if db is not None:
-            layers.col_sum(dy, db, self.threads)
+            self.bias_backward(dy, db)
 # --8<-- [end:kernel_linear]
 
 
@@ -276,6 +289,57 @@ class KernelGelu:
         layers.gelu_backward(x, dy, dx, self.threads)
 
 
+# ---------------------------------------------------------------- fused element-wise work
+# Three places where the block runs two or three element-wise layers in a row over the
+# same tensor: the MLP's bias and GELU (and their backward with the bias gradient), and
+# after each branch's last product its bias and the residual add (then, after the
+# attention, LayerNorm). Unfused, each layer is its own pass over memory; the model
+# calls them through these four methods, so that a backend can do each in one pass
+# (KernelFused, the training step's rung 5) and every other backend runs the
+# composition below, which is the definition.
+
+# --8<-- [start:unfused]
+class UnfusedElementwise:
+    def bias_gelu(self, u, b, g):
+        """u += b, then g = gelu(u)."""
+        self.bias(u, b)
+        self.gelu(u, g)
+
+    def gelu_backward_bias(self, u, dy, dx, db):
+        """dx = dy * gelu'(u) (dx may be dy), then db = the column sums of dx."""
+        self.gelu_backward(u, dy, dx)
+        self.bias_backward(dx, db)
+
+    def residual_layernorm(self, x, t, bias, mid, w, b, out, mean, rstd):
+        """mid = x + (t + bias) (t is scratch: it may be overwritten), then
+        out = LayerNorm(mid)."""
+        self.bias(t, bias)
+        self.add(x, t, mid)
+        self.layernorm(mid, w, b, out, mean, rstd)
+
+    def bias_residual(self, x, t, bias, out):
+        """out = x + (t + bias) (t is scratch)."""
+        self.bias(t, bias)
+        self.add(x, t, out)
+# --8<-- [end:unfused]
+
+
+class KernelFused:
+    """Each of the four in one pass: kernels_c/layers/fused.c."""
+
+    def bias_gelu(self, u, b, g):
+        layers.bias_gelu_forward(u, b, g, self.threads)
+
+    def gelu_backward_bias(self, u, dy, dx, db):
+        layers.gelu_backward_bias(u, dy, dx, db, self.threads)
+
+    def residual_layernorm(self, x, t, bias, mid, w, b, out, mean, rstd):
+        layers.residual_layernorm(x, t, bias, mid, w, b, out, mean, rstd, self.threads)
+
+    def bias_residual(self, x, t, bias, out):
+        layers.bias_residual(x, t, bias, out, self.threads)
+
+
 # ---------------------------------------------------------------- head
 # After the last block, a final LayerNorm (above), then logits = x w^T, w (V, C): with tied
 # weights the token table read as the output matrix. Backward: dx = dlogits w and
@@ -353,10 +417,35 @@ class KernelAdamW:
         layers.adamw(p, g, m, v, threads=self.threads, **kw)
 
 
+# ---------------------------------------------------------------- bf16 products
+# The training step's rung 6: each product's two operands are rounded to bf16 (8 bits of
+# mantissa where f32 has 24; the same exponent range) just before the product, and
+# chapter 2's bf16 GEMM sums them in f32 into an f32 output. The weights stay f32 (the
+# master copy AdamW updates: an update far smaller than a bf16 weight's last bit would
+# otherwise be lost), and so do the activations between the layers and every
+# element-wise layer; this is what PyTorch's bf16 autocast does on the CPU.
+
+# --8<-- [start:bf16_products]
+class KernelBf16Products:
+    def _bf16(self, x, slot):  # x rounded into this ops object's scratch (grown once)
+        bufs = self.__dict__.setdefault("_bf16_bufs", [np.empty(0, np.uint16)] * 2)
+        if bufs[slot].size < x.size:
+            bufs[slot] = np.empty(x.size, np.uint16)
+        return layers.to_bf16(x, bufs[slot][:x.size].reshape(x.shape),
+                              1 if x.size < (1 << 16) else self.threads)
+
+    def matmul(self, a, b, **kw):
+        from .gemm import matmul_bf16
+        k = b.shape[1] if kw.get("trans_b") else b.shape[0]
+        kw["threads"] = 1 if a.size * (b.size // max(k, 1)) < (1 << 19) else self.threads
+        return matmul_bf16(self._bf16(a, 0), self._bf16(b, 1), **kw)
+# --8<-- [end:bf16_products]
+
+
 # ================================================================ the two ops objects
 
 class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, NumpyResidual,
-               NumpyGelu, NumpyHead, NumpyCrossEntropy, NumpyAdamW):
+               NumpyGelu, UnfusedElementwise, NumpyHead, NumpyCrossEntropy, NumpyAdamW):
     """The reference: each layer in a few lines of numpy, any float dtype."""
 
     name = "numpy"
@@ -366,7 +455,8 @@ class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, Nump
 
 
 class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
-                KernelResidual, KernelGelu, KernelHead, KernelCrossEntropy, KernelAdamW):
+                KernelResidual, KernelGelu, UnfusedElementwise, KernelHead, KernelCrossEntropy,
+                KernelAdamW):
     """Chapter 2's GEMM for every product, ``kernels_c/layers.c`` for the rest."""
 
     name = "kernels"
@@ -401,10 +491,23 @@ class FlashOps(FlashAttention, KernelOps):
     name = "flash"
 
 
+class FusedOps(KernelFused, FlashOps):
+    """FlashOps with the fused element-wise kernels."""
+
+    name = "fused"
+
+
+class Bf16Ops(KernelBf16Products, FusedOps):
+    """FusedOps with every matrix product in bf16 (the attention in tiles stays f32)."""
+
+    name = "bf16"
+
+
 # backend name -> ops class. The performance ladder's rungs (a persistent thread pool, tiled
 # attention, bf16 products, ...) are subclasses of KernelOps that override the methods they
 # change, registered here under their own names; the model code does not change.
-BACKENDS = {"numpy": NumpyOps, "kernels": KernelOps, "flash": FlashOps}
+BACKENDS = {"numpy": NumpyOps, "kernels": KernelOps, "flash": FlashOps, "fused": FusedOps,
+            "bf16": Bf16Ops}
 
 
 def make_ops(backend: str, threads=None):
@@ -509,10 +612,10 @@ class _Attn:
     """Per-layer attention buffers: q, k, v, the output o, and the probabilities P (or, for
     the attention in tiles, only each row's log-sum-exp)."""
 
-    def __init__(self, B, H, T, hd, dtype, shared, scores=True):
-        self.q, self.k, self.v, self.o = (np.zeros((B, H, T, hd), dtype) for _ in range(4))
-        self.p = np.zeros((B, H, T, T) if scores else (0,), dtype)
-        self.lse = np.zeros((B, H, T), dtype)
+    def __init__(self, z, B, H, T, hd, shared, scores=True):
+        self.q, self.k, self.v, self.o = (z(B, H, T, hd) for _ in range(4))
+        self.p = z(B, H, T, T) if scores else z(0)
+        self.lse = z(B, H, T)
         # backward scratch, shared by all layers (only one layer's backward runs at a time)
         self.do, self.dq, self.dk, self.dv, self.dp = (
             shared["do"], shared["dq"], shared["dk"], shared["dv"], shared["dp"])
@@ -535,26 +638,69 @@ class _Layer:
     attn: _Attn = field(repr=False)
 
 
+class _Arena:
+    """Carves arrays one after another out of one flat buffer, each at a 64-byte boundary.
+    With no buffer it only counts: the first pass over a layout sizes the arena, the second
+    carves it."""
+
+    ALIGN = 64  # bytes: a cache line, so no two buffers share one and no vector load splits
+
+    def __init__(self, dtype, buf=None):
+        self.dtype, self.buf, self.used = np.dtype(dtype), buf, 0
+
+    def __call__(self, *shape):
+        n = math.prod(shape)
+        start = self.used
+        self.used += -(-n * self.dtype.itemsize // self.ALIGN) * self.ALIGN // self.dtype.itemsize
+        if self.buf is None:
+            return np.empty((0,) * len(shape), self.dtype)  # a placeholder while sizing
+        return self.buf[start:start + n].reshape(shape)
+
+
 class Workspace:
-    """Every activation and gradient buffer one (config, B, T) step needs, allocated once.
+    """Every activation and gradient buffer one (config, B, T) step needs, carved once from
+    one arena (:attr:`arena`, zeroed), whose size follows from the config: :meth:`floats`.
 
     For the xl config at B=4, T=512 this is about 0.9 GB: per layer twenty
     (B*T, d) tensors of 4 MiB and the attention probabilities, B*H*T*T floats
-    = 32 MiB.
+    = 32 MiB. ``arena=False`` gives every buffer its own allocation instead: the step
+    that allocates per call, which chapter 3 times against the arena. The token ids and
+    targets (int32) are two small arrays of their own either way.
     """
 
-    def __init__(self, cfg: Config, B: int, T: int, dtype=np.float32, scores: bool = True):
-        N, C, H, hd = B * T, cfg.d_model, cfg.n_head, cfg.head_dim
-        z = lambda *s: np.zeros(s, dtype)  # noqa: E731
+    def __init__(self, cfg: Config, B: int, T: int, dtype=np.float32, scores: bool = True,
+                 arena: bool = True):
         self.B, self.T, self.dtype = B, T, np.dtype(dtype)
         self.idx = np.zeros((B, T), np.int32)
-        self.targets = np.zeros(N, np.int32)
+        self.targets = np.zeros(B * T, np.int32)
+        if arena:
+            size = _Arena(dtype)
+            self._carve(cfg, size, scores)
+            raw = np.zeros(size.used + _Arena.ALIGN // self.dtype.itemsize, dtype)
+            skip = -raw.ctypes.data % _Arena.ALIGN // self.dtype.itemsize
+            self.arena = raw[skip:skip + size.used]  # starts on a cache line
+            self._carve(cfg, _Arena(dtype, self.arena), scores)
+        else:
+            self.arena = None
+            self._carve(cfg, lambda *s: np.zeros(s, dtype), scores)
+
+    @staticmethod
+    def floats(cfg: Config, B: int, T: int, scores: bool = True) -> int:
+        """The arena's length in elements, for ``cfg`` at ``B`` x ``T``."""
+        plan, size = Workspace.__new__(Workspace), _Arena(np.float32)
+        plan.B, plan.T = B, T
+        plan._carve(cfg, size, scores)
+        return size.used
+
+    def _carve(self, cfg, z, scores):
+        N, C, H, hd = self.B * self.T, cfg.d_model, cfg.n_head, cfg.head_dim
+        B, T = self.B, self.T
         shared = {k: z(B, H, T, hd) for k in ("do", "dq", "dk", "dv")}
         shared["dp"] = z(B, H, T, T) if scores else z(0)  # no (T, T) buffers in tiles
         self.layers = [
             _Layer(x=z(N, C), ln1=z(N, C), ln1_mean=z(N), ln1_rstd=z(N), qkv=z(N, 3 * C),
                    att=z(N, C), mid=z(N, C), ln2=z(N, C), ln2_mean=z(N), ln2_rstd=z(N),
-                   u=z(N, 4 * C), g=z(N, 4 * C), attn=_Attn(B, H, T, hd, dtype, shared, scores))
+                   u=z(N, 4 * C), g=z(N, 4 * C), attn=_Attn(z, B, H, T, hd, shared, scores))
             for _ in range(cfg.n_layer)]
         self.out = z(N, C)            # the last block's output
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
@@ -572,7 +718,7 @@ class GPT:
     """The model: parameters, gradients, and a forward/backward pair per backend."""
 
     def __init__(self, config, backend: str = "kernels", *, seed: int = 0, threads=None,
-                 dtype=np.float32):
+                 dtype=np.float32, arena: bool = True):
         self.config = cfg = get_config(config)
         self.dtype = np.dtype(dtype)
         if backend != "numpy" and self.dtype != np.float32:
@@ -580,6 +726,7 @@ class GPT:
                              f"float64")
         self.ops = make_ops(backend, threads)
         self.backend = backend
+        self.arena = bool(arena)  # False: a new Workspace, buffer by buffer, every forward
         self.shapes = cfg.param_shapes()
         n = cfg.n_params()
         self.flat = np.zeros(n, self.dtype)
@@ -616,9 +763,11 @@ class GPT:
 
     def workspace(self, B: int, T: int) -> Workspace:
         key = (B, T)
+        scores = getattr(self.ops, "needs_scores", True)
+        if not self.arena:  # the step that allocates per call: nothing is kept
+            return Workspace(self.config, B, T, self.dtype, scores, arena=False)
         if key not in self._workspaces:
-            self._workspaces[key] = Workspace(self.config, B, T, self.dtype,
-                                              getattr(self.ops, "needs_scores", True))
+            self._workspaces[key] = Workspace(self.config, B, T, self.dtype, scores)
         return self._workspaces[key]
 
     # ------------------------------------------------------------ forward
@@ -654,13 +803,13 @@ class GPT:
         ops.layernorm(L.x, P[p + "ln1.w"], P[p + "ln1.b"], L.ln1, L.ln1_mean, L.ln1_rstd)
         ops.linear(L.ln1, P[p + "attn.w"], P[p + "attn.b"], L.qkv)        # N x C x 3C
         ops.attention(L.qkv, L.att, L.attn)                               # B*H x T x T x hd
-        ops.linear(L.att, P[p + "proj.w"], P[p + "proj.b"], ws.tmp)       # N x C x C
-        ops.add(L.x, ws.tmp, L.mid)
-        ops.layernorm(L.mid, P[p + "ln2.w"], P[p + "ln2.b"], L.ln2, L.ln2_mean, L.ln2_rstd)
-        ops.linear(L.ln2, P[p + "fc.w"], P[p + "fc.b"], L.u)              # N x C x 4C
-        ops.gelu(L.u, L.g)
-        ops.linear(L.g, P[p + "fc2.w"], P[p + "fc2.b"], ws.tmp)           # N x 4C x C
-        ops.add(L.mid, ws.tmp, out)
+        ops.linear(L.att, P[p + "proj.w"], None, ws.tmp)                  # N x C x C
+        ops.residual_layernorm(L.x, ws.tmp, P[p + "proj.b"], L.mid,       # mid = x + tmp + b
+                               P[p + "ln2.w"], P[p + "ln2.b"], L.ln2, L.ln2_mean, L.ln2_rstd)
+        ops.linear(L.ln2, P[p + "fc.w"], None, L.u)                       # N x C x 4C
+        ops.bias_gelu(L.u, P[p + "fc.b"], L.g)
+        ops.linear(L.g, P[p + "fc2.w"], None, ws.tmp)                     # N x 4C x C
+        ops.bias_residual(L.mid, ws.tmp, P[p + "fc2.b"], out)
     # --8<-- [end:block_forward]
 
     # ------------------------------------------------------------ backward
@@ -693,8 +842,8 @@ class GPT:
         P, G, ops, ws, p = self.params, self.grads, self.ops, self.ws, f"h{i}."
         # MLP branch: out = mid + fc2(gelu(fc(ln2(mid))))
         ops.linear_backward(ws.dx, L.g, P[p + "fc2.w"], ws.dh, G[p + "fc2.w"], G[p + "fc2.b"])
-        ops.gelu_backward(L.u, ws.dh, ws.dh)
-        ops.linear_backward(ws.dh, L.ln2, P[p + "fc.w"], ws.dln, G[p + "fc.w"], G[p + "fc.b"])
+        ops.gelu_backward_bias(L.u, ws.dh, ws.dh, G[p + "fc.b"])
+        ops.linear_backward(ws.dh, L.ln2, P[p + "fc.w"], ws.dln, G[p + "fc.w"], None)
         ops.layernorm_backward(ws.dln, L.mid, P[p + "ln2.w"], L.ln2_mean, L.ln2_rstd, ws.dx,
                                G[p + "ln2.w"], G[p + "ln2.b"])
         # attention branch: mid = x + proj(attention(attn(ln1(x))))

@@ -71,7 +71,7 @@ class Trainer:
 
     def __init__(self, config="s", *, corpus=None, batch_size=None, steps=1000, seed=0,
                  backend="kernels", threads=None, lr=None, warmup=None, weight_decay=0.1,
-                 clip=1.0, seq_len=None):
+                 clip=1.0, seq_len=None, arena=True):
         self.config = get_config(config)
         d = DEFAULTS.get(self.config.name, DEFAULTS["m"])
         self.corpus = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
@@ -85,7 +85,7 @@ class Trainer:
         self.max_lr = float(lr or d["lr"])
         default_warmup = max(1, min(100, self.total_steps // 10))
         self.warmup = int(warmup if warmup is not None else default_warmup)
-        self.model = GPT(self.config, backend, seed=self.seed, threads=threads)
+        self.model = GPT(self.config, backend, seed=self.seed, threads=threads, arena=arena)
         self.opt = AdamW(self.model, weight_decay=weight_decay, clip=clip)
         self.step = 0
 

@@ -55,24 +55,30 @@ OP_GROUPS = {"linear": "matrix products (+ bias)", "linear_backward": "matrix pr
              "head": "matrix products (+ bias)", "head_backward": "matrix products (+ bias)",
              "attention": "attention", "attention_backward": "attention",
              "layernorm": "LayerNorm", "layernorm_backward": "LayerNorm",
-             "gelu": "GELU", "gelu_backward": "GELU", "add": "residual adds",
+             "gelu": "GELU (+ bias)", "gelu_backward": "GELU (+ bias)", "add": "residual adds",
              "cross_entropy": "softmax + cross-entropy", "embedding": "embedding",
              "embedding_backward": "embedding", "adamw": "AdamW + gradient norm",
-             "sum_squares": "AdamW + gradient norm"}
+             "sum_squares": "AdamW + gradient norm", "bias_gelu": "GELU (+ bias)",
+             "gelu_backward_bias": "GELU (+ bias)", "residual_layernorm": "LayerNorm",
+             "bias_residual": "residual adds"}
 
 
 def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
     """Seconds per step spent in each op (after one warm-up step); "other" is the rest."""
     ops = trainer.model.ops
     spent = dict.fromkeys(OP_GROUPS, 0.0)
+    depth = [0]  # an op made of others (an unfused composition) counts once, as itself
 
     def timed(name, fn):
         def run(*a, **k):
             t0 = time.perf_counter()
+            depth[0] += 1
             try:
                 return fn(*a, **k)
             finally:
-                spent[name] += time.perf_counter() - t0
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[name] += time.perf_counter() - t0
         return run
 
     for name in OP_GROUPS:

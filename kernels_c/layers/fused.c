@@ -1,0 +1,115 @@
+/* Fused element-wise work: the training step's rung 5. Each kernel does in one pass
+ * over memory what two or three of layers.c's kernels do in turn, where the tensor
+ * between them is larger than the L2 and so would go out to L3 or DRAM and come back.
+ * Included by ../layers.c after GELU and the attention in tiles, not compiled alone.
+ *
+ * Every kernel here has its unfused composition in smallem.model (UnfusedElementwise),
+ * and the tests hold the two to the same numbers.
+ */
+
+/* --8<-- [start:bias_gelu] */
+/* The MLP's first layer after its product: u += b, then g = gelu(u). Unfused, add_bias
+ * reads and writes u, then gelu_forward reads u again and writes g: three passes over
+ * an N x 4C tensor and one write. Fused, a row's chunk of 256 floats gets its bias and
+ * its GELU while it is in L1: u is read once and written once, g written once. */
+void bias_gelu_forward(float *u, const float *b, float *g, int N, int C, int nthreads)
+{
+    #pragma omp parallel for schedule(static) num_threads(TEAM(8LL * N * C))
+    for (int n = 0; n < N; n++) {
+        float *ur = u + (size_t)n * C, *gr = g + (size_t)n * C;
+        for (int c0 = 0; c0 < C; c0 += CHUNK) {
+            const int len = MIN(CHUNK, C - c0);
+            float e[CHUNK];
+            #pragma omp simd
+            for (int i = 0; i < len; i++) {
+                const float x = ur[c0 + i] + b[c0 + i];
+                ur[c0 + i] = x;
+                e[i] = 2.0f * GELU_K * (x + GELU_A * x * x * x);
+            }
+            exp_inplace(e, len);
+            #pragma omp simd
+            for (int i = 0; i < len; i++) gr[c0 + i] = ur[c0 + i] * (e[i] / (1.0f + e[i]));
+        }
+    }
+}
+/* --8<-- [end:bias_gelu] */
+
+/* The backward of the two: dx = dy * gelu'(x) and db = the column sums of dx, which
+ * unfused is gelu_backward (a pass over x and dy, one over dx) and col_sum (another
+ * pass over dx). Threads own stripes of 64 columns, as col_sum's do, so the sums are
+ * the same whatever the number of threads; each row's stripe goes from dy to dx and
+ * into the sums while it is in L1. dx may be dy. */
+void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, int N, int C,
+                        int nthreads)
+{
+    const int blocks = (C + 63) / 64;
+    #pragma omp parallel for schedule(static) num_threads(TEAM(8LL * N * C))
+    for (int blk = 0; blk < blocks; blk++) {
+        const int c0 = blk * 64, len = MIN(64, C - c0);
+        float acc[64] = {0}, e[64];
+        for (int n = 0; n < N; n++) {
+            const float *xr = x + (size_t)n * C + c0, *gr = dy + (size_t)n * C + c0;
+            float *dr = dx + (size_t)n * C + c0;
+            #pragma omp simd
+            for (int i = 0; i < len; i++)
+                e[i] = 2.0f * GELU_K * (xr[i] + GELU_A * xr[i] * xr[i] * xr[i]);
+            exp_inplace(e, len);
+            #pragma omp simd
+            for (int i = 0; i < len; i++) {
+                const float s = e[i] / (1.0f + e[i]), xi = xr[i];
+                const float dz = 2.0f * GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
+                const float d = gr[i] * (s + xi * s * (1.0f - s) * dz);
+                dr[i] = d;
+                acc[i] += d;
+            }
+        }
+        for (int i = 0; i < len; i++) db[c0 + i] = acc[i];
+    }
+}
+
+/* --8<-- [start:residual_layernorm] */
+/* After the attention's projection: mid = x + t + bias (the projection's bias and the
+ * residual add), then out = LayerNorm(mid). Unfused: add_bias (a pass over t),
+ * residual_add (x and t in, mid out) and layernorm_forward (mid in, out). Fused, each
+ * row of mid is summed as it is made and stays in L1 (C floats: 2 KiB at C = 512) for
+ * the variance and the normalisation: x and t are read once, mid and out written once. */
+void residual_layernorm(const float *x, const float *t, const float *bias, float *mid,
+                        const float *w, const float *b, float *out, float *mean, float *rstd,
+                        int N, int C, int nthreads)
+{
+    #pragma omp parallel for schedule(static) num_threads(TEAM((long long)N * C))
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C, *tr = t + (size_t)n * C;
+        float *mr = mid + (size_t)n * C, *yr = out + (size_t)n * C;
+        float s = 0.0f, var = 0.0f;
+        #pragma omp simd reduction(+:s)
+        for (int c = 0; c < C; c++) {
+            const float v = xr[c] + (tr[c] + bias[c]); /* add_bias, then the add */
+            mr[c] = v;
+            s += v;
+        }
+        const float m = s / C;
+        #pragma omp simd reduction(+:var)
+        for (int c = 0; c < C; c++) var += (mr[c] - m) * (mr[c] - m);
+        const float rs = 1.0f / sqrtf(var / C + 1e-5f);
+        #pragma omp simd
+        for (int c = 0; c < C; c++) yr[c] = (mr[c] - m) * rs * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = rs;
+    }
+}
+/* --8<-- [end:residual_layernorm] */
+
+/* After the MLP's second product: out = x + t + bias, the bias and the residual add
+ * in one pass (unfused: add_bias over t, then residual_add). */
+void bias_residual(const float *x, const float *t, const float *bias, float *out, int N, int C,
+                   int nthreads)
+{
+    #pragma omp parallel for schedule(static) num_threads(TEAM((long long)N * C))
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C, *tr = t + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        #pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = xr[c] + (tr[c] + bias[c]);
+    }
+}
