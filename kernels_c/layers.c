@@ -169,8 +169,9 @@ void residual_add(const float *a, const float *b, float *out, long long n, int n
 }
 
 /* ------------------------------------------------------------------ embedding */
-/* out[b, t] = wte[idx[b, t]] + wpe[t]. Returns how many ids are outside
- * [0, V) (those rows are zeroed): a bad id must not read past the table. */
+/* out[b, t] = wte[idx[b, t]] + wpe[t] (wpe may be NULL: no position table). Returns how
+ * many ids are outside [0, V) (those rows are zeroed): a bad id must not read past the
+ * table. */
 int embedding_forward(const int *idx, const float *wte, const float *wpe, float *out,
                       int B, int T, int C, int V, int nthreads)
 {
@@ -185,14 +186,19 @@ int embedding_forward(const int *idx, const float *wte, const float *wpe, float 
             memset(o, 0, sizeof(float) * C);
             continue;
         }
-        const float *e = wte + (size_t)id * C, *p = wpe + (size_t)t * C;
+        const float *e = wte + (size_t)id * C;
+        if (!wpe) { /* no position table (the modern block's positions are in RoPE) */
+            memcpy(o, e, sizeof(float) * C);
+            continue;
+        }
+        const float *p = wpe + (size_t)t * C;
         #pragma omp simd
         for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
     return bad;
 }
 
-/* dwpe[t] = sum over b of dout[b, t] (overwritten); dwte[idx] += dout
+/* dwpe[t] = sum over b of dout[b, t] (overwritten; NULL: none); dwte[idx] += dout
  * (accumulated: the tied LM head has already written its share). Two tokens
  * may share an id, so threads split the columns, never the tokens. */
 int embedding_backward(const int *idx, const float *dout, float *dwte, float *dwpe,
@@ -203,13 +209,16 @@ int embedding_backward(const int *idx, const float *dout, float *dwte, float *dw
     #pragma omp parallel for schedule(static) num_threads(TEAM((long long)B * T * C))
     for (int blk = 0; blk < blocks; blk++) {
         int c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
-        for (int t = 0; t < T; t++)
-            for (int c = c0; c < c1; c++) dwpe[(size_t)t * C + c] = 0.0f;
+        if (dwpe)
+            for (int t = 0; t < T; t++)
+                for (int c = c0; c < c1; c++) dwpe[(size_t)t * C + c] = 0.0f;
         for (int bt = 0; bt < B * T; bt++) {
             int id = idx[bt], t = bt % T;
             const float *d = dout + (size_t)bt * C;
-            float *p = dwpe + (size_t)t * C;
-            for (int c = c0; c < c1; c++) p[c] += d[c];
+            if (dwpe) {
+                float *p = dwpe + (size_t)t * C;
+                for (int c = c0; c < c1; c++) p[c] += d[c];
+            }
             if (id < 0 || id >= V) continue;
             float *e = dwte + (size_t)id * C;
             for (int c = c0; c < c1; c++) e[c] += d[c];
@@ -483,6 +492,9 @@ void to_bf16(const float *x, uint16_t *out, long long n, int nthreads)
 
 /* ------------------------------------------------------------------ fused element-wise work */
 #include "layers/fused.c"
+
+/* ------------------------------------------------------------------ the modern block */
+#include "layers/modern.c"
 
 /* ------------------------------------------------------------------ cross-entropy */
 /* --8<-- [start:cross_entropy] */

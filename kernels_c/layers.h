@@ -24,3 +24,8 @@ void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, i
 void residual_layernorm(const float *x, const float *t, const float *bias, float *mid, const float *w, const float *b, float *out, float *mean, float *rstd, int N, int C, int nthreads);
 void bias_residual(const float *x, const float *t, const float *bias, float *out, int N, int C, int nthreads);
 void to_bf16(const float *x, uint16_t *out, long long n, int nthreads);
+void rmsnorm_forward(const float *x, const float *w, float *out, float *rstd, int N, int C, int nthreads);
+void rmsnorm_backward(const float *dy, const float *x, const float *w, const float *rstd, float *dx, float *dw, int N, int C, int nthreads);
+void rope(float *q, float *k, const float *cos_t, const float *sin_t, int BH, int T, int hd, float sign, int nthreads);
+void swiglu_forward(const float *u, float *g, int N, int h, int nthreads);
+void swiglu_backward(const float *u, const float *dg, float *du, int N, int h, int nthreads);

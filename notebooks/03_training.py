@@ -15,11 +15,13 @@
 #
 # This notebook checks the model's gradients live, then shows chapter 3's measurements: the
 # speed of one training step of the xl model on three paths (the numpy reference, smallem's
-# kernels, PyTorch), where the kernels' step spends its time, and a short training run of the
-# s model on the Python standard library's source. By default it reads this machine's records
-# (`figures/records/ch3.*.json`, written by `smallem bench-train`) and measures only if they
-# are missing. `SMALLEM_QUICK=1` runs everything on tiny sizes in seconds (that is how the test
-# suite runs it); `SMALLEM_REMEASURE=1` measures again in full (about four minutes).
+# kernels, PyTorch), the climb of that step rung by rung, where its time goes before and
+# after, the fused kernels and the long attention against what they replace, and short
+# training runs of the s model on the Python standard library's source in f32 and in bf16.
+# By default it reads this machine's records (`figures/records/ch3.*.json`, written by
+# `smallem bench-train`) and measures only if they are missing. `SMALLEM_QUICK=1` runs
+# everything on tiny sizes in seconds (that is how the test suite runs it);
+# `SMALLEM_REMEASURE=1` measures again in full (about eight minutes).
 
 # %%
 import os
@@ -116,26 +118,49 @@ for key in ("ch3.kernels_vs_torch", "ch3.kernels_vs_numpy", "ch3.kernels_mfu"):
     print(key, "=", values.get(key, "n/a"))
 
 # %% [markdown]
-# ## Where the kernels' step spends its time
+# ## The climb, rung by rung
+#
+# Each rung is the step of the rung before with one more switch on; rungs 1 and up are
+# timed in turn, round after round, so that the host's drift falls on all of them alike.
+
+# %%
+display(Markdown((figures.tables_dir() / "ch3_rungs.md").read_text()))
+display(SVG(filename=str(figures.figures_dir() / "ch3_climb.svg")))
+for key in ("ch3.target_f32_mfu", "ch3.target_f32_torch", "ch3.target_bf16",
+            "ch3.target_bf16_torch"):
+    print(key, "=", values.get(key, "n/a"))
+
+# %% [markdown]
+# ## Where the step spends its time, before and after
 
 # %%
 if (figures.tables_dir() / "ch3_ops.md").exists():
     display(Markdown((figures.tables_dir() / "ch3_ops.md").read_text()))
 
 # %% [markdown]
-# ## The loss curve
+# ## The fused kernels, and a long sequence's attention
+
+# %%
+display(Markdown((figures.tables_dir() / "ch3_fused.md").read_text()))
+print(f"T = {values['ch3.long_T']}: tiles {values['ch3.long_tiles_ms']} against matrices "
+      f"{values['ch3.long_matrices_ms']} ({values['ch3.long_tiles_vs']}); memory beyond q, k, v, "
+      f"o: {values['ch3.long_extra_tiles']} against {values['ch3.long_extra_matrices']}")
+
+# %% [markdown]
+# ## The loss curves
 #
-# The s model trained on the standard library's source for a fixed number of steps (set from
-# the time budget before the run starts). The loss is in bits per byte: the cross-entropy in
-# nats divided by ln 2, and one token is one byte. The red points are the held-out files.
+# The s model trained on the standard library's source in each precision for the same time
+# budget (each run's step count is set from that budget before it starts). The loss is in
+# bits per byte: the cross-entropy in nats divided by ln 2, and one token is one byte.
 
 # %%
 display(SVG(filename=str(figures.figures_dir() / "ch3_loss.svg")))
 s = run_rec["settings"]
-final = records.value(run_rec, "final_val_bpb")
-print(f"{s['total_steps']} steps of {s['batch_size']} x {s['seq_len']} tokens in "
-      f"{records.value(run_rec, 'run_seconds') / 60:.1f} min: held-out loss {final:.2f} bits "
-      f"per byte ({'below' if final < 2.5 else 'not yet below'} the 2.5 target)")
+for name, run in s["runs"].items():
+    final = records.value(run_rec, "final_val_bpb", run=name)
+    print(f"{name}: {run['total_steps']} steps of {run['batch_size']} x {run['seq_len']} tokens "
+          f"in {records.value(run_rec, 'run_seconds', run=name) / 60:.1f} min: held-out loss "
+          f"{final:.2f} bits per byte ({'below' if final < 2.5 else 'not yet below'} 2.5)")
 print("corpus:", s["corpus"]["name"], s["corpus"]["files"], "files, sha256",
       s["corpus"]["sha256"][:16])
 
@@ -145,4 +170,4 @@ print("corpus:", s["corpus"]["name"], s["corpus"]["files"], "files, sha256",
 # Sampled at temperature 0.8 after the prompt `def `, one byte at a time.
 
 # %%
-print(run_rec["settings"]["sample"])
+print(run_rec["settings"]["runs"]["f32"]["sample"])

@@ -81,19 +81,21 @@ def _ids(idx, name):
 
 
 def embedding_forward(idx, wte, wpe, out, threads=None):
-    """out[b*T + t] = wte[idx[b, t]] + wpe[t]."""
+    """out[b*T + t] = wte[idx[b, t]] + wpe[t]; ``wpe=None``: no position table."""
     _ids(idx, "idx")
     B, T = idx.shape
     _f32(wte, "wte")
     if wte.ndim != 2:
         raise ValueError(f"wte: expected (V, C), got shape {wte.shape}")
     V, C = wte.shape
-    _f32(wpe, "wpe", (None, C))
-    if T > wpe.shape[0]:
-        raise ValueError(f"idx: {T} positions but wpe has only {wpe.shape[0]}")
+    if wpe is not None:
+        _f32(wpe, "wpe", (None, C))
+        if T > wpe.shape[0]:
+            raise ValueError(f"idx: {T} positions but wpe has only {wpe.shape[0]}")
     _f32(out, "out", (B * T, C), writable=True)
     ffi, lib = _lib()
-    bad = lib.embedding_forward(_ip(ffi, idx), _fp(ffi, wte), _fp(ffi, wpe), _fp(ffi, out),
+    pos = ffi.NULL if wpe is None else _fp(ffi, wpe)
+    bad = lib.embedding_forward(_ip(ffi, idx), _fp(ffi, wte), pos, _fp(ffi, out),
                                 B, T, C, V, _threads(threads))
     if bad:
         raise ValueError(f"idx: {bad} token ids outside [0, {V})")
@@ -101,7 +103,8 @@ def embedding_forward(idx, wte, wpe, out, threads=None):
 
 
 def embedding_backward(idx, dout, dwte, dwpe, threads=None):
-    """dwte[idx] += dout (adds into dwte); dwpe[t] = sum over the batch (overwrites, all rows)."""
+    """dwte[idx] += dout (adds into dwte); dwpe[t] = sum over the batch (overwrites, all rows;
+    ``dwpe=None``: no position table)."""
     _ids(idx, "idx")
     B, T = idx.shape
     _f32(dwte, "dwte", writable=True)
@@ -109,13 +112,16 @@ def embedding_backward(idx, dout, dwte, dwpe, threads=None):
         raise ValueError(f"dwte: expected (V, C), got shape {dwte.shape}")
     V, C = dwte.shape
     _f32(dout, "dout", (B * T, C))
-    _f32(dwpe, "dwpe", (None, C), writable=True)
-    if T > dwpe.shape[0]:
-        raise ValueError(f"idx: {T} positions but dwpe has only {dwpe.shape[0]}")
+    if dwpe is not None:
+        _f32(dwpe, "dwpe", (None, C), writable=True)
+        if T > dwpe.shape[0]:
+            raise ValueError(f"idx: {T} positions but dwpe has only {dwpe.shape[0]}")
     ffi, lib = _lib()
-    bad = lib.embedding_backward(_ip(ffi, idx), _fp(ffi, dout), _fp(ffi, dwte), _fp(ffi, dwpe),
-                                 B, T, C, V, _threads(threads))
-    dwpe[T:] = 0.0  # positions this batch did not reach get no gradient
+    bad = lib.embedding_backward(_ip(ffi, idx), _fp(ffi, dout), _fp(ffi, dwte),
+                                 ffi.NULL if dwpe is None else _fp(ffi, dwpe), B, T, C, V,
+                                 _threads(threads))
+    if dwpe is not None:
+        dwpe[T:] = 0.0  # positions this batch did not reach get no gradient
     if bad:
         raise ValueError(f"idx: {bad} token ids outside [0, {V})")
     return dwte, dwpe
@@ -240,6 +246,72 @@ def to_bf16(x, out, threads=None):
     ffi, lib = _lib()
     lib.to_bf16(_fp(ffi, x), ffi.from_buffer("uint16_t[]", out), x.size, _threads(threads))
     return out
+
+
+def rmsnorm_forward(x, w, out, rstd, threads=None):
+    """out = x / rms(x) * w per row, keeping rstd = 1 / rms(x) for the backward."""
+    N, C = _rows(x, "x")
+    _f32(w, "w", (C,))
+    _f32(out, "out", (N, C), writable=True)
+    _f32(rstd, "rstd", (N,), writable=True)
+    ffi, lib = _lib()
+    lib.rmsnorm_forward(_fp(ffi, x), _fp(ffi, w), _fp(ffi, out), _fp(ffi, rstd), N, C,
+                        _threads(threads))
+    return out
+
+
+def rmsnorm_backward(dy, x, w, rstd, dx, dw, threads=None):
+    """Adds the input gradient into dx; overwrites dw."""
+    N, C = _rows(x, "x")
+    _f32(dy, "dy", (N, C))
+    _f32(w, "w", (C,))
+    _f32(rstd, "rstd", (N,))
+    _f32(dx, "dx", (N, C), writable=True)
+    _f32(dw, "dw", (C,), writable=True)
+    ffi, lib = _lib()
+    lib.rmsnorm_backward(_fp(ffi, dy), _fp(ffi, x), _fp(ffi, w), _fp(ffi, rstd), _fp(ffi, dx),
+                         _fp(ffi, dw), N, C, _threads(threads))
+    return dx
+
+
+def rope(q, k, cos, sin, inverse=False, threads=None):
+    """In place: each head's feature pairs (2i, 2i+1) of q and k (..., T, hd) turned by the
+    angles whose cosines and sines ``cos``, ``sin`` (T, hd/2) hold; ``inverse`` turns back
+    (the backward)."""
+    _f32(q, "q", writable=True)
+    if q.ndim < 2 or q.shape[-1] % 2:
+        raise ValueError(f"q: expected (..., T, hd) with an even hd, got shape {q.shape}")
+    _f32(k, "k", q.shape, writable=True)
+    T, hd = q.shape[-2:]
+    _f32(cos, "cos", (T, hd // 2))
+    _f32(sin, "sin", (T, hd // 2))
+    ffi, lib = _lib()
+    lib.rope(_fp(ffi, q), _fp(ffi, k), _fp(ffi, cos), _fp(ffi, sin), q.size // (T * hd), T, hd,
+             -1.0 if inverse else 1.0, _threads(threads))
+    return q, k
+
+
+def swiglu_forward(u, g, threads=None):
+    """g = silu(u[:, :h]) * u[:, h:], u (N, 2h), g (N, h)."""
+    N, W = _rows(u, "u")
+    if W % 2:
+        raise ValueError(f"u: expected (N, 2h), got shape {u.shape}")
+    _f32(g, "g", (N, W // 2), writable=True)
+    ffi, lib = _lib()
+    lib.swiglu_forward(_fp(ffi, u), _fp(ffi, g), N, W // 2, _threads(threads))
+    return g
+
+
+def swiglu_backward(u, dg, du, threads=None):
+    """du (N, 2h), the gradient of u, from dg (N, h)."""
+    N, W = _rows(u, "u")
+    if W % 2:
+        raise ValueError(f"u: expected (N, 2h), got shape {u.shape}")
+    _f32(dg, "dg", (N, W // 2))
+    _f32(du, "du", (N, W), writable=True)
+    ffi, lib = _lib()
+    lib.swiglu_backward(_fp(ffi, u), _fp(ffi, dg), _fp(ffi, du), N, W // 2, _threads(threads))
+    return du
 
 
 def heads_split(x, outs, B, T, H, threads=None):

@@ -59,15 +59,17 @@ from . import checks, layers
 
 class NumpyEmbedding:
     def embedding(self, idx, wte, wpe, out):
+        """wpe=None: no position table (the modern block puts positions in RoPE)."""
         T = idx.shape[1]
-        out[...] = (wte[idx] + wpe[:T]).reshape(out.shape)
+        out[...] = (wte[idx] + (0 if wpe is None else wpe[:T])).reshape(out.shape)
 
     def embedding_backward(self, idx, dout, dwte, dwpe):
         """Adds into dwte (which holds the tied head's share, or zeros); overwrites dwpe."""
         B, T = idx.shape
         d = dout.reshape(B, T, -1)
-        dwpe[...] = 0
-        dwpe[:T] = d.sum(axis=0)
+        if dwpe is not None:
+            dwpe[...] = 0
+            dwpe[:T] = d.sum(axis=0)
         np.add.at(dwte, idx.reshape(-1), dout)  # not dwte[idx] += : a repeated byte adds twice
 
 
@@ -176,6 +178,8 @@ class NumpyAttention:
         B, H, T, hd = a.q.shape
         x = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
         a.q[...], a.k[...], a.v[...] = x[0], x[1], x[2]
+        if a.rope is not None:  # the modern block: positions as rotations of q and k
+            self.rope(a.q, a.k, *a.rope)
         s = (a.q @ a.k.swapaxes(-1, -2)) / math.sqrt(hd)
         s[..., np.triu(np.ones((T, T), bool), 1)] = -np.inf      # causal mask
         s = np.exp(s - s.max(axis=-1, keepdims=True))
@@ -189,6 +193,8 @@ class NumpyAttention:
         dp = do @ a.v.swapaxes(-1, -2)
         ds = a.p * (dp - (dp * a.p).sum(axis=-1, keepdims=True)) / math.sqrt(hd)
         dq, dk = ds @ a.k, ds.swapaxes(-1, -2) @ a.q
+        if a.rope is not None:
+            self.rope(dq, dk, *a.rope, inverse=True)
         dqkv.reshape(B, T, 3, H, hd)[...] = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4)
 # --8<-- [end:numpy_attention]
 
@@ -198,6 +204,8 @@ class KernelAttention:
     def attention(self, qkv, out, a):
         B, H, T, hd = a.q.shape
         layers.heads_split(qkv, (a.q, a.k, a.v), B, T, H, self.threads)
+        if a.rope is not None:
+            self.rope(a.q, a.k, *a.rope)
         S, P = a.p.reshape(B * H, T, T), a.p.reshape(B * H, T, T)
         self.bmm(a.q.reshape(-1, T, hd), a.k.reshape(-1, T, hd), S, trans_b=True)  # S = Q K^T
         layers.attn_softmax_forward(a.p, 1.0 / math.sqrt(hd), self.threads)
@@ -213,6 +221,8 @@ class KernelAttention:
         layers.attn_softmax_backward(a.p, a.dp, 1.0 / math.sqrt(hd), self.threads)
         self.bmm(flat(a.dp), flat(a.k), flat(a.dq))                 # dQ = dS K
         self.bmm(flat(a.dp), flat(a.q), flat(a.dk), trans_a=True)   # dK = dS^T Q
+        if a.rope is not None:
+            self.rope(a.dq, a.dk, *a.rope, inverse=True)
         layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
 # --8<-- [end:kernel_attention]
 
@@ -234,6 +244,8 @@ class FlashAttention:
         B, H, T, hd = a.q.shape
         flat = lambda x: x.reshape(B * H, T, hd)  # noqa: E731
         layers.heads_split(qkv, (a.q, a.k, a.v), B, T, H, self.threads)
+        if a.rope is not None:
+            self.rope(a.q, a.k, *a.rope)
         layers.flash_forward(flat(a.q), flat(a.k), flat(a.v), flat(a.o), a.lse.reshape(B * H, T),
                              1.0 / math.sqrt(hd), threads=self.threads,
                              work=self._flash_scratch(T, hd))
@@ -246,6 +258,8 @@ class FlashAttention:
         layers.flash_backward(*(flat(x) for x in (a.q, a.k, a.v, a.o)), a.lse.reshape(B * H, T),
                               *(flat(x) for x in (a.do, a.dq, a.dk, a.dv)), 1.0 / math.sqrt(hd),
                               threads=self.threads, work=self._flash_scratch(T, hd))
+        if a.rope is not None:
+            self.rope(a.dq, a.dk, *a.rope, inverse=True)
         layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
 # --8<-- [end:flash_attention]
 
@@ -287,6 +301,84 @@ class KernelGelu:
 
     def gelu_backward(self, x, dy, dx):
         layers.gelu_backward(x, dy, dx, self.threads)
+
+
+# ---------------------------------------------------------------- the modern block
+# Three layers of today's open models in place of GPT-2's (the training step's rung 7):
+# RMSNorm for LayerNorm, y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + LN_EPS), no mean,
+# no shift; rotary position embeddings (RoPE) for the learned position table: the feature
+# pairs (2i, 2i+1) of every query and key turned by the angle t * ROPE_BASE^(-2i/hd) at
+# position t, so that a score depends on how far apart two tokens are; and the SwiGLU
+# MLP for GELU's, g = silu(x W1) * (x W3), then g W2, with W1 and W3 side by side in one
+# (d, 2h) matrix. No biases anywhere. The backward of RMSNorm, with xh = x * rstd and
+# g = dy * w, is dx = rstd * (g - xh * mean(g * xh)); RoPE's is the rotation back.
+ROPE_BASE = 10000.0
+
+
+def rope_tables(T: int, hd: int, dtype=np.float32):
+    """cos and sin (T, hd/2) of RoPE's angles t * ROPE_BASE^(-2i / hd), made in float64."""
+    theta = ROPE_BASE ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    angle = np.arange(T, dtype=np.float64)[:, None] * theta[None, :]
+    return np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
+
+
+class NumpyRMSNorm:
+    def rmsnorm(self, x, w, out, rstd):
+        rstd[...] = 1.0 / np.sqrt((x * x).mean(axis=1) + LN_EPS)
+        out[...] = x * rstd[:, None] * w
+
+    def rmsnorm_backward(self, dy, x, w, rstd, dx, dw):
+        """Adds the input gradient into dx; overwrites dw."""
+        xh = x * rstd[:, None]
+        g = dy * w
+        dx += rstd[:, None] * (g - xh * (g * xh).mean(axis=1, keepdims=True))
+        dw[...] = (dy * xh).sum(axis=0)
+
+
+class KernelRMSNorm:
+    def rmsnorm(self, x, w, out, rstd):
+        layers.rmsnorm_forward(x, w, out, rstd, self.threads)
+
+    def rmsnorm_backward(self, dy, x, w, rstd, dx, dw):
+        layers.rmsnorm_backward(dy, x, w, rstd, dx, dw, self.threads)
+
+
+class NumpyRope:
+    def rope(self, q, k, cos, sin, inverse=False):
+        """In place: q and k (..., T, hd) turned pair by pair (back, if ``inverse``)."""
+        sin = -sin if inverse else sin
+        for x in (q, k):
+            a, b = x[..., 0::2].copy(), x[..., 1::2].copy()
+            x[..., 0::2] = a * cos - b * sin
+            x[..., 1::2] = a * sin + b * cos
+
+
+class KernelRope:
+    def rope(self, q, k, cos, sin, inverse=False):
+        layers.rope(q, k, cos, sin, inverse, self.threads)
+
+
+class NumpySwiGLU:
+    def swiglu(self, u, g):
+        """g = silu(a) * b, a and b the two halves of u's columns."""
+        h = g.shape[1]
+        a, b = u[:, :h], u[:, h:]
+        g[...] = a / (1.0 + np.exp(-a)) * b
+
+    def swiglu_backward(self, u, dg, du):
+        h = dg.shape[1]
+        a, b = u[:, :h], u[:, h:]
+        s = 1.0 / (1.0 + np.exp(-a))
+        du[:, :h] = dg * b * s * (1.0 + a * (1.0 - s))
+        du[:, h:] = dg * a * s
+
+
+class KernelSwiGLU:
+    def swiglu(self, u, g):
+        layers.swiglu_forward(u, g, self.threads)
+
+    def swiglu_backward(self, u, dg, du):
+        layers.swiglu_backward(u, dg, du, self.threads)
 
 
 # ---------------------------------------------------------------- fused element-wise work
@@ -445,7 +537,8 @@ class KernelBf16Products:
 # ================================================================ the two ops objects
 
 class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, NumpyResidual,
-               NumpyGelu, UnfusedElementwise, NumpyHead, NumpyCrossEntropy, NumpyAdamW):
+               NumpyGelu, NumpyRMSNorm, NumpyRope, NumpySwiGLU, UnfusedElementwise, NumpyHead,
+               NumpyCrossEntropy, NumpyAdamW):
     """The reference: each layer in a few lines of numpy, any float dtype."""
 
     name = "numpy"
@@ -455,8 +548,8 @@ class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, Nump
 
 
 class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
-                KernelResidual, KernelGelu, UnfusedElementwise, KernelHead, KernelCrossEntropy,
-                KernelAdamW):
+                KernelResidual, KernelGelu, KernelRMSNorm, KernelRope, KernelSwiGLU,
+                UnfusedElementwise, KernelHead, KernelCrossEntropy, KernelAdamW):
     """Chapter 2's GEMM for every product, ``kernels_c/layers.c`` for the rest."""
 
     name = "kernels"
@@ -520,6 +613,7 @@ def make_ops(backend: str, threads=None):
 # ================================================================ the model
 
 VOCAB = 256  # byte-level tokens
+BLOCKS = ("gpt2", "modern")
 
 
 @dataclass(frozen=True)
@@ -533,6 +627,7 @@ class Config:
     context: int = 128
     vocab: int = VOCAB
     tied: bool = True  # LM head shares the token-embedding matrix
+    block: str = "gpt2"  # or "modern": RMSNorm, RoPE, SwiGLU, no biases
 
     def __post_init__(self):
         for k in ("d_model", "n_layer", "n_head", "context", "vocab"):
@@ -542,13 +637,35 @@ class Config:
         if self.d_model % self.n_head:
             raise ValueError(f"config {self.name!r}: n_head={self.n_head} does not divide "
                              f"d_model={self.d_model} (each head gets d_model/n_head features)")
+        if self.block not in BLOCKS:
+            raise ValueError(f"config {self.name!r}: block must be one of {', '.join(BLOCKS)}, "
+                             f"got {self.block!r}")
+        if self.block == "modern" and self.head_dim % 2:
+            raise ValueError(f"config {self.name!r}: RoPE turns pairs of features, but the head "
+                             f"size d_model/n_head = {self.head_dim} is odd")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
+    @property
+    def mlp_hidden(self) -> int:
+        """The MLP's hidden width: 4d for GPT-2; for SwiGLU, whose three matrices must hold
+        as many weights as GPT-2's two, 8d/3 rounded up to a multiple of 32."""
+        if self.block == "gpt2":
+            return 4 * self.d_model
+        return 32 * -(-self.d_model // 12)  # ceil(8d/3 / 32) * 32
+
+    @property
+    def mlp_in(self) -> int:
+        """The width of the MLP's first product: 4d, or 2h for SwiGLU's W1 and W3 together."""
+        return self.mlp_hidden * (2 if self.block == "modern" else 1)
+
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every parameter, in storage order: decayed matrices, then the rest."""
+        """Every parameter, in storage order: decayed matrices (the blocks' ones together),
+        then the rest."""
+        if self.block == "modern":
+            return self._modern_shapes()
         C, V = self.d_model, self.vocab
         decayed = {"wte": (V, C), "wpe": (self.context, C)}
         rest = {}
@@ -563,6 +680,36 @@ class Config:
             decayed["lm_head"] = (V, C)
         rest.update({"lnf.w": (C,), "lnf.b": (C,)})
         return {**decayed, **rest}
+
+    def _modern_shapes(self) -> dict[str, tuple[int, ...]]:
+        C, V, h = self.d_model, self.vocab, self.mlp_hidden
+        shapes = {"wte": (V, C)}
+        if not self.tied:
+            shapes["lm_head"] = (V, C)
+        for i in range(self.n_layer):
+            p = f"h{i}."
+            shapes.update({p + "attn.w": (C, 3 * C), p + "proj.w": (C, C),
+                           p + "fc.w": (C, 2 * h), p + "fc2.w": (h, C)})
+        for i in range(self.n_layer):
+            shapes.update({f"h{i}.ln1.w": (C,), f"h{i}.ln2.w": (C,)})
+        shapes["lnf.w"] = (C,)
+        return shapes
+
+    def hidden_matrices(self) -> list[str]:
+        """The blocks' weight matrices (the ones Muon updates), in storage order."""
+        return [n for n, s in self.param_shapes().items() if n.startswith("h") and len(s) == 2]
+
+    def hidden_span(self) -> tuple[int, int]:
+        """Where the blocks' matrices sit in the flat buffer: [start, end), in floats."""
+        start = end = off = 0
+        names = set(self.hidden_matrices())
+        for name, shape in self.param_shapes().items():
+            if name in names and not start:
+                start = off
+            off += math.prod(shape)
+            if name in names:
+                end = off
+        return start, end
 
     def n_decayed(self) -> int:
         """How many leading floats of the flat buffer take weight decay (the 2-D ones)."""
@@ -581,7 +728,8 @@ class Config:
         """
         T = self.context if T is None else T
         C, L = self.d_model, self.n_layer
-        n_matmul = L * 12 * C * C + self.vocab * C
+        mlp = C * self.mlp_in + self.mlp_hidden * C  # weights of the MLP's products
+        n_matmul = L * (4 * C * C + mlp) + self.vocab * C
         return 6 * n_matmul + 12 * L * C * T
 
     def to_dict(self) -> dict:
@@ -595,6 +743,11 @@ CONFIGS = {
     "m": Config("m", d_model=256, n_layer=6, n_head=8, context=256),    # 4.87 M, 33 MFLOP/token
     "l": Config("l", d_model=384, n_layer=8, n_head=8, context=256),    # 14.4 M, 95 MFLOP/token
     "xl": Config("xl", d_model=512, n_layer=8, n_head=8, context=512),  # 25.6 M, 177 MFLOP/token
+    # the same four shapes with the modern block (RMSNorm, RoPE, SwiGLU, no biases)
+    "s-modern": Config("s-modern", 128, 4, 4, 128, block="modern"),     # 0.84 M, 5.8 MFLOP/token
+    "m-modern": Config("m-modern", 256, 6, 8, 256, block="modern"),     # 4.89 M, 34 MFLOP/token
+    "l-modern": Config("l-modern", 384, 8, 8, 256, block="modern"),     # 14.3 M, 95 MFLOP/token
+    "xl-modern": Config("xl-modern", 512, 8, 8, 512, block="modern"),   # 25.4 M, 178 MFLOP/token
 }
 
 
@@ -612,7 +765,8 @@ class _Attn:
     """Per-layer attention buffers: q, k, v, the output o, and the probabilities P (or, for
     the attention in tiles, only each row's log-sum-exp)."""
 
-    def __init__(self, z, B, H, T, hd, shared, scores=True):
+    def __init__(self, z, B, H, T, hd, shared, scores=True, rope=None):
+        self.rope = rope  # (cos, sin) for the modern block's RoPE, or None
         self.q, self.k, self.v, self.o = (z(B, H, T, hd) for _ in range(4))
         self.p = z(B, H, T, T) if scores else z(0)
         self.lse = z(B, H, T)
@@ -683,6 +837,8 @@ class Workspace:
         else:
             self.arena = None
             self._carve(cfg, lambda *s: np.zeros(s, dtype), scores)
+        if cfg.block == "modern":  # RoPE's angles, the same for every layer
+            self.rope_cos[...], self.rope_sin[...] = rope_tables(T, cfg.head_dim, dtype)
 
     @staticmethod
     def floats(cfg: Config, B: int, T: int, scores: bool = True) -> int:
@@ -694,13 +850,16 @@ class Workspace:
 
     def _carve(self, cfg, z, scores):
         N, C, H, hd = self.B * self.T, cfg.d_model, cfg.n_head, cfg.head_dim
-        B, T = self.B, self.T
+        B, T, modern = self.B, self.T, cfg.block == "modern"
         shared = {k: z(B, H, T, hd) for k in ("do", "dq", "dk", "dv")}
         shared["dp"] = z(B, H, T, T) if scores else z(0)  # no (T, T) buffers in tiles
+        self.rope_cos, self.rope_sin = (z(T, hd // 2), z(T, hd // 2)) if modern else (z(0), z(0))
+        rope = (self.rope_cos, self.rope_sin) if modern else None
         self.layers = [
             _Layer(x=z(N, C), ln1=z(N, C), ln1_mean=z(N), ln1_rstd=z(N), qkv=z(N, 3 * C),
                    att=z(N, C), mid=z(N, C), ln2=z(N, C), ln2_mean=z(N), ln2_rstd=z(N),
-                   u=z(N, 4 * C), g=z(N, 4 * C), attn=_Attn(z, B, H, T, hd, shared, scores))
+                   u=z(N, cfg.mlp_in), g=z(N, cfg.mlp_hidden),
+                   attn=_Attn(z, B, H, T, hd, shared, scores, rope))
             for _ in range(cfg.n_layer)]
         self.out = z(N, C)            # the last block's output
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
@@ -711,7 +870,8 @@ class Workspace:
         self.dln = z(N, C)
         self.dqkv = z(N, 3 * C)
         self.datt = z(N, C)
-        self.dh = z(N, 4 * C)
+        self.dh = z(N, cfg.mlp_in)    # the MLP's first product's gradient
+        self.dg = z(N, cfg.mlp_hidden) if modern else z(0)  # SwiGLU's output's gradient
 
 
 class GPT:
@@ -785,12 +945,16 @@ class GPT:
             raise ValueError(f"idx: empty batch, shape {idx.shape}")
         ws = self.ws = self.workspace(B, T)
         ws.idx[...] = idx
-        P, ops = self.params, self.ops
-        ops.embedding(ws.idx, P["wte"], P["wpe"], ws.layers[0].x)
+        P, ops, modern = self.params, self.ops, self.config.block == "modern"
+        ops.embedding(ws.idx, P["wte"], None if modern else P["wpe"], ws.layers[0].x)
+        block = self._modern_block_forward if modern else self._block_forward
         for i, L in enumerate(ws.layers):
             nxt = ws.layers[i + 1].x if i + 1 < len(ws.layers) else ws.out
-            self._block_forward(i, L, nxt)
-        ops.layernorm(ws.out, P["lnf.w"], P["lnf.b"], ws.lnf, ws.lnf_mean, ws.lnf_rstd)
+            block(i, L, nxt)
+        if modern:
+            ops.rmsnorm(ws.out, P["lnf.w"], ws.lnf, ws.lnf_rstd)
+        else:
+            ops.layernorm(ws.out, P["lnf.w"], P["lnf.b"], ws.lnf, ws.lnf_mean, ws.lnf_rstd)
         ops.head(ws.lnf, P["wte"] if self.config.tied else P["lm_head"], ws.logits)
         if targets is None:
             return ws.logits
@@ -812,24 +976,43 @@ class GPT:
         ops.bias_residual(L.mid, ws.tmp, P[p + "fc2.b"], out)
     # --8<-- [end:block_forward]
 
+    # --8<-- [start:modern_block_forward]
+    def _modern_block_forward(self, i, L: _Layer, out):
+        P, ops, ws, p = self.params, self.ops, self.ws, f"h{i}."
+        ops.rmsnorm(L.x, P[p + "ln1.w"], L.ln1, L.ln1_rstd)
+        ops.linear(L.ln1, P[p + "attn.w"], None, L.qkv)         # N x C x 3C
+        ops.attention(L.qkv, L.att, L.attn)                     # RoPE on q and k inside
+        ops.linear(L.att, P[p + "proj.w"], None, ws.tmp)        # N x C x C
+        ops.add(L.x, ws.tmp, L.mid)
+        ops.rmsnorm(L.mid, P[p + "ln2.w"], L.ln2, L.ln2_rstd)
+        ops.linear(L.ln2, P[p + "fc.w"], None, L.u)             # N x C x 2h: [W1 | W3]
+        ops.swiglu(L.u, L.g)                                    # silu(x W1) * (x W3)
+        ops.linear(L.g, P[p + "fc2.w"], None, ws.tmp)           # N x h x C
+        ops.add(L.mid, ws.tmp, out)
+    # --8<-- [end:modern_block_forward]
+
     # ------------------------------------------------------------ backward
     def backward(self):
         """Gradients of the last forward's mean loss, into :attr:`grads` (overwritten)."""
         ws = self.ws
         if ws is None:
             raise RuntimeError("backward() before forward(idx, targets)")
-        P, G, ops = self.params, self.grads, self.ops
+        P, G, ops, modern = self.params, self.grads, self.ops, self.config.block == "modern"
         head = "wte" if self.config.tied else "lm_head"
         # LM head: writes dwte (tied) before the embedding adds its share below.
         ops.head_backward(ws.dlogits, ws.lnf, P[head], ws.dln, G[head])
         ws.dx[...] = 0
-        ops.layernorm_backward(ws.dln, ws.out, P["lnf.w"], ws.lnf_mean, ws.lnf_rstd, ws.dx,
-                               G["lnf.w"], G["lnf.b"])
+        if modern:
+            ops.rmsnorm_backward(ws.dln, ws.out, P["lnf.w"], ws.lnf_rstd, ws.dx, G["lnf.w"])
+        else:
+            ops.layernorm_backward(ws.dln, ws.out, P["lnf.w"], ws.lnf_mean, ws.lnf_rstd, ws.dx,
+                                   G["lnf.w"], G["lnf.b"])
+        block = self._modern_block_backward if modern else self._block_backward
         for i in reversed(range(self.config.n_layer)):
-            self._block_backward(i, ws.layers[i])
+            block(i, ws.layers[i])
         if not self.config.tied:
             G["wte"][...] = 0
-        ops.embedding_backward(ws.idx, ws.dx, G["wte"], G["wpe"])
+        ops.embedding_backward(ws.idx, ws.dx, G["wte"], None if modern else G["wpe"])
         return self.grads
 
     # --8<-- [start:block_backward]
@@ -855,6 +1038,17 @@ class GPT:
         ops.layernorm_backward(ws.dln, L.x, P[p + "ln1.w"], L.ln1_mean, L.ln1_rstd, ws.dx,
                                G[p + "ln1.w"], G[p + "ln1.b"])
     # --8<-- [end:block_backward]
+
+    def _modern_block_backward(self, i, L: _Layer):
+        P, G, ops, ws, p = self.params, self.grads, self.ops, self.ws, f"h{i}."
+        ops.linear_backward(ws.dx, L.g, P[p + "fc2.w"], ws.dg, G[p + "fc2.w"], None)
+        ops.swiglu_backward(L.u, ws.dg, ws.dh)
+        ops.linear_backward(ws.dh, L.ln2, P[p + "fc.w"], ws.dln, G[p + "fc.w"], None)
+        ops.rmsnorm_backward(ws.dln, L.mid, P[p + "ln2.w"], L.ln2_rstd, ws.dx, G[p + "ln2.w"])
+        ops.linear_backward(ws.dx, L.att, P[p + "proj.w"], ws.datt, G[p + "proj.w"], None)
+        ops.attention_backward(ws.datt, ws.dqkv, L.attn)
+        ops.linear_backward(ws.dqkv, L.ln1, P[p + "attn.w"], ws.dln, G[p + "attn.w"], None)
+        ops.rmsnorm_backward(ws.dln, L.x, P[p + "ln1.w"], L.ln1_rstd, ws.dx, G[p + "ln1.w"])
 
     # ------------------------------------------------------------ generation
     def generate(self, prompt: bytes, n: int, *, temperature: float = 0.8, seed: int = 0) -> bytes:

@@ -39,26 +39,36 @@ def lr_at(step: int, total: int, max_lr: float, warmup: int, min_ratio: float = 
 
 
 class AdamW:
-    """AdamW over the model's flat buffers; decay applies to the leading 2-D weights."""
+    """AdamW over the model's flat buffers; decay applies to the leading 2-D weights.
+    ``skip`` = (start, end) leaves that span of the flat buffer to another optimiser."""
+
+    name = "adamw"
 
     def __init__(self, model: GPT, *, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                 clip=1.0):
+                 clip=1.0, skip=None):
         self.model = model
         self.m = np.zeros_like(model.flat)
         self.v = np.zeros_like(model.flat)
         self.t = 0
         self.betas, self.eps, self.wd, self.clip = betas, eps, weight_decay, clip
-        self.n_decay = model.config.n_decayed()
+        nd = model.config.n_decayed()
+        a, b = skip or (nd, nd)
+        self.parts = [(slice(i, j), wd) for i, j, wd in
+                      ((0, a, weight_decay), (b, nd, weight_decay), (nd, None, 0.0))
+                      if j is None or j > i]
+
+    def clip_scale(self) -> tuple[float, float]:
+        """The gradient's global norm, and the factor that clips it to ``clip``."""
+        norm = math.sqrt(self.model.ops.sum_squares(self.model.grad_flat))
+        return norm, min(1.0, self.clip / (norm + 1e-6)) if self.clip else 1.0
 
     # --8<-- [start:adamw_step]
-    def step(self, lr: float) -> float:
+    def step(self, lr: float, clipped=None) -> float:
         """Clip by global norm, then update; returns the norm before clipping."""
         mdl, ops = self.model, self.model.ops
-        norm = math.sqrt(ops.sum_squares(mdl.grad_flat))
-        scale = min(1.0, self.clip / (norm + 1e-6)) if self.clip else 1.0
+        norm, scale = clipped or self.clip_scale()
         self.t += 1
-        nd = self.n_decay
-        for part, wd in ((slice(0, nd), self.wd), (slice(nd, None), 0.0)):
+        for part, wd in self.parts:
             ops.adamw(mdl.flat[part], mdl.grad_flat[part], self.m[part], self.v[part], lr=lr,
                       beta1=self.betas[0], beta2=self.betas[1], eps=self.eps, weight_decay=wd,
                       grad_scale=scale, step=self.t)
@@ -66,14 +76,141 @@ class AdamW:
     # --8<-- [end:adamw_step]
 
 
+# --8<-- [start:newton_schulz]
+# Muon's orthogonalisation: five steps of a quintic Newton-Schulz iteration,
+# X <- a X + (b A + c A A) X with A = X X^T, from X = G / |G|_F. Its coefficients are
+# chosen to push every singular value of X towards 1 as fast as possible from anywhere
+# in (0, 1], not to converge exactly: after five steps they lie roughly in [0.7, 1.2],
+# which is what the update needs (Jordan et al., 2024).
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+def newton_schulz(g, ops=None, steps: int = NS_STEPS, work=None):
+    """g (m, n), m <= n, orthogonalised, through ``ops.matmul`` (the model's products: bf16
+    for the bf16 backend) or numpy's where ``ops`` has none. ``work`` = (x, y, a, b): two
+    scratch arrays (m, n) and two (m, m) of g's dtype (x may be g itself), made here if not
+    given. Returns the one of x and y that holds the result."""
+    m, n = g.shape
+    if m > n:
+        raise ValueError(f"g: expected a wide matrix (m <= n), got shape {g.shape}")
+    x, y, a, b = work or (np.empty((m, n), g.dtype), np.empty((m, n), g.dtype),
+                          np.empty((m, m), g.dtype), np.empty((m, m), g.dtype))
+    mm = getattr(ops, "matmul", None)
+
+    def prod(p, q, out, trans_b=False, alpha=1.0, beta=0.0):  # out = alpha p q + beta out
+        if mm is not None:
+            return mm(p, q, trans_b=trans_b, out=out, alpha=alpha, beta=beta)
+        out[...] = alpha * (p @ (q.T if trans_b else q)) + (beta * out if beta else 0.0)
+        return out
+
+    np.multiply(g, 1.0 / (math.sqrt(float(np.vdot(g, g))) + 1e-7), out=x)
+    ca, cb, cc = NS_COEFFS
+    for _ in range(steps):
+        prod(x, x, a, trans_b=True)               # A = X X^T
+        np.multiply(a, cb, out=b)
+        prod(a, a, b, alpha=cc, beta=1.0)         # B = b A + c A A
+        np.multiply(x, ca, out=y)
+        prod(b, x, y, beta=1.0)                   # X' = a X + B X
+        x, y = y, x
+    return x
+# --8<-- [end:newton_schulz]
+
+
+class Muon:
+    """Muon (momentum, orthogonalised by Newton-Schulz) for the blocks' weight matrices,
+    AdamW for the rest (embeddings, head, gains, biases), as Jordan et al. (2024) do.
+
+    Each matrix's update is its Nesterov momentum orthogonalised, scaled by
+    sqrt(max(1, outputs / inputs)) and by ``lr`` times the schedule's factor (the learning
+    rate the trainer passes over ``base_lr``). SwiGLU's [W1 | W3] is two matrices, each
+    orthogonalised on its own. No weight decay on these matrices, as in the original."""
+
+    name = "muon"
+
+    def __init__(self, model: GPT, *, base_lr: float, lr=0.02, momentum=0.95,
+                 weight_decay=0.1, clip=1.0, **adam):
+        cfg = model.config
+        self.model, self.base_lr, self.lr, self.mu = model, base_lr, lr, momentum
+        self.adam = AdamW(model, weight_decay=weight_decay, clip=clip, skip=cfg.hidden_span(),
+                          **adam)
+        # one matrix ("piece") at a time: SwiGLU's [W1 | W3] is two, a tall matrix is
+        # taken transposed (Newton-Schulz runs on the wide orientation); each piece keeps
+        # its momentum contiguous, in that orientation
+        self.pieces = []  # (name, columns, transposed, momentum)
+        for name in cfg.hidden_matrices():
+            rows, width = model.params[name].shape
+            halves = cfg.block == "modern" and name.endswith("fc.w")
+            for c in ([slice(0, width // 2), slice(width // 2, None)] if halves else
+                      [slice(None)]):
+                cols = len(range(width)[c])
+                tall = rows > cols
+                shape = (cols, rows) if tall else (rows, cols)
+                self.pieces.append((name, c, tall, np.zeros(shape, model.flat.dtype)))
+        self._work: dict = {}
+
+    def state(self) -> dict:
+        """Each matrix's momentum, in the matrix's own shape (for a checkpoint)."""
+        out = {n: np.zeros(self.model.params[n].shape, self.model.flat.dtype)
+               for n in self.model.config.hidden_matrices()}
+        for name, c, tall, mom in self.pieces:
+            out[name][:, c] = mom.T if tall else mom
+        return out
+
+    def load_state(self, state: dict):
+        for name, c, tall, mom in self.pieces:
+            view = state[name][:, c]
+            np.copyto(mom, view.T if tall else view)
+
+    # the AdamW half's state, under the names the trainer and checkpoints use
+    t = property(lambda self: self.adam.t, lambda self, v: setattr(self.adam, "t", v))
+    m = property(lambda self: self.adam.m)
+    v = property(lambda self: self.adam.v)
+    clip = property(lambda self: self.adam.clip)
+    wd = property(lambda self: self.adam.wd)
+
+    # --8<-- [start:muon_step]
+    def step(self, lr: float) -> float:
+        norm, scale = self.adam.clip_scale()
+        self.adam.step(lr, clipped=(norm, scale))
+        lr_m = self.lr * lr / self.base_lr
+        P, G = self.model.params, self.model.grads
+        for name, c, tall, mom in self.pieces:
+            w, g = P[name][:, c], G[name][:, c]     # (inputs, outputs), maybe strided
+            step = lr_m * math.sqrt(max(1.0, w.shape[1] / w.shape[0]))
+            if tall:
+                w, g = w.T, g.T
+            if mom.shape not in self._work:
+                r, k = mom.shape
+                self._work[mom.shape] = tuple(np.empty(s, mom.dtype)
+                                              for s in ((r, k), (r, k), (r, r), (r, r), (r, k)))
+            x, y, a, b, z = self._work[mom.shape]
+            np.copyto(y, g)                          # contiguous: numpy's ufuncs would
+            y *= scale                               # buffer a strided operand
+            mom *= self.mu
+            mom += y                                 # momentum: m = mu m + g
+            np.multiply(mom, self.mu, out=x)
+            x += y                                   # Nesterov: g + mu m
+            o = newton_schulz(x, self.model.ops, work=(x, y, a, b))
+            o *= step
+            np.copyto(z, w)
+            z -= o
+            np.copyto(w, z)
+        return norm
+    # --8<-- [end:muon_step]
+
+
+OPTIMIZERS = ("adamw", "muon")
+
+
 class Trainer:
     """One training run: model, optimiser, corpus, and where it is (``step``)."""
 
     def __init__(self, config="s", *, corpus=None, batch_size=None, steps=1000, seed=0,
                  backend="kernels", threads=None, lr=None, warmup=None, weight_decay=0.1,
-                 clip=1.0, seq_len=None, arena=True):
+                 clip=1.0, seq_len=None, arena=True, optimizer="adamw"):
         self.config = get_config(config)
-        d = DEFAULTS.get(self.config.name, DEFAULTS["m"])
+        d = DEFAULTS.get(self.config.name.removesuffix("-modern"), DEFAULTS["m"])
         self.corpus = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
         self.B = int(batch_size or d["batch"])
         self.T = int(seq_len or self.config.context)
@@ -86,14 +223,20 @@ class Trainer:
         default_warmup = max(1, min(100, self.total_steps // 10))
         self.warmup = int(warmup if warmup is not None else default_warmup)
         self.model = GPT(self.config, backend, seed=self.seed, threads=threads, arena=arena)
-        self.opt = AdamW(self.model, weight_decay=weight_decay, clip=clip)
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, "
+                             f"got {optimizer!r}")
+        self.opt = (Muon(self.model, base_lr=self.max_lr, weight_decay=weight_decay, clip=clip)
+                    if optimizer == "muon" else AdamW(self.model, weight_decay=weight_decay,
+                                                      clip=clip))
         self.step = 0
 
     def settings(self) -> dict:
         return {"config": self.config.to_dict(), "batch_size": self.B, "seq_len": self.T,
                 "total_steps": self.total_steps, "seed": self.seed, "lr": self.max_lr,
                 "warmup": self.warmup, "weight_decay": self.opt.wd, "clip": self.opt.clip,
-                "backend": self.model.backend, "corpus": self.corpus.describe()}
+                "backend": self.model.backend, "optimizer": self.opt.name,
+                "corpus": self.corpus.describe()}
 
     # --8<-- [start:train_step]
     def train_step(self) -> dict:
@@ -123,6 +266,9 @@ class Trainer:
         for key, buf in (("adam.m.", self.opt.m), ("adam.v.", self.opt.v)):
             for name, view in m._views(buf).items():
                 tensors[key + name] = view
+        if self.opt.name == "muon":
+            for name, mom in self.opt.state().items():
+                tensors["muon.m." + name] = mom
         s = self.settings()
         meta = {"step": self.step, "adam_t": self.opt.t, **s,
                 "sampler": {"kind": "seed+step", "seed": self.seed, "next_step": self.step}}
@@ -137,8 +283,8 @@ class Trainer:
             t = cls(cfg, corpus=corpus, batch_size=meta["batch_size"], steps=meta["total_steps"],
                     seed=meta["seed"], backend=backend, threads=threads, lr=meta["lr"],
                     warmup=meta["warmup"], weight_decay=meta["weight_decay"], clip=meta["clip"],
-                    seq_len=meta["seq_len"])
-        except (KeyError, TypeError) as e:
+                    seq_len=meta["seq_len"], optimizer=meta.get("optimizer", "adamw"))
+        except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.CheckpointError(f"{where}: missing or bad field {e}") from e
         want = meta["corpus"]["sha256"]
         if t.corpus.sha256 != want:
@@ -149,12 +295,17 @@ class Trainer:
         expected = {"param." + k: s for k, s in m.shapes.items()}
         expected.update({"adam.m." + k: s for k, s in m.shapes.items()})
         expected.update({"adam.v." + k: s for k, s in m.shapes.items()})
+        muon = t.opt.name == "muon"
+        if muon:
+            expected.update({"muon.m." + k: m.shapes[k] for k in m.config.hidden_matrices()})
         checkpoint.check_tensors(tensors, expected, where)
         for name in m.params:
             m.params[name][...] = tensors["param." + name]
         for key, buf in (("adam.m.", t.opt.m), ("adam.v.", t.opt.v)):
             for name, view in m._views(buf).items():
                 view[...] = tensors[key + name]
+        if muon:
+            t.opt.load_state({n: tensors["muon.m." + n] for n in m.config.hidden_matrices()})
         t.step, t.opt.t = int(meta["step"]), int(meta["adam_t"])
         return t
 
@@ -236,7 +387,10 @@ def add_train_arguments(p):
                    help="time budget; without --steps, sets the step count from the first steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, help="peak learning rate (default per config)")
-    p.add_argument("--backend", default="kernels", choices=list(BACKENDS))
+    p.add_argument("--backend", default="kernels", choices=list(BACKENDS),
+                   help="kernels, flash, fused, bf16 (the climb's rungs) or numpy")
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
+                   help="adamw, or muon for the blocks' matrices (AdamW for the rest)")
     p.add_argument("--threads", type=int, help="threads (default: every usable core)")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log", help="JSON-lines log (default runs/<config>/log.jsonl)")
@@ -280,10 +434,11 @@ def cmd_train(args) -> int:
         if steps is None:
             steps = 1000 if not args.minutes else _estimate_steps(
                 args.config, corpus, args.minutes, batch_size=args.batch_size, seed=args.seed,
-                backend=args.backend, threads=args.threads, seq_len=args.seq_len)
+                backend=args.backend, threads=args.threads, seq_len=args.seq_len,
+                optimizer=args.optimizer)
         t = Trainer(args.config, corpus=corpus, batch_size=args.batch_size, steps=steps,
                     seed=args.seed, backend=args.backend, threads=args.threads, lr=args.lr,
-                    seq_len=args.seq_len)
+                    seq_len=args.seq_len, optimizer=args.optimizer)
         print(f"config {t.config.name}: {t.config.n_params() / 1e6:.2f} M parameters, "
               f"{t.total_steps} steps of {t.B} x {t.T} tokens; corpus {t.corpus.name} "
               f"({t.corpus.train.size / 1e6:.1f} MB train, sha256 {t.corpus.sha256[:12]})")

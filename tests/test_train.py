@@ -86,16 +86,79 @@ def test_loss_goes_down(text_corpus):
     assert len(h["val_bpb"]) == 2 and h["val_bpb"][-1] < 8
 
 
-@pytest.mark.parametrize("backend", ["numpy", "kernels"])
-def test_interrupt_and_resume_equals_uninterrupted(backend, text_corpus, tmp_path):
-    kw = dict(corpus=text_corpus, batch_size=3, steps=8, seed=7, backend=backend)
-    full = train(Trainer(TINY, **kw), sample_bytes=0, progress=False, eval_every=0)
-    first = train(Trainer(TINY, **kw), checkpoint_dir=tmp_path / "ck", checkpoint_every=2,
+MODERN = Config("tiny-modern", d_model=16, n_layer=2, n_head=2, context=16, block="modern")
+
+
+@pytest.mark.parametrize("backend,cfg,optimizer", [
+    ("numpy", TINY, "adamw"), ("kernels", TINY, "adamw"), ("kernels", MODERN, "muon"),
+    ("bf16", MODERN, "muon")])
+def test_interrupt_and_resume_equals_uninterrupted(backend, cfg, optimizer, text_corpus,
+                                                   tmp_path):
+    kw = dict(corpus=text_corpus, batch_size=3, steps=8, seed=7, backend=backend,
+              optimizer=optimizer)
+    full = train(Trainer(cfg, **kw), sample_bytes=0, progress=False, eval_every=0)
+    first = train(Trainer(cfg, **kw), checkpoint_dir=tmp_path / "ck", checkpoint_every=2,
                   stop_after=5, sample_bytes=0, progress=False, eval_every=0)
     t = Trainer.resume(tmp_path / "ck", corpus=text_corpus.name, backend=backend)
-    assert t.step == 5
+    assert t.step == 5 and t.opt.name == optimizer
     rest = train(t, sample_bytes=0, progress=False, eval_every=0)
     assert first["loss"] + rest["loss"] == full["loss"]  # exact, float for float
+
+
+def test_muon_matches_its_definition(rng):
+    """One Muon step against the update written out here in float64 from its definition
+    (Jordan et al.): momentum, Nesterov, Newton-Schulz on the wide orientation, the
+    sqrt(max(1, out/in)) scale; SwiGLU's W1 and W3 each on their own; AdamW elsewhere."""
+    from smallem.model import GPT
+    from smallem.train import NS_COEFFS, AdamW, Muon
+
+    def ns(g):
+        x = g / (np.linalg.norm(g) + 1e-7)  # the original's guard against a zero g
+        a, b, c = NS_COEFFS
+        for _ in range(5):
+            A = x @ x.T
+            x = a * x + (b * A + c * A @ A) @ x
+        return x
+
+    m = GPT(MODERN, "numpy", dtype=np.float64, seed=1)
+    ref = GPT(MODERN, "numpy", dtype=np.float64, seed=1)
+    idx, tg = rng.integers(0, 256, (2, 16)), rng.integers(0, 256, (2, 16))
+    for model in (m, ref):
+        model.forward(idx, tg)
+        model.backward()
+    opt = Muon(m, base_lr=1e-3, lr=0.02, momentum=0.95, clip=0)
+    opt.step(5e-4)  # half the base rate: the matrices move by 0.01 x the orthogonalised update
+    adam = AdamW(ref, clip=0, skip=MODERN.hidden_span())
+    adam.step(5e-4)
+    h = MODERN.mlp_hidden
+    for name in MODERN.hidden_matrices():
+        w, g = ref.params[name], ref.grads[name]
+        cols = [slice(0, h), slice(h, None)] if name.endswith("fc.w") else [slice(None)]
+        for c in cols:
+            u = g[:, c] + 0.95 * g[:, c]  # first step: m = g, Nesterov g + mu m
+            o = ns(u) if u.shape[0] <= u.shape[1] else ns(u.T).T
+            w[:, c] -= 0.01 * np.sqrt(max(1.0, u.shape[1] / u.shape[0])) * o
+    for name in m.params:
+        np.testing.assert_allclose(m.params[name], ref.params[name], rtol=1e-12, atol=1e-14,
+                                   err_msg=name)
+    moved = {n for n in m.params if not np.array_equal(m.params[n], GPT(MODERN, "numpy",
+                                                                         dtype=np.float64,
+                                                                         seed=1).params[n])}
+    assert set(MODERN.hidden_matrices()) <= moved and "wte" in moved
+
+
+def test_optimizer_and_block_errors():
+    from smallem.model import GPT
+    with pytest.raises(ValueError, match="optimizer"):
+        Trainer(TINY, steps=1, optimizer="sgd")
+    with pytest.raises(ValueError, match="RoPE"):
+        Config("odd", d_model=6, n_head=2, block="modern")
+    with pytest.raises(ValueError, match="block"):
+        Config("what", block="mamba")
+    with pytest.raises(ValueError, match="wide"):
+        from smallem.train import newton_schulz
+        newton_schulz(np.zeros((5, 3), np.float32))
+    assert "wpe" not in GPT(MODERN, "numpy").params
 
 
 def test_kill_and_resume_equals_uninterrupted(text_corpus, tmp_path):
@@ -223,13 +286,27 @@ def test_bench_train_quick_and_figures(records_tmp):
 
     step_rec, run_rec = bench_train(quick=True, progress=False, threads=2)
     assert records.exists("ch3.train_step") and records.exists("ch3.train_run")
+    from smallem.book.ch3 import RUNGS
+
     backends = {r["params"]["backend"] for r in records.results(step_rec.data, "step")}
-    assert {"numpy", "kernels"} <= backends
-    attention = {r["params"]["attention"] for r in records.results(step_rec.data, "attention_step")}
+    assert "numpy" in backends
+    rungs = {r["params"]["rung"] for r in records.results(step_rec.data, "rung_step")}
+    assert rungs == {i for i, _, kw in RUNGS if kw and kw["backend"] != "numpy"}
+    assert all(len(r["seconds"]["samples"]) == 2
+               for r in records.results(step_rec.data, "rung_step"))
+    attention = {r["params"]["attention"] for r in records.results(step_rec.data, "long_attention")}
     assert attention == {"matrices", "tiles"}
+    fused = {(r["params"]["op"], r["params"]["fused"])
+             for r in records.results(step_rec.data, "fused_op")}
+    assert len(fused) == 8
+    assert set(run_rec.data["settings"]["runs"]) == {"f32", "bf16"}
     values = make_figures(records_tmp)
     assert "ch3.kernels_toks" in values and "ch3.s_final_bpb" in values
+    assert "ch3.bf16_final_bpb" in values and "ch3.long_extra_ratio" in values
     assert "rounds" in values["ch3.tiles_vs_matrices"]
     tables = Path(os.environ["SMALLEM_FIGURES"]) / "tables"
     assert "smallem kernels" in (tables / "ch3_step.md").read_text()
-    assert (Path(os.environ["SMALLEM_FIGURES"]) / "ch3_loss.svg").exists()
+    assert "not built yet" in (tables / "ch3_rungs.md").read_text()
+    assert "bias + GELU" in (tables / "ch3_fused.md").read_text()
+    for name in ("ch3_loss", "ch3_climb"):
+        assert (Path(os.environ["SMALLEM_FIGURES"]) / f"{name}.svg").exists()

@@ -1,0 +1,36 @@
+"""Chapter 3, training a GPT on the CPU: the training step timed on every path and rung of
+its climb, a short training run per precision, and the reading of their records.
+
+The model, its layers, the rungs' backends and the trainer are the library's
+:mod:`smallem.model` and :mod:`smallem.train`. This package is the chapter's room in the
+book: ``measuring`` runs the benchmark into the records, ``reading`` turns them into the
+page's tables, figures and values, and this file holds what :mod:`smallem.book` asks of
+every chapter, and the command.
+"""
+
+from __future__ import annotations
+
+from .measuring import (OP_GROUPS, RECORD_RUN, RECORD_STEP, RUNGS, bench_train,  # noqa: F401
+                        measure_step, profile_step)
+from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
+from .. import records
+
+RECORDS = (RECORD_STEP, RECORD_RUN)
+
+
+def add_bench_train_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
+    p.add_argument("--threads", type=int, help="threads for every backend (default: all cores)")
+
+
+def cmd_bench_train(args) -> int:
+    bench_train(quick=args.quick or None, threads=args.threads)
+    print(f"wrote {records.records_dir() / (RECORD_STEP + '.json')} and "
+          f"{records.records_dir() / (RECORD_RUN + '.json')}")
+    return 0
+
+
+# what `smallem` offers for this chapter: name -> (function, add_arguments, help)
+COMMANDS = {"bench-train": (cmd_bench_train, add_bench_train_arguments,
+                            "chapter 3: time training steps, write records")}
+MEASURE = "bench-train"  # the command `make book` runs

@@ -1,0 +1,322 @@
+"""Chapter 3's measurements: the step on each path, the climb's rungs timed in turn, the
+fused kernels and the long attention each against what they replace, and a short training
+run in each precision. Everything goes to two records, ``ch3.train_step`` and
+``ch3.train_run``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+
+from ... import checks, data, gemm, layers
+from ...model import GPT, Config, FlashOps, FusedOps, KernelOps, _Attn, get_config
+from ...timing import Timing, measure, measure_interleaved, quick_mode
+from ...train import Trainer, _estimate_steps, train
+from .. import records
+
+RECORD_STEP = "ch3.train_step"
+RECORD_RUN = "ch3.train_run"
+
+# --8<-- [start:rungs]
+# The climb: each rung is the step of the rung before it with one more switch on, as
+# Trainer arguments; None marks a rung not built yet (its row says so).
+RUNGS = (
+    (0, "the numpy reference", {"backend": "numpy"}),
+    (1, "kernels (f32), each step allocating its buffers", {"backend": "kernels",
+                                                            "arena": False}),
+    (2, "a thread pool of our own", None),
+    (3, "one arena for every buffer", {"backend": "kernels"}),
+    (4, "attention in tiles", {"backend": "flash"}),
+    (5, "fused element-wise layers", {"backend": "fused"}),
+    (6, "bf16 products", {"backend": "bf16"}),
+    (7, "the modern block, Muon", None),
+)
+# --8<-- [end:rungs]
+F32_TOP = 5  # the last f32 rung: the one the chapter's f32 target is about
+
+
+def _torch_step(cfg, B, T, threads, corpus, autocast):
+    import torch
+
+    from ... import torch_gpt
+    torch.set_num_threads(threads)
+    init = GPT(cfg, "numpy", seed=0)
+    tr = torch_gpt.TorchTrainer(init.params, cfg, autocast=autocast)
+    i = [0]
+
+    def step():
+        x, y = data.batch(corpus.train, 0, i[0], B, T)
+        i[0] += 1
+        tr.step(x, y)
+    return step
+
+
+def measure_step(config, backend: str, B: int, threads: int, *, warmup=1, repeats=3) -> dict:
+    """Seconds of one full training step (forward, backward, AdamW) for one backend, or for
+    PyTorch eager ("torch") and PyTorch with bf16 autocast ("torch-bf16")."""
+    cfg = get_config(config)
+    corpus = data.load_corpus()
+    T = cfg.context
+    if backend in ("torch", "torch-bf16"):
+        step = _torch_step(cfg, B, T, threads, corpus, autocast=backend == "torch-bf16")
+    else:
+        t = Trainer(cfg, corpus=corpus, batch_size=B, steps=warmup + repeats, backend=backend,
+                    threads=threads)
+        step = t.train_step
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(threads):  # numpy's BLAS gets the same core count
+        secs = measure(step, repeats=repeats, warmup=warmup).seconds
+    return {"seconds": secs, "tokens": B * T}
+
+
+# which op is which cost, for the "where the time goes" table
+OP_GROUPS = {"linear": "matrix products (+ bias)", "linear_backward": "matrix products (+ bias)",
+             "head": "matrix products (+ bias)", "head_backward": "matrix products (+ bias)",
+             "attention": "attention", "attention_backward": "attention",
+             "layernorm": "LayerNorm", "layernorm_backward": "LayerNorm",
+             "gelu": "GELU (+ bias)", "gelu_backward": "GELU (+ bias)", "add": "residual adds",
+             "cross_entropy": "softmax + cross-entropy", "embedding": "embedding",
+             "embedding_backward": "embedding", "adamw": "AdamW + gradient norm",
+             "sum_squares": "AdamW + gradient norm", "bias_gelu": "GELU (+ bias)",
+             "gelu_backward_bias": "GELU (+ bias)", "residual_layernorm": "LayerNorm",
+             "bias_residual": "residual adds"}
+
+
+def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
+    """Seconds per step spent in each op (after one warm-up step); "other" is the rest."""
+    ops = trainer.model.ops
+    spent = dict.fromkeys(OP_GROUPS, 0.0)
+    depth = [0]  # an op made of others (an unfused composition) counts once, as itself
+
+    def timed(name, fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            depth[0] += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[name] += time.perf_counter() - t0
+        return run
+
+    for name in OP_GROUPS:
+        setattr(ops, name, timed(name, getattr(ops, name)))
+    try:
+        trainer.train_step()
+        for k in spent:
+            spent[k] = 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step()
+        total = (time.perf_counter() - t0) / steps
+    finally:
+        for name in OP_GROUPS:
+            delattr(ops, name)  # back to the class's methods
+    out = {k: v / steps for k, v in spent.items()}
+    out["other"] = max(0.0, total - sum(out.values()))
+    return out
+
+
+def _measure_climb(rec, cfg, B, threads, quick, corpus):
+    """Every built rung after the numpy reference, one trainer each, timed in turn: the
+    "rung_step" results (tokens/s, every sample kept for the sign test)."""
+    from threadpoolctl import threadpool_limits
+
+    time.sleep(0.5)
+    trainers = {i: Trainer(cfg, corpus=corpus, batch_size=B, steps=100, threads=threads, **kw)
+                for i, _, kw in RUNGS if kw is not None and kw["backend"] != "numpy"}
+    with threadpool_limits(threads):
+        ts = measure_interleaved({i: t.train_step for i, t in trainers.items()},
+                                 repeats=2 if quick else 5, warmup=1)
+    labels = {i: what for i, what, _ in RUNGS}
+    for i, t in ts.items():
+        kw = dict(next(k for j, _, k in RUNGS if j == i))
+        rec.add("rung_step", "tokens/s", t.rate(B * cfg.context),
+                seconds={**t.stats(), "samples": list(t.seconds)}, rung=i, what=labels[i], **kw)
+    return trainers
+
+
+# --8<-- [start:fused_bytes]
+# The floats each version reads and writes per element of its tensor (N x width): what the
+# code names, counting a write as one pass (a CPU that reads a line before writing it
+# moves more).
+FUSED = {  # op: (tensor width in d, passes unfused, passes fused)
+    "bias + GELU": (4, 4, 3),                     # u in+out, then u in, g out | u in+out, g
+    "GELU backward + bias gradient": (4, 4, 3),   # x, dy in, dx out, then dx in | x, dy, dx
+    "bias + residual + LayerNorm": (1, 7, 4),     # t in+out; x, t in, mid out; mid in, out
+    "bias + residual": (1, 5, 3),                 # t in+out; x, t in, out | x, t in, out
+}
+# --8<-- [end:fused_bytes]
+
+
+def _fused_calls(name, ops, N, C, rng):
+    W = C * FUSED[name][0]
+    f = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
+    x, t, u, g, bias, w, b = f(N, W), f(N, W), f(N, W), f(N, W), f(W), f(W), f(W)
+    mid, out, mean, rstd, db = f(N, W), f(N, W), f(N), f(N), f(W)
+    return {"bias + GELU": lambda: ops.bias_gelu(u, bias, g),
+            "GELU backward + bias gradient": lambda: ops.gelu_backward_bias(u, t, g, db),
+            "bias + residual + LayerNorm": lambda: ops.residual_layernorm(
+                x, t, bias, mid, w, b, out, mean, rstd),
+            "bias + residual": lambda: ops.bias_residual(x, t, bias, out)}[name]
+
+
+def _measure_fused(rec, cfg, B, threads, quick):
+    """Each fused kernel timed in turn with the composition it replaces, on the shapes of
+    the benchmark's step: "fused_op" results with the bytes each version moves."""
+    N, C = B * cfg.context, cfg.d_model
+    rng = np.random.default_rng(0)
+    for name, (width, unfused, fused) in FUSED.items():
+        fns = {False: _fused_calls(name, KernelOps(threads), N, C, rng),
+               True: _fused_calls(name, FusedOps(threads), N, C, rng)}
+        ts = measure_interleaved(fns, repeats=3 if quick else 9, warmup=1,
+                                 min_sample=0.002 if quick else 0.02)
+        for is_fused, t in ts.items():
+            nbytes = 4 * N * C * width * (fused if is_fused else unfused)
+            rec.add("fused_op", "calls/s", t.rate(1.0),
+                    seconds={**t.stats(), "samples": list(t.seconds)}, op=name, fused=is_fused,
+                    bytes=nbytes, tensor_bytes=4 * N * C * width)
+
+
+def _measure_long_attention(rec, cfg, threads, quick):
+    """The attention (forward + backward) of one sequence of ``T`` tokens with the config's
+    heads, as matrices and in tiles, timed in turn; and the memory each keeps beyond q, k,
+    v and o: the (T, T) probabilities and their gradient, against the row statistics and
+    the tiles' scratch."""
+    T = 256 if quick else 2048
+    H, hd, B = cfg.n_head, cfg.head_dim, 1
+    c = Config("long", d_model=cfg.d_model, n_layer=1, n_head=H, context=T)
+    rng = np.random.default_rng(0)
+    qkv = rng.normal(size=(B * T, 3 * cfg.d_model)).astype(np.float32)
+    dout = rng.normal(size=(B * T, cfg.d_model)).astype(np.float32)
+    out, dqkv = np.empty_like(dout), np.empty_like(qkv)
+    fns, extra = {}, {}
+    for kind, ops in (("matrices", KernelOps(threads)), ("tiles", FlashOps(threads))):
+        z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+        shared = {k: z(B, H, T, hd) for k in ("do", "dq", "dk", "dv")}
+        scores = kind == "matrices"
+        shared["dp"] = z(B, H, T, T) if scores else z(0)
+        a = _Attn(z, B, H, T, hd, shared, scores)
+
+        def run(ops=ops, a=a):
+            ops.attention(qkv, out, a)
+            ops.attention_backward(dout, dqkv, a)
+        fns[kind] = run
+        run()
+        extra[kind] = 4 * (a.p.size + a.dp.size + (0 if scores else a.lse.size
+                                                   + ops._flash_scratch(T, hd).size))
+    ts = measure_interleaved(fns, repeats=2 if quick else 5, warmup=1)
+    for kind, t in ts.items():
+        rec.add("long_attention", "calls/s", t.rate(1.0),
+                seconds={**t.stats(), "samples": list(t.seconds)},
+                attention=kind, T=T, heads=H, head_dim=hd, extra_bytes=extra[kind])
+
+
+# The training runs: one per precision, each for the same wall-clock budget.
+RUNS = (("f32", {"backend": "fused"}), ("bf16", {"backend": "bf16"}))
+
+
+def _runs(threads, quick, progress):
+    corpus = data.load_corpus()
+    minutes = 0.1 if quick else 2.5
+    batch = 2 if quick else None
+    out = {}
+    for name, kw in RUNS:
+        time.sleep(0.5)
+        steps = 6 if quick else _estimate_steps("s", corpus, minutes, batch_size=batch,
+                                                 threads=threads, **kw)
+        t = Trainer("s", corpus=corpus, batch_size=batch, steps=steps, threads=threads, **kw)
+        h = train(t, eval_every=max(1, steps // 10), eval_batches=2 if quick else 8,
+                  sample_bytes=20 if quick else 400, progress=progress)
+        out[name] = (t, h)
+    return out, minutes
+
+
+def _torch_version():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def bench_train(quick: bool | None = None, progress: bool = True, threads: int | None = None):
+    """Chapter 3's measurements (see the module's docstring)."""
+    quick = quick_mode() if quick is None else quick
+    threads = checks.threads(threads)
+    cfg_name, B = ("s", 2) if quick else ("xl", 2)
+    cfg = get_config(cfg_name)
+    repeats = 2 if quick else 3
+    corpus = data.load_corpus()
+    step_rec = records.Record(RECORD_STEP, settings={
+        "quick": quick, "config": cfg.to_dict(), "batch_size": B, "seq_len": cfg.context,
+        "threads": threads, "flops_per_token": cfg.flops_per_token(),
+        "params": cfg.n_params(), "warmup_steps": 1, "timed_steps": repeats,
+        "numpy": np.__version__, "torch": _torch_version(),
+        "flash_tile": layers.flash_tile(cfg.head_dim), "bf16_path": gemm.bf16_path(),
+        "rungs": [[i, what, kw] for i, what, kw in RUNGS]})
+    for backend in ("numpy", "climb", "profile", "torch", "torch-bf16"):
+        # OpenBLAS's and PyTorch's worker threads spin for a while after their last call:
+        # a pause keeps them from competing with the next measurement for the cores.
+        time.sleep(0.5)
+        if backend == "climb":
+            trainers = _measure_climb(step_rec, cfg, B, threads, quick, corpus)
+            continue
+        if backend == "profile":  # where the step spends its time, before and after
+            for i in (3, max(trainers)):
+                prof = profile_step(trainers[i], steps=1 if quick else 2)
+                for op, sec in prof.items():
+                    step_rec.add("op_seconds", "s", Timing([sec]).stats(),
+                                 backend=trainers[i].model.backend, rung=i, op=op)
+            del trainers
+            continue
+        try:  # the numpy path is the slow one: one timed step fewer keeps the run short
+            r = measure_step(cfg, backend, B, threads,
+                             repeats=max(2, repeats - 1) if backend == "numpy" else repeats)
+        except ImportError as e:
+            step_rec.data["settings"].setdefault("missing", {})[backend] = str(e)
+            if progress:
+                print(f"{backend}: not available ({e})")
+            continue
+        secs = r["seconds"]
+        step_rec.add("step", "tokens/s", Timing([r["tokens"] / s for s in secs]).stats(),
+                     seconds=Timing(secs).stats(), backend=backend)
+        if progress:
+            print(f"{cfg_name} step, {backend:10s}: {r['tokens'] / statistics.median(secs):9.0f} "
+                  f"tokens/s ({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
+    time.sleep(0.5)
+    _measure_fused(step_rec, cfg, B, threads, quick)
+    _measure_long_attention(step_rec, cfg, threads, quick)
+    step_rec.save()
+
+    runs, minutes = _runs(threads, quick, progress)
+    settings = {"quick": quick, "threads": threads, "minutes": minutes, "runs": {}}
+    for name, (t, h) in runs.items():
+        elapsed = np.cumsum(h["step_seconds"]).tolist()  # training time, evaluation not counted
+        settings["runs"][name] = {
+            **t.settings(), "curve": {"step": h["step"], "loss": h["loss"], "seconds": elapsed,
+                                      "val_step": h["val_step"], "val_bpb": h["val_bpb"]},
+            "sample": h.get("sample", "")}
+    first = runs[RUNS[0][0]][0]
+    settings.update(first.settings())  # the f32 run's settings stand for the record's own
+    run_rec = records.Record(RECORD_RUN, settings=settings)
+    for name, (t, h) in runs.items():
+        run_rec.add("final_val_bpb", "bits/byte", Timing([h["val_bpb"][-1]]).stats(), run=name)
+        run_rec.add("run_seconds", "s", Timing([h["seconds"]]).stats(), run=name)
+        tok = [t.B * t.T / s for s in h["step_seconds"][1:] or h["step_seconds"]]
+        run_rec.add("train_tokens_per_s", "tokens/s", Timing(tok).stats(), run=name)
+    run_rec.save()
+    return step_rec, run_rec
+
+
+def rung_label(i: int) -> str:
+    return next(what for j, what, _ in RUNGS if j == i)
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_gops: float | None) -> float:
+    return math.nan if not peak_gops else tokens_per_s * flops_per_token / 1e9 / peak_gops

@@ -1,0 +1,373 @@
+"""Chapter 3's records read into the page's tables, figures and values."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...model import CONFIGS
+from ...train import LN2
+from .. import ch1, compare, figures, records, reference
+from .measuring import F32_TOP, FUSED, OP_GROUPS, RECORD_RUN, RECORD_STEP, RUNGS, mfu, rung_label
+
+f = figures.fmt
+F32_MFU_TARGET = 0.75    # the f32 step after rung 5, against chapter 1's f32 probe
+F32_TORCH_TARGET = 1.5   # ... and against PyTorch eager f32
+BF16_TARGET = 1.6        # the bf16 step against our f32 step, where a fast bf16 path exists
+
+
+def _peak(rec_dir, kind: str, threads: int):
+    """Chapter 1's measured peak of ``kind`` at ``threads`` (or the most threads measured)."""
+    facts = ch1.facts(rec_dir)
+    if facts is None:
+        return None
+    peaks = {th: v for (k, th), v in facts["peak"].items() if k == kind}
+    return peaks.get(threads, peaks[max(peaks)]) if peaks else None
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def _met(ok: bool, what: str) -> str:
+    return f"met ({what})" if ok else f"missed ({what})"
+
+
+def _configs_table(values):
+    rows = [[c.name, c.d_model, c.n_layer, c.n_head, c.context, f(c.n_params() / 1e6, "M"),
+             f(c.flops_per_token() / 1e6, "MFLOP")] for c in CONFIGS.values()]
+    figures.write_table("ch3_configs", rows, ["config", "d", "layers", "heads", "context",
+                                              "parameters", "training FLOPs per token"])
+    xl = CONFIGS["xl"]
+    values["ch3.xl_params"] = f(xl.n_params() / 1e6, "M")
+    values["ch3.xl_flops_per_token"] = f(xl.flops_per_token() / 1e6, "MFLOP")
+
+
+def _step_table(rec, rec_dir, rungs, values):
+    s = rec["settings"]
+    peak = _peak(rec_dir, "f32", s["threads"])
+    fpt = s["flops_per_token"]
+    found = {r["params"]["backend"]: r for r in records.results(rec, "step")}
+    if 3 in rungs:
+        found["kernels"] = rungs[3]
+    label = {"numpy": "numpy reference", "kernels": "smallem kernels",
+             "torch": "PyTorch eager (CPU, f32)", "torch-bf16": "PyTorch eager, bf16 autocast"}
+    rows, toks = [], {}
+    for backend, name in label.items():
+        r = found.get(backend)
+        if r is None:
+            why = s.get("missing", {}).get(backend, "not measured")
+            rows.append([name, "—", "—", "—", "—", f"not run: {why}"])
+            continue
+        v = toks[backend] = r["value"]["median"]
+        rows.append([name, f(v, "tokens/s"), f(v / s["threads"], "tokens/s"),
+                     f(r["seconds"]["median"], "s"), f(v * fpt / 1e9, "GFLOP/s"),
+                     _pct(mfu(v, fpt, peak)) if peak else "no ch1 record"])
+    per = reference.CORES
+    rows.append([f"reference series, before → after ({reference.CITE})",
+                 f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} "
+                 f"tokens/s", f"{f(reference.CH3_XL_STEP_BEFORE_TOKS / per)} → "
+                 f"{f(reference.CH3_XL_STEP_AFTER_TOKS / per)} tokens/s", "—", "—",
+                 f"{100 * reference.CH3_XL_MFU_CPU:.0f}% ({reference.MACHINE})"])
+    cfg = s["config"]
+    numpy_n = found["numpy"]["value"]["n"] if "numpy" in found else 0
+    note = (f"One {cfg['name']} training step (forward, backward, AdamW), batch "
+            f"{s['batch_size']} x {s['seq_len']} tokens, {s['threads']} threads, median of "
+            f"{s['timed_steps']} steps (numpy: {numpy_n}; smallem: the climb's rung 3, "
+            f"{found['kernels']['seconds']['n'] if 'kernels' in found else 0} rounds) after "
+            f"{s['warmup_steps']} warm-up; MFU = model FLOPs ({f(fpt / 1e6, 'MFLOP')} per "
+            f"token) / chapter 1's f32 peak{' (' + f(peak, 'Gop/s') + ')' if peak else ''}. "
+            f"{figures.machine_line(rec)}. The reference's per-core figure is its {per}-core "
+            f"figure divided by {per}.")
+    figures.write_table("ch3_step", rows, ["path", "training speed", "per core",
+                                           "time per step", "model FLOP rate", "MFU"], note)
+    for k in ("kernels_toks", "kernels_vs_torch", "kernels_vs_numpy", "kernels_mfu"):
+        values[f"ch3.{k}"] = "n/a (not measured)"
+    if "kernels" in toks:
+        values["ch3.kernels_toks"] = f(toks["kernels"], "tokens/s")
+        values["ch3.kernels_mfu"] = (_pct(mfu(toks["kernels"], fpt, peak)) if peak else
+                                     "n/a (no chapter-1 record of the peak)")
+        for other in ("torch", "numpy"):
+            if other in toks:
+                values[f"ch3.kernels_vs_{other}"] = f(toks["kernels"] / toks[other]) + "×"
+    values["ch3.threads"] = str(s["threads"])
+    values["ch3.ref_mfu"] = f"{100 * reference.CH3_XL_MFU_CPU:.0f}%"
+    values["ch3.bench_batch"] = str(s["batch_size"])
+    return toks
+
+
+def _rungs_table(rec, rec_dir, rungs, step_toks, values):
+    s = rec["settings"]
+    fpt, th = s["flops_per_token"], s["threads"]
+    peaks = {k: _peak(rec_dir, k, th) for k in ("f32", "bf16")}
+    toks = {i: r["value"]["median"] for i, r in rungs.items()}
+    if "numpy" in step_toks:
+        toks[0] = step_toks["numpy"]
+    rows, before = [], None
+    for i, what, kw in RUNGS:
+        if kw is None:
+            rows.append([str(i), what, "not built yet", "—", "—", "—"])
+            continue
+        if i not in toks:
+            rows.append([str(i), what, "not measured", "—", "—", "—"])
+            continue
+        if before is None:
+            against = "—"
+        elif i in rungs and before in rungs:
+            against = compare.versus(rungs[i], rungs[before])
+        else:  # the numpy reference is timed on its own: a ratio, no rounds
+            against = f(toks[i] / toks[before]) + "× (timed apart)"
+        kind = "bf16" if kw["backend"] == "bf16" else "f32"
+        rows.append([str(i), what + (f" (`{kw['backend']}`)" if kw["backend"] else ""),
+                     f(toks[i], "tokens/s"), against, _pct(mfu(toks[i], fpt, peaks["f32"])),
+                     _pct(mfu(toks[i], fpt, peaks[kind])) + f" of {kind}"])
+        before = i
+    ref = reference
+    rows.append(["ref.", f"the reference series, xl GPT-2 step ({ref.CITE}, {ref.MACHINE})",
+                 f"{ref.CH3_XL_STEP_BEFORE_TOKS} → {f(ref.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
+                 "—", f"{100 * ref.CH3_XL_MFU_CPU:.0f}%", "—"])
+    rows.append(["ref.", "the reference series, modern bf16 step with Muon",
+                 f"{f(ref.CH3_MODERN_BEFORE_TOKS)} → {f(ref.CH3_MODERN_AFTER_TOKS)} tokens/s",
+                 "—", "—", "—"])
+    figures.write_table(
+        "ch3_rungs", rows, ["rung", "switched on", "training speed", "against the rung before",
+                            "MFU (f32 peak)", "MFU (its precision's peak)"],
+        f"The {s['config']['name']} step, batch {s['batch_size']} x {s['seq_len']}, "
+        f"{th} threads. Rungs 1 and up: one trainer each, timed in turn, "
+        f"{next(iter(rungs.values()))['seconds']['n'] if rungs else 0} rounds after a warm-up "
+        f"step; each rung has every switch of the rungs above it. Peaks: chapter 1's f32 "
+        f"({f(peaks['f32'] or float('nan'), 'Gop/s')}) and bf16 "
+        f"({f(peaks['bf16'] or float('nan'), 'Gop/s')}) probes on as many threads. "
+        f"{figures.machine_line(rec)}.")
+    _climb_figure(toks, s)
+    top = max(toks)
+    values["ch3.climb_top"] = rung_label(top)
+    values["ch3.climb_top_toks"] = f(toks[top], "tokens/s")
+    if 0 in toks:
+        values["ch3.climb_vs_numpy"] = f(toks[top] / toks[0]) + "×"
+    for i in rungs:
+        values[f"ch3.rung{i}_toks"] = f(toks[i], "tokens/s")
+    for i, j in ((3, 1), (4, 3), (5, 4), (6, 5)):
+        if i in rungs and j in rungs:
+            values[f"ch3.rung{i}_vs_{j}"] = compare.versus(rungs[i], rungs[j])
+    if F32_TOP in toks:
+        m = mfu(toks[F32_TOP], fpt, peaks["f32"])
+        values["ch3.f32_top_toks"] = f(toks[F32_TOP], "tokens/s")
+        values["ch3.f32_top_mfu"] = _pct(m)
+        values["ch3.target_f32_mfu"] = _met(m >= F32_MFU_TARGET, f"{_pct(m)} against "
+                                            f"{100 * F32_MFU_TARGET:.0f}%")
+        if "torch" in step_toks:
+            r = toks[F32_TOP] / step_toks["torch"]
+            values["ch3.target_f32_torch"] = _met(r >= F32_TORCH_TARGET, f"{f(r)}× PyTorch "
+                                                  f"eager f32, against {F32_TORCH_TARGET}×")
+        else:
+            values["ch3.target_f32_torch"] = "not measured: PyTorch is not installed here"
+    if 6 in toks and F32_TOP in toks:
+        r = toks[6] / toks[F32_TOP]
+        fast = s.get("bf16_path") in ("native", "amx")
+        values["ch3.bf16_ratio"] = f(r) + "×"
+        values["ch3.bf16_path"] = s.get("bf16_path", "unknown")
+        values["ch3.target_bf16"] = (
+            _met(r >= BF16_TARGET, f"{f(r)}× our f32 step, against {BF16_TARGET}×") if fast else
+            f"does not apply: this CPU's bf16 products are widened to f32 ({f(r)}×)")
+        if "torch-bf16" in step_toks:
+            r = toks[6] / step_toks["torch-bf16"]
+            values["ch3.target_bf16_torch"] = _met(r >= 1.0, f"{f(r)}× PyTorch's bf16 autocast")
+        else:
+            values["ch3.target_bf16_torch"] = "not measured: PyTorch is not installed here"
+
+
+def _climb_figure(toks, s):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    built = [(i, what) for i, what, kw in RUNGS if kw is not None and i in toks]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(built) + 1.2))
+    ys = np.arange(len(built))[::-1]
+    ax.barh(ys, [toks[i] for i, _ in built], color=["tab:grey"] + ["tab:blue"] * (len(built) - 1))
+    ax.set_yticks(ys, [f"{i}  {what}" for i, what in built], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training speed (tokens/s, log scale)")
+    for y, (i, _) in zip(ys, built):
+        ax.text(toks[i] * 1.05, y, f(toks[i]), va="center", fontsize=8)
+    ax.set_xlim(right=max(toks.values()) * 3)
+    ax.set_title(f"the {s['config']['name']} step, rung by rung, {s['threads']} threads",
+                 fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    figures.save(fig, "ch3_climb")
+
+
+def _ops_table(rec, values):
+    prof: dict = {}
+    for r in records.results(rec, "op_seconds"):
+        prof.setdefault(r["params"]["rung"], {})[r["params"]["op"]] = r["value"]["median"]
+    if not prof:
+        return
+    groups = {}
+    for rung, ops in prof.items():
+        g: dict = {}
+        for op, sec in ops.items():
+            name = OP_GROUPS.get(op, "Python and the rest")
+            g[name] = g.get(name, 0.0) + sec
+        groups[rung] = g
+    order = sorted(groups[min(groups)], key=lambda k: -groups[min(groups)][k])
+    order += [k for k in groups[max(groups)] if k not in order]
+    rows = []
+    for name in order:
+        row = [name]
+        for rung in sorted(groups):
+            sec, total = groups[rung].get(name, 0.0), sum(groups[rung].values())
+            row += [f(1e3 * sec, "ms"), f"{100 * sec / total:.1f}%"]
+        rows.append(row)
+    header = ["op (forward + backward)"]
+    for rung in sorted(groups):
+        header += [f"rung {rung}: time per step", "share"]
+    figures.write_table("ch3_ops", rows, header,
+                        f"One profiled step after a warm-up, on the trainers of the climb: rung "
+                        f"{min(groups)} ({rung_label(min(groups))}) and rung {max(groups)} "
+                        f"({rung_label(max(groups))}); {figures.machine_line(rec)}.")
+    for prefix, rung in (("", min(groups)), ("top_", max(groups))):
+        g = groups[rung]
+        total = sum(g.values())
+        mm, at = g.get("matrix products (+ bias)", 0.0), g.get("attention", 0.0)
+        values[f"ch3.{prefix}matmul_share"] = f"{100 * mm / total:.0f}%"
+        values[f"ch3.{prefix}attention_share"] = f"{100 * at / total:.0f}%"
+        values[f"ch3.{prefix}rest_share"] = f"{100 * (total - mm - at) / total:.0f}%"
+
+
+def _level_bandwidth(facts, nbytes: int, threads: int):
+    """The cache level a working set of ``nbytes`` fits in on ``threads`` cores, and chapter
+    1's triad bandwidth there."""
+    caches = facts["record"]["machine"]["caches"]
+    plateau = facts["triad_plateaus"].get(threads) or facts["triad_plateaus"][max(
+        facts["triad_plateaus"])]
+    for level, size in (("L2", (caches.get("L2_bytes") or 0) * threads),
+                        ("L3", caches.get("L3_bytes") or 0)):
+        if nbytes <= size and plateau.get(level) == plateau.get(level):
+            return level, plateau[level]
+    return "DRAM", plateau.get("DRAM")
+
+
+def _fused_table(rec, rec_dir, values):
+    found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
+    if not found:
+        return
+    facts = ch1.facts(rec_dir)
+    th = rec["settings"]["threads"]
+    rows = []
+    for op in FUSED:
+        un, fu = found[(op, False)], found[(op, True)]
+        level, bw = (_level_bandwidth(facts, fu["params"]["bytes"], th) if facts else
+                     ("?", None))
+        predicted = fu["params"]["bytes"] / (bw * 1e9) if bw else float("nan")
+        rows.append([op, f(1e3 * un["seconds"]["median"], "ms"),
+                     f(1e3 * fu["seconds"]["median"], "ms"), compare.versus(fu, un),
+                     f"{f(un['params']['bytes'] / 2**20, 'MiB')} → "
+                     f"{f(fu['params']['bytes'] / 2**20, 'MiB')}",
+                     f(fu["params"]["bytes"] / fu["seconds"]["median"] / 1e9, "GB/s"),
+                     f"{level}: {f(bw, 'GB/s') if bw else 'n/a'}",
+                     f(1e3 * predicted, "ms")])
+        key = op.split(" +")[0].lower().replace(" ", "_")
+        values[f"ch3.fused_{key}_vs"] = compare.versus(fu, un)
+    s = rec["settings"]
+    figures.write_table(
+        "ch3_fused", rows, ["op", "unfused", "fused", "fused against unfused", "bytes named",
+                            "fused: bytes / time", "ch. 1's triad where it fits",
+                            "fused: predicted bound"],
+        f"On the shapes of the {s['config']['name']} step ({s['batch_size']} x {s['seq_len']} "
+        f"tokens, d = {s['config']['d_model']}), {th} threads, the two versions timed in turn; "
+        f"bytes are the reads and writes the code names (a write-allocating cache reads each "
+        f"written line first, so it moves more); the bound is those bytes at chapter 1's "
+        f"triad bandwidth for the smallest level that holds them. {figures.machine_line(rec)}.")
+
+
+def _long_attention_values(rec, values):
+    found = {r["params"]["attention"]: r for r in records.results(rec, "long_attention")}
+    if len(found) < 2:
+        return
+    m, t = found["matrices"], found["tiles"]
+    values["ch3.long_T"] = str(t["params"]["T"])
+    values["ch3.long_tiles_ms"] = f(1e3 * t["seconds"]["median"], "ms")
+    values["ch3.long_matrices_ms"] = f(1e3 * m["seconds"]["median"], "ms")
+    values["ch3.long_tiles_vs"] = compare.versus(t, m)
+    values["ch3.long_extra_tiles"] = f(t["params"]["extra_bytes"] / 2**20, "MiB")
+    values["ch3.long_extra_matrices"] = f(m["params"]["extra_bytes"] / 2**20, "MiB")
+    values["ch3.long_extra_ratio"] = (
+        f"{100 * t['params']['extra_bytes'] / m['params']['extra_bytes']:.2f}%")
+
+
+def _run_figure_and_values(rec, values):
+    s = rec["settings"]
+    runs = s["runs"]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    f32 = runs["f32"]["curve"]
+    ax.plot(f32["step"], np.array(f32["loss"]) / LN2, lw=0.8, color="tab:blue",
+            label="training batch")
+    ax.plot(f32["val_step"], f32["val_bpb"], "o-", color="tab:red", label="held-out files")
+    ax.set_xlabel("step")
+    ax.set_title(f"f32: config {runs['f32']['config']['name']}, {runs['f32']['batch_size']} x "
+                 f"{runs['f32']['seq_len']} tokens per step", fontsize=9)
+    colours = {"f32": "tab:red", "bf16": "tab:green"}
+    for name, run in runs.items():
+        c = run["curve"]
+        at = [c["seconds"][c["step"].index(st)] for st in c["val_step"]]
+        bx.plot(at, c["val_bpb"], "o-", color=colours.get(name, "tab:purple"),
+                label=f"{name} ({run['backend']}), held-out")
+    bx.set_xlabel("training time (s, evaluations not counted)")
+    bx.set_title(f"the same budget ({f(s['minutes'], 'min')}) in each precision", fontsize=9)
+    for a in (ax, bx):
+        a.axhline(2.5, color="grey", ls=":", lw=1, label="2.5 bits per byte")
+        a.set_ylabel("loss (bits per byte)")
+        a.set_ylim(0, 8.5)
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+    figures.save(fig, "ch3_loss")
+    final = {name: records.results(rec, "final_val_bpb", run=name)[0]["value"]["median"]
+             for name in runs}
+    for name, prefix in (("f32", "s"), ("bf16", "bf16")):
+        if name not in runs:
+            continue
+        values[f"ch3.{prefix}_final_bpb"] = f"{final[name]:.2f} bits per byte"
+        values[f"ch3.{prefix}_steps"] = str(runs[name]["total_steps"])
+        values[f"ch3.{prefix}_minutes"] = f(records.results(rec, "run_seconds", run=name)[0][
+            "value"]["median"] / 60, "min", 2)
+        values[f"ch3.{prefix}_tokens_per_s"] = f(records.results(
+            rec, "train_tokens_per_s", run=name)[0]["value"]["median"], "tokens/s")
+    best = min(final, key=final.get)
+    values["ch3.run_budget"] = f(s["minutes"], "min")
+    values["ch3.run_winner"] = (f"{best} ({final[best]:.2f} against "
+                                + ", ".join(f"{final[k]:.2f} for {k}" for k in final if k != best)
+                                + " bits per byte)")
+    values["ch3.corpus_sha"] = s["corpus"]["sha256"][:12]
+    values["ch3.corpus_files"] = str(s["corpus"]["files"])
+    values["ch3.corpus_mb"] = f((s["corpus"]["train_bytes"] + s["corpus"]["val_bytes"]) / 1e6,
+                                "MB")
+    sample = runs["f32"].get("sample", "")
+    path = figures.tables_dir() / "ch3_sample.md"
+    # control bytes and broken UTF-8 of an untrained model would break the page: show them as ·
+    clean = "".join(ch if ch.isprintable() or ch in "\n\t" else "·" for ch in sample)
+    path.write_text("```text\n" + clean.replace("```", "'''") + "\n```\n")
+
+
+def report(rec_dir) -> dict:
+    values: dict = {}
+    _configs_table(values)
+    if records.exists(RECORD_STEP, rec_dir):
+        rec = records.load(RECORD_STEP, rec_dir)
+        rungs = {r["params"]["rung"]: r for r in records.results(rec, "rung_step")}
+        toks = _step_table(rec, rec_dir, rungs, values)
+        _rungs_table(rec, rec_dir, rungs, toks, values)
+        _ops_table(rec, values)
+        _fused_table(rec, rec_dir, values)
+        _long_attention_values(rec, values)
+        if 3 in rungs and 4 in rungs:  # the section on tiles quotes its rung
+            values["ch3.matrices_toks"] = f(rungs[3]["value"]["median"], "tokens/s")
+            values["ch3.tiles_toks"] = f(rungs[4]["value"]["median"], "tokens/s")
+            values["ch3.tiles_vs_matrices"] = compare.versus(rungs[4], rungs[3])
+            values["ch3.tiles_rounds"] = str(rungs[4]["seconds"]["n"])
+    if records.exists(RECORD_RUN, rec_dir):
+        _run_figure_and_values(records.load(RECORD_RUN, rec_dir), values)
+    return values
