@@ -19,6 +19,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef SM_POOL /* the step's kernels on smallem's own pool (kernels_c/pool.c), not libgomp */
+#include "pool_shim.h"
+#endif
 
 #if defined(SM_EMULATE_AVX512)
 #include "emulate.h"

@@ -20,7 +20,7 @@ long long flash_work_floats(int T, int hd, int tile);
 void flash_forward(const float *q, const float *k, const float *v, float *o, float *lse, int BH, int T, int hd, float scale, int tile, float *work, int nthreads);
 void flash_backward(const float *q, const float *k, const float *v, const float *o, const float *lse, const float *dout, float *dq, float *dk, float *dv, int BH, int T, int hd, float scale, int tile, float *work, int nthreads);
 void bias_gelu_forward(float *u, const float *b, float *g, int N, int C, int nthreads);
-void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, int N, int C, int nthreads);
+void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, float *partial, int N, int C, int nthreads);
 void residual_layernorm(const float *x, const float *t, const float *bias, float *mid, const float *w, const float *b, float *out, float *mean, float *rstd, int N, int C, int nthreads);
 void bias_residual(const float *x, const float *t, const float *bias, float *out, int N, int C, int nthreads);
 void to_bf16(const float *x, uint16_t *out, long long n, int nthreads);

@@ -131,6 +131,14 @@ for key in ("ch3.target_f32_mfu", "ch3.target_f32_torch", "ch3.target_bf16",
     print(key, "=", values.get(key, "n/a"))
 
 # %% [markdown]
+# ## Threads that wait: a fork-join on each runtime
+
+# %%
+display(Markdown((figures.tables_dir() / "ch3_fork_join.md").read_text()))
+print("one thread more than cores, spinning forever:", values.get("ch3.fj_over_forever"),
+      "| bounded spin:", values.get("ch3.fj_over_pool"))
+
+# %% [markdown]
 # ## Where the step spends its time, before and after
 
 # %%

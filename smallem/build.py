@@ -111,9 +111,23 @@ def openmp_flags(cc: str) -> tuple[list[str], list[str]]:
     return [], []
 
 
+# A module named <name>_pool is <name>.c built with SM_POOL: its OpenMP pragmas run on
+# smallem's own thread pool (kernels_c/pool.c, through kernels_c/pool_shim.h), not libgomp.
+POOL_SUFFIX = "_pool"
+POOL_VARIANTS = ("layers", "gemm")
+
+
+def _base(name: str) -> tuple[str, bool]:
+    """(the source's name, whether this is its pool variant)."""
+    if name.endswith(POOL_SUFFIX) and name[:-len(POOL_SUFFIX)] in POOL_VARIANTS:
+        return name[:-len(POOL_SUFFIX)], True
+    return name, False
+
+
 def _sources(name: str) -> tuple[Path, list[Path]]:
     """``kernels_c/<name>.c``, and the files it may include: every header in ``kernels_c/``
     and every ``.c`` and ``.h`` file under ``kernels_c/<name>/``."""
+    name = _base(name)[0]
     src = KERNELS_DIR / f"{name}.c"
     if not src.is_file():
         raise BuildError(f"kernel source {src} does not exist")
@@ -123,11 +137,13 @@ def _sources(name: str) -> tuple[Path, list[Path]]:
 
 
 def cdef_of(name: str) -> str:
-    """The declarations cffi exposes: the kernel's header, verbatim."""
-    header = KERNELS_DIR / f"{name}.h"
+    """The declarations cffi exposes: the kernel's header, verbatim (a pool variant adds
+    the call that attaches it to the pool)."""
+    base, pool = _base(name)
+    header = KERNELS_DIR / f"{base}.h"
     if not header.is_file():
-        raise BuildError(f"{KERNELS_DIR / (name + '.c')} has no header {header} declaring its functions")
-    return header.read_text()
+        raise BuildError(f"{KERNELS_DIR / (base + '.c')} has no header {header} declaring its functions")
+    return header.read_text() + ("void sm_pool_attach(void *api);\n" if pool else "")
 
 
 def _key(name: str, level: str, exts: tuple[str, ...], cc: str) -> tuple[str, list[str], list[str]]:
@@ -135,6 +151,8 @@ def _key(name: str, level: str, exts: tuple[str, ...], cc: str) -> tuple[str, li
     cdef = cdef_of(name)
     omp_c, omp_l = openmp_flags(cc)
     cflags = BASE_FLAGS + tuning_flags(cc) + isa.compile_flags(level, exts) + omp_c
+    if _base(name)[1] and omp_c:  # without OpenMP the pragmas are ignored: no pool either
+        cflags = cflags + ["-DSM_POOL"]
     h = hashlib.sha256()
     # each file by its path under kernels_c/ (gemm/driver.c), so that a rename counts too
     files = (p.relative_to(KERNELS_DIR).as_posix().encode() + p.read_bytes() for p in deps)
@@ -202,7 +220,7 @@ def _stamp(name: str) -> tuple:
     The folders' own times come first: a file added to or removed from ``kernels_c/`` or
     ``kernels_c/<name>/`` changes them, and so makes :func:`_files` list the files again."""
     folders = tuple(os.stat(d).st_mtime_ns if os.path.isdir(d) else 0
-                    for d in (KERNELS_DIR, KERNELS_DIR / name))
+                    for d in (KERNELS_DIR, KERNELS_DIR / _base(name)[0]))
     out = [folders]
     for path in _files(name, str(KERNELS_DIR), folders):
         st = os.stat(path)

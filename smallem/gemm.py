@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import build, checks, isa, machine, machine_info
+from . import build, checks, isa, machine, machine_info, pool
 
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
 
@@ -193,7 +193,7 @@ def _feeds(level: str, cores: int) -> dict:
 _lock = threading.Lock()
 
 
-def _load(level: str | None = None):
+def _load(level: str | None = None, on_pool: bool = False):
     """(ffi, lib, MR, NR, rung 5's blocks, rungs 2-4's blocks, the package's order) for
     ``level`` (default: the selected ISA); each set of blocks is a tuple (mc, kc, nc).
 
@@ -201,10 +201,10 @@ def _load(level: str | None = None):
     on every call (half a millisecond), which a 64^3 product cannot afford.
     """
     level = level or isa.selected()
-    found = _loaded.get(level)
+    found = _loaded.get((level, on_pool))
     if found is None:
         with _lock:
-            ffi, lib = build.load("gemm", level)
+            ffi, lib = pool.load("gemm", level) if on_pool else build.load("gemm", level)
             mr, nr = ffi.new("int *"), ffi.new("int *")
             lib.gemm_micro_shape(mr, nr)
             sets = []  # passed to every call that takes blocks (run_rung, _gemm): C keeps none
@@ -217,7 +217,7 @@ def _load(level: str | None = None):
             if order not in ORDERS:
                 raise ValueError(f"${ORDER_ENV}={order!r}: expected one of {ORDERS}")
             config = (ORDERS.index(order), *sets[0 if order == "rows" else 1])
-            found = _loaded[level] = (ffi, lib, mr[0], nr[0], *sets, order, config)
+            found = _loaded[(level, on_pool)] = (ffi, lib, mr[0], nr[0], *sets, order, config)
     return found
 
 
@@ -293,11 +293,12 @@ def _workspace(ffi, lib, level, n, k, mc, kc, nc, nthreads):
     bufs = getattr(_work, "bufs", None)
     if bufs is None:
         bufs = _work.bufs = {}
-    found = bufs.get(level)
+    key = (level, id(ffi))  # a pointer belongs to the ffi that made it (the pool variant's own)
+    found = bufs.get(key)
     if found is None or found[0].size < need:
         size = max(need, int(1.25 * found[0].size) if found is not None else 0)
         buf = np.empty(size, F32)
-        found = bufs[level] = (buf, ffi.from_buffer("float[]", buf))
+        found = bufs[key] = (buf, ffi.from_buffer("float[]", buf))
     return found[1]
 
 
@@ -431,7 +432,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
             out *= np.float32(beta)
         return out
     level = level or isa.selected()
-    ffi, lib, *_ = _load(level)
+    ffi, lib, *_ = _load(level, pool.on_pool(threads))
     order, mc, kc, nc = _config(blocks, level)
     work = _workspace(ffi, lib, level, N, K, mc, kc, nc, nthreads)
     ctype = "float" if kind == "f32" else "uint16_t"

@@ -19,8 +19,11 @@ import numpy as np
 from . import checks
 
 
-def _lib():
-    from . import build
+def _lib(threads=None):
+    """layers.c's module; its pool variant (smallem.pool) when ``threads`` asks for it."""
+    from . import build, pool
+    if pool.on_pool(threads):
+        return pool.load("layers")
     return build.load("layers")
 
 
@@ -33,7 +36,7 @@ def _ip(ffi, x):
 
 
 def _threads(n):
-    return checks.threads(n)
+    return int(checks.threads(n))
 
 
 def _f32(x, name, shape=None, writable=False):
@@ -47,7 +50,7 @@ def add_bias(y, b, threads=None):
     if y.ndim != 2:
         raise ValueError(f"y: expected 2 dimensions, got shape {y.shape}")
     _f32(b, "b", (y.shape[1],))
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.add_bias(_fp(ffi, y), _fp(ffi, b), y.shape[0], y.shape[1], _threads(threads))
     return y
 
@@ -58,7 +61,7 @@ def col_sum(dy, db, threads=None):
     if dy.ndim != 2:
         raise ValueError(f"dy: expected 2 dimensions, got shape {dy.shape}")
     _f32(db, "db", (dy.shape[1],), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.col_sum(_fp(ffi, dy), _fp(ffi, db), dy.shape[0], dy.shape[1], _threads(threads))
     return db
 
@@ -68,7 +71,7 @@ def residual_add(a, b, out, threads=None):
     _f32(a, "a")
     _f32(b, "b", a.shape)
     _f32(out, "out", a.shape, writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.residual_add(_fp(ffi, a), _fp(ffi, b), _fp(ffi, out), a.size, _threads(threads))
     return out
 
@@ -93,7 +96,7 @@ def embedding_forward(idx, wte, wpe, out, threads=None):
         if T > wpe.shape[0]:
             raise ValueError(f"idx: {T} positions but wpe has only {wpe.shape[0]}")
     _f32(out, "out", (B * T, C), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     pos = ffi.NULL if wpe is None else _fp(ffi, wpe)
     bad = lib.embedding_forward(_ip(ffi, idx), _fp(ffi, wte), pos, _fp(ffi, out),
                                 B, T, C, V, _threads(threads))
@@ -116,7 +119,7 @@ def embedding_backward(idx, dout, dwte, dwpe, threads=None):
         _f32(dwpe, "dwpe", (None, C), writable=True)
         if T > dwpe.shape[0]:
             raise ValueError(f"idx: {T} positions but dwpe has only {dwpe.shape[0]}")
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     bad = lib.embedding_backward(_ip(ffi, idx), _fp(ffi, dout), _fp(ffi, dwte),
                                  ffi.NULL if dwpe is None else _fp(ffi, dwpe), B, T, C, V,
                                  _threads(threads))
@@ -137,7 +140,7 @@ def layernorm_forward(x, w, b, out, mean, rstd, threads=None):
     _f32(out, "out", (N, C), writable=True)
     _f32(mean, "mean", (N,), writable=True)
     _f32(rstd, "rstd", (N,), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.layernorm_forward(_fp(ffi, x), _fp(ffi, w), _fp(ffi, b), _fp(ffi, out), _fp(ffi, mean),
                           _fp(ffi, rstd), N, C, _threads(threads))
     return out
@@ -156,7 +159,7 @@ def layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, threads=None):
     _f32(dx, "dx", (N, C), writable=True)
     _f32(dw, "dw", (C,), writable=True)
     _f32(db, "db", (C,), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.layernorm_backward(_fp(ffi, dy), _fp(ffi, x), _fp(ffi, w), _fp(ffi, mean), _fp(ffi, rstd),
                            _fp(ffi, dx), _fp(ffi, dw), _fp(ffi, db), N, C, _threads(threads))
     return dx
@@ -165,7 +168,7 @@ def layernorm_backward(dy, x, w, mean, rstd, dx, dw, db, threads=None):
 def gelu_forward(x, out, threads=None):
     _f32(x, "x")
     _f32(out, "out", x.shape, writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.gelu_forward(_fp(ffi, x), _fp(ffi, out), x.size, _threads(threads))
     return out
 
@@ -175,7 +178,7 @@ def gelu_backward(x, dy, dx, threads=None):
     _f32(x, "x")
     _f32(dy, "dy", x.shape)
     _f32(dx, "dx", x.shape, writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.gelu_backward(_fp(ffi, x), _fp(ffi, dy), _fp(ffi, dx), x.size, _threads(threads))
     return dx
 
@@ -193,20 +196,28 @@ def bias_gelu_forward(u, b, g, threads=None):
     N, C = _rows(u, "u")
     _f32(b, "b", (C,))
     _f32(g, "g", (N, C), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.bias_gelu_forward(_fp(ffi, u), _fp(ffi, b), _fp(ffi, g), N, C, _threads(threads))
     return g
 
 
-def gelu_backward_bias(x, dy, dx, db, threads=None):
-    """dx = dy * gelu'(x) and db = dx.sum(axis=0), in one pass; dx may be dy."""
+def gelu_backward_bias(x, dy, dx, db, threads=None, work=None):
+    """dx = dy * gelu'(x) and db = dx.sum(axis=0), in one pass; dx may be dy. ``work``:
+    threads x C floats of scratch for the threads' partial sums (made here if not given)."""
     N, C = _rows(x, "x")
     _f32(dy, "dy", (N, C))
     _f32(dx, "dx", (N, C), writable=True)
     _f32(db, "db", (C,), writable=True)
-    ffi, lib = _lib()
-    lib.gelu_backward_bias(_fp(ffi, x), _fp(ffi, dy), _fp(ffi, dx), _fp(ffi, db), N, C,
-                           _threads(threads))
+    n = _threads(threads)
+    if work is None:
+        work = np.empty(n * C, np.float32)
+    _f32(work, "work", writable=True)
+    if work.ndim != 1 or work.size < n * C:
+        raise ValueError(f"work: expected a 1-D float32 array of at least {n * C} floats, "
+                         f"got shape {work.shape}")
+    ffi, lib = _lib(threads)
+    lib.gelu_backward_bias(_fp(ffi, x), _fp(ffi, dy), _fp(ffi, dx), _fp(ffi, db),
+                           _fp(ffi, work), N, C, n)
     return dx
 
 
@@ -221,7 +232,7 @@ def residual_layernorm(x, t, bias, mid, w, b, out, mean, rstd, threads=None):
     _f32(out, "out", (N, C), writable=True)
     _f32(mean, "mean", (N,), writable=True)
     _f32(rstd, "rstd", (N,), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.residual_layernorm(*(_fp(ffi, a) for a in (x, t, bias, mid, w, b, out, mean, rstd)), N,
                            C, _threads(threads))
     return out
@@ -233,7 +244,7 @@ def bias_residual(x, t, bias, out, threads=None):
     _f32(t, "t", (N, C))
     _f32(bias, "bias", (C,))
     _f32(out, "out", (N, C), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.bias_residual(_fp(ffi, x), _fp(ffi, t), _fp(ffi, bias), _fp(ffi, out), N, C,
                       _threads(threads))
     return out
@@ -243,7 +254,7 @@ def to_bf16(x, out, threads=None):
     """out = x rounded to bf16 (nearest, ties to even; uint16 bits), any shape."""
     _f32(x, "x")
     checks.array(out, "out", np.uint16, shape=x.shape, writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.to_bf16(_fp(ffi, x), ffi.from_buffer("uint16_t[]", out), x.size, _threads(threads))
     return out
 
@@ -254,7 +265,7 @@ def rmsnorm_forward(x, w, out, rstd, threads=None):
     _f32(w, "w", (C,))
     _f32(out, "out", (N, C), writable=True)
     _f32(rstd, "rstd", (N,), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.rmsnorm_forward(_fp(ffi, x), _fp(ffi, w), _fp(ffi, out), _fp(ffi, rstd), N, C,
                         _threads(threads))
     return out
@@ -268,7 +279,7 @@ def rmsnorm_backward(dy, x, w, rstd, dx, dw, threads=None):
     _f32(rstd, "rstd", (N,))
     _f32(dx, "dx", (N, C), writable=True)
     _f32(dw, "dw", (C,), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.rmsnorm_backward(_fp(ffi, dy), _fp(ffi, x), _fp(ffi, w), _fp(ffi, rstd), _fp(ffi, dx),
                          _fp(ffi, dw), N, C, _threads(threads))
     return dx
@@ -285,7 +296,7 @@ def rope(q, k, cos, sin, inverse=False, threads=None):
     T, hd = q.shape[-2:]
     _f32(cos, "cos", (T, hd // 2))
     _f32(sin, "sin", (T, hd // 2))
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.rope(_fp(ffi, q), _fp(ffi, k), _fp(ffi, cos), _fp(ffi, sin), q.size // (T * hd), T, hd,
              -1.0 if inverse else 1.0, _threads(threads))
     return q, k
@@ -297,7 +308,7 @@ def swiglu_forward(u, g, threads=None):
     if W % 2:
         raise ValueError(f"u: expected (N, 2h), got shape {u.shape}")
     _f32(g, "g", (N, W // 2), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.swiglu_forward(_fp(ffi, u), _fp(ffi, g), N, W // 2, _threads(threads))
     return g
 
@@ -309,7 +320,7 @@ def swiglu_backward(u, dg, du, threads=None):
         raise ValueError(f"u: expected (N, 2h), got shape {u.shape}")
     _f32(dg, "dg", (N, W // 2))
     _f32(du, "du", (N, W), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.swiglu_backward(_fp(ffi, u), _fp(ffi, dg), _fp(ffi, du), N, W // 2, _threads(threads))
     return du
 
@@ -326,7 +337,7 @@ def heads_split(x, outs, B, T, H, threads=None):
     hd = x.shape[1] // (parts * H)
     for i, o in enumerate(outs):
         _f32(o, f"outs[{i}]", (B, H, T, hd), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     ptrs = [_fp(ffi, o) for o in outs] + [ffi.NULL] * (3 - parts)
     lib.heads_split(_fp(ffi, x), *ptrs, B, T, H, hd, parts, _threads(threads))
     return outs
@@ -344,7 +355,7 @@ def heads_merge(ins, x, threads=None):
     for i, a in enumerate(ins):
         _f32(a, f"ins[{i}]", (B, H, T, hd))
     _f32(x, "x", (B * T, parts * H * hd), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     ptrs = [_fp(ffi, a) for a in ins] + [ffi.NULL] * (3 - parts)
     lib.heads_merge(*ptrs, _fp(ffi, x), B, T, H, hd, parts, _threads(threads))
     return x
@@ -361,7 +372,7 @@ def _scores(s, name, writable):
 def attn_softmax_forward(s, scale, threads=None):
     """In place: each (T, T) matrix of s becomes the causal softmax of scale * s."""
     BH, T = _scores(s, "s", True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.attn_softmax_forward(_fp(ffi, s), BH, T, float(scale), _threads(threads))
     return s
 
@@ -370,7 +381,7 @@ def attn_softmax_backward(p, dp, scale, threads=None):
     """In place: dp (gradient of P) becomes the gradient of the unscaled scores."""
     BH, T = _scores(p, "p", False)
     _f32(dp, "dp", p.shape, writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.attn_softmax_backward(_fp(ffi, p), _fp(ffi, dp), BH, T, float(scale), _threads(threads))
     return dp
 
@@ -396,7 +407,7 @@ def _flash_shapes(q, k, v, names=("q", "k", "v")):
 
 def flash_work_floats(T, hd, tile, threads) -> int:
     """The floats of scratch :func:`flash_forward` and :func:`flash_backward` need."""
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     return int(lib.flash_work_floats(T, hd, tile)) * threads
 
 
@@ -421,7 +432,7 @@ def flash_forward(q, k, v, o, lse, scale, tile=None, threads=None, work=None):
     tile = checks.positive_int(flash_tile(hd) if tile is None else tile, "tile", limit=4096)
     threads = _threads(threads)
     work = _flash_work(work, T, hd, tile, threads)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.flash_forward(_fp(ffi, q), _fp(ffi, k), _fp(ffi, v), _fp(ffi, o), _fp(ffi, lse), BH, T,
                       hd, float(scale), tile, _fp(ffi, work), threads)
     return o
@@ -439,7 +450,7 @@ def flash_backward(q, k, v, o, lse, dout, dq, dk, dv, scale, threads=None, work=
     threads = _threads(threads)
     tile = flash_tile(hd)
     work = _flash_work(work, T, hd, tile, threads)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.flash_backward(*(_fp(ffi, x) for x in (q, k, v, o, lse, dout, dq, dk, dv)), BH, T, hd,
                        float(scale), tile, _fp(ffi, work), threads)
     return dq, dk, dv
@@ -454,7 +465,7 @@ def cross_entropy(logits, targets, losses, dlogits, threads=None):
     checks.array(targets, "targets", np.int32, shape=(N,))
     _f32(losses, "losses", (N,), writable=True)
     _f32(dlogits, "dlogits", (N, V), writable=True)
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     bad = lib.cross_entropy(_fp(ffi, logits), _ip(ffi, targets), _fp(ffi, losses),
                             _fp(ffi, dlogits), N, V, 1.0 / N, _threads(threads))
     if bad:
@@ -468,7 +479,7 @@ def adamw(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, grad_scale, step, 
     for a, n in ((g, "g"), (m, "m"), (v, "v")):
         _f32(a, n, p.shape, writable=n != "g")
     step = checks.positive_int(step, "step")
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     lib.adamw(_fp(ffi, p), _fp(ffi, g), _fp(ffi, m), _fp(ffi, v), p.size, lr, beta1, beta2, eps,
               weight_decay, grad_scale, 1.0 - beta1 ** step, 1.0 - beta2 ** step,
               _threads(threads))
@@ -477,7 +488,7 @@ def adamw(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, grad_scale, step, 
 
 def sum_squares(x, threads=None):
     _f32(x, "x")
-    ffi, lib = _lib()
+    ffi, lib = _lib(threads)
     return float(lib.sum_squares(_fp(ffi, x), x.size, _threads(threads)))
 
 
@@ -493,16 +504,17 @@ class BatchedGemm:
     """
 
     def __init__(self, threads=None):
-        from . import build, gemm
+        from . import build, gemm, pool
 
-        gffi, glib = build.load("gemm")
+        on_pool = pool.on_pool(threads)
+        gffi, glib = pool.load("gemm") if on_pool else build.load("gemm")
         fn = getattr(glib, "gemm_f32", None)
         if fn is None or gffi.typeof(fn).cname != GEMM_F32_TYPE:
             raise RuntimeError("kernels_c/gemm.c has no gemm_f32 with the expected prototype")
         self.addr = int(gffi.cast("uintptr_t", gffi.addressof(glib, "gemm_f32")))
         self.config = gemm.default_config()  # (order, mc, kc, nc)
         self.glib = glib
-        self.threads = checks.threads(threads)
+        self.threads = pool.threads(threads, on_pool)
         self.work = np.zeros(0, np.float32)
 
     def __call__(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0):
@@ -523,7 +535,7 @@ class BatchedGemm:
         per = int(self.glib.gemm_work_floats(N, K, mc, kc, nc, 1))
         if self.work.size < per * self.threads:
             self.work = np.zeros(per * self.threads, np.float32)
-        ffi, lib = _lib()
+        ffi, lib = _lib(self.threads)
         lib.batched_gemm(ffi.cast("void *", self.addr), len(a), int(trans_a), int(trans_b), M, N,
                          K, float(alpha), _fp(ffi, a), a[0].size, a.shape[2], _fp(ffi, b),
                          b[0].size, b.shape[2], 0.0, _fp(ffi, out), out[0].size, N, order, mc, kc, nc,

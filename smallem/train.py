@@ -117,6 +117,19 @@ def newton_schulz(g, ops=None, steps: int = NS_STEPS, work=None):
 # --8<-- [end:newton_schulz]
 
 
+def newton_schulz_flops(cfg, steps: int = NS_STEPS) -> int:
+    """FLOPs of one Muon step's orthogonalisations for ``cfg``: per matrix (m, n), m <= n,
+    and per Newton-Schulz step, X X^T (m m n), A A (m m m) and B X (m m n) multiply-adds."""
+    total = 0
+    for name in cfg.hidden_matrices():
+        r, c = cfg.param_shapes()[name]
+        pieces = [c // 2] * 2 if cfg.block == "modern" and name.endswith("fc.w") else [c]
+        for width in pieces:
+            m, n = sorted((r, width))
+            total += 2 * steps * (2 * m * m * n + m ** 3)
+    return total
+
+
 class Muon:
     """Muon (momentum, orthogonalised by Newton-Schulz) for the blocks' weight matrices,
     AdamW for the rest (embeddings, head, gains, biases), as Jordan et al. (2024) do.
@@ -208,7 +221,7 @@ class Trainer:
 
     def __init__(self, config="s", *, corpus=None, batch_size=None, steps=1000, seed=0,
                  backend="kernels", threads=None, lr=None, warmup=None, weight_decay=0.1,
-                 clip=1.0, seq_len=None, arena=True, optimizer="adamw"):
+                 clip=1.0, seq_len=None, arena=True, optimizer="adamw", pool=False):
         self.config = get_config(config)
         d = DEFAULTS.get(self.config.name.removesuffix("-modern"), DEFAULTS["m"])
         self.corpus = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
@@ -222,7 +235,8 @@ class Trainer:
         self.max_lr = float(lr or d["lr"])
         default_warmup = max(1, min(100, self.total_steps // 10))
         self.warmup = int(warmup if warmup is not None else default_warmup)
-        self.model = GPT(self.config, backend, seed=self.seed, threads=threads, arena=arena)
+        self.model = GPT(self.config, backend, seed=self.seed, threads=threads, arena=arena,
+                         pool=pool)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, "
                              f"got {optimizer!r}")
@@ -236,6 +250,7 @@ class Trainer:
                 "total_steps": self.total_steps, "seed": self.seed, "lr": self.max_lr,
                 "warmup": self.warmup, "weight_decay": self.opt.wd, "clip": self.opt.clip,
                 "backend": self.model.backend, "optimizer": self.opt.name,
+                "pool": bool(getattr(self.model.ops.threads, "pool", False)),
                 "corpus": self.corpus.describe()}
 
     # --8<-- [start:train_step]
@@ -275,7 +290,8 @@ class Trainer:
         return checkpoint.save(folder, tensors, meta)
 
     @classmethod
-    def resume(cls, folder, *, corpus=None, backend="kernels", threads=None) -> "Trainer":
+    def resume(cls, folder, *, corpus=None, backend="kernels", threads=None,
+               pool=False) -> "Trainer":
         tensors, meta = checkpoint.load(folder)
         where = Path(folder) / checkpoint.INDEX
         try:
@@ -283,7 +299,7 @@ class Trainer:
             t = cls(cfg, corpus=corpus, batch_size=meta["batch_size"], steps=meta["total_steps"],
                     seed=meta["seed"], backend=backend, threads=threads, lr=meta["lr"],
                     warmup=meta["warmup"], weight_decay=meta["weight_decay"], clip=meta["clip"],
-                    seq_len=meta["seq_len"], optimizer=meta.get("optimizer", "adamw"))
+                    seq_len=meta["seq_len"], optimizer=meta.get("optimizer", "adamw"), pool=pool)
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.CheckpointError(f"{where}: missing or bad field {e}") from e
         want = meta["corpus"]["sha256"]
@@ -391,6 +407,8 @@ def add_train_arguments(p):
                    help="kernels, flash, fused, bf16 (the climb's rungs) or numpy")
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                    help="adamw, or muon for the blocks' matrices (AdamW for the rest)")
+    p.add_argument("--pool", action="store_true",
+                   help="run the kernels on smallem's own thread pool, not OpenMP's runtime")
     p.add_argument("--threads", type=int, help="threads (default: every usable core)")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log", help="JSON-lines log (default runs/<config>/log.jsonl)")
@@ -424,7 +442,8 @@ def cmd_train(args) -> int:
     log_path = args.log or folder / "log.jsonl"
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     if args.resume and checkpoint.exists(folder):
-        t = Trainer.resume(folder, corpus=args.corpus, backend=args.backend, threads=args.threads)
+        t = Trainer.resume(folder, corpus=args.corpus, backend=args.backend, threads=args.threads,
+                           pool=args.pool)
         print(f"resuming {folder} at step {t.step} of {t.total_steps}")
     else:
         if args.resume:
@@ -435,10 +454,10 @@ def cmd_train(args) -> int:
             steps = 1000 if not args.minutes else _estimate_steps(
                 args.config, corpus, args.minutes, batch_size=args.batch_size, seed=args.seed,
                 backend=args.backend, threads=args.threads, seq_len=args.seq_len,
-                optimizer=args.optimizer)
+                optimizer=args.optimizer, pool=args.pool)
         t = Trainer(args.config, corpus=corpus, batch_size=args.batch_size, steps=steps,
                     seed=args.seed, backend=args.backend, threads=args.threads, lr=args.lr,
-                    seq_len=args.seq_len, optimizer=args.optimizer)
+                    seq_len=args.seq_len, optimizer=args.optimizer, pool=args.pool)
         print(f"config {t.config.name}: {t.config.n_params() / 1e6:.2f} M parameters, "
               f"{t.total_steps} steps of {t.B} x {t.T} tokens; corpus {t.corpus.name} "
               f"({t.corpus.train.size / 1e6:.1f} MB train, sha256 {t.corpus.sha256[:12]})")

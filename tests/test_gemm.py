@@ -151,7 +151,7 @@ def test_rung5_and_the_ladder_get_their_own_blocks(rng, monkeypatch):
                 return fn(*args)
             return call
 
-    monkeypatch.setitem(gemm._loaded, isa.selected(), (ffi, Spy(), *gemm._load()[2:]))
+    monkeypatch.setitem(gemm._loaded, (isa.selected(), False), (ffi, Spy(), *gemm._load()[2:]))
     a = rng.standard_normal((37, 29), dtype=np.float32)
     b = rng.standard_normal((29, 41), dtype=np.float32)
     for rung in gemm.LADDER:
@@ -546,10 +546,11 @@ def test_packing_buffer_is_reused_and_no_result_is_allocated(rng):
     a, b = rand(rng, 100, 80), rand(rng, 80, 60)
     out = np.empty((100, 60), np.float32)
     gemm.matmul(a, b, out=out)
-    buf = gemm._work.bufs[gemm.isa.selected()]
+    key = (gemm.isa.selected(), id(gemm._load()[0]))  # the buffer's level and ffi
+    buf = gemm._work.bufs[key]
     for _ in range(5):
         assert gemm.matmul(a, b, out=out, beta=0.0) is out
-    assert gemm._work.bufs[gemm.isa.selected()] is buf
+    assert gemm._work.bufs[key] is buf
 
 
 def test_concurrent_calls_from_python_threads(rng):

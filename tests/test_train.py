@@ -147,6 +147,17 @@ def test_muon_matches_its_definition(rng):
     assert set(MODERN.hidden_matrices()) <= moved and "wte" in moved
 
 
+def test_rungs_are_checked():
+    from smallem.book.ch3.measuring import rung_settings
+    with pytest.raises(ValueError, match="0..7"):
+        rung_settings(-1)
+    with pytest.raises(ValueError, match="0..7"):
+        rung_settings(8)
+    with pytest.raises(TypeError, match="int"):
+        rung_settings("3")
+    assert rung_settings(7)["block"] == "modern"
+
+
 def test_optimizer_and_block_errors():
     from smallem.model import GPT
     with pytest.raises(ValueError, match="optimizer"):
@@ -291,7 +302,7 @@ def test_bench_train_quick_and_figures(records_tmp):
     backends = {r["params"]["backend"] for r in records.results(step_rec.data, "step")}
     assert "numpy" in backends
     rungs = {r["params"]["rung"] for r in records.results(step_rec.data, "rung_step")}
-    assert rungs == {i for i, _, kw in RUNGS if kw and kw["backend"] != "numpy"}
+    assert rungs == {i for i, _, kw in RUNGS if kw["backend"] != "numpy"}
     assert all(len(r["seconds"]["samples"]) == 2
                for r in records.results(step_rec.data, "rung_step"))
     attention = {r["params"]["attention"] for r in records.results(step_rec.data, "long_attention")}
@@ -299,14 +310,16 @@ def test_bench_train_quick_and_figures(records_tmp):
     fused = {(r["params"]["op"], r["params"]["fused"])
              for r in records.results(step_rec.data, "fused_op")}
     assert len(fused) == 8
-    assert set(run_rec.data["settings"]["runs"]) == {"f32", "bf16"}
+    assert set(run_rec.data["settings"]["runs"]) == {"f32", "bf16", "modern"}
+    assert run_rec.data["settings"]["runs"]["modern"]["optimizer"] == "muon"
     values = make_figures(records_tmp)
     assert "ch3.kernels_toks" in values and "ch3.s_final_bpb" in values
     assert "ch3.bf16_final_bpb" in values and "ch3.long_extra_ratio" in values
     assert "rounds" in values["ch3.tiles_vs_matrices"]
     tables = Path(os.environ["SMALLEM_FIGURES"]) / "tables"
     assert "smallem kernels" in (tables / "ch3_step.md").read_text()
-    assert "not built yet" in (tables / "ch3_rungs.md").read_text()
+    assert "ch3.target_modern" in values and "ch3.muon_share" in values
+    assert "ch3.fj_pool" in values and "OpenMP" in (tables / "ch3_fork_join.md").read_text()
     assert "bias + GELU" in (tables / "ch3_fused.md").read_text()
     for name in ("ch3_loss", "ch3_climb"):
         assert (Path(os.environ["SMALLEM_FIGURES"]) / f"{name}.svg").exists()

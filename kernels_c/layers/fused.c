@@ -36,34 +36,53 @@ void bias_gelu_forward(float *u, const float *b, float *g, int N, int C, int nth
 
 /* The backward of the two: dx = dy * gelu'(x) and db = the column sums of dx, which
  * unfused is gelu_backward (a pass over x and dy, one over dx) and col_sum (another
- * pass over dx). Threads own stripes of 64 columns, as col_sum's do, so the sums are
- * the same whatever the number of threads; each row's stripe goes from dy to dx and
- * into the sums while it is in L1. dx may be dy. */
-void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, int N, int C,
-                        int nthreads)
+ * pass over dx, by stripes of columns). Fused, each thread streams its rows once, as
+ * gelu_backward does, and adds each row of dx into its own C partial sums (partial:
+ * nthreads x C floats of the caller's); then the threads add the partial sums up, a
+ * stripe of columns each, in thread order, so the sums do not depend on which thread
+ * finished first. dx may be dy. */
+void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, float *partial,
+                        int N, int C, int nthreads)
 {
-    const int blocks = (C + 63) / 64;
-    #pragma omp parallel for schedule(static) num_threads(TEAM(8LL * N * C))
-    for (int blk = 0; blk < blocks; blk++) {
-        const int c0 = blk * 64, len = MIN(64, C - c0);
-        float acc[64] = {0}, e[64];
-        for (int n = 0; n < N; n++) {
-            const float *xr = x + (size_t)n * C + c0, *gr = dy + (size_t)n * C + c0;
-            float *dr = dx + (size_t)n * C + c0;
-            #pragma omp simd
-            for (int i = 0; i < len; i++)
-                e[i] = 2.0f * GELU_K * (xr[i] + GELU_A * xr[i] * xr[i] * xr[i]);
-            exp_inplace(e, len);
-            #pragma omp simd
-            for (int i = 0; i < len; i++) {
-                const float s = e[i] / (1.0f + e[i]), xi = xr[i];
-                const float dz = 2.0f * GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
-                const float d = gr[i] * (s + xi * s * (1.0f - s) * dz);
-                dr[i] = d;
-                acc[i] += d;
+    const int team = TEAM(8LL * N * C);
+    #pragma omp parallel num_threads(team)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+        nt = omp_get_num_threads();
+#endif
+        float *acc = partial + (size_t)t * C;
+        memset(acc, 0, sizeof(float) * C);
+        const int n0 = (int)((long long)N * t / nt), n1 = (int)((long long)N * (t + 1) / nt);
+        for (int n = n0; n < n1; n++) {
+            const float *xr = x + (size_t)n * C, *gr = dy + (size_t)n * C;
+            float *dr = dx + (size_t)n * C;
+            for (int c0 = 0; c0 < C; c0 += CHUNK) {
+                const int len = MIN(CHUNK, C - c0);
+                float e[CHUNK];
+                #pragma omp simd
+                for (int i = 0; i < len; i++)
+                    e[i] = 2.0f * GELU_K * (xr[c0 + i] + GELU_A * xr[c0 + i] * xr[c0 + i] *
+                                            xr[c0 + i]);
+                exp_inplace(e, len);
+                #pragma omp simd
+                for (int i = 0; i < len; i++) {
+                    const float s = e[i] / (1.0f + e[i]), xi = xr[c0 + i];
+                    const float dz = 2.0f * GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
+                    const float d = gr[c0 + i] * (s + xi * s * (1.0f - s) * dz);
+                    dr[c0 + i] = d;
+                    acc[c0 + i] += d;
+                }
             }
         }
-        for (int i = 0; i < len; i++) db[c0 + i] = acc[i];
+        #pragma omp barrier
+        const int c0 = (int)((long long)C * t / nt), c1 = (int)((long long)C * (t + 1) / nt);
+        for (int c = c0; c < c1; c++) {
+            float sum = 0.0f;
+            for (int k = 0; k < nt; k++) sum += partial[(size_t)k * C + c];
+            db[c] = sum;
+        }
     }
 }
 

@@ -12,8 +12,10 @@ import time
 
 import numpy as np
 
-from ... import checks, data, gemm, layers
-from ...model import GPT, Config, FlashOps, FusedOps, KernelOps, _Attn, get_config
+from ... import checks, data, gemm, layers, pool
+import dataclasses
+
+from ...model import GPT, FlashOps, FusedOps, KernelOps, _Attn, get_config
 from ...timing import Timing, measure, measure_interleaved, quick_mode
 from ...train import Trainer, _estimate_steps, train
 from .. import records
@@ -22,20 +24,48 @@ RECORD_STEP = "ch3.train_step"
 RECORD_RUN = "ch3.train_run"
 
 # --8<-- [start:rungs]
-# The climb: each rung is the step of the rung before it with one more switch on, as
-# Trainer arguments; None marks a rung not built yet (its row says so).
+# The climb: each rung is the step of the rung before it with one more switch on: Trainer
+# arguments, and "block" for the model's block.
 RUNGS = (
     (0, "the numpy reference", {"backend": "numpy"}),
     (1, "kernels (f32), each step allocating its buffers", {"backend": "kernels",
                                                             "arena": False}),
-    (2, "a thread pool of our own", None),
-    (3, "one arena for every buffer", {"backend": "kernels"}),
-    (4, "attention in tiles", {"backend": "flash"}),
-    (5, "fused element-wise layers", {"backend": "fused"}),
-    (6, "bf16 products", {"backend": "bf16"}),
-    (7, "the modern block, Muon", None),
+    (2, "a thread pool of our own", {"backend": "kernels", "arena": False, "pool": True}),
+    (3, "one arena for every buffer", {"backend": "kernels", "pool": True}),
+    (4, "attention in tiles", {"backend": "flash", "pool": True}),
+    (5, "fused element-wise layers", {"backend": "fused", "pool": True}),
+    (6, "bf16 products", {"backend": "bf16", "pool": True}),
+    (7, "the modern block, Muon", {"backend": "bf16", "pool": True, "block": "modern",
+                                   "optimizer": "muon"}),
 )
 # --8<-- [end:rungs]
+
+
+def rung_settings(i) -> dict:
+    """Rung ``i``'s switches (a copy), or a clear error for a rung that is not one."""
+    if isinstance(i, bool) or not isinstance(i, int):
+        raise TypeError(f"rung: expected an int, got {i!r}")
+    found = {j: kw for j, _, kw in RUNGS}
+    if i not in found:
+        raise ValueError(f"rung: expected one of {min(found)}..{max(found)}, got {i}")
+    return dict(found[i])
+
+
+def rung_config(cfg, kw: dict):
+    """The config a rung trains: ``cfg``, or its modern-block twin."""
+    block = kw.get("block", "gpt2")
+    if block == cfg.block:
+        return cfg
+    return dataclasses.replace(cfg, name=f"{cfg.name}-{block}", block=block)
+
+
+def rung_trainer(i, cfg, **trainer_kw) -> Trainer:
+    kw = rung_settings(i)
+    c = rung_config(cfg, kw)
+    kw.pop("block", None)
+    return Trainer(c, **trainer_kw, **kw)
+
+
 F32_TOP = 5  # the last f32 rung: the one the chapter's f32 target is about
 
 
@@ -83,7 +113,12 @@ OP_GROUPS = {"linear": "matrix products (+ bias)", "linear_backward": "matrix pr
              "embedding_backward": "embedding", "adamw": "AdamW + gradient norm",
              "sum_squares": "AdamW + gradient norm", "bias_gelu": "GELU (+ bias)",
              "gelu_backward_bias": "GELU (+ bias)", "residual_layernorm": "LayerNorm",
-             "bias_residual": "residual adds"}
+             "bias_residual": "residual adds", "rmsnorm": "LayerNorm",
+             "rmsnorm_backward": "LayerNorm", "swiglu": "GELU (+ bias)",
+             "swiglu_backward": "GELU (+ bias)",
+             # a product not inside a layer's method is the optimiser's: Muon's Newton-Schulz
+             "matmul": "Muon's Newton-Schulz"}
+MUON_GROUP = OP_GROUPS["matmul"]
 
 
 def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
@@ -128,17 +163,20 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
     from threadpoolctl import threadpool_limits
 
     time.sleep(0.5)
-    trainers = {i: Trainer(cfg, corpus=corpus, batch_size=B, steps=100, threads=threads, **kw)
-                for i, _, kw in RUNGS if kw is not None and kw["backend"] != "numpy"}
+    trainers = {i: rung_trainer(i, cfg, corpus=corpus, batch_size=B, steps=100, threads=threads)
+                for i, _, kw in RUNGS if kw["backend"] != "numpy"}
     with threadpool_limits(threads):
         ts = measure_interleaved({i: t.train_step for i, t in trainers.items()},
-                                 repeats=2 if quick else 5, warmup=1)
-    labels = {i: what for i, what, _ in RUNGS}
+                                 repeats=2 if quick else ROUNDS, warmup=1)
     for i, t in ts.items():
-        kw = dict(next(k for j, _, k in RUNGS if j == i))
+        c = trainers[i].config
         rec.add("rung_step", "tokens/s", t.rate(B * cfg.context),
-                seconds={**t.stats(), "samples": list(t.seconds)}, rung=i, what=labels[i], **kw)
+                seconds={**t.stats(), "samples": list(t.seconds)}, rung=i, what=rung_label(i),
+                config=c.name, flops_per_token=c.flops_per_token(), **rung_settings(i))
     return trainers
+
+
+ROUNDS = 7  # a sign test needs 6 of 6 to call a difference (p = 0.03); 7 leaves one to noise
 
 
 # --8<-- [start:fused_bytes]
@@ -172,8 +210,8 @@ def _measure_fused(rec, cfg, B, threads, quick):
     N, C = B * cfg.context, cfg.d_model
     rng = np.random.default_rng(0)
     for name, (width, unfused, fused) in FUSED.items():
-        fns = {False: _fused_calls(name, KernelOps(threads), N, C, rng),
-               True: _fused_calls(name, FusedOps(threads), N, C, rng)}
+        fns = {False: _fused_calls(name, KernelOps(threads, pool=True), N, C, rng),
+               True: _fused_calls(name, FusedOps(threads, pool=True), N, C, rng)}
         ts = measure_interleaved(fns, repeats=3 if quick else 9, warmup=1,
                                  min_sample=0.002 if quick else 0.02)
         for is_fused, t in ts.items():
@@ -190,13 +228,13 @@ def _measure_long_attention(rec, cfg, threads, quick):
     the tiles' scratch."""
     T = 256 if quick else 2048
     H, hd, B = cfg.n_head, cfg.head_dim, 1
-    c = Config("long", d_model=cfg.d_model, n_layer=1, n_head=H, context=T)
     rng = np.random.default_rng(0)
     qkv = rng.normal(size=(B * T, 3 * cfg.d_model)).astype(np.float32)
     dout = rng.normal(size=(B * T, cfg.d_model)).astype(np.float32)
     out, dqkv = np.empty_like(dout), np.empty_like(qkv)
     fns, extra = {}, {}
-    for kind, ops in (("matrices", KernelOps(threads)), ("tiles", FlashOps(threads))):
+    for kind, ops in (("matrices", KernelOps(threads, pool=True)),
+                      ("tiles", FlashOps(threads, pool=True))):
         z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
         shared = {k: z(B, H, T, hd) for k in ("do", "dq", "dk", "dv")}
         scores = kind == "matrices"
@@ -210,31 +248,77 @@ def _measure_long_attention(rec, cfg, threads, quick):
         run()
         extra[kind] = 4 * (a.p.size + a.dp.size + (0 if scores else a.lse.size
                                                    + ops._flash_scratch(T, hd).size))
-    ts = measure_interleaved(fns, repeats=2 if quick else 5, warmup=1)
+    ts = measure_interleaved(fns, repeats=2 if quick else ROUNDS, warmup=1)
     for kind, t in ts.items():
         rec.add("long_attention", "calls/s", t.rate(1.0),
                 seconds={**t.stats(), "samples": list(t.seconds)},
                 attention=kind, T=T, heads=H, head_dim=hd, extra_bytes=extra[kind])
 
 
-# The training runs: one per precision, each for the same wall-clock budget.
-RUNS = (("f32", {"backend": "fused"}), ("bf16", {"backend": "bf16"}))
+# --8<-- [start:fork_join_cases]
+def fork_join_cases(cores: int, quick: bool):
+    """(what, kind, threads, spin, reps): the fork-joins chapter 3 times. Spin is the pool's
+    waiting policy (pool.SPIN_NS, 0: sleep at once, None: spin forever); reps per sample."""
+    r = 200 if quick else 20000
+    return [("pool", "pool", cores, pool.SPIN_NS, r),
+            ("OpenMP", "openmp", cores, None, r),
+            ("a thread created per call", "create", cores, None, r // 10),
+            ("pool, sleeping at once", "pool", cores, 0, r),
+            ("pool, spinning forever", "pool", cores, None, r),
+            ("pool, one thread more than cores", "pool", cores + 1, pool.SPIN_NS, r // 10),
+            ("OpenMP, one thread more than cores", "openmp", cores + 1, None, r // 10),
+            ("pool, one more, spinning forever", "pool", cores + 1, None, max(5, r // 400))]
+# --8<-- [end:fork_join_cases]
+
+
+def _measure_fork_join(rec, threads, quick):
+    """Microseconds per fork-join of an empty region ("fork_join" results), and per barrier
+    inside one ("barrier"), five samples each."""
+    old = pool.set_spin(pool.SPIN_NS)
+    try:
+        for what, kind, n, spin, reps in fork_join_cases(threads, quick):
+            if kind == "pool":
+                pool.set_spin(spin)
+            t = Timing([pool.fork_join_seconds(kind, n, reps) for _ in range(3 if quick else 5)])
+            pool.set_spin(pool.SPIN_NS)
+            rec.add("fork_join", "us", Timing([1e6 * x for x in t.seconds]).stats(), what=what,
+                    kind=kind, threads=n, spin_ns=spin, reps=reps)
+        for kind in ("pool", "openmp"):
+            reps = 2000 if quick else 200000
+            t = Timing([pool.barrier_seconds(kind, threads, reps) for _ in range(3 if quick
+                                                                               else 5)])
+            rec.add("barrier", "us", Timing([1e6 * x for x in t.seconds]).stats(), kind=kind,
+                    threads=threads, reps=reps)
+    finally:
+        pool.set_spin(old)
+
+
+# The training runs of config s, each for the same wall-clock budget: GPT-2 in f32 (rung
+# 5) and in bf16 (rung 6), and the modern block in bf16 with Muon (rung 7).
+RUNS = (("f32", 5), ("bf16", 6), ("modern", 7))
 
 
 def _runs(threads, quick, progress):
     corpus = data.load_corpus()
-    minutes = 0.1 if quick else 2.5
+    minutes = 0.1 if quick else 1.5
     batch = 2 if quick else None
     out = {}
-    for name, kw in RUNS:
+    for name, rung in RUNS:
         time.sleep(0.5)
-        steps = 6 if quick else _estimate_steps("s", corpus, minutes, batch_size=batch,
-                                                 threads=threads, **kw)
-        t = Trainer("s", corpus=corpus, batch_size=batch, steps=steps, threads=threads, **kw)
+        kw = dict(corpus=corpus, batch_size=batch, threads=threads)
+        steps = 6 if quick else _estimate_rung_steps(rung, minutes, **kw)
+        t = rung_trainer(rung, get_config("s"), steps=steps, **kw)
         h = train(t, eval_every=max(1, steps // 10), eval_batches=2 if quick else 8,
                   sample_bytes=20 if quick else 400, progress=progress)
         out[name] = (t, h)
     return out, minutes
+
+
+def _estimate_rung_steps(rung, minutes, **kw) -> int:
+    """Steps of rung ``rung``'s s model that fit in ``minutes`` (train._estimate_steps)."""
+    c = rung_config(get_config("s"), rung_settings(rung))
+    settings = {k: v for k, v in rung_settings(rung).items() if k != "block"}
+    return _estimate_steps(c, kw.pop("corpus"), minutes, **kw, **settings)
 
 
 def _torch_version():
@@ -259,6 +343,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         "params": cfg.n_params(), "warmup_steps": 1, "timed_steps": repeats,
         "numpy": np.__version__, "torch": _torch_version(),
         "flash_tile": layers.flash_tile(cfg.head_dim), "bf16_path": gemm.bf16_path(),
+        "spin_ns": pool.SPIN_NS,
         "rungs": [[i, what, kw] for i, what, kw in RUNGS]})
     for backend in ("numpy", "climb", "profile", "torch", "torch-bf16"):
         # OpenBLAS's and PyTorch's worker threads spin for a while after their last call:
@@ -268,7 +353,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
             trainers = _measure_climb(step_rec, cfg, B, threads, quick, corpus)
             continue
         if backend == "profile":  # where the step spends its time, before and after
-            for i in (3, max(trainers)):
+            for i in sorted({3, 6, max(trainers)} & set(trainers)):
                 prof = profile_step(trainers[i], steps=1 if quick else 2)
                 for op, sec in prof.items():
                     step_rec.add("op_seconds", "s", Timing([sec]).stats(),
@@ -290,6 +375,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
             print(f"{cfg_name} step, {backend:10s}: {r['tokens'] / statistics.median(secs):9.0f} "
                   f"tokens/s ({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
     time.sleep(0.5)
+    _measure_fork_join(step_rec, threads, quick)
     _measure_fused(step_rec, cfg, B, threads, quick)
     _measure_long_attention(step_rec, cfg, threads, quick)
     step_rec.save()

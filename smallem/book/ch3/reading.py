@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...model import CONFIGS
-from ...train import LN2
+from ...model import CONFIGS, get_config
+from ...train import LN2, newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
-from .measuring import F32_TOP, FUSED, OP_GROUPS, RECORD_RUN, RECORD_STEP, RUNGS, mfu, rung_label
+from .measuring import (F32_TOP, FUSED, MUON_GROUP, OP_GROUPS, RECORD_RUN, RECORD_STEP, RUNGS,
+                        mfu, rung_label)
 
 f = figures.fmt
 F32_MFU_TARGET = 0.75    # the f32 step after rung 5, against chapter 1's f32 probe
 F32_TORCH_TARGET = 1.5   # ... and against PyTorch eager f32
 BF16_TARGET = 1.6        # the bf16 step against our f32 step, where a fast bf16 path exists
+MODERN_MARGIN = 0.15     # the modern bf16 step with Muon, at most this much slower than GPT-2's
 
 
 def _peak(rec_dir, kind: str, threads: int):
@@ -104,9 +106,6 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         toks[0] = step_toks["numpy"]
     rows, before = [], None
     for i, what, kw in RUNGS:
-        if kw is None:
-            rows.append([str(i), what, "not built yet", "—", "—", "—"])
-            continue
         if i not in toks:
             rows.append([str(i), what, "not measured", "—", "—", "—"])
             continue
@@ -117,9 +116,11 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         else:  # the numpy reference is timed on its own: a ratio, no rounds
             against = f(toks[i] / toks[before]) + "× (timed apart)"
         kind = "bf16" if kw["backend"] == "bf16" else "f32"
-        rows.append([str(i), what + (f" (`{kw['backend']}`)" if kw["backend"] else ""),
-                     f(toks[i], "tokens/s"), against, _pct(mfu(toks[i], fpt, peaks["f32"])),
-                     _pct(mfu(toks[i], fpt, peaks[kind])) + f" of {kind}"])
+        fpt_i = rungs[i]["params"].get("flops_per_token", fpt) if i in rungs else fpt
+        switches = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "backend")
+        rows.append([str(i), f"{what} (`{kw['backend']}`{', ' + switches if switches else ''})",
+                     f(toks[i], "tokens/s"), against, _pct(mfu(toks[i], fpt_i, peaks["f32"])),
+                     _pct(mfu(toks[i], fpt_i, peaks[kind])) + f" of {kind}"])
         before = i
     ref = reference
     rows.append(["ref.", f"the reference series, xl GPT-2 step ({ref.CITE}, {ref.MACHINE})",
@@ -144,15 +145,13 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     values["ch3.climb_top_toks"] = f(toks[top], "tokens/s")
     if 0 in toks:
         values["ch3.climb_vs_numpy"] = f(toks[top] / toks[0]) + "×"
-    for i in rungs:
-        values[f"ch3.rung{i}_toks"] = f(toks[i], "tokens/s")
-    for i, j in ((3, 1), (4, 3), (5, 4), (6, 5)):
+    if 7 in rungs:
+        values["ch3.rung7_toks"] = f(toks[7], "tokens/s")
+    for i, j in ((2, 1), (3, 2), (5, 4), (6, 5), (7, 6)):  # 4 against 3: "tiles_vs_matrices"
         if i in rungs and j in rungs:
             values[f"ch3.rung{i}_vs_{j}"] = compare.versus(rungs[i], rungs[j])
     if F32_TOP in toks:
         m = mfu(toks[F32_TOP], fpt, peaks["f32"])
-        values["ch3.f32_top_toks"] = f(toks[F32_TOP], "tokens/s")
-        values["ch3.f32_top_mfu"] = _pct(m)
         values["ch3.target_f32_mfu"] = _met(m >= F32_MFU_TARGET, f"{_pct(m)} against "
                                             f"{100 * F32_MFU_TARGET:.0f}%")
         if "torch" in step_toks:
@@ -169,6 +168,17 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         values["ch3.target_bf16"] = (
             _met(r >= BF16_TARGET, f"{f(r)}× our f32 step, against {BF16_TARGET}×") if fast else
             f"does not apply: this CPU's bf16 products are widened to f32 ({f(r)}×)")
+        if 7 in toks:
+            c = get_config(rungs[7]["params"].get("config", "xl-modern"))
+            equiv = newton_schulz_flops(c) / c.flops_per_token()
+            values["ch3.muon_equiv_tokens"] = f(equiv)
+            # at equal speed, a step of n tokens with Muon takes (n + equiv) / n of one without
+            values["ch3.muon_target_tokens"] = f(equiv * (1 - MODERN_MARGIN) / MODERN_MARGIN)
+            r = toks[7] / toks[6]
+            values["ch3.modern_ratio"] = _pct(r)
+            values["ch3.target_modern"] = _met(r >= 1 - MODERN_MARGIN,
+                                               f"{_pct(r)} of the GPT-2 bf16 step's speed, "
+                                               f"against {100 * (1 - MODERN_MARGIN):.0f}%")
         if "torch-bf16" in step_toks:
             r = toks[6] / step_toks["torch-bf16"]
             values["ch3.target_bf16_torch"] = _met(r >= 1.0, f"{f(r)}× PyTorch's bf16 autocast")
@@ -181,7 +191,7 @@ def _climb_figure(toks, s):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    built = [(i, what) for i, what, kw in RUNGS if kw is not None and i in toks]
+    built = [(i, what) for i, what, kw in RUNGS if i in toks]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(built) + 1.2))
     ys = np.arange(len(built))[::-1]
     ax.barh(ys, [toks[i] for i, _ in built], color=["tab:grey"] + ["tab:blue"] * (len(built) - 1))
@@ -226,6 +236,8 @@ def _ops_table(rec, values):
                         f"One profiled step after a warm-up, on the trainers of the climb: rung "
                         f"{min(groups)} ({rung_label(min(groups))}) and rung {max(groups)} "
                         f"({rung_label(max(groups))}); {figures.machine_line(rec)}.")
+    top = groups[max(groups)]
+    values["ch3.muon_share"] = f"{100 * top.get(MUON_GROUP, 0.0) / sum(top.values()):.0f}%"
     for prefix, rung in (("", min(groups)), ("top_", max(groups))):
         g = groups[rung]
         total = sum(g.values())
@@ -233,6 +245,40 @@ def _ops_table(rec, values):
         values[f"ch3.{prefix}matmul_share"] = f"{100 * mm / total:.0f}%"
         values[f"ch3.{prefix}attention_share"] = f"{100 * at / total:.0f}%"
         values[f"ch3.{prefix}rest_share"] = f"{100 * (total - mm - at) / total:.0f}%"
+
+
+def _fork_join_table(rec, values):
+    found = records.results(rec, "fork_join")
+    if not found:
+        return
+    rows = [[r["params"]["what"], str(r["params"]["threads"]),
+             f"{f(r['value']['median'], 'us')} ({f(r['value']['min'])}–{f(r['value']['max'])})"]
+            for r in found]
+    bars = {r["params"]["kind"]: r for r in records.results(rec, "barrier")}
+    for kind, name in (("pool", "pool"), ("openmp", "OpenMP")):
+        if kind in bars:
+            r = bars[kind]
+            rows.append([f"a barrier inside one region, {name}", str(r["params"]["threads"]),
+                         f"{f(r['value']['median'], 'us')} ({f(r['value']['min'])}–"
+                         f"{f(r['value']['max'])})"])
+    figures.write_table(
+        "ch3_fork_join", rows, ["fork and join of an empty region", "threads",
+                                "time (median, min–max of 5 samples)"],
+        f"Each sample is the mean of a few thousand fork-joins in a row (fewer for the slow "
+        f"ones); the pool's default waiting is {f(1e-3 * rec['settings'].get('spin_ns', 50000))}"
+        f" us of spinning, then sleep. {figures.machine_line(rec)}.")
+    keys = {("pool", "pool"): "pool", ("OpenMP", "openmp"): "openmp",
+            ("a thread created per call", "create"): "create",
+            ("pool, sleeping at once", "pool"): "sleep", ("pool, spinning forever", "pool"): "forever",
+            ("pool, one thread more than cores", "pool"): "over_pool",
+            ("OpenMP, one thread more than cores", "openmp"): "over_openmp",
+            ("pool, one more, spinning forever", "pool"): "over_forever"}
+    for r in found:
+        key = keys.get((r["params"]["what"], r["params"]["kind"]))
+        if key:
+            values[f"ch3.fj_{key}"] = f(r["value"]["median"], "us")
+    for kind, r in bars.items():
+        values[f"ch3.barrier_{kind}"] = f(r["value"]["median"], "us")
 
 
 def _level_bandwidth(facts, nbytes: int, threads: int):
@@ -267,8 +313,6 @@ def _fused_table(rec, rec_dir, values):
                      f(fu["params"]["bytes"] / fu["seconds"]["median"] / 1e9, "GB/s"),
                      f"{level}: {f(bw, 'GB/s') if bw else 'n/a'}",
                      f(1e3 * predicted, "ms")])
-        key = op.split(" +")[0].lower().replace(" ", "_")
-        values[f"ch3.fused_{key}_vs"] = compare.versus(fu, un)
     s = rec["settings"]
     figures.write_table(
         "ch3_fused", rows, ["op", "unfused", "fused", "fused against unfused", "bytes named",
@@ -310,7 +354,7 @@ def _run_figure_and_values(rec, values):
     ax.set_xlabel("step")
     ax.set_title(f"f32: config {runs['f32']['config']['name']}, {runs['f32']['batch_size']} x "
                  f"{runs['f32']['seq_len']} tokens per step", fontsize=9)
-    colours = {"f32": "tab:red", "bf16": "tab:green"}
+    colours = {"f32": "tab:red", "bf16": "tab:green", "modern": "tab:purple"}
     for name, run in runs.items():
         c = run["curve"]
         at = [c["seconds"][c["step"].index(st)] for st in c["val_step"]]
@@ -327,13 +371,11 @@ def _run_figure_and_values(rec, values):
     figures.save(fig, "ch3_loss")
     final = {name: records.results(rec, "final_val_bpb", run=name)[0]["value"]["median"]
              for name in runs}
-    for name, prefix in (("f32", "s"), ("bf16", "bf16")):
+    for name, prefix in (("f32", "s"), ("bf16", "bf16"), ("modern", "modern")):
         if name not in runs:
             continue
         values[f"ch3.{prefix}_final_bpb"] = f"{final[name]:.2f} bits per byte"
         values[f"ch3.{prefix}_steps"] = str(runs[name]["total_steps"])
-        values[f"ch3.{prefix}_minutes"] = f(records.results(rec, "run_seconds", run=name)[0][
-            "value"]["median"] / 60, "min", 2)
         values[f"ch3.{prefix}_tokens_per_s"] = f(records.results(
             rec, "train_tokens_per_s", run=name)[0]["value"]["median"], "tokens/s")
     best = min(final, key=final.get)
@@ -362,6 +404,7 @@ def report(rec_dir) -> dict:
         _rungs_table(rec, rec_dir, rungs, toks, values)
         _ops_table(rec, values)
         _fused_table(rec, rec_dir, values)
+        _fork_join_table(rec, values)
         _long_attention_values(rec, values)
         if 3 in rungs and 4 in rungs:  # the section on tiles quotes its rung
             values["ch3.matrices_toks"] = f(rungs[3]["value"]["median"], "tokens/s")

@@ -1,0 +1,18 @@
+void pool_parallel(void (*fn)(void *), void *data, int n);
+void pool_barrier(void);
+int pool_thread_num(void);
+int pool_num_threads(void);
+int pool_single_start(void);
+int pool_loop_start(long start, long end, long incr, long chunk, long *istart, long *iend);
+int pool_loop_next(long *istart, long *iend);
+void pool_loop_end(void);
+void pool_set_spin_ns(long long ns);
+long long pool_spin_ns(void);
+int pool_workers(void);
+void *pool_api(void);
+void pool_run_task(void (*fn)(void *, int, int), void *ctx, int n);
+double pool_fork_join_seconds(int n, long long reps);
+double pool_barrier_seconds(int n, long long reps);
+double omp_fork_join_seconds(int n, long long reps);
+double omp_barrier_seconds(int n, long long reps);
+double create_fork_join_seconds(int n, long long reps);

@@ -1,0 +1,118 @@
+"""smallem's own thread pool (kernels_c/pool.c, smallem.pool): the training step's rung 2.
+
+The kernels on the pool must give the bits they give on OpenMP's runtime, and the pool
+must not hang: many fork-joins, an exception in a task, more threads than cores, two
+callers at once, and the ways it can wait."""
+
+import shutil
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+from smallem import build, isa, layers, machine_info, pool
+from smallem.model import GPT, Config
+
+CORES = machine_info.usable_cores()
+
+
+def test_a_hundred_thousand_fork_joins():
+    seconds = pool.fork_join_seconds("pool", max(2, CORES), 100_000)
+    assert 0 < seconds < 1e-3  # per fork-join: microseconds, not a scheduler time slice
+
+
+def test_every_thread_runs_the_task_once():
+    for n in (1, 2, CORES + 1, 2 * CORES + 3):  # more threads than cores, too
+        seen = []
+        lock = threading.Lock()
+
+        def task(t, nt, seen=seen):
+            with lock:
+                seen.append((t, nt))
+        pool.run(task, n)
+        assert sorted(seen) == [(t, n) for t in range(n)]
+
+
+def test_an_exception_in_a_task_reaches_the_caller_and_the_pool_goes_on():
+    def fail_on_one(t, nt):
+        if t == 1:
+            raise KeyError("task 1")
+    with pytest.raises(KeyError, match="task 1"):
+        pool.run(fail_on_one, 3)
+    done = []
+    pool.run(lambda t, nt: done.append(t), 3)
+    assert sorted(done) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("spin", [0, pool.SPIN_NS, None], ids=["sleep", "bounded", "forever"])
+def test_every_way_of_waiting_returns(spin):
+    old = pool.set_spin(spin)
+    try:
+        reps = 20 if spin is None else 500  # spinning forever on too few cores is slow
+        assert pool.fork_join_seconds("pool", CORES + 1, reps) > 0
+        assert pool.barrier_seconds("pool", CORES + 1, reps) > 0
+    finally:
+        pool.set_spin(old)
+    assert pool.set_spin(old) == old
+
+
+def test_openmp_and_threads_created_per_call_are_timed_too():
+    for kind in ("openmp", "create"):
+        assert pool.fork_join_seconds(kind, 2, 50) > 0
+    assert pool.barrier_seconds("openmp", 2, 100) > 0
+
+
+def test_the_pool_variants_take_nothing_from_libgomp():
+    """Every OpenMP call GCC made for the kernels' pragmas binds to pool_shim.h's own
+    definitions: the modules import no GOMP_ or omp_ symbol."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) to list the modules' imported symbols")
+    level = isa.selected()
+    for name in build.POOL_VARIANTS:
+        pool.load(name)
+        path = build.module_path(name + build.POOL_SUFFIX, level, isa.extensions(level))
+        undefined = subprocess.run([nm, "-D", "--undefined-only", str(path)], check=True,
+                                   capture_output=True, text=True).stdout.split()
+        assert "memset" in {s.split("@")[0] for s in undefined}
+        assert not [s for s in undefined if s.upper().startswith(("GOMP_", "OMP_"))], path
+
+
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+@pytest.mark.parametrize("backend", ["kernels", "flash", "fused", "bf16"])
+def test_a_step_on_the_pool_gives_openmps_bits(level, backend, block):
+    """The same kernels on either runtime: each thread gets the same share (static loops)
+    or sums in the same order whatever it gets (dynamic ones), so the bits agree."""
+    cfg = Config("pool", d_model=32, n_layer=2, n_head=4, context=19, block=block)
+    rng = np.random.default_rng(0)
+    idx, tg = rng.integers(0, 256, (3, 19)), rng.integers(0, 256, (3, 19))
+    a, b = GPT(cfg, backend, threads=2), GPT(cfg, backend, threads=2, pool=True)
+    assert pool.on_pool(b.ops.threads) and not pool.on_pool(a.ops.threads)
+    assert a.forward(idx, tg) == b.forward(idx, tg)
+    a.backward()
+    b.backward()
+    assert np.array_equal(a.grad_flat, b.grad_flat)
+
+
+def test_two_callers_at_once(rng):
+    """A second caller while the pool is busy runs its region alone: no deadlock, the
+    same numbers."""
+    x = rng.normal(size=(4096, 256)).astype(np.float32)
+    want = np.empty_like(x)
+    layers.gelu_forward(x, want, 2)
+    outs, errors = [np.empty_like(x) for _ in range(4)], []
+
+    def work(out):
+        try:
+            for _ in range(50):
+                layers.gelu_forward(x, out, pool.threads(2))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=work, args=(o,)) for o in outs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in ts)
+    assert all(np.array_equal(o, want) for o in outs)
