@@ -165,9 +165,21 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
     time.sleep(0.5)
     trainers = {i: rung_trainer(i, cfg, corpus=corpus, batch_size=B, steps=100, threads=threads)
                 for i, _, kw in RUNGS if kw["backend"] != "numpy"}
+    fns = {i: t.train_step for i, t in trainers.items()}
+    for peer in PEERS:  # PyTorch in the same rounds, where it is installed
+        try:
+            fns[peer] = _torch_step(cfg, B, cfg.context, threads, corpus, peer == "torch-bf16")
+        except ImportError as e:
+            rec.data["settings"].setdefault("missing", {})[peer] = str(e)
     with threadpool_limits(threads):
-        ts = measure_interleaved({i: t.train_step for i, t in trainers.items()},
-                                 repeats=2 if quick else ROUNDS, warmup=1)
+        # no pause between samples: a pause costs an untimed call each, and the few
+        # milliseconds PyTorch's threads spin after a step are lost in a step of a second
+        ts = measure_interleaved(fns, repeats=2 if quick else ROUNDS, warmup=1)
+    for peer in PEERS:
+        if peer in ts:
+            t = ts.pop(peer)
+            rec.add("step", "tokens/s", t.rate(B * cfg.context),
+                    seconds={**t.stats(), "samples": list(t.seconds)}, backend=peer)
     for i, t in ts.items():
         c = trainers[i].config
         rec.add("rung_step", "tokens/s", t.rate(B * cfg.context),
@@ -177,17 +189,20 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
 
 
 ROUNDS = 7  # a sign test needs 6 of 6 to call a difference (p = 0.03); 7 leaves one to noise
+PEERS = ("torch", "torch-bf16")  # PyTorch eager, in f32 and with bf16 autocast
 
 
 # --8<-- [start:fused_bytes]
 # The floats each version reads and writes per element of its tensor (N x width): what the
 # code names, counting a write as one pass (a CPU that reads a line before writing it
-# moves more).
-FUSED = {  # op: (tensor width in d, passes unfused, passes fused)
-    "bias + GELU": (4, 4, 3),                     # u in+out, then u in, g out | u in+out, g
-    "GELU backward + bias gradient": (4, 4, 3),   # x, dy in, dx out, then dx in | x, dy, dx
-    "bias + residual + LayerNorm": (1, 7, 4),     # t in+out; x, t in, mid out; mid in, out
-    "bias + residual": (1, 5, 3),                 # t in+out; x, t in, out | x, t in, out
+# moves more); and the fused kernel's floating-point operations per element, counted from
+# its code (an exp is about 20: the clamp, the range reduction, six steps of the polynomial
+# as multiply-adds of two, the scaling).
+FUSED = {  # op: (tensor width in d, passes unfused, passes fused, operations per element)
+    "bias + GELU": (4, 4, 3, 29),                    # u in+out, u in, g out | u in+out, g
+    "GELU backward + bias gradient": (4, 4, 3, 38),  # x, dy in, dx out, dx in | x, dy, dx
+    "bias + residual + LayerNorm": (1, 7, 4, 10),    # t in+out; x, t in, mid out; mid, out
+    "bias + residual": (1, 5, 3, 2),                 # t in+out; x, t in, out | x, t in, out
 }
 # --8<-- [end:fused_bytes]
 
@@ -209,7 +224,7 @@ def _measure_fused(rec, cfg, B, threads, quick):
     the benchmark's step: "fused_op" results with the bytes each version moves."""
     N, C = B * cfg.context, cfg.d_model
     rng = np.random.default_rng(0)
-    for name, (width, unfused, fused) in FUSED.items():
+    for name, (width, unfused, fused, _) in FUSED.items():
         fns = {False: _fused_calls(name, KernelOps(threads, pool=True), N, C, rng),
                True: _fused_calls(name, FusedOps(threads, pool=True), N, C, rng)}
         ts = measure_interleaved(fns, repeats=3 if quick else 9, warmup=1,
@@ -345,7 +360,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         "flash_tile": layers.flash_tile(cfg.head_dim), "bf16_path": gemm.bf16_path(),
         "spin_ns": pool.SPIN_NS,
         "rungs": [[i, what, kw] for i, what, kw in RUNGS]})
-    for backend in ("numpy", "climb", "profile", "torch", "torch-bf16"):
+    for backend in ("numpy", "climb", "profile"):
         # OpenBLAS's and PyTorch's worker threads spin for a while after their last call:
         # a pause keeps them from competing with the next measurement for the cores.
         time.sleep(0.5)

@@ -73,10 +73,10 @@ def _step_table(rec, rec_dir, rungs, values):
     cfg = s["config"]
     numpy_n = found["numpy"]["value"]["n"] if "numpy" in found else 0
     note = (f"One {cfg['name']} training step (forward, backward, AdamW), batch "
-            f"{s['batch_size']} x {s['seq_len']} tokens, {s['threads']} threads, median of "
-            f"{s['timed_steps']} steps (numpy: {numpy_n}; smallem: the climb's rung 3, "
-            f"{found['kernels']['seconds']['n'] if 'kernels' in found else 0} rounds) after "
-            f"{s['warmup_steps']} warm-up; MFU = model FLOPs ({f(fpt / 1e6, 'MFLOP')} per "
+            f"{s['batch_size']} x {s['seq_len']} tokens, {s['threads']} threads, the median of "
+            f"{numpy_n} steps for numpy, of the climb's "
+            f"{found['kernels']['seconds']['n'] if 'kernels' in found else 0} rounds for "
+            f"smallem (its rung 3) and PyTorch, after {s['warmup_steps']} warm-up; MFU = model FLOPs ({f(fpt / 1e6, 'MFLOP')} per "
             f"token) / chapter 1's f32 peak{' (' + f(peak, 'Gop/s') + ')' if peak else ''}. "
             f"{figures.machine_line(rec)}. The reference's per-core figure is its {per}-core "
             f"figure divided by {per}.")
@@ -325,6 +325,38 @@ def _fused_table(rec, rec_dir, values):
         f"triad bandwidth for the smallest level that holds them. {figures.machine_line(rec)}.")
 
 
+def _roofline(rec, rec_dir, values):
+    """The climb's kernels on chapter 1's roofline: the fused kernels (their bytes and
+    operations as FUSED counts them, their measured time) and the model's products at
+    rungs 3 and 6 (the step's product FLOPs over the profile's time in them, at the
+    intensity of the MLP's first product)."""
+    facts = ch1.facts(rec_dir)
+    found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
+    if facts is None or not found:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    s = rec["settings"]
+    points = []
+    for op, (width, _, passes, ops) in FUSED.items():
+        r = found[(op, True)]
+        elements = r["params"]["tensor_bytes"] / 4
+        points.append((op, ops / (4.0 * passes), ops * elements / r["seconds"]["median"] / 1e9))
+    cfg = s["config"]
+    N, C = s["batch_size"] * s["seq_len"], cfg["d_model"]
+    W = 4 * C  # the MLP's first product, N x C x 4C: the step's typical product
+    intensity = 2.0 * N * C * W / (4.0 * (N * C + C * W + N * W))
+    product_flops = (s["flops_per_token"] - 12 * cfg["n_layer"] * C * s["seq_len"]) * N
+    for rung in (3, 6):
+        t = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=rung)
+                if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
+        if t:
+            points.append((f"the step's products, rung {rung}", intensity,
+                           product_flops / t / 1e9))
+    ch1.roofline_figure(points, "ch3_roofline", facts["record"])
+    values["ch3.products_intensity"] = f(intensity, "flop/byte")
+
+
 def _long_attention_values(rec, values):
     found = {r["params"]["attention"]: r for r in records.results(rec, "long_attention")}
     if len(found) < 2:
@@ -405,6 +437,7 @@ def report(rec_dir) -> dict:
         _ops_table(rec, values)
         _fused_table(rec, rec_dir, values)
         _fork_join_table(rec, values)
+        _roofline(rec, rec_dir, values)
         _long_attention_values(rec, values)
         if 3 in rungs and 4 in rungs:  # the section on tiles quotes its rung
             values["ch3.matrices_toks"] = f(rungs[3]["value"]["median"], "tokens/s")
