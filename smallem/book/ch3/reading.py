@@ -390,10 +390,12 @@ def _run_figure_and_values(rec, values):
     for name, run in runs.items():
         c = run["curve"]
         at = [c["seconds"][c["step"].index(st)] for st in c["val_step"]]
+        what = {"f32": "GPT-2, f32", "bf16": "GPT-2, bf16",
+                "modern": f"modern block + {run.get('optimizer', 'adamw')}, bf16"}.get(name, name)
         bx.plot(at, c["val_bpb"], "o-", color=colours.get(name, "tab:purple"),
-                label=f"{name} ({run['backend']}), held-out")
+                label=f"{what}, held-out")
     bx.set_xlabel("training time (s, evaluations not counted)")
-    bx.set_title(f"the same budget ({f(s['minutes'], 'min')}) in each precision", fontsize=9)
+    bx.set_title(f"the same training time ({f(s['minutes'], 'min')}) for each run", fontsize=9)
     for a in (ax, bx):
         a.axhline(2.5, color="grey", ls=":", lw=1, label="2.5 bits per byte")
         a.set_ylabel("loss (bits per byte)")
