@@ -110,6 +110,7 @@ static struct {
     pthread_t threads[POOL_MAX];
     int workers;                   /* started so far (they never exit) */
     int born[POOL_MAX];            /* the job number when each worker was started */
+    long long regions;             /* regions run on more than one thread, for the tests */
     void (*fn)(void *);
     void *data;
     int size;                      /* threads in the current team, the caller included */
@@ -181,6 +182,7 @@ void pool_parallel(void (*fn)(void *), void *data, int n)
         pool.workers++;
     }
     if (n > pool.workers + 1) n = pool.workers + 1;
+    pool.regions++;
     __atomic_store_n(&pool.fn, fn, __ATOMIC_RELAXED);
     __atomic_store_n(&pool.data, data, __ATOMIC_RELAXED);
     __atomic_store_n(&pool.size, n, __ATOMIC_RELAXED);
@@ -293,6 +295,7 @@ void pool_loop_end(void) { me.loop = NULL; }
 void pool_set_spin_ns(long long ns) { spin_ns = ns; }
 long long pool_spin_ns(void) { return spin_ns; }
 int pool_workers(void) { return pool.workers; }
+long long pool_regions(void) { return pool.regions; }
 
 /* The table pool_shim.h's forwarders call through (in the order of struct sm_pool_api). */
 static const void *api[] = {(const void *)pool_parallel, (const void *)pool_barrier,

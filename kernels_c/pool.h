@@ -9,6 +9,7 @@ void pool_loop_end(void);
 void pool_set_spin_ns(long long ns);
 long long pool_spin_ns(void);
 int pool_workers(void);
+long long pool_regions(void);
 void *pool_api(void);
 void pool_run_task(void (*fn)(void *, int, int), void *ctx, int n);
 double pool_fork_join_seconds(int n, long long reps);

@@ -21,7 +21,7 @@
 # By default it reads this machine's records (`figures/records/ch3.*.json`, written by
 # `smallem bench-train`) and measures only if they are missing. `SMALLEM_QUICK=1` runs
 # everything on tiny sizes in seconds (that is how the test suite runs it);
-# `SMALLEM_REMEASURE=1` measures again in full (about eight minutes).
+# `SMALLEM_REMEASURE=1` measures again in full.
 
 # %%
 import os

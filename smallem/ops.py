@@ -42,6 +42,16 @@ import numpy as np
 
 from . import layers
 
+def _scratch(ops, name: str, size: int, dtype=np.float32) -> np.ndarray:
+    """The ops object's scratch array ``name``, of at least ``size`` elements: made on the
+    first call and grown only when a larger one is needed, so that a step after the first
+    allocates none."""
+    buf = ops.__dict__.get(name)
+    if buf is None or buf.size < size:
+        buf = ops.__dict__[name] = np.empty(size, dtype)
+    return buf
+
+
 # ================================================================ the layers
 # In a Kernel<Layer>, self.threads, self.matmul and self.bmm come from KernelOps (after them).
 
@@ -226,11 +236,9 @@ class FlashAttention:
 
     needs_scores = False  # the workspace holds no P and no dP
 
-    def _flash_scratch(self, T, hd):  # one scratch for every layer, grown once
-        need = layers.flash_work_floats(T, hd, layers.flash_tile(hd), self.threads)
-        if getattr(self, "_flash", np.empty(0)).size < need:
-            self._flash = np.empty(need, np.float32)
-        return self._flash
+    def _flash_scratch(self, T, hd):  # one scratch for every layer
+        return _scratch(self, "_flash", layers.flash_work_floats(T, hd, layers.flash_tile(hd),
+                                                                 self.threads))
 
     def attention(self, qkv, out, a):
         B, H, T, hd = a.q.shape
@@ -415,10 +423,8 @@ class KernelFused:
         layers.bias_gelu_forward(u, b, g, self.threads)
 
     def gelu_backward_bias(self, u, dy, dx, db):
-        need = int(self.threads) * u.shape[1]  # the threads' partial sums, grown once
-        if getattr(self, "_partial", np.empty(0)).size < need:
-            self._partial = np.empty(need, np.float32)
-        layers.gelu_backward_bias(u, dy, dx, db, self.threads, work=self._partial)
+        partial = _scratch(self, "_partial", int(self.threads) * u.shape[1])  # threads' sums
+        layers.gelu_backward_bias(u, dy, dx, db, self.threads, work=partial)
 
     def residual_layernorm(self, x, t, bias, mid, w, b, out, mean, rstd):
         layers.residual_layernorm(x, t, bias, mid, w, b, out, mean, rstd, self.threads)
@@ -514,11 +520,9 @@ class KernelAdamW:
 
 # --8<-- [start:bf16_products]
 class KernelBf16Products:
-    def _bf16(self, x, slot):  # x rounded into this ops object's scratch (grown once)
-        bufs = self.__dict__.setdefault("_bf16_bufs", [np.empty(0, np.uint16)] * 2)
-        if bufs[slot].size < x.size:
-            bufs[slot] = np.empty(x.size, np.uint16)
-        return layers.to_bf16(x, bufs[slot][:x.size].reshape(x.shape),
+    def _bf16(self, x, slot):  # x rounded into this ops object's scratch
+        buf = _scratch(self, f"_bf16_{slot}", x.size, np.uint16)
+        return layers.to_bf16(x, buf[:x.size].reshape(x.shape),
                               type(self.threads)(1) if x.size < (1 << 16) else self.threads)
 
     def matmul(self, a, b, **kw):

@@ -89,10 +89,15 @@ def test_a_step_on_the_pool_gives_openmps_bits(level, backend, block):
     idx, tg = rng.integers(0, 256, (3, 19)), rng.integers(0, 256, (3, 19))
     a, b = GPT(cfg, backend, threads=2), GPT(cfg, backend, threads=2, pool=True)
     assert pool.on_pool(b.ops.threads) and not pool.on_pool(a.ops.threads)
-    assert a.forward(idx, tg) == b.forward(idx, tg)
+    regions = pool.lib()[1].pool_regions
+    before = regions()
+    la = a.forward(idx, tg)
     a.backward()
+    assert regions() == before  # OpenMP's step leaves the pool alone
+    lb = b.forward(idx, tg)
     b.backward()
-    assert np.array_equal(a.grad_flat, b.grad_flat)
+    assert regions() > before   # and the pool's step runs its regions there
+    assert la == lb and np.array_equal(a.grad_flat, b.grad_flat)
 
 
 def test_two_callers_at_once(rng):

@@ -360,35 +360,25 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         "flash_tile": layers.flash_tile(cfg.head_dim), "bf16_path": gemm.bf16_path(),
         "spin_ns": pool.SPIN_NS,
         "rungs": [[i, what, kw] for i, what, kw in RUNGS]})
-    for backend in ("numpy", "climb", "profile"):
-        # OpenBLAS's and PyTorch's worker threads spin for a while after their last call:
-        # a pause keeps them from competing with the next measurement for the cores.
-        time.sleep(0.5)
-        if backend == "climb":
-            trainers = _measure_climb(step_rec, cfg, B, threads, quick, corpus)
-            continue
-        if backend == "profile":  # where the step spends its time, before and after
-            for i in sorted({3, 6, max(trainers)} & set(trainers)):
-                prof = profile_step(trainers[i], steps=1 if quick else 2)
-                for op, sec in prof.items():
-                    step_rec.add("op_seconds", "s", Timing([sec]).stats(),
-                                 backend=trainers[i].model.backend, rung=i, op=op)
-            del trainers
-            continue
-        try:  # the numpy path is the slow one: one timed step fewer keeps the run short
-            r = measure_step(cfg, backend, B, threads,
-                             repeats=max(2, repeats - 1) if backend == "numpy" else repeats)
-        except ImportError as e:
-            step_rec.data["settings"].setdefault("missing", {})[backend] = str(e)
-            if progress:
-                print(f"{backend}: not available ({e})")
-            continue
-        secs = r["seconds"]
-        step_rec.add("step", "tokens/s", Timing([r["tokens"] / s for s in secs]).stats(),
-                     seconds=Timing(secs).stats(), backend=backend)
-        if progress:
-            print(f"{cfg_name} step, {backend:10s}: {r['tokens'] / statistics.median(secs):9.0f} "
-                  f"tokens/s ({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
+    # OpenBLAS's and PyTorch's worker threads spin for a while after their last call: a
+    # pause keeps them from competing with the next measurement for the cores.
+    time.sleep(0.5)
+    # the numpy path is the slow one: one timed step fewer keeps the run short
+    r = measure_step(cfg, "numpy", B, threads, repeats=max(2, repeats - 1))
+    secs = r["seconds"]
+    step_rec.add("step", "tokens/s", Timing([r["tokens"] / s for s in secs]).stats(),
+                 seconds=Timing(secs).stats(), backend="numpy")
+    if progress:
+        print(f"{cfg_name} step, numpy: {r['tokens'] / statistics.median(secs):9.0f} tokens/s "
+              f"({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
+    time.sleep(0.5)
+    trainers = _measure_climb(step_rec, cfg, B, threads, quick, corpus)
+    for i in sorted({3, 6, max(trainers)} & set(trainers)):  # where the time goes, before/after
+        prof = profile_step(trainers[i], steps=1 if quick else 2)
+        for op, sec in prof.items():
+            step_rec.add("op_seconds", "s", Timing([sec]).stats(),
+                         backend=trainers[i].model.backend, rung=i, op=op)
+    del trainers
     time.sleep(0.5)
     _measure_fork_join(step_rec, threads, quick)
     _measure_fused(step_rec, cfg, B, threads, quick)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...model import CONFIGS, get_config
+from ...model import CONFIGS, Workspace, get_config
 from ...train import LN2, newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
 from .measuring import (F32_TOP, FUSED, MUON_GROUP, OP_GROUPS, RECORD_RUN, RECORD_STEP, RUNGS,
@@ -15,6 +15,14 @@ F32_MFU_TARGET = 0.75    # the f32 step after rung 5, against chapter 1's f32 pr
 F32_TORCH_TARGET = 1.5   # ... and against PyTorch eager f32
 BF16_TARGET = 1.6        # the bf16 step against our f32 step, where a fast bf16 path exists
 MODERN_MARGIN = 0.15     # the modern bf16 step with Muon, at most this much slower than GPT-2's
+
+
+def target_values() -> dict:
+    """The targets, for the page's list (the page states none of them itself)."""
+    return {"ch3.target_f32_mfu_is": f"{100 * F32_MFU_TARGET:.0f} %",
+            "ch3.target_f32_torch_is": f"{F32_TORCH_TARGET:g} times",
+            "ch3.target_bf16_is": f"{BF16_TARGET:g} times",
+            "ch3.target_modern_is": f"{100 * MODERN_MARGIN:.0f} %"}
 
 
 def _peak(rec_dir, kind: str, threads: int):
@@ -35,6 +43,10 @@ def _met(ok: bool, what: str) -> str:
 
 
 def _configs_table(values):
+    xl = CONFIGS["xl"]
+    full, tiles = (Workspace.floats(xl, 4, xl.context, scores) for scores in (True, False))
+    values["ch3.xl_workspace_b4"] = f(4 * full / 2**30, "GiB")
+    values["ch3.xl_scores_share"] = f"{100 * (full - tiles) / full:.0f} %"  # P and dP
     rows = [[c.name, c.d_model, c.n_layer, c.n_head, c.context, f(c.n_params() / 1e6, "M"),
              f(c.flops_per_token() / 1e6, "MFLOP")] for c in CONFIGS.values()]
     figures.write_table("ch3_configs", rows, ["config", "d", "layers", "heads", "context",
@@ -94,6 +106,10 @@ def _step_table(rec, rec_dir, rungs, values):
     values["ch3.threads"] = str(s["threads"])
     values["ch3.ref_mfu"] = f"{100 * reference.CH3_XL_MFU_CPU:.0f}%"
     values["ch3.bench_batch"] = str(s["batch_size"])
+    N, C = s["batch_size"] * s["seq_len"], cfg["d_model"]  # the element-wise layers' tensors
+    values["ch3.elementwise_sizes"] = f"{f(4 * N * C / 2**20, 'MiB')} to " \
+                                      f"{f(4 * N * 4 * C / 2**20, 'MiB')}"
+    values["ch3.spin_us"] = f(1e-3 * s.get("spin_ns", float("nan")), "µs")
     return toks
 
 
@@ -429,7 +445,7 @@ def _run_figure_and_values(rec, values):
 
 
 def report(rec_dir) -> dict:
-    values: dict = {}
+    values: dict = target_values()
     _configs_table(values)
     if records.exists(RECORD_STEP, rec_dir):
         rec = records.load(RECORD_STEP, rec_dir)
