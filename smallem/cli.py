@@ -2,6 +2,8 @@
 
     smallem build [--isa LEVEL|all]    compile the C kernels into the cache
     smallem train ...                  chapter 3: train a GPT on the CPU
+    smallem generate ...               chapter 4: text from a checkpoint
+    smallem export --gguf FILE ...     chapter 4: the model in llama.cpp's format
     smallem measure [--list]           every chapter's measurement, in book order (`make book`)
     smallem figures                    regenerate figures and tables from records
     smallem machine | gemm | ...       one chapter's measurement (see `smallem --help`)
@@ -16,7 +18,7 @@ import argparse
 import subprocess
 import sys
 
-from . import train
+from . import decode, gguf_export, train
 
 
 def cmd_build(args) -> int:
@@ -70,6 +72,10 @@ def add_measure_arguments(p):
 COMMANDS = {
     "build": (cmd_build, add_build_arguments, "compile the C kernels into the cache"),
     "train": (train.cmd_train, train.add_train_arguments, "chapter 3: train a GPT on the CPU"),
+    "generate": (decode.cmd_generate, decode.add_generate_arguments,
+                 "chapter 4: generate text from a checkpoint, streaming the bytes"),
+    "export": (gguf_export.cmd_export, gguf_export.add_export_arguments,
+               "chapter 4: write a model as GGUF (llama.cpp's format), f32 or Q8_0"),
     "measure": (cmd_measure, add_measure_arguments,
                 "run every chapter's measurement, in book order (what `make book` does)"),
     "figures": (cmd_figures, None, "regenerate figures and tables from records"),

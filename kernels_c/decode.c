@@ -1,0 +1,520 @@
+/* Chapter 4: generating one sequence. The whole model's forward pass for n new tokens
+ * (n = 1 when decoding, a chunk of the prompt when prefilling) in one C call, against a
+ * key/value cache the caller owns.
+ *
+ * Decoding one token is a matrix-vector product per weight matrix: every weight is read
+ * once and used for two operations (a multiply and an add), so the time per token is the
+ * weight bytes divided by the bandwidth of whatever level of the memory holds them. Two
+ * things follow, and this file is built on them:
+ *
+ * - The weights are repacked once into the order the product reads them: tiles of
+ *   TILE = 16 output columns, each tile's K rows one after another. One tile row is one
+ *   64-byte line (16 f32, or for int8 16 outputs x 4 inputs), so the product streams
+ *   every matrix front to back with one vector load per line.
+ * - Fewer bytes per weight is the only lever left once the stream runs at the level's
+ *   bandwidth: int8 weights (kind 1) read a quarter of f32's bytes. A weight column is
+ *   cut into blocks of QBLOCK = 32 along K, each with its own scale s (an f16, as in
+ *   llama.cpp's Q8_0, so the same bytes can be exported): w = s q, q in [-127, 127].
+ *   The activation row is quantised once per matrix with one scale a: x = a p.
+ *   Then y_j = a sum_b s_jb sum_{k in b} p_k q_kj, the inner sums exact in int32.
+ *
+ * The inner sum is vpdpbusd on AVX512-VNNI: four u8 x s8 products added into each of 16
+ * int32 lanes, one instruction per 64 weights. It wants the activations unsigned, so
+ * they go in as p + 128 (p xor 0x80), which adds 128 sum_{k in b} q_kj to each block's
+ * sum: the correction corr_j = sum_b s_jb sum_{k in b} q_kj is computed when the weights
+ * are packed, and y_j = a (sum_b s_jb acc_jb - 128 corr_j). On AVX2 there is no VNNI;
+ * vpmaddubsw multiplies u8 by s8 into pairs of int16 that would overflow with p + 128,
+ * so it takes |p| and moves p's sign onto q (vpsignb), and needs no correction. Plain C
+ * does the same sums with ints.
+ *
+ * Layouts (N16 = N rounded up to 16, K32 = K rounded up to 32, zero-padded):
+ *   f32:  f[N16/16][K][16]
+ *   int8: q[N16/16][K32/4][16][4]  (tile, group of four k, output, k within the group)
+ *         s[N16/16][K32/32][16]    (f16 scale per output and block)
+ *         corr[N16]
+ * Threads split a product's tiles (static schedule: a thread reads the same slice of
+ * every matrix at every token), attention's heads, and the prefill's rows.
+ */
+#include <math.h>
+#include "common.h"
+#include "vexp.h"
+#include "decode.h"
+
+#define TILE 16
+#define QBLOCK 32
+#define ROWS 32 /* the prefill's rows per pass: a tile's weights are reused by all of them */
+#define PAD(n, m) (((n) + (m) - 1) / (m) * (m))
+#define MAXRB 4
+#define MAXNT 8
+/* tiles per decode block: 8 accumulators of 16 lanes where there are 32 vector registers,
+ * 2 (of two ymm halves each) where there are 16 */
+#if defined(SM_AVX512)
+#define DNT 8
+#else
+#define DNT 2
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+int sm_rows(void) { return ROWS; }
+int sm_tile(void) { return TILE; }
+
+static inline float half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (e == 0) {
+        const float f = ldexpf((float)m, -24); /* zero or subnormal */
+        return sign ? -f : f;
+    }
+    v.u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
+    return v.f;
+}
+
+/* --8<-- [start:quantize] */
+/* Each row of K floats to int8 with one scale: a = max|x| / 127, p = round(x / a);
+ * the row is zero-padded to K32 so that the product never reads past a block. */
+void sm_quantize_rows(const float *x, int rows, int K, int8_t *xq, float *xs)
+{
+    const int K32 = PAD(K, QBLOCK);
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * K;
+        int8_t *p = xq + (size_t)r * K32;
+        float amax = 0.0f;
+        #pragma omp simd reduction(max:amax)
+        for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(xr[k]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        #pragma omp simd
+        for (int k = 0; k < K; k++) {
+            const float v = xr[k] * inv;
+            p[k] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+        }
+        for (int k = K; k < K32; k++) p[k] = 0;
+        xs[r] = amax / 127.0f;
+    }
+}
+/* --8<-- [end:quantize] */
+
+/* y[j0 .. j0+16) of one row = v (+ bias) (+ y itself when accumulating), cut at N. */
+INLINE void finish(const float *v, float *y, const float *bias, int j0, int N, int accumulate)
+{
+    const int n = N - j0 < TILE ? N - j0 : TILE;
+    for (int l = 0; l < n; l++)
+        y[j0 + l] = (accumulate ? y[j0 + l] : 0.0f) + (bias ? bias[j0 + l] : 0.0f) + v[l];
+}
+
+/* ------------------------------------------------------------------ f32 tiles */
+/* --8<-- [start:f32_block] */
+/* Rows 0..RB-1 of y, tiles t0..t0+NT-1: RB x NT accumulators of 16 floats; each weight
+ * line is loaded once and used by every row. */
+INLINE void f32_block(const sm_mat *w, int t0, const int NT, const int RB, const float *x,
+                      int ldx, float *y, int ldy, int accumulate)
+{
+    const int K = w->K;
+    const float *wt = w->f + (size_t)t0 * K * TILE;
+#if defined(SM_AVX512)
+    __m512 acc[MAXRB][MAXNT];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 wv[MAXNT];
+        for (int i = 0; i < NT; i++) wv[i] = _mm512_loadu_ps(wt + ((size_t)i * K + k) * TILE);
+        for (int r = 0; r < RB; r++) {
+            const __m512 xb = _mm512_set1_ps(x[(size_t)r * ldx + k]);
+            for (int i = 0; i < NT; i++) acc[r][i] = _mm512_fmadd_ps(xb, wv[i], acc[r][i]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) {
+            float v[TILE];
+            _mm512_storeu_ps(v, acc[r][i]);
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#elif defined(SM_AVX2)
+    __m256 acc[MAXRB][MAXNT][2];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m256 wv[MAXNT][2];
+        for (int i = 0; i < NT; i++) {
+            wv[i][0] = _mm256_loadu_ps(wt + ((size_t)i * K + k) * TILE);
+            wv[i][1] = _mm256_loadu_ps(wt + ((size_t)i * K + k) * TILE + 8);
+        }
+        for (int r = 0; r < RB; r++) {
+            const __m256 xb = _mm256_set1_ps(x[(size_t)r * ldx + k]);
+            for (int i = 0; i < NT; i++) {
+                acc[r][i][0] = _mm256_fmadd_ps(xb, wv[i][0], acc[r][i][0]);
+                acc[r][i][1] = _mm256_fmadd_ps(xb, wv[i][1], acc[r][i][1]);
+            }
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) {
+            float v[TILE];
+            _mm256_storeu_ps(v, acc[r][i][0]);
+            _mm256_storeu_ps(v + 8, acc[r][i][1]);
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#else
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) {
+            float v[TILE] = {0};
+            const float *xr = x + (size_t)r * ldx, *wi = wt + (size_t)i * K * TILE;
+            for (int k = 0; k < K; k++)
+                for (int l = 0; l < TILE; l++) v[l] += xr[k] * wi[(size_t)k * TILE + l];
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#endif
+}
+/* --8<-- [end:f32_block] */
+
+/* ------------------------------------------------------------------ int8 tiles */
+/* --8<-- [start:q8_block] */
+INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const int8_t *xq,
+                     int ldq, const float *xs, float *y, int ldy, int accumulate)
+{
+    const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK;
+    const size_t tile_bytes = (size_t)K32 * TILE;
+    const int8_t *wt = w->q + (size_t)t0 * tile_bytes;
+    const uint16_t *st = w->s + (size_t)t0 * nb * TILE;
+#if defined(SM_AVX512_VNNI)
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    __m512 facc[MAXRB][MAXNT];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) facc[r][i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i iacc[MAXRB][MAXNT];
+        for (int r = 0; r < RB; r++)
+            for (int i = 0; i < NT; i++) iacc[r][i] = _mm512_setzero_si512();
+        for (int g = 0; g < QBLOCK / 4; g++) {
+            const size_t kk = (size_t)b * (QBLOCK / 4) + g;
+            __m512i wv[MAXNT];
+            for (int i = 0; i < NT; i++)
+                wv[i] = _mm512_loadu_si512((const void *)(wt + i * tile_bytes + kk * 64));
+            for (int r = 0; r < RB; r++) {
+                int32_t x4;
+                memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
+                const __m512i xb = _mm512_xor_si512(_mm512_set1_epi32(x4), x80); /* p + 128 */
+                for (int i = 0; i < NT; i++) iacc[r][i] = _mm512_dpbusd_epi32(iacc[r][i], xb, wv[i]);
+            }
+        }
+        for (int i = 0; i < NT; i++) {
+            const __m512 sc = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(st + ((size_t)i * nb + b) * TILE)));
+            for (int r = 0; r < RB; r++)
+                facc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][i]), sc, facc[r][i]);
+        }
+    }
+    for (int i = 0; i < NT; i++) {
+        const __m512 c = _mm512_mul_ps(_mm512_loadu_ps(w->corr + (size_t)(t0 + i) * TILE),
+                                       _mm512_set1_ps(128.0f));
+        for (int r = 0; r < RB; r++) {
+            float v[TILE];
+            _mm512_storeu_ps(v, _mm512_mul_ps(_mm512_sub_ps(facc[r][i], c), _mm512_set1_ps(xs[r])));
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+    }
+#elif defined(SM_AVX2)
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 facc[MAXRB][MAXNT][2];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) facc[r][i][0] = facc[r][i][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i iacc[MAXRB][MAXNT][2];
+        for (int r = 0; r < RB; r++)
+            for (int i = 0; i < NT; i++) iacc[r][i][0] = iacc[r][i][1] = _mm256_setzero_si256();
+        for (int g = 0; g < QBLOCK / 4; g++) {
+            const size_t kk = (size_t)b * (QBLOCK / 4) + g;
+            for (int r = 0; r < RB; r++) {
+                int32_t x4;
+                memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
+                const __m256i xb = _mm256_set1_epi32(x4), xa = _mm256_abs_epi8(xb);
+                for (int i = 0; i < NT; i++)
+                    for (int hh = 0; hh < 2; hh++) {
+                        const __m256i wv = _mm256_loadu_si256(
+                            (const __m256i *)(wt + i * tile_bytes + kk * 64 + 32 * hh));
+                        const __m256i p16 = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv, xb));
+                        iacc[r][i][hh] = _mm256_add_epi32(iacc[r][i][hh], _mm256_madd_epi16(p16, ones));
+                    }
+            }
+        }
+        for (int i = 0; i < NT; i++)
+            for (int hh = 0; hh < 2; hh++) {
+                const __m256 sc = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(st + ((size_t)i * nb + b) * TILE + 8 * hh)));
+                for (int r = 0; r < RB; r++)
+                    facc[r][i][hh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][i][hh]), sc,
+                                                     facc[r][i][hh]);
+            }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) {
+            float v[TILE];
+            _mm256_storeu_ps(v, _mm256_mul_ps(facc[r][i][0], _mm256_set1_ps(xs[r])));
+            _mm256_storeu_ps(v + 8, _mm256_mul_ps(facc[r][i][1], _mm256_set1_ps(xs[r])));
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#else
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) {
+            float v[TILE] = {0};
+            const int8_t *xr = xq + (size_t)r * ldq, *wi = wt + i * tile_bytes;
+            for (int b = 0; b < nb; b++)
+                for (int l = 0; l < TILE; l++) {
+                    int32_t acc = 0;
+                    for (int k = b * QBLOCK; k < (b + 1) * QBLOCK; k++)
+                        acc += (int32_t)xr[k] * wi[(size_t)(k / 4) * 64 + l * 4 + k % 4];
+                    v[l] += (float)acc * half_to_float(st[((size_t)i * nb + b) * TILE + l]);
+                }
+            for (int l = 0; l < TILE; l++) v[l] *= xs[r];
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#endif
+}
+/* --8<-- [end:q8_block] */
+
+/* One block of work, its shape chosen from a few compiled ones. */
+#define BLOCK(NT, RB) (w->kind ? q8_block(w, t0, NT, RB, xq, K32, xs, y, N, acc) \
+                               : f32_block(w, t0, NT, RB, x, K, y, N, acc))
+static void run_block(const sm_mat *w, int t0, int nt, int rb, const float *x,
+                      const int8_t *xq, const float *xs, float *y, int acc)
+{
+    const int K = w->K, N = w->N, K32 = PAD(K, QBLOCK);
+    if (rb == MAXRB && nt == 2) BLOCK(2, MAXRB);
+    else if (rb == MAXRB) for (int i = 0; i < nt; i++, t0++) BLOCK(1, MAXRB);
+    else if (nt == DNT) for (int r = 0; r < rb; r++) {
+        const float *xr = x + (size_t)r * K; const int8_t *qr = xq + (size_t)r * K32;
+        float *yr = y + (size_t)r * N;
+        (w->kind ? q8_block(w, t0, DNT, 1, qr, K32, xs + r, yr, N, acc)
+                 : f32_block(w, t0, DNT, 1, xr, K, yr, N, acc));
+    }
+    else for (int r = 0; r < rb; r++) for (int i = 0; i < nt; i++) {
+        const float *xr = x + (size_t)r * K; const int8_t *qr = xq + (size_t)r * K32;
+        float *yr = y + (size_t)r * N;
+        (w->kind ? q8_block(w, t0 + i, 1, 1, qr, K32, xs + r, yr, N, acc)
+                 : f32_block(w, t0 + i, 1, 1, xr, K, yr, N, acc));
+    }
+}
+
+/* --8<-- [start:matmul] */
+/* y (rows x N) = x (rows x K) W (+ bias) (+ y when accumulate). For int8 weights the rows
+ * come already quantised (xq, xs: sm_quantize_rows). One decode row takes the tiles DNT
+ * at a time; prefill rows four by four, two tiles at a time, tile-major so that a thread
+ * keeps its tiles in cache across the row groups. */
+void sm_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *xs, float *y,
+               int rows, int accumulate, int nthreads)
+{
+    const int tiles = PAD(w->N, TILE) / TILE;
+    const int G = rows == 1 ? DNT : 2, groups = (tiles + G - 1) / G;
+    const int rgroups = (rows + MAXRB - 1) / MAXRB, items = groups * rgroups;
+    const int K = w->K, K32 = PAD(K, QBLOCK);
+    #pragma omp parallel for schedule(static) num_threads(nthreads < items ? nthreads : items)
+    for (int it = 0; it < items; it++) {
+        const int t0 = (it / rgroups) * G, r0 = (it % rgroups) * MAXRB;
+        const int nt = tiles - t0 < G ? tiles - t0 : G, rb = rows - r0 < MAXRB ? rows - r0 : MAXRB;
+        run_block(w, t0, nt, rb, x ? x + (size_t)r0 * K : NULL,
+                  xq ? xq + (size_t)r0 * K32 : NULL, xs ? xs + r0 : NULL,
+                  y + (size_t)r0 * w->N, accumulate);
+    }
+}
+/* --8<-- [end:matmul] */
+
+/* ------------------------------------------------------------------ the layers */
+static void norm_rows(const float *x, const float *w, const float *b, float *out, int rows,
+                      int C, int rms)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * C;
+        float *o = out + (size_t)r * C, mean = 0.0f, var = 0.0f;
+        if (!rms) {
+            #pragma omp simd reduction(+:mean)
+            for (int c = 0; c < C; c++) mean += xr[c];
+            mean /= C;
+        }
+        #pragma omp simd reduction(+:var)
+        for (int c = 0; c < C; c++) var += (xr[c] - mean) * (xr[c] - mean);
+        const float rstd = 1.0f / sqrtf(var / C + 1e-5f);
+        #pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = (xr[c] - mean) * rstd * w[c] + (b ? b[c] : 0.0f);
+    }
+}
+
+#define GELU_K 0.7978845608f
+#define GELU_A 0.044715f
+/* GPT-2's tanh GELU as x sigmoid(2u) (as in layers.c), in place; or SwiGLU's
+ * g = silu(a) b from u = [a | b], each row 2h wide. */
+static void activation(float *u, float *g, int rows, int h, int swiglu)
+{
+    float e[256];
+    for (int r = 0; r < rows; r++) {
+        const float *a = u + (size_t)r * (swiglu ? 2 * h : h), *bb = a + h;
+        float *o = g + (size_t)r * h;
+        for (int i0 = 0; i0 < h; i0 += 256) {
+            const int n = h - i0 < 256 ? h - i0 : 256;
+            if (swiglu) {
+                #pragma omp simd
+                for (int i = 0; i < n; i++) e[i] = -a[i0 + i];
+            } else {
+                #pragma omp simd
+                for (int i = 0; i < n; i++) {
+                    const float x = a[i0 + i];
+                    e[i] = 2.0f * GELU_K * (x + GELU_A * x * x * x);
+                }
+            }
+            exp_inplace(e, n);
+            if (swiglu) {
+                #pragma omp simd
+                for (int i = 0; i < n; i++) o[i0 + i] = a[i0 + i] / (1.0f + e[i]) * bb[i0 + i];
+            } else {
+                #pragma omp simd
+                for (int i = 0; i < n; i++) o[i0 + i] = a[i0 + i] * (e[i] / (1.0f + e[i]));
+            }
+        }
+    }
+}
+
+/* RoPE on a row's q and k (the first 2d floats of its qkv row) at position p, pairs
+ * (2i, 2i+1) of each head turned by p theta_i, as kernels_c/layers/modern.c does. */
+static void rope_row(const sm_model *m, float *qk, int p)
+{
+    const int hd = m->d / m->n_head, half = hd / 2;
+    const float *c = m->rope_cos + (size_t)p * half, *s = m->rope_sin + (size_t)p * half;
+    for (int h = 0; h < 2 * m->n_head; h++) {
+        float *x = qk + (size_t)h * hd;
+        #pragma omp simd
+        for (int i = 0; i < half; i++) {
+            const float a = x[2 * i], b = x[2 * i + 1];
+            x[2 * i] = a * c[i] - b * s[i];
+            x[2 * i + 1] = a * s[i] + b * c[i];
+        }
+    }
+}
+
+/* --8<-- [start:attend] */
+/* Each new row's query against the cached keys 0..p of its head: scores, softmax, the
+ * weighted sum of the cached values. The rows' own keys and values are already in. */
+static void attend(const sm_model *m, int l, const float *qkv, float *att, float *scores,
+                   int rows, int pos, int nthreads)
+{
+    const int d = m->d, H = m->n_head, hd = d / H, ctx = m->context, items = rows * H;
+    const float scale = 1.0f / sqrtf((float)hd);
+    #pragma omp parallel for schedule(static) num_threads(nthreads < items ? nthreads : items)
+    for (int it = 0; it < items; it++) {
+        const int r = it / H, h = it % H, p = pos + r;
+        const float *q = qkv + (size_t)r * 3 * d + (size_t)h * hd;
+        const float *Kc = m->k_cache + (size_t)(l * H + h) * ctx * hd;
+        const float *Vc = m->v_cache + (size_t)(l * H + h) * ctx * hd;
+        float *s = scores + (size_t)it * ctx, mx = -INFINITY, sum = 0.0f;
+        for (int t = 0; t <= p; t++) {
+            float dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
+            for (int i = 0; i < hd; i++) dot += q[i] * Kc[(size_t)t * hd + i];
+            s[t] = dot * scale;
+            mx = s[t] > mx ? s[t] : mx;
+        }
+        for (int t = 0; t <= p; t++) s[t] -= mx;
+        exp_inplace(s, p + 1);
+        for (int t = 0; t <= p; t++) sum += s[t];
+        float *o = att + (size_t)r * d + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int t = 0; t <= p; t++) {
+            const float wgt = s[t] / sum;
+            #pragma omp simd
+            for (int i = 0; i < hd; i++) o[i] += wgt * Vc[(size_t)t * hd + i];
+        }
+    }
+}
+/* --8<-- [end:attend] */
+
+/* ------------------------------------------------------------------ the model */
+typedef struct {
+    float *x, *h, *qkv, *att, *u, *g, *xs, *scores;
+    int8_t *xq;
+} work_t;
+
+static long long carve(const sm_model *m, work_t *w)
+{
+    const int d = m->d, hid = m->hidden, in = m->modern ? 2 * hid : hid;
+    const long long kq = PAD(d > hid ? d : hid, QBLOCK);
+    const long long sizes[9] = {(long long)ROWS * d, (long long)ROWS * d, 3LL * ROWS * d,
+                                (long long)ROWS * d, (long long)ROWS * in, (long long)ROWS * hid,
+                                ROWS, (long long)ROWS * m->n_head * m->context,
+                                ROWS * kq / 4};
+    float **dst[9] = {&w->x, &w->h, &w->qkv, &w->att, &w->u, &w->g, &w->xs, &w->scores, NULL};
+    long long off = 0;
+    for (int i = 0; i < 9; i++) {
+        if (m->work) {
+            if (dst[i]) *dst[i] = m->work + off;
+            else w->xq = (int8_t *)(m->work + off);
+        }
+        off += PAD(sizes[i], 16); /* each buffer on a 64-byte line */
+    }
+    return off;
+}
+
+long long sm_work_floats(const sm_model *m)
+{
+    work_t w;
+    sm_model probe = *m;
+    probe.work = NULL;
+    return carve(&probe, &w);
+}
+
+/* One product, the input rows quantised first when the weights are int8. */
+static void product(const sm_mat *W, const float *x, work_t *w, float *y, int rows, int acc,
+                    int nthreads)
+{
+    if (W->kind) sm_quantize_rows(x, rows, W->K, w->xq, w->xs);
+    sm_matmul(W, x, W->kind ? w->xq : NULL, W->kind ? w->xs : NULL, y, rows, acc, nthreads);
+}
+
+/* --8<-- [start:forward] */
+/* Tokens tokens[0..n) at positions pos..pos+n-1: their keys and values go into the cache,
+ * and the logits of the last one (or of all n, all_logits) into logits. Returns 0, or a
+ * negative code for bad arguments (checked before anything is written). */
+int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logits,
+               int all_logits, int nthreads)
+{
+    if (n < 1) return -1;
+    if (pos < 0 || pos + n > m->context) return -2;
+    if (!m->work || m->work_floats < sm_work_floats(m)) return -3;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->vocab) return -4;
+    const int d = m->d, H = m->n_head, hd = d / H, ctx = m->context, hid = m->hidden;
+    work_t w;
+    carve(m, &w);
+    for (int r0 = 0; r0 < n; r0 += ROWS) {
+        const int rows = n - r0 < ROWS ? n - r0 : ROWS, p0 = pos + r0;
+        for (int r = 0; r < rows; r++) {          /* embedding */
+            const float *e = m->wte + (size_t)tokens[r0 + r] * d;
+            const float *pe = m->wpe ? m->wpe + (size_t)(p0 + r) * d : NULL;
+            for (int c = 0; c < d; c++) w.x[(size_t)r * d + c] = e[c] + (pe ? pe[c] : 0.0f);
+        }
+        for (int l = 0; l < m->n_layer; l++) {
+            const sm_layer *L = m->layers + l;
+            norm_rows(w.x, L->ln1_w, L->ln1_b, w.h, rows, d, m->modern);
+            product(&L->qkv, w.h, &w, w.qkv, rows, 0, nthreads);
+            for (int r = 0; r < rows; r++) {      /* RoPE, then k and v into the cache */
+                float *row = w.qkv + (size_t)r * 3 * d;
+                if (m->modern) rope_row(m, row, p0 + r);
+                for (int h = 0; h < H; h++) {
+                    const size_t at = ((size_t)(l * H + h) * ctx + p0 + r) * hd;
+                    memcpy(m->k_cache + at, row + d + (size_t)h * hd, hd * sizeof(float));
+                    memcpy(m->v_cache + at, row + 2 * d + (size_t)h * hd, hd * sizeof(float));
+                }
+            }
+            attend(m, l, w.qkv, w.att, w.scores, rows, p0, nthreads);
+            product(&L->proj, w.att, &w, w.x, rows, 1, nthreads);   /* x += att Wo */
+            norm_rows(w.x, L->ln2_w, L->ln2_b, w.h, rows, d, m->modern);
+            product(&L->fc, w.h, &w, w.u, rows, 0, nthreads);
+            activation(w.u, w.g, rows, hid, m->modern);
+            product(&L->fc2, w.g, &w, w.x, rows, 1, nthreads);      /* x += g W2 */
+        }
+        const int first = all_logits ? 0 : rows - 1;                /* the head */
+        if (!all_logits && r0 + rows < n) continue;
+        norm_rows(w.x + (size_t)first * d, m->lnf_w, m->lnf_b, w.h, rows - first, d, m->modern);
+        product(&m->head, w.h, &w, logits + (all_logits ? (size_t)r0 * m->vocab : 0),
+                rows - first, 0, nthreads);
+    }
+    return 0;
+}
+/* --8<-- [end:forward] */

@@ -1,0 +1,479 @@
+"""Chapter 4: generating one sequence without the GPU.
+
+The decode ladder, :data:`RUNGS`: each rung is a decoder with the same three calls,
+``reset()``, ``prefill(tokens) -> logits`` and ``step(token) -> logits`` (the logits of
+the last token, float32 (V,)), and each differs from the one before by one idea:
+
+0. :class:`NoCache`: every new token runs the whole prefix through the model again;
+1. :class:`NumpyCache`: keys and values kept per layer (the KV cache), the prompt as one
+   batched pass through chapter 2's GEMM, then one token at a time in numpy;
+2. :class:`Decoder` in f32: the whole token in one C call (``kernels_c/decode.c``), the
+   weights repacked into the tiles that call streams;
+3. the same with int8 weights (:mod:`smallem.quant`), a quarter of the bytes;
+4. threads splitting each product's tiles, on chapter 3's pool;
+5. the prompt through the same C call in row blocks (the int8 product on many rows),
+   not through the f32 GEMM.
+
+:class:`Generator` is what a reader uses: a checkpoint (or any model) in, bytes out, with
+:class:`Sampler`'s temperature, top-k and top-p. ``smallem generate`` is its command.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import build, checkpoint, checks
+from . import pool as _pool
+from .model import GPT, get_config
+from .ops import LN_EPS, rope_tables
+from .quant import Packed
+
+DTYPES = ("f32", "int8")
+
+
+def _lib(threads):
+    if _pool.on_pool(threads):
+        return _pool.load("decode")
+    return build.load("decode")
+
+
+def load_model(folder, backend: str = "kernels", threads=None) -> GPT:
+    """The model a ``smallem train`` checkpoint holds (either block), its parameters only."""
+    tensors, meta = checkpoint.load(folder)
+    where = Path(folder) / checkpoint.INDEX
+    try:
+        cfg = get_config(meta["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise checkpoint.CheckpointError(f"{where}: missing or bad config ({e})") from e
+    model = GPT(cfg, backend, threads=threads)
+    checkpoint.check_tensors(tensors, {"param." + k: s for k, s in model.shapes.items()}, where)
+    for name in model.params:
+        model.params[name][...] = tensors["param." + name]
+    return model
+
+
+def _check_tokens(tokens, vocab: int, pos: int, context: int) -> np.ndarray:
+    t = np.asarray(tokens)
+    if t.ndim != 1 or t.size == 0:
+        raise ValueError(f"tokens: expected a non-empty 1-D sequence, got shape {t.shape}")
+    if not np.issubdtype(t.dtype, np.integer):
+        raise TypeError(f"tokens: expected ints, got {t.dtype}")
+    if t.min() < 0 or t.max() >= vocab:
+        raise ValueError(f"tokens: ids must lie in [0, {vocab}), got {t.min()}..{t.max()}")
+    if pos + t.size > context:
+        raise ValueError(f"{t.size} tokens after position {pos} do not fit the context "
+                         f"of {context}")
+    return np.ascontiguousarray(t, np.int32)
+
+
+# ================================================================ rung 0
+class NoCache:
+    """Rung 0: no memory between tokens; each one reruns the whole prefix."""
+
+    def __init__(self, model: GPT):
+        self.model, self.config = model, model.config
+        self.reset()
+
+    def reset(self):
+        self.tokens: list[int] = []
+
+    @property
+    def pos(self) -> int:
+        return len(self.tokens)
+
+    def prefill(self, tokens) -> np.ndarray:
+        t = _check_tokens(tokens, self.config.vocab, self.pos, self.config.context)
+        self.tokens += t.tolist()
+        return self.model.forward(np.array([self.tokens], np.int32))[-1].copy()
+
+    def step(self, token: int) -> np.ndarray:
+        return self.prefill([token])
+
+
+# ================================================================ rung 1
+def _norm(x, w, b):
+    """LayerNorm (b given) or RMSNorm (b None) of one row."""
+    if b is not None:
+        x = x - x.mean()
+    return x / np.sqrt((x * x).mean() + LN_EPS) * w + (0 if b is None else b)
+
+
+class NumpyCache:
+    """Rung 1: a KV cache (per layer, keys and values of every position so far, allocated
+    for the whole context); the prompt through the model's batched forward (chapter 2's
+    GEMM), then each token in numpy: its products are matrix-vector ones."""
+
+    def __init__(self, model: GPT):
+        self.model, self.config = model, model.config
+        c = self.config
+        shape = (c.n_layer, c.n_head, c.context, c.head_dim)
+        self.k, self.v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        self.cos, self.sin = rope_tables(c.context, c.head_dim) if c.block == "modern" else (None, None)
+        self.pos = 0
+
+    def reset(self):
+        self.pos = 0
+
+    def prefill(self, tokens) -> np.ndarray:
+        t = _check_tokens(tokens, self.config.vocab, self.pos, self.config.context)
+        if self.pos:  # a prompt after tokens already seen: token by token
+            for tok in t[:-1]:
+                self.step(int(tok))
+            return self.step(int(t[-1]))
+        logits = self.model.forward(t[None, :])
+        n = t.size
+        for i, layer in enumerate(self.model.ws.layers):  # q and k after RoPE, as cached
+            self.k[i, :, :n] = layer.attn.k[0]
+            self.v[i, :, :n] = layer.attn.v[0]
+        self.pos = n
+        return logits[-1].copy()
+
+    def _rope(self, x, p):  # x (H, hd): pairs (2i, 2i+1) turned by p theta_i
+        a, b = x[:, 0::2].copy(), x[:, 1::2].copy()
+        c, s = self.cos[p], self.sin[p]
+        x[:, 0::2], x[:, 1::2] = a * c - b * s, a * s + b * c
+
+    # --8<-- [start:numpy_step]
+    def step(self, token: int) -> np.ndarray:
+        c, P, p = self.config, self.model.params, self.pos
+        _check_tokens([token], c.vocab, p, c.context)
+        modern, H, hd = c.block == "modern", c.n_head, c.head_dim
+        x = P["wte"][token] + (0 if modern else P["wpe"][p])
+        for i in range(c.n_layer):
+            n = f"h{i}."
+            b = (lambda name: None) if modern else (lambda name: P[n + name])
+            qkv = _norm(x, P[n + "ln1.w"], b("ln1.b")) @ P[n + "attn.w"]
+            if not modern:
+                qkv = qkv + P[n + "attn.b"]
+            q, k, v = (qkv[j * c.d_model:(j + 1) * c.d_model].reshape(H, hd) for j in range(3))
+            if modern:
+                self._rope(q, p), self._rope(k, p)
+            self.k[i, :, p], self.v[i, :, p] = k, v
+            s = np.einsum("hd,htd->ht", q, self.k[i, :, :p + 1]) / math.sqrt(hd)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            o = np.einsum("ht,htd->hd", s / s.sum(axis=1, keepdims=True), self.v[i, :, :p + 1])
+            x = x + o.reshape(-1) @ P[n + "proj.w"] + (0 if modern else P[n + "proj.b"])
+            u = _norm(x, P[n + "ln2.w"], b("ln2.b")) @ P[n + "fc.w"]
+            if modern:
+                h = c.mlp_hidden
+                g = u[:h] / (1 + np.exp(-u[:h])) * u[h:]
+            else:
+                u = u + P[n + "fc.b"]
+                g = 0.5 * u * (1 + np.tanh(0.7978845608 * (u + 0.044715 * u ** 3)))
+            x = x + g @ P[n + "fc2.w"] + (0 if modern else P[n + "fc2.b"])
+        h = _norm(x, P["lnf.w"], None if modern else P["lnf.b"])
+        self.pos = p + 1
+        return (P["wte"] if c.tied else P["lm_head"]) @ h
+    # --8<-- [end:numpy_step]
+
+
+# ================================================================ rungs 2-5
+_ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
+           -4: "a token id outside the vocabulary"}
+
+
+class Decoder:
+    """Rungs 2-5: the model's forward for new tokens in one C call per token
+    (``sm_forward`` in ``kernels_c/decode.c``), against a KV cache it owns.
+
+    ``dtype`` "f32" or "int8" (the blocks' matrices and the head; embeddings, norms and
+    biases stay f32); ``threads`` for every product and the attention (None: every core);
+    ``pool`` runs them on chapter 3's pool; ``prefill`` "c" sends the prompt through the
+    same call in blocks of rows, "gemm" through the model's own batched forward (f32,
+    chapter 2's GEMM). The weights are copied into the decoder's layout when it is made:
+    changing the model afterwards does not change the decoder.
+    """
+
+    def __init__(self, model: GPT, dtype: str = "int8", threads=1, pool: bool = True,
+                 prefill: str = "c"):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        if prefill not in ("c", "gemm"):
+            raise ValueError(f"prefill: expected 'c' or 'gemm', got {prefill!r}")
+        self.model, self.config = model, model.config
+        c = self.config
+        self.dtype, self.prefill_mode = dtype, prefill
+        self.threads = _pool.threads(threads, pool) if pool else checks.threads(threads)
+        self.ffi, self.lib = ffi, lib = _lib(self.threads)
+        P, modern = model.params, c.block == "modern"
+        f32 = lambda a: np.ascontiguousarray(a, np.float32)  # noqa: E731
+        self._keep = []  # every array a C pointer points at
+        m = self._m = ffi.new("sm_model *")
+        layers = self._layers = ffi.new("sm_layer[]", c.n_layer)
+        self.mats: list[Packed] = []
+
+        def ptr(a):
+            if a is None:
+                return ffi.NULL
+            a = f32(a)
+            self._keep.append(a)
+            return ffi.cast("float *", a.ctypes.data)
+
+        def mat(dst, w, bias=None):
+            pk = Packed(w, dtype, None if modern else bias)
+            pk.fill(ffi, dst)
+            self.mats.append(pk)
+
+        for i in range(c.n_layer):
+            n, L = f"h{i}.", layers[i]
+            L.ln1_w, L.ln2_w = ptr(P[n + "ln1.w"]), ptr(P[n + "ln2.w"])
+            L.ln1_b = ffi.NULL if modern else ptr(P[n + "ln1.b"])
+            L.ln2_b = ffi.NULL if modern else ptr(P[n + "ln2.b"])
+            for field, name in (("qkv", "attn"), ("proj", "proj"), ("fc", "fc"), ("fc2", "fc2")):
+                mat(getattr(L, field), P[n + name + ".w"], None if modern else P[n + name + ".b"])
+        m.n_layer, m.d, m.n_head, m.hidden = c.n_layer, c.d_model, c.n_head, c.mlp_hidden
+        m.vocab, m.context, m.modern = c.vocab, c.context, int(modern)
+        m.wte = ptr(P["wte"])
+        m.wpe = ffi.NULL if modern else ptr(P["wpe"])
+        m.lnf_w, m.lnf_b = ptr(P["lnf.w"]), ffi.NULL if modern else ptr(P["lnf.b"])
+        mat(m.head, (P["wte"] if c.tied else P["lm_head"]).T)
+        if modern:
+            cos, sin = rope_tables(c.context, c.head_dim)
+            m.rope_cos, m.rope_sin = ptr(cos), ptr(sin)
+        else:
+            m.rope_cos = m.rope_sin = ffi.NULL
+        m.layers = layers
+        shape = (c.n_layer, c.n_head, c.context, c.head_dim)
+        self.k, self.v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        m.k_cache, m.v_cache = ptr(self.k), ptr(self.v)
+        self.work = np.zeros(int(lib.sm_work_floats(m)), np.float32)
+        m.work, m.work_floats = ptr(self.work), self.work.size
+        self.logits = np.zeros(c.vocab, np.float32)
+        self._logits_p = ffi.cast("float *", self.logits.ctypes.data)
+        self._tok = np.zeros(1, np.int32)
+        self._tok_p = ffi.cast("int *", self._tok.ctypes.data)
+        self.pos = 0
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one token reads: every product's matrix (with int8's scales)."""
+        return sum(pk.nbytes for pk in self.mats)
+
+    def reset(self):
+        self.pos = 0
+
+    def _run(self, tokens: np.ndarray, out: np.ndarray, all_logits: bool):
+        rc = self.lib.sm_forward(self._m, self.ffi.cast("int *", tokens.ctypes.data),
+                                 tokens.size, self.pos, self.ffi.cast("float *", out.ctypes.data),
+                                 int(all_logits), self.threads)
+        if rc:
+            raise RuntimeError(f"sm_forward: {_ERRORS.get(rc, rc)}")
+        self.pos += tokens.size
+
+    def prefill(self, tokens) -> np.ndarray:
+        t = _check_tokens(tokens, self.config.vocab, self.pos, self.config.context)
+        if self.prefill_mode == "gemm" and self.pos == 0:
+            logits = self.model.forward(t[None, :])
+            for i, layer in enumerate(self.model.ws.layers):
+                self.k[i, :, :t.size] = layer.attn.k[0]
+                self.v[i, :, :t.size] = layer.attn.v[0]
+            self.pos = t.size
+            self.logits[...] = logits[-1]
+        else:
+            self._run(t, self.logits, False)
+        return self.logits
+
+    def step(self, token: int) -> np.ndarray:
+        """The next token's logits (a view that the next call overwrites)."""
+        if not 0 <= token < self.config.vocab:
+            raise ValueError(f"token {token} outside the vocabulary [0, {self.config.vocab})")
+        if self.pos >= self.config.context:
+            raise ValueError(f"the cache is full ({self.config.context} positions)")
+        self._tok[0] = token
+        self.lib.sm_forward(self._m, self._tok_p, 1, self.pos, self._logits_p, 0, self.threads)
+        self.pos += 1
+        return self.logits
+
+    def all_logits(self, tokens) -> np.ndarray:
+        """Logits (n, V) of every position of ``tokens`` from position 0 (for the loss)."""
+        self.reset()
+        t = _check_tokens(tokens, self.config.vocab, 0, self.config.context)
+        out = np.zeros((t.size, self.config.vocab), np.float32)
+        self._run(t, out, True)
+        return out
+
+
+def matmul(pk: Packed, x: np.ndarray, threads=1, pool: bool = False, y=None,
+           accumulate: bool = False) -> np.ndarray:
+    """y (rows, N) = x (rows, K) W through the decoder's product, W packed in ``pk``
+    (int8: ``x`` quantised per row first, as the decoder does). For tests and benchmarks."""
+    x = np.asarray(x)
+    if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != pk.K:
+        raise ValueError(f"x: expected float32 (rows, {pk.K}), got {x.dtype}{x.shape}")
+    x = np.ascontiguousarray(x)
+    rows = x.shape[0]
+    threads = _pool.threads(threads, pool) if pool else checks.threads(threads)
+    ffi, lib = _lib(threads)
+    if y is None:
+        y = np.zeros((rows, pk.N), np.float32)
+    elif y.shape != (rows, pk.N) or y.dtype != np.float32 or not y.flags.c_contiguous:
+        raise ValueError(f"y: expected C-contiguous float32 {(rows, pk.N)}, got {y.dtype}{y.shape}")
+    m = ffi.new("sm_mat *")
+    pk.fill(ffi, m)
+    fp = lambda a: ffi.cast("float *", a.ctypes.data)  # noqa: E731
+    xq = xs = None
+    if pk.kind == "int8":
+        xq, xs = quantize_rows(x)
+    lib.sm_matmul(m, fp(x), ffi.NULL if xq is None else ffi.cast("int8_t *", xq.ctypes.data),
+                  ffi.NULL if xs is None else fp(xs), fp(y), rows, int(accumulate), threads)
+    return y
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row of x (rows, K) to int8 with one scale, as the decoder quantises activations:
+    (p int8 (rows, K32), a float32 (rows,)), x ~ a p."""
+    x = np.ascontiguousarray(x, np.float32)
+    rows, K = x.shape
+    xq = np.zeros((rows, -(-K // 32) * 32), np.int8)
+    xs = np.zeros(rows, np.float32)
+    ffi, lib = build.load("decode")
+    lib.sm_quantize_rows(ffi.cast("float *", x.ctypes.data), rows, K,
+                         ffi.cast("int8_t *", xq.ctypes.data), ffi.cast("float *", xs.ctypes.data))
+    return xq, xs
+
+
+# The ladder: (rung, what it adds, decoder factory). Every rung decodes the same model.
+RUNGS = (
+    (0, "no cache: the whole prefix again per token", lambda m, t: NoCache(m)),
+    (1, "KV cache; prompt through the GEMM, tokens in numpy", lambda m, t: NumpyCache(m)),
+    (2, "one C call per token, f32 tiles", lambda m, t: Decoder(m, "f32", 1, prefill="gemm")),
+    (3, "int8 weights, vpdpbusd", lambda m, t: Decoder(m, "int8", 1, prefill="gemm")),
+    (4, "threads on the pool", lambda m, t: Decoder(m, "int8", t, prefill="gemm")),
+    (5, "prompt in int8 through the same call", lambda m, t: Decoder(m, "int8", t, prefill="c")),
+)
+
+
+def rung_decoder(i: int, model: GPT, threads=None):
+    for j, _, make in RUNGS:
+        if j == i:
+            return make(model, threads)
+    raise ValueError(f"decode rung {i!r}: expected one of {[j for j, _, _ in RUNGS]}")
+
+
+# ================================================================ sampling
+class Sampler:
+    """Picks the next token from logits: greedy (temperature 0), or a draw from
+    softmax(logits / temperature) cut to the ``top_k`` most likely tokens (0: all) and then
+    to the smallest set whose probability reaches ``top_p``. Seeded: the same seed and
+    logits give the same tokens. Works in buffers made once."""
+
+    def __init__(self, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0, vocab: int = 256):
+        temperature, top_p = float(temperature), float(top_p)
+        if not temperature >= 0 or math.isinf(temperature):
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0: no cut), got {top_k!r}")
+        self.temperature, self.top_k, self.top_p = temperature, int(top_k), top_p
+        self.rng = np.random.default_rng(seed)
+        self._z = np.empty(vocab, np.float64)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.temperature == 0:
+            return int(np.argmax(logits))
+        z = self._z[:logits.size]
+        np.multiply(logits, 1.0 / self.temperature, out=z)
+        k = self.top_k if 0 < self.top_k < z.size else z.size
+        cand = np.argpartition(z, z.size - k)[z.size - k:] if k < z.size else np.arange(z.size)
+        cand = cand[np.argsort(-z[cand], kind="stable")]   # most likely first
+        p = np.exp(z[cand] - z[cand[0]])
+        p /= p.sum()
+        cum = np.cumsum(p)
+        keep = int(np.searchsorted(cum, self.top_p * (1 - 1e-12))) + 1 if self.top_p < 1 else p.size
+        u = self.rng.random() * cum[keep - 1]
+        return int(cand[min(int(np.searchsorted(cum[:keep], u, side="right")), keep - 1)])
+
+
+# ================================================================ the generator
+class Generator:
+    """Bytes after a prompt, from a model, one at a time: ``for piece in g.generate(...)``.
+
+    Uses the top of the ladder (:class:`Decoder`, int8 or f32, threads on the pool).
+    When the context is full, the last half of it is prefilled again and generation goes
+    on: the model then sees the latest ``context / 2`` bytes, never more than its context.
+    """
+
+    def __init__(self, model: GPT, *, dtype: str = "int8", threads=None, pool: bool = True):
+        self.model, self.config = model, model.config
+        self.decoder = Decoder(model, dtype, threads, pool)
+
+    @classmethod
+    def from_checkpoint(cls, folder, **kw) -> "Generator":
+        return cls(load_model(folder), **kw)
+
+    def prompt_tokens(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            prompt = prompt.encode("utf-8")
+        if not isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise TypeError(f"prompt: expected bytes or str, got {type(prompt).__name__}")
+        tokens = list(bytes(prompt)) or [10]  # an empty prompt starts after a newline
+        if len(tokens) > self.config.context:
+            raise ValueError(f"the prompt is {len(tokens)} bytes, longer than the model's "
+                             f"context of {self.config.context}")
+        return tokens
+
+    def generate(self, prompt, tokens: int, *, temperature: float = 0.8, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0):
+        """Yield ``tokens`` bytes (each a ``bytes`` of length 1) after ``prompt``."""
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 0:
+            raise ValueError(f"tokens must be an int >= 0, got {tokens!r}")
+        history = self.prompt_tokens(prompt)
+        sampler = Sampler(temperature, top_k, top_p, seed, self.config.vocab)
+        dec, ctx = self.decoder, self.config.context
+        dec.reset()
+        logits = dec.prefill(history)
+        for i in range(tokens):
+            t = sampler(logits)
+            history.append(t)
+            yield bytes((t,))
+            if i + 1 == tokens:
+                break
+            if dec.pos == ctx:  # full: keep the latest half and go on
+                dec.reset()
+                logits = dec.prefill(history[-(ctx // 2):])
+            else:
+                logits = dec.step(t)
+
+
+# ================================================================ the command
+def add_generate_arguments(p):
+    p.add_argument("--checkpoint", help="a folder `smallem train` wrote")
+    p.add_argument("--config", help="no checkpoint: random weights of this config")
+    p.add_argument("--prompt", default="", help="the text to continue (UTF-8)")
+    p.add_argument("--tokens", type=int, default=200, help="bytes to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus: keep mass p (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="int8", choices=DTYPES)
+    p.add_argument("--threads", type=int, help="threads (default: every usable core)")
+
+
+def cmd_generate(args) -> int:
+    try:
+        if bool(args.checkpoint) == bool(args.config):
+            raise ValueError("give --checkpoint DIR or --config NAME (random weights), one of them")
+        model = load_model(args.checkpoint) if args.checkpoint else GPT(args.config, seed=args.seed)
+        gen = Generator(model, dtype=args.dtype, threads=args.threads)
+        pieces = gen.generate(args.prompt, args.tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        out = sys.stdout.buffer
+        start, n = time.perf_counter(), 0
+        for piece in pieces:
+            out.write(piece)
+            out.flush()
+            n += 1
+    except (ValueError, TypeError, checkpoint.CheckpointError) as e:
+        print(f"smallem generate: {e}", file=sys.stderr)
+        return 2
+    secs = time.perf_counter() - start
+    print(f"\n[{n} bytes in {secs:.2f} s, {n / secs if secs else 0:.0f} tokens/s, "
+          f"{args.dtype}, {gen.decoder.threads} threads]", file=sys.stderr)
+    return 0

@@ -1,0 +1,191 @@
+"""Export a model to GGUF, the file format llama.cpp reads, with the ``gguf`` package.
+
+GPT-2's block goes out as llama.cpp's ``gpt2`` architecture, the modern block as
+``llama`` (RMSNorm, RoPE on pairs of consecutive features, which is llama.cpp's "normal"
+RoPE and ours, SwiGLU as ffn_gate / ffn_up / ffn_down, no biases). ``dtype`` "f32" writes
+every tensor as float32; "q8_0" writes the products' matrices as Q8_0, from the very bytes
+the int8 decoder multiplies by (:func:`smallem.quant.quantize_q8`), and the rest as float32.
+
+GGUF stores a matrix the way PyTorch does, (out, in), and ours are (in, out): each is
+written transposed. The vocabulary is the 256 bytes, as a ``gpt2`` BPE tokenizer with no
+merges: token i is byte i, spelt in GPT-2's byte-to-character map, so llama.cpp turns any
+text into the byte ids we use, and back.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .model import GPT
+from .ops import LN_EPS, ROPE_BASE
+from .quant import QBLOCK, quantize_q8
+
+DTYPES = ("f32", "q8_0")
+
+
+def byte_tokens() -> list[str]:
+    """GPT-2's map from bytes to printable characters (its BPE never sees a raw control
+    byte): the printable Latin-1 bytes stand for themselves, the other 68 take the
+    characters from U+0100 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+def q8_0_bytes(w: np.ndarray) -> np.ndarray:
+    """W (K, N) as GGUF's Q8_0 rows: (N, K / 32 * 34) bytes, each block its float16 scale
+    then 32 int8 weights, along K."""
+    K, N = w.shape
+    if K % QBLOCK:
+        raise ValueError(f"Q8_0 needs rows of a multiple of {QBLOCK} weights, got {K}")
+    q, s = quantize_q8(w)
+    nb = K // QBLOCK
+    out = np.zeros((N, nb, 2 + QBLOCK), np.uint8)
+    out[:, :, :2] = np.ascontiguousarray(s.T).view(np.uint8).reshape(N, nb, 2)
+    out[:, :, 2:] = q.T.reshape(N, nb, QBLOCK).view(np.uint8)
+    return out.reshape(N, nb * (2 + QBLOCK))
+
+
+def tensors(model: GPT) -> dict[str, tuple[np.ndarray, bool]]:
+    """{GGUF name: (array as GGUF wants it, (out, in) for a matrix; whether it is a product's
+    matrix, hence Q8_0 in a q8_0 file)}. Matrices are given (in, out), our own way round."""
+    c, P = model.config, model.params
+    modern = c.block == "modern"
+    out: dict = {"token_embd.weight": (P["wte"].T, True)}  # (V, d): its (in, out) is wte.T
+    if not modern:
+        out["position_embd.weight"] = (P["wpe"].T, False)
+    if not c.tied:
+        out["output.weight"] = (P["lm_head"].T, True)
+    out["output_norm.weight"] = (P["lnf.w"], False)
+    if not modern:
+        out["output_norm.bias"] = (P["lnf.b"], False)
+    d, h = c.d_model, c.mlp_hidden
+    for i in range(c.n_layer):
+        n, b = f"h{i}.", f"blk.{i}."
+        out[b + "attn_norm.weight"] = (P[n + "ln1.w"], False)
+        out[b + "ffn_norm.weight"] = (P[n + "ln2.w"], False)
+        if modern:
+            qkv, fc = P[n + "attn.w"], P[n + "fc.w"]
+            out[b + "attn_q.weight"] = (qkv[:, :d], True)
+            out[b + "attn_k.weight"] = (qkv[:, d:2 * d], True)
+            out[b + "attn_v.weight"] = (qkv[:, 2 * d:], True)
+            out[b + "attn_output.weight"] = (P[n + "proj.w"], True)
+            out[b + "ffn_gate.weight"] = (fc[:, :h], True)
+            out[b + "ffn_up.weight"] = (fc[:, h:], True)
+            out[b + "ffn_down.weight"] = (P[n + "fc2.w"], True)
+            continue
+        for name, ours in (("attn_qkv", "attn"), ("attn_output", "proj"), ("ffn_up", "fc"),
+                           ("ffn_down", "fc2")):
+            out[b + name + ".weight"] = (P[n + ours + ".w"], True)
+            out[b + name + ".bias"] = (P[n + ours + ".b"], False)
+        out[b + "attn_norm.bias"] = (P[n + "ln1.b"], False)
+        out[b + "ffn_norm.bias"] = (P[n + "ln2.b"], False)
+    return out
+
+
+def metadata(model: GPT, dtype: str) -> dict:
+    """The architecture's keys, as llama.cpp reads them."""
+    c = model.config
+    arch = "llama" if c.block == "modern" else "gpt2"
+    keys = {f"{arch}.context_length": c.context, f"{arch}.embedding_length": c.d_model,
+            f"{arch}.feed_forward_length": c.mlp_hidden, f"{arch}.block_count": c.n_layer,
+            f"{arch}.attention.head_count": c.n_head}
+    if arch == "llama":
+        keys.update({"llama.attention.head_count_kv": c.n_head,
+                     "llama.attention.layer_norm_rms_epsilon": LN_EPS,
+                     "llama.rope.dimension_count": c.head_dim,
+                     "llama.rope.freq_base": ROPE_BASE, "llama.vocab_size": c.vocab})
+    else:
+        keys["gpt2.attention.layer_norm_epsilon"] = LN_EPS
+    return {"general.architecture": arch, "general.name": f"smallem-{c.name}", **keys}
+
+
+def export(model: GPT, path, dtype: str = "f32", overwrite: bool = False) -> Path:
+    """Write ``model`` to the GGUF file ``path``. An existing file is kept (FileExistsError)
+    unless ``overwrite``; the file appears complete or not at all (temp name, rename)."""
+    import gguf
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if model.config.vocab != 256:
+        raise ValueError(f"GGUF export knows the byte vocabulary (256), not {model.config.vocab}")
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists: choose another path, or overwrite it on purpose")
+    meta = metadata(model, dtype)
+    tmp = path.with_name(path.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), meta["general.architecture"])
+    try:
+        w.add_name(meta["general.name"])
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if dtype == "q8_0"
+                        else gguf.LlamaFileType.ALL_F32)
+        for key, value in meta.items():
+            if key in ("general.architecture", "general.name"):
+                continue
+            if isinstance(value, float):
+                w.add_float32(key, value)
+            else:
+                w.add_uint32(key, int(value))
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(byte_tokens())
+        w.add_token_types([gguf.TokenType.NORMAL] * 256)
+        # llama.cpp's BPE wants at least one merge (gguf drops an empty list). "~~" is
+        # not a token, so wherever this one merge fires, llama.cpp falls back to the two
+        # bytes it is made of: the ids stay byte for byte.
+        w.add_token_merges(["~ ~"])
+        w.add_bos_token_id(0)   # NUL: never in text, never added (add_bos is false)
+        w.add_eos_token_id(0)
+        w.add_add_bos_token(False)
+        for name, (a, product) in tensors(model).items():
+            if a.ndim == 2 and product and dtype == "q8_0":
+                w.add_tensor(name, q8_0_bytes(a), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            else:
+                a = a.T if a.ndim == 2 else a   # (in, out) -> (out, in)
+                w.add_tensor(name, np.ascontiguousarray(a, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def add_export_arguments(p):
+    p.add_argument("--checkpoint", help="a folder `smallem train` wrote")
+    p.add_argument("--config", help="no checkpoint: random weights of this config")
+    p.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    p.add_argument("--gguf", required=True, help="the GGUF file to write (must not exist)")
+    p.add_argument("--dtype", default="f32", choices=DTYPES)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing file")
+
+
+def cmd_export(args) -> int:
+    import sys
+
+    from . import checkpoint
+    from .decode import load_model
+
+    try:
+        if bool(args.checkpoint) == bool(args.config):
+            raise ValueError("give --checkpoint DIR or --config NAME (random weights), one of them")
+        model = load_model(args.checkpoint) if args.checkpoint else GPT(args.config, seed=args.seed)
+        path = export(model, args.gguf, args.dtype, args.overwrite)
+    except (ValueError, FileExistsError, checkpoint.CheckpointError) as e:
+        print(f"smallem export: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {args.dtype}, "
+          f"{'llama' if model.config.block == 'modern' else 'gpt2'} architecture)")
+    return 0

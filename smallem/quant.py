@@ -1,0 +1,130 @@
+"""Weights for decoding: int8 with a scale per block of 32, and the tiled layouts that
+``kernels_c/decode.c`` streams.
+
+A weight matrix W is (K, N), as the model stores it (y = x W). Its int8 form follows
+llama.cpp's Q8_0 exactly, so that the same bytes can be exported to GGUF: each column is
+cut into blocks of :data:`QBLOCK` = 32 along K; a block's scale is s = max|w| / 127,
+stored as float16, and its weights q = round(w / s) (half away from zero, with s before
+rounding to float16), so that w is approximately s q.
+
+:func:`pack_f32` and :func:`pack_q8` reorder a matrix into tiles of :data:`TILE` = 16
+output columns (see the comment at the top of ``kernels_c/decode.c``); :class:`Packed`
+holds the arrays and the C struct that points at them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QBLOCK = 32  # weights per scale, along K
+TILE = 16    # output columns per tile: one 64-byte line of f32, or of 16 x 4 int8
+
+
+def _pad(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _round(x: np.ndarray) -> np.ndarray:
+    """Round half away from zero, as C's roundf (and ggml's Q8_0) does; numpy's is to even."""
+    return np.trunc(x + np.copysign(0.5, x))
+
+
+def quantize_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """W (K, N) float -> (q int8 (K32, N), s float16 (K32 / 32, N)), K padded with zeros."""
+    w = np.asarray(w, np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"quantize_q8: expected a (K, N) matrix, got shape {w.shape}")
+    K, N = w.shape
+    K32 = _pad(K, QBLOCK)
+    wp = np.zeros((K32, N), np.float32)
+    wp[:K] = w
+    blocks = wp.reshape(K32 // QBLOCK, QBLOCK, N)
+    amax = np.abs(blocks).max(axis=1)                       # (nb, N)
+    d = amax / 127.0
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+    q = _round(blocks * inv[:, None, :]).clip(-127, 127).astype(np.int8)
+    return q.reshape(K32, N), d.astype(np.float16)
+
+
+def dequantize_q8(q: np.ndarray, s: np.ndarray, K: int | None = None,
+                  dtype=np.float64) -> np.ndarray:
+    """The weights an int8 matrix stands for: (K, N) in ``dtype`` (float64 for references)."""
+    K32, N = q.shape
+    w = q.astype(dtype).reshape(K32 // QBLOCK, QBLOCK, N) * s.astype(dtype)[:, None, :]
+    return w.reshape(K32, N)[:K if K is not None else K32]
+
+
+def pack_f32(w: np.ndarray) -> np.ndarray:
+    """(K, N) -> tiles [N16 / 16][K][16], float32, zero columns past N."""
+    K, N = w.shape
+    N16 = _pad(N, TILE)
+    wp = np.zeros((K, N16), np.float32)
+    wp[:, :N] = w
+    return np.ascontiguousarray(wp.reshape(K, N16 // TILE, TILE).transpose(1, 0, 2))
+
+
+def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q (K32, N), s (K32/32, N)) -> (tiles [N16/16][K32/4][16][4] int8,
+    scales [N16/16][K32/32][16] as uint16 bits of float16, corr [N16] float32).
+
+    corr_j = sum_b s_jb sum_{k in b} q_kj: what vpdpbusd's +128 on the activations adds,
+    divided by 128 (``kernels_c/decode.c``)."""
+    K32, N = q.shape
+    N16, nb = _pad(N, TILE), K32 // QBLOCK
+    qp = np.zeros((K32, N16), np.int8)
+    qp[:, :N] = q
+    sp = np.zeros((nb, N16), np.float16)
+    sp[:, :N] = s
+    tiles = qp.reshape(K32 // 4, 4, N16 // TILE, TILE).transpose(2, 0, 3, 1)
+    scales = sp.reshape(nb, N16 // TILE, TILE).transpose(1, 0, 2)
+    sums = qp.astype(np.int32).reshape(nb, QBLOCK, N16).sum(axis=1)          # (nb, N16)
+    corr = (sums.astype(np.float64) * sp.astype(np.float64)).sum(axis=0)
+    return (np.ascontiguousarray(tiles), np.ascontiguousarray(scales).view(np.uint16),
+            corr.astype(np.float32))
+
+
+class Packed:
+    """One weight matrix in the decoder's layout (``kind`` "f32" or "int8"), with its bias,
+    and the ``sm_mat`` struct :mod:`smallem.decode`'s C calls take. The arrays it points
+    at live as long as this object."""
+
+    def __init__(self, w: np.ndarray, kind: str = "f32", bias: np.ndarray | None = None):
+        w = np.asarray(w)
+        if w.ndim != 2:
+            raise ValueError(f"a weight matrix is (K, N), got shape {w.shape}")
+        if kind not in ("f32", "int8"):
+            raise ValueError(f"kind: expected 'f32' or 'int8', got {kind!r}")
+        self.K, self.N = w.shape
+        self.kind = kind
+        self.bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
+        if self.bias is not None and self.bias.shape != (self.N,):
+            raise ValueError(f"bias: expected shape ({self.N},), got {self.bias.shape}")
+        if kind == "f32":
+            self.f = pack_f32(np.asarray(w, np.float32))
+            self.q = self.s = self.corr = None
+        else:
+            self.q8 = quantize_q8(w)
+            self.f = None
+            self.q, self.s, self.corr = pack_q8(*self.q8)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one product reads: the weights, with their scales and corrections."""
+        parts = (self.f,) if self.kind == "f32" else (self.q, self.s)
+        return int(sum(p.nbytes for p in parts))
+
+    def dequantized(self, dtype=np.float64) -> np.ndarray:
+        """The (K, N) weights the product multiplies by (int8: scale times q)."""
+        if self.kind == "f32":
+            return self.f.transpose(1, 0, 2).reshape(self.K, -1)[:, :self.N].astype(dtype)
+        return dequantize_q8(*self.q8, self.K, dtype)[:, :self.N]
+
+    def fill(self, ffi, mat):
+        """Point the C struct ``mat`` (an ``sm_mat``) at this matrix's arrays."""
+        mat.K, mat.N, mat.kind = self.K, self.N, int(self.kind == "int8")
+        null = ffi.NULL
+        mat.f = ffi.cast("float *", self.f.ctypes.data) if self.f is not None else null
+        mat.q = ffi.cast("int8_t *", self.q.ctypes.data) if self.q is not None else null
+        mat.s = ffi.cast("uint16_t *", self.s.ctypes.data) if self.s is not None else null
+        mat.corr = ffi.cast("float *", self.corr.ctypes.data) if self.corr is not None else null
+        mat.bias = ffi.cast("float *", self.bias.ctypes.data) if self.bias is not None else null

@@ -1,0 +1,268 @@
+"""Chapter 4: the decoder's products, the KV cache, sampling, the generator and its errors."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from smallem import checkpoint, decode
+from smallem.checks import assert_close
+from smallem.model import GPT, Config
+from smallem.quant import QBLOCK, Packed, dequantize_q8, quantize_q8
+
+SHAPES = [(1, 1, 1), (1, 31, 17), (3, 33, 15), (5, 100, 50), (33, 64, 40), (4, 96, 16),
+          (2, 7, 129), (1, 200, 300)]  # rows, K, N: below, across and past a tile and a block
+
+
+def _model(block="gpt2", d=64, layers=2, heads=4, context=72, seed=0, spread=0.05):
+    cfg = Config("t", d_model=d, n_layer=layers, n_head=heads, context=context, block=block)
+    m = GPT(cfg, "kernels", seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    for p in m.params.values():  # away from the init's near-uniform logits, biases included
+        p[...] += rng.normal(0, spread, p.shape)
+    return m
+
+
+def test_quantize_q8_is_q8_0(rng):
+    w = rng.normal(0, 1, (70, 9)).astype(np.float32)
+    w[:32, 3] = 0  # an all-zero block: scale 0, weights 0
+    q, s = quantize_q8(w)
+    assert q.shape == (96, 9) and s.shape == (3, 9) and q.dtype == np.int8
+    assert np.abs(q).max() <= 127 and (q[70:] == 0).all()
+    amax = np.abs(np.pad(w, ((0, 26), (0, 0))).reshape(3, 32, 9)).max(axis=1)
+    assert_close(s.astype(np.float32), (amax / 127).astype(np.float16).astype(np.float32))
+    assert (q[:32, 3] == 0).all() and s[0, 3] == 0
+    back = dequantize_q8(q, s, 70)
+    # each weight within half a step of its block's scale (plus the scale's f16 rounding)
+    step = np.repeat(s.astype(np.float64), 32, axis=0)[:70]
+    assert (np.abs(back - w) <= 0.5 * step + 1e-3 * np.abs(w) + 1e-12).all()
+
+
+def test_quantize_rows_one_scale_per_row(rng):
+    x = rng.normal(0, 3, (5, 45)).astype(np.float32)
+    x[2] = 0
+    p, a = decode.quantize_rows(x)
+    assert p.shape == (5, 64) and (p[:, 45:] == 0).all()
+    assert_close(a, np.abs(x).max(axis=1) / 127)
+    ok = a > 0
+    err = np.abs(p[ok, :45] * a[ok, None].astype(np.float64) - x[ok])
+    assert (err <= 0.5 * a[ok, None] * (1 + 1e-5)).all()
+    assert (p[2] == 0).all()
+
+
+@pytest.mark.parametrize("rows,K,N", SHAPES)
+@pytest.mark.parametrize("kind", ["f32", "int8"])
+def test_product_against_float64(level, rows, K, N, kind, rng):
+    w = rng.normal(0, 0.1, (K, N)).astype(np.float32)
+    bias = rng.normal(0, 1, N).astype(np.float32)
+    x = rng.normal(0, 1, (rows, K)).astype(np.float32)
+    pk = Packed(w, kind, bias)
+    y0 = rng.normal(0, 1, (rows, N)).astype(np.float32)
+    for accumulate in (False, True):
+        y = decode.matmul(pk, x, threads=2, y=y0.copy(), accumulate=accumulate)
+        if kind == "int8":  # what it multiplies: the dequantised weights and rows
+            p, a = decode.quantize_rows(x)
+            xin = p[:, :K].astype(np.float64) * a[:, None]
+        else:
+            xin = x.astype(np.float64)
+        ref = xin @ pk.dequantized() + bias + (y0 if accumulate else 0)
+        assert_close(y, ref.astype(np.float32), k=K, name=f"{kind} {rows}x{K}x{N}")
+
+
+def test_int8_layout_and_correction(rng):
+    """corr is what the +128 shift adds, divided by 128; the tile order is the documented one."""
+    w = rng.normal(0, 1, (64, 20)).astype(np.float32)
+    pk = Packed(w, "int8")
+    q, s = pk.q8
+    assert pk.q.shape == (2, 16, 16, 4)           # [N16/16][K32/4][16][4]
+    assert pk.q[1, 3, 2, 1] == q[3 * 4 + 1, 16 + 2]
+    want = (q.astype(np.float64).reshape(2, 32, 20).sum(axis=1) * s.astype(np.float64)).sum(0)
+    assert_close(pk.corr[:20], want.astype(np.float32))
+    assert (pk.corr[20:] == 0).all()
+
+
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_kv_cache_decode_equals_full_recompute(level, block):
+    m = _model(block, context=72)
+    toks = np.random.default_rng(1).integers(0, 256, 72).astype(np.int32)
+    full = m.forward(toks[None]).copy()
+    for name, dec in [("numpy", decode.NumpyCache(m)),
+                      ("f32", decode.Decoder(m, "f32", 1)),
+                      ("f32 pool", decode.Decoder(m, "f32", 2, pool=True)),
+                      ("f32 openmp", decode.Decoder(m, "f32", 2, pool=False)),
+                      ("f32 gemm prefill", decode.Decoder(m, "f32", 1, prefill="gemm"))]:
+        # a prompt longer than one pass of rows (32), then every position one by one
+        assert_close(dec.prefill(toks[:40]), full[39], rtol=1e-4, atol=1e-5, name=name)
+        for i in range(40, 72):
+            assert_close(dec.step(int(toks[i])), full[i], rtol=1e-4, atol=1e-5,
+                         name=f"{name} at position {i}")
+        with pytest.raises(ValueError, match="cache is full|context"):
+            dec.step(1)
+    assert_close(decode.Decoder(m, "f32", 2).all_logits(toks), full, rtol=1e-4, atol=1e-5)
+    nc = decode.NoCache(m)
+    assert_close(nc.prefill(toks[:5]), full[4], rtol=1e-4, atol=1e-5)
+    assert_close(nc.step(int(toks[5])), full[5], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_int8_decode_follows_f32(level, block):
+    m = _model(block)
+    toks = np.random.default_rng(2).integers(0, 256, 60).astype(np.int32)
+    f32 = decode.Decoder(m, "f32", 1).all_logits(toks)
+    q8 = decode.Decoder(m, "int8", 2)
+    all8 = q8.all_logits(toks)
+    q8.reset()
+    stepped = [q8.prefill(toks[:10]).copy()] + [q8.step(int(t)).copy() for t in toks[10:]]
+    assert_close(np.array(stepped), all8[9:], rtol=1e-4, atol=1e-4)  # one row or many: same
+    err = np.abs(all8 - f32).max() / np.abs(f32).max()
+    assert 0 < err < 0.05, err
+    assert (all8.argmax(1) == f32.argmax(1)).mean() > 0.8
+
+
+def test_rungs_are_the_ladder():
+    m = _model()
+    assert [i for i, _, _ in decode.RUNGS] == list(range(len(decode.RUNGS)))
+    toks = list(range(20))
+    first = None
+    for i, _, _ in decode.RUNGS:
+        dec = decode.rung_decoder(i, m, threads=2)
+        dec.prefill(toks)
+        logits = dec.step(7).copy()
+        first = logits if first is None else first
+        tol = 0.05 * np.abs(first).max() if i >= 3 else 1e-4 * np.abs(first).max()
+        assert np.abs(logits - first).max() <= tol, i
+    with pytest.raises(ValueError, match="rung"):
+        decode.rung_decoder(-1, m)
+
+
+# ---------------------------------------------------------------- sampling
+def test_sampler_seeded_and_top_k_one_is_greedy(rng):
+    logits = [rng.normal(0, 2, 256).astype(np.float32) for _ in range(50)]
+    a = decode.Sampler(0.9, top_k=40, top_p=0.9, seed=7)
+    b = decode.Sampler(0.9, top_k=40, top_p=0.9, seed=7)
+    assert [a(x) for x in logits] == [b(x) for x in logits]
+    c, d = decode.Sampler(0.9, seed=8), decode.Sampler(0.9, seed=9)
+    assert [c(x) for x in logits] != [d(x) for x in logits]  # the seed matters
+    one = decode.Sampler(1.5, top_k=1, seed=3)
+    greedy = decode.Sampler(0.0)
+    assert [one(x) for x in logits] == [greedy(x) for x in logits] == [int(x.argmax()) for x in logits]
+
+
+def test_sampler_cuts(rng):
+    x = rng.normal(0, 1, 256).astype(np.float32)
+    top2 = set(np.argsort(-x)[:2].tolist())
+    s = decode.Sampler(5.0, top_k=2, seed=0)
+    assert {s(x) for _ in range(300)} == top2
+    # top-p: a mass held by the first token alone keeps only it
+    y = np.full(256, -10.0, np.float32)
+    y[17], y[3] = 10.0, 9.0
+    s = decode.Sampler(1.0, top_p=0.5, seed=1)
+    assert {s(y) for _ in range(50)} == {17}
+    s = decode.Sampler(1.0, top_p=1.0, seed=1)
+    assert {s(y) for _ in range(400)} == {17, 3}
+    # the draw follows softmax(x / T): two tokens at p and 1-p
+    z = np.full(256, -50.0, np.float32)
+    z[1], z[2] = 0.0, np.log(3.0)
+    s = decode.Sampler(1.0, seed=2)
+    draws = [s(z) for _ in range(4000)]
+    assert abs(draws.count(2) / 4000 - 0.75) < 0.03
+
+
+@pytest.mark.parametrize("kw,match", [({"temperature": -0.1}, "temperature"),
+                                      ({"temperature": float("nan")}, "temperature"),
+                                      ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+                                      ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k")])
+def test_sampler_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        decode.Sampler(**kw)
+
+
+# ---------------------------------------------------------------- the generator
+def test_generator_prompts_and_the_context():
+    m = _model(context=40)
+    g = decode.Generator(m, dtype="int8", threads=2)
+    out = list(g.generate(b"", 5, temperature=0))            # empty: starts after a newline
+    assert len(out) == 5 and all(isinstance(p, bytes) and len(p) == 1 for p in out)
+    assert b"".join(g.generate("é\n", 3, seed=1)) == b"".join(g.generate(b"\xc3\xa9\n", 3, seed=1))
+    assert len(b"".join(g.generate(b"\xff\xfe\x00", 4))) == 4  # not UTF-8: fine, as bytes
+    long = b"".join(g.generate(b"x" * 30, 100, temperature=0))  # past the context: slides
+    assert len(long) == 100
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        list(g.generate(b"y" * 41, 1))
+    with pytest.raises(ValueError, match="tokens"):
+        list(g.generate(b"a", -1))
+    with pytest.raises(TypeError, match="prompt"):
+        list(g.generate(123, 1))
+    # greedy with f32 equals the decoder's argmax, step by step, and NoCache's too
+    g32 = decode.Generator(m, dtype="f32", threads=1)
+    text = b"".join(g32.generate(b"abc", 8, temperature=0))
+    nc, toks = decode.NoCache(m), list(b"abc")
+    want = []
+    logits = nc.prefill(toks)
+    for _ in range(8):
+        want.append(int(np.argmax(logits)))
+        logits = nc.step(want[-1])
+    assert list(text) == want
+
+
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_generate_from_a_checkpoint(tmp_path, block):
+    from smallem.data import Corpus
+    from smallem.train import Trainer
+
+    text = np.frombuffer(b"def f(x):\n    return x\n" * 50, np.uint8)
+    corpus = Corpus("tiny", text, text[:200], "0" * 64, 1)
+    cfg = Config("t", d_model=32, n_layer=1, n_head=2, context=32, block=block)
+    t = Trainer(cfg, corpus=corpus, batch_size=2, steps=2)
+    t.train_step()
+    t.save(tmp_path / "ck")
+    m = decode.load_model(tmp_path / "ck")
+    assert np.array_equal(m.flat, t.model.flat) and m.config == cfg
+    r = subprocess.run([sys.executable, "-m", "smallem", "generate", "--checkpoint",
+                        str(tmp_path / "ck"), "--prompt", "def", "--tokens", "12", "--seed", "1"],
+                       capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()
+    assert len(r.stdout) == 12
+    assert r.stdout == b"".join(decode.Generator(m).generate(b"def", 12, seed=1))
+
+
+def test_generate_command_errors(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "smallem", "generate", *args],
+                              capture_output=True, text=True)
+
+    r = run("--checkpoint", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "no checkpoint here" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / checkpoint.INDEX).write_text("{not json")
+    r = run("--checkpoint", str(tmp_path / "bad"))
+    assert r.returncode == 2 and "not a readable checkpoint" in r.stderr
+    assert (tmp_path / "bad" / checkpoint.INDEX).read_text() == "{not json"  # left as it was
+    r = run("--config", "s", "--temperature", "-1")
+    assert r.returncode == 2 and "temperature" in r.stderr
+    r = run("--config", "s", "--top-p", "2")
+    assert r.returncode == 2 and "top_p" in r.stderr
+    r = run("--config", "s", "--prompt", "x" * 200)
+    assert r.returncode == 2 and "longer than the model's context" in r.stderr
+    r = run()
+    assert r.returncode == 2 and "--checkpoint" in r.stderr
+
+
+def test_decoder_bad_input():
+    m = _model()
+    with pytest.raises(ValueError, match="dtype"):
+        decode.Decoder(m, "int4")
+    d = decode.Decoder(m, "int8", 1)
+    for bad, err in [([], ValueError), ([256], ValueError), ([-1], ValueError),
+                     (np.array([1.5]), TypeError), ([[1, 2]], ValueError)]:
+        with pytest.raises(err):
+            d.prefill(bad)
+    assert d.pos == 0  # nothing was written
+    with pytest.raises(ValueError, match="context"):
+        d.prefill(list(range(73)))
+    with pytest.raises(ValueError, match="vocabulary"):
+        d.step(300)
+    with pytest.raises(ValueError, match="float32"):
+        decode.matmul(Packed(np.zeros((4, 4), np.float32)), np.zeros((1, 4)))
+    assert QBLOCK == 32
