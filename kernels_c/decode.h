@@ -19,6 +19,7 @@ typedef struct {
     float *k_cache, *v_cache;
     float *work;
     long long work_floats;
+    long long par_min_bytes;
 } sm_model;
 int sm_rows(void);
 int sm_tile(void);
@@ -26,3 +27,4 @@ long long sm_work_floats(const sm_model *m);
 int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logits, int all_logits, int nthreads);
 void sm_quantize_rows(const float *x, int rows, int K, int8_t *xq, float *xs);
 void sm_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *xs, float *y, int rows, int accumulate, int nthreads);
+double sm_time_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *xs, float *y, int reps);

@@ -190,7 +190,7 @@ class Decoder:
     """
 
     def __init__(self, model: GPT, dtype: str = "int8", threads=1, pool: bool = True,
-                 prefill: str = "c"):
+                 prefill: str = "c", par_min_bytes: int | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
         if prefill not in ("c", "gemm"):
@@ -238,16 +238,43 @@ class Decoder:
         else:
             m.rope_cos = m.rope_sin = ffi.NULL
         m.layers = layers
-        shape = (c.n_layer, c.n_head, c.context, c.head_dim)
-        self.k, self.v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        # keys in tiles of 16 positions, (context/16, hd, 16) per head (kernels_c/decode.c)
+        self.k = np.zeros((c.n_layer, c.n_head, -(-c.context // 16), c.head_dim, 16), np.float32)
+        self.v = np.zeros((c.n_layer, c.n_head, c.context, c.head_dim), np.float32)
         m.k_cache, m.v_cache = ptr(self.k), ptr(self.v)
         self.work = np.zeros(int(lib.sm_work_floats(m)), np.float32)
         m.work, m.work_floats = ptr(self.work), self.work.size
+        self.par_min_bytes = (int(par_min_bytes) if par_min_bytes is not None
+                              else self._par_min_bytes(pool))
+        m.par_min_bytes = self.par_min_bytes
         self.logits = np.zeros(c.vocab, np.float32)
         self._logits_p = ffi.cast("float *", self.logits.ctypes.data)
         self._tok = np.zeros(1, np.int32)
         self._tok_p = ffi.cast("int *", self._tok.ctypes.data)
         self.pos = 0
+
+    SYNC_SHARE = 8  # a product goes parallel when it streams 8 fork-joins' worth of bytes
+
+    def _par_min_bytes(self, pool: bool) -> int:
+        """Below how many bytes a product (or an attention) runs on one thread: the bytes
+        one core streams in SYNC_SHARE fork-joins of the team, both measured here, now (the
+        cheapest of a few tries of each: the machine's cost, not a neighbour's noise). A
+        team that met for less would spend more of the token meeting than working."""
+        if int(self.threads) == 1:
+            return 0
+        fj = min(_pool.fork_join_seconds("pool" if pool else "openmp", int(self.threads), 500)
+                 for _ in range(5))
+        big = max(self.mats, key=lambda pk: pk.nbytes)
+        ffi = self.ffi
+        x = np.ones((1, big.K), np.float32)
+        xq, xs = quantize_rows(x)
+        y = np.zeros((1, big.N), np.float32)
+        m = ffi.new("sm_mat *")
+        big.fill(ffi, m)
+        fp = lambda a: ffi.cast("float *", a.ctypes.data)  # noqa: E731
+        secs = self.lib.sm_time_matmul(m, fp(x), ffi.cast("int8_t *", xq.ctypes.data), fp(xs),
+                                       fp(y), 20)
+        return int(self.SYNC_SHARE * fj * big.nbytes / secs)
 
     @property
     def weight_bytes(self) -> int:
@@ -270,7 +297,10 @@ class Decoder:
         if self.prefill_mode == "gemm" and self.pos == 0:
             logits = self.model.forward(t[None, :])
             for i, layer in enumerate(self.model.ws.layers):
-                self.k[i, :, :t.size] = layer.attn.k[0]
+                H, hd = self.config.n_head, self.config.head_dim
+                k = np.zeros((H, self.k.shape[2] * 16, hd), np.float32)
+                k[:, :t.size] = layer.attn.k[0]
+                self.k[i] = k.reshape(H, -1, 16, hd).swapaxes(-1, -2)
                 self.v[i, :, :t.size] = layer.attn.v[0]
             self.pos = t.size
             self.logits[...] = logits[-1]

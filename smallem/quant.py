@@ -18,6 +18,7 @@ import numpy as np
 
 QBLOCK = 32  # weights per scale, along K
 TILE = 16    # output columns per tile: one 64-byte line of f32, or of 16 x 4 int8
+GROUP = 8    # tiles whose lines are interleaved, so that a decode block reads one stream
 
 
 def _pad(n: int, m: int) -> int:
@@ -54,18 +55,41 @@ def dequantize_q8(q: np.ndarray, s: np.ndarray, K: int | None = None,
     return w.reshape(K32, N)[:K if K is not None else K32]
 
 
+def group_lines(tiles: np.ndarray) -> np.ndarray:
+    """[tile][row][...] -> the flat decoder order: groups of GROUP tiles (the last one
+    possibly fewer), each group [row][tile in group][...], so that a group's lines
+    interleave (``kernels_c/decode.c``'s layout comment)."""
+    parts = [np.ascontiguousarray(tiles[g:g + GROUP].swapaxes(0, 1)).reshape(-1)
+             for g in range(0, tiles.shape[0], GROUP)]
+    return np.concatenate(parts)
+
+
+def ungroup_lines(flat: np.ndarray, shape: tuple) -> np.ndarray:
+    """The inverse of :func:`group_lines`: flat -> [tile][row][...] of ``shape``."""
+    out = np.empty(shape, flat.dtype)
+    per_tile = int(np.prod(shape[1:]))
+    at = 0
+    for g in range(0, shape[0], GROUP):
+        n = min(GROUP, shape[0] - g)
+        block = flat[at:at + n * per_tile].reshape(shape[1], n, *shape[2:])
+        out[g:g + n] = block.swapaxes(0, 1)
+        at += n * per_tile
+    return out
+
+
 def pack_f32(w: np.ndarray) -> np.ndarray:
-    """(K, N) -> tiles [N16 / 16][K][16], float32, zero columns past N."""
+    """(K, N) -> the decoder's f32 lines (flat float32): tiles [N16/16][K][16], grouped."""
     K, N = w.shape
     N16 = _pad(N, TILE)
     wp = np.zeros((K, N16), np.float32)
     wp[:, :N] = w
-    return np.ascontiguousarray(wp.reshape(K, N16 // TILE, TILE).transpose(1, 0, 2))
+    return group_lines(wp.reshape(K, N16 // TILE, TILE).transpose(1, 0, 2))
 
 
 def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q (K32, N), s (K32/32, N)) -> (tiles [N16/16][K32/4][16][4] int8,
-    scales [N16/16][K32/32][16] as uint16 bits of float16, corr [N16] float32).
+    """(q (K32, N), s (K32/32, N)) -> (int8 lines of tiles [N16/16][K32/4][16][4], grouped;
+    scales [N16/16][K32/32][16] as uint16 bits of float16, grouped the same way;
+    corr [N16] float32), each flat.
 
     corr_j = sum_b s_jb sum_{k in b} q_kj: what vpdpbusd's +128 on the activations adds,
     divided by 128 (``kernels_c/decode.c``)."""
@@ -79,8 +103,7 @@ def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     scales = sp.reshape(nb, N16 // TILE, TILE).transpose(1, 0, 2)
     sums = qp.astype(np.int32).reshape(nb, QBLOCK, N16).sum(axis=1)          # (nb, N16)
     corr = (sums.astype(np.float64) * sp.astype(np.float64)).sum(axis=0)
-    return (np.ascontiguousarray(tiles), np.ascontiguousarray(scales).view(np.uint16),
-            corr.astype(np.float32))
+    return group_lines(tiles), group_lines(scales).view(np.uint16), corr.astype(np.float32)
 
 
 class Packed:
@@ -116,7 +139,8 @@ class Packed:
     def dequantized(self, dtype=np.float64) -> np.ndarray:
         """The (K, N) weights the product multiplies by (int8: scale times q)."""
         if self.kind == "f32":
-            return self.f.transpose(1, 0, 2).reshape(self.K, -1)[:, :self.N].astype(dtype)
+            tiles = ungroup_lines(self.f, (_pad(self.N, TILE) // TILE, self.K, TILE))
+            return tiles.transpose(1, 0, 2).reshape(self.K, -1)[:, :self.N].astype(dtype)
         return dequantize_q8(*self.q8, self.K, dtype)[:, :self.N]
 
     def fill(self, ffi, mat):

@@ -75,8 +75,16 @@ def test_int8_layout_and_correction(rng):
     w = rng.normal(0, 1, (64, 20)).astype(np.float32)
     pk = Packed(w, "int8")
     q, s = pk.q8
-    assert pk.q.shape == (2, 16, 16, 4)           # [N16/16][K32/4][16][4]
-    assert pk.q[1, 3, 2, 1] == q[3 * 4 + 1, 16 + 2]
+    # one group of two tiles: [K32/4][2][16][4]; tile 1, k = 3*4 + 1, output 16 + 2
+    assert pk.q.shape == (16 * 2 * 16 * 4,)
+    assert pk.q.reshape(16, 2, 16, 4)[3, 1, 2, 1] == q[3 * 4 + 1, 16 + 2]
+    big = Packed(rng.normal(0, 1, (32, 200)).astype(np.float32), "int8")  # 13 tiles: 8 + 5
+    qb, _ = big.q8
+    lines = big.q.reshape(-1, 64)
+    # tile 10 (the second group's third), k-group 5: line 8 * 8 + 5 * 5 + 2
+    assert (lines[8 * 8 + 5 * 5 + 2].reshape(16, 4) == qb[20:24, 160:176].T).all()
+    assert_close(big.dequantized().astype(np.float32),
+                 dequantize_q8(qb, big.q8[1], 32).astype(np.float32))
     want = (q.astype(np.float64).reshape(2, 32, 20).sum(axis=1) * s.astype(np.float64)).sum(0)
     assert_close(pk.corr[:20], want.astype(np.float32))
     assert (pk.corr[20:] == 0).all()
@@ -89,8 +97,8 @@ def test_kv_cache_decode_equals_full_recompute(level, block):
     full = m.forward(toks[None]).copy()
     for name, dec in [("numpy", decode.NumpyCache(m)),
                       ("f32", decode.Decoder(m, "f32", 1)),
-                      ("f32 pool", decode.Decoder(m, "f32", 2, pool=True)),
-                      ("f32 openmp", decode.Decoder(m, "f32", 2, pool=False)),
+                      ("f32 pool", decode.Decoder(m, "f32", 2, pool=True, par_min_bytes=0)),
+                      ("f32 openmp", decode.Decoder(m, "f32", 2, pool=False, par_min_bytes=0)),
                       ("f32 gemm prefill", decode.Decoder(m, "f32", 1, prefill="gemm"))]:
         # a prompt longer than one pass of rows (32), then every position one by one
         assert_close(dec.prefill(toks[:40]), full[39], rtol=1e-4, atol=1e-5, name=name)
@@ -99,7 +107,8 @@ def test_kv_cache_decode_equals_full_recompute(level, block):
                          name=f"{name} at position {i}")
         with pytest.raises(ValueError, match="cache is full|context"):
             dec.step(1)
-    assert_close(decode.Decoder(m, "f32", 2).all_logits(toks), full, rtol=1e-4, atol=1e-5)
+    assert_close(decode.Decoder(m, "f32", 2, par_min_bytes=0).all_logits(toks), full,
+                 rtol=1e-4, atol=1e-5)
     nc = decode.NoCache(m)
     assert_close(nc.prefill(toks[:5]), full[4], rtol=1e-4, atol=1e-5)
     assert_close(nc.step(int(toks[5])), full[5], rtol=1e-4, atol=1e-5)
@@ -110,7 +119,7 @@ def test_int8_decode_follows_f32(level, block):
     m = _model(block)
     toks = np.random.default_rng(2).integers(0, 256, 60).astype(np.int32)
     f32 = decode.Decoder(m, "f32", 1).all_logits(toks)
-    q8 = decode.Decoder(m, "int8", 2)
+    q8 = decode.Decoder(m, "int8", 2, par_min_bytes=0)
     all8 = q8.all_logits(toks)
     q8.reset()
     stepped = [q8.prefill(toks[:10]).copy()] + [q8.step(int(t)).copy() for t in toks[10:]]
@@ -266,3 +275,15 @@ def test_decoder_bad_input():
     with pytest.raises(ValueError, match="float32"):
         decode.matmul(Packed(np.zeros((4, 4), np.float32)), np.zeros((1, 4)))
     assert QBLOCK == 32
+
+
+def test_threshold_for_threads():
+    """Products smaller than the threshold run on one thread; the threshold is derived."""
+    m = _model()
+    d = decode.Decoder(m, "int8", 2)
+    assert d.par_min_bytes > 0
+    assert decode.Decoder(m, "int8", 1).par_min_bytes == 0
+    serial = decode.Decoder(m, "int8", 2, par_min_bytes=1 << 40)
+    toks = list(range(30))
+    assert_close(serial.all_logits(toks), decode.Decoder(m, "int8", 2, par_min_bytes=0)
+                 .all_logits(toks), rtol=1e-5, atol=1e-5)

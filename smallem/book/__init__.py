@@ -25,6 +25,7 @@ CHAPTERS = (
     "ch2",   # the matrix product
     "gpu",   # chapters 1 and 2 on a GPU, measured where one is lent
     "ch3",   # training a GPT on the CPU
+    "ch4",   # generating without the GPU
 )
 
 

@@ -1,0 +1,144 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 4, the notebook: generating without the GPU
+#
+# This notebook checks the decoder live on a tiny model (the KV cache against recomputing
+# everything, int8 against f32, sampling), then shows chapter 4's measurements: the decode
+# ladder beside llama.cpp and PyTorch, the L3 study, and the quality of int8 on a model
+# trained here. By default it reads this machine's records (`figures/records/ch4.*.json`,
+# written by `smallem bench-generate`) and measures only if they are missing.
+# `SMALLEM_QUICK=1` runs everything on tiny sizes in seconds (that is how the test suite
+# runs it); `SMALLEM_REMEASURE=1` measures again in full.
+
+# %%
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from IPython.display import SVG, Markdown, display
+
+from smallem import decode, gguf_export, machine_info
+from smallem.book import ch4, figures, records
+from smallem.checks import assert_close
+from smallem.model import GPT, Config
+from smallem.quant import Packed
+
+QUICK = os.environ.get("SMALLEM_QUICK") == "1"
+REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
+print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
+
+# %% [markdown]
+# ## The cache changes nothing but the time
+#
+# A tiny model with both blocks: the logits of every position, decoded one token at a time
+# against the KV cache, equal those of one forward pass over the whole sequence.
+
+# %%
+for block in ("gpt2", "modern"):
+    tiny = Config("tiny", d_model=64, n_layer=2, n_head=4, context=48, block=block)
+    model = GPT(tiny, "kernels", seed=1)
+    model.flat += np.random.default_rng(0).normal(0, 0.05, model.flat.shape).astype(np.float32)
+    toks = np.random.default_rng(1).integers(0, 256, 48).astype(np.int32)
+    full = model.forward(toks[None]).copy()
+    dec = decode.Decoder(model, "f32", threads=2)
+    worst = np.abs(dec.prefill(toks[:10]) - full[9]).max()
+    for i in range(10, 48):
+        worst = max(worst, np.abs(dec.step(int(toks[i])) - full[i]).max())
+    print(f"{block}: worst |cached - recomputed| over 39 positions: {worst:.1e}")
+    assert worst < 1e-4
+
+# %% [markdown]
+# ## int8 weights, exactly what they stand for
+#
+# The int8 product against float64 arithmetic on the dequantised weights and activations:
+# only rounding separates them. Against the f32 weights, the error is the quantisation's.
+
+# %%
+rng = np.random.default_rng(2)
+w = rng.normal(0, 0.1, (100, 50)).astype(np.float32)
+x = rng.normal(0, 1, (3, 100)).astype(np.float32)
+pk = Packed(w, "int8")
+y = decode.matmul(pk, x)
+p, a = decode.quantize_rows(x)
+exact = (p[:, :100] * a[:, None].astype(np.float64)) @ pk.dequantized()
+assert_close(y, exact.astype(np.float32), k=100, name="int8 product")
+print(f"int8 product vs float64 on the dequantised operands: "
+      f"{np.abs(y - exact).max():.1e}; vs the f32 weights: {np.abs(y - x @ w).max():.1e}")
+
+# %% [markdown]
+# ## Sampling: seeded, and top-k = 1 is greedy
+
+# %%
+g = decode.Generator(model, dtype="int8", threads=2)
+a1 = b"".join(g.generate(b"def ", 20, temperature=0.9, top_k=40, seed=3))
+a2 = b"".join(g.generate(b"def ", 20, temperature=0.9, top_k=40, seed=3))
+k1 = b"".join(g.generate(b"def ", 20, temperature=1.3, top_k=1, seed=4))
+greedy = b"".join(g.generate(b"def ", 20, temperature=0))
+print("same seed, same bytes:", a1 == a2, "| top-k 1 = greedy:", k1 == greedy)
+
+# %% [markdown]
+# ## The GGUF file reads back
+
+# %%
+import gguf
+
+with tempfile.TemporaryDirectory() as tmp:
+    path = gguf_export.export(model, Path(tmp) / "tiny.gguf", "q8_0")
+    reader = gguf.GGUFReader(str(path))
+    print(f"{path.name}: {len(reader.tensors)} tensors, architecture "
+          f"{bytes(reader.fields['general.architecture'].parts[-1]).decode()}")
+
+# %% [markdown]
+# ## Measure, or read the records
+
+# %%
+have = records.exists(ch4.RECORD) and records.exists(ch4.RECORD_QUALITY)
+if QUICK or REMEASURE or not have:
+    ch4.bench_generate(quick=QUICK, progress=False)
+rec = records.load(ch4.RECORD)
+values = ch4.report(records.records_dir())
+print(figures.machine_line(rec))
+
+# %% [markdown]
+# ## The ladder, with llama.cpp and PyTorch in the same rounds
+
+# %%
+display(Markdown((figures.tables_dir() / "ch4_ladder.md").read_text()))
+display(Markdown((figures.tables_dir() / "ch4_targets.md").read_text()))
+
+# %% [markdown]
+# ## Decode speed against model size
+
+# %%
+if (figures.figures_dir() / "ch4_l3.svg").exists():
+    display(SVG(filename=str(figures.figures_dir() / "ch4_l3.svg")))
+for key in ("ch4.big_params", "ch4.big_int8_vs_f32", "ch4.big_share", "ch4.small_one_core",
+            "ch4.small_all_cores"):
+    print(key, "=", values.get(key, "n/a"))
+
+# %% [markdown]
+# ## What int8 costs in quality
+
+# %%
+display(Markdown((figures.tables_dir() / "ch4_quality.md").read_text()))
+print("validation:", values.get("ch4.bpb_f32"), "(f32),", values.get("ch4.bpb_int8"),
+      "(int8), change", values.get("ch4.bpb_change"))
+display(Markdown((figures.tables_dir() / "ch4_sample.md").read_text()))
+
+# %% [markdown]
+# ## The balance sheet
+
+# %%
+display(Markdown((figures.tables_dir() / "ch4_balance.md").read_text()))

@@ -1,0 +1,35 @@
+"""Chapter 4, generating without the GPU: the decode ladder timed on one model beside
+llama.cpp and PyTorch, the L3 study, the fork-joins per token, and int8's quality.
+
+The decoders, the sampler, the generator, int8 and GGUF are the library's
+:mod:`smallem.decode`, :mod:`smallem.quant` and :mod:`smallem.gguf_export`. This package is
+the chapter's room in the book: ``measuring`` runs the benchmark into the records (with
+``llama`` and ``torch_peer``, the peers), ``reading`` turns them into the page's tables,
+figures and values, and this file holds what :mod:`smallem.book` asks of every chapter.
+"""
+
+from __future__ import annotations
+
+from .measuring import RECORD, RECORD_QUALITY, bench_generate  # noqa: F401
+from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
+from .. import records
+
+RECORDS = (RECORD, RECORD_QUALITY)
+
+
+def add_bench_generate_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
+    p.add_argument("--threads", type=int, help="threads (default: all cores)")
+
+
+def cmd_bench_generate(args) -> int:
+    bench_generate(quick=args.quick or None, threads=args.threads)
+    print(f"wrote {records.records_dir() / (RECORD + '.json')} and "
+          f"{records.records_dir() / (RECORD_QUALITY + '.json')}")
+    return 0
+
+
+# what `smallem` offers for this chapter: name -> (function, add_arguments, help)
+COMMANDS = {"bench-generate": (cmd_bench_generate, add_bench_generate_arguments,
+                               "chapter 4: time generation, write records")}
+MEASURE = "bench-generate"  # the command `make book` runs

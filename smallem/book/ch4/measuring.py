@@ -1,0 +1,315 @@
+"""Chapter 4's measurements: the decode ladder on one model, llama.cpp (and PyTorch) in
+the same rounds, the L3 study over model sizes chosen from this machine's caches, the
+cost of the threads' fork-joins per token, and the quality of int8 on a model trained
+here. Two records: ``ch4.decode`` and ``ch4.quality``.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ... import checks, data, decode, gguf_export, machine_info, pool
+from ...build import ROOT
+from ...model import GPT, Config, get_config
+from ...timing import Timing, quick_mode
+from .. import records
+from . import llama, torch_peer
+
+RECORD = "ch4.decode"
+RECORD_QUALITY = "ch4.quality"
+LADDER_CONFIG = "xl"  # chapter 3's largest model: its int8 weights fit an L3 of 32 MiB
+# The prompt every decode measurement starts from, then the tokens fed one by one.
+PROMPT = list(b"def measure(fn, *, repeats=5):\n    \"\"\"Time fn() and keep every sample.")
+FEED = list(b"\n    out = []\n    for _ in range(repeats):\n        t0 = time.perf_counter()\n")
+PAUSE = 0.05          # seconds before each case's turn
+ROUNDS = 5            # decode rounds, each rung (and peer) once per round
+STUDY_LAYERS = 8      # the L3 study's models: 8 blocks, width d from the target size
+PROMPTS = (b"def ", b"import os\nimport sys\n\n\nclass ", b"    for i in range(")  # quality
+
+
+def _steps(dec, tokens):
+    for t in tokens:
+        dec.step(t)
+
+
+def _rounds(cases: dict, rounds: int) -> dict:
+    """Each case is (setup, timed): every round calls each case's setup untimed, then
+    times its timed call; cases take turns within a round (see "How we measure")."""
+    out = {k: Timing() for k in cases}
+    for _ in range(rounds):
+        for k, (setup, timed) in cases.items():
+            time.sleep(PAUSE)  # the last case's threads (OpenBLAS, PyTorch) go to sleep
+            setup()
+            t0 = time.perf_counter()
+            timed()
+            out[k].seconds.append(time.perf_counter() - t0)
+    return out
+
+
+def _add(rec, name, timing: Timing, tokens: int, **params):
+    per = Timing([s / tokens for s in timing.seconds])  # seconds per token, per round
+    rec.add(name, "tokens/s", per.rate(1.0), seconds={**per.stats(), "samples": per.seconds},
+            **params)
+
+
+def _decode_case(dec, feed):
+    return (lambda: (dec.reset(), dec.prefill(PROMPT)), lambda: _steps(dec, feed))
+
+
+def _prefill_case(dec, prompt):
+    return (dec.reset, lambda: dec.prefill(prompt))
+
+
+def _llama_cases(tools, path: Path, threads, feed_n, prompt_n, key, cases):
+    """llama-bench's tg (after PROMPT's length of cache, as ours) and pp, one run a round."""
+    samples = {"tg": [], "pp": []}
+
+    def tg():
+        samples["tg"] += llama.bench(tools, path, threads, gen=feed_n, depth=len(PROMPT))
+
+    def pp():
+        samples["pp"] += llama.bench(tools, path, threads, prompt=prompt_n)
+
+    cases[(key, "tg")] = (lambda: None, tg)
+    if prompt_n:
+        cases[(key, "pp")] = (lambda: None, pp)
+    return samples
+
+
+def _add_llama(rec, samples, **params):
+    for test, vals in samples.items():
+        if vals:  # llama-bench's own rates, one per round
+            t = Timing([1.0 / v for v in vals])
+            rec.add("llama_" + test, "tokens/s", t.rate(1.0),
+                    seconds={**t.stats(), "samples": t.seconds}, **params)
+
+
+def measure_ladder(rec, threads, quick, tools, tmp: Path):
+    cfg = get_config("s" if quick else LADDER_CONFIG)
+    # on the pool, so that a prefill through the model's GEMM leaves no OpenMP threads
+    # spinning on the cores the decode steps after it need
+    model = GPT(cfg, "kernels", seed=0, threads=threads, pool=True)
+    feed = FEED[:8] if quick else FEED[:64]
+    long = [int(b) for b in np.resize(np.frombuffer(bytes(PROMPT + FEED), np.uint8), cfg.context)]
+    rounds = 2 if quick else ROUNDS
+    decs = {i: decode.rung_decoder(i, model, threads) for i, _, _ in decode.RUNGS}
+    decs["f32-threads"] = decode.Decoder(model, "f32", threads)  # f32 at rung 4, to compare
+    # rung 0 recomputes the prefix per token: timed alone, one round, on fewer tokens
+    t0 = _rounds({0: _decode_case(decs[0], feed[:8])}, 1)[0]
+    _add(rec, "decode", t0, len(feed[:8]), rung=0, config=cfg.name)
+    cases = {}
+    for k, dec in decs.items():
+        if k != 0:
+            cases[(k, "tg")] = _decode_case(dec, feed)
+            cases[(k, "pp")] = _prefill_case(dec, long)
+    peers = {}
+    if tools:
+        for dtype in ("q8_0", "f32"):
+            path = gguf_export.export(model, tmp / f"ladder-{dtype}.gguf", dtype)
+            peers[dtype] = _llama_cases(tools, path, threads, len(feed), len(long), dtype, cases)
+    missing = {}
+    try:  # PyTorch's decode with a KV cache, f32 and dynamic int8: in a process of its own
+        torch_s = torch_peer.measure_in_child(cfg.name, threads, PROMPT, feed, rounds, PAUSE)
+    except ImportError as e:
+        torch_s, missing = {}, {kind: str(e) for kind in torch_peer.KINDS}
+    for kind, secs in torch_s.items():
+        t = Timing(secs)
+        rec.add("decode", "tokens/s", t.rate(1.0), seconds={**t.stats(), "samples": secs},
+                case=kind, config=cfg.name, threads=threads)
+    ts = _rounds(cases, rounds)
+    for (k, test), t in ts.items():
+        if k in peers:
+            continue
+        n = len(feed) if test == "tg" else len(long)
+        params = {"rung": k} if isinstance(k, int) else {"case": k}
+        if isinstance(k, int) or k == "f32-threads":
+            dec = decs[k]
+            params["weight_bytes"] = dec.weight_bytes if hasattr(dec, "weight_bytes") else \
+                4 * _matrix_params(cfg)
+            params["threads"] = int(getattr(dec, "threads", threads))
+            if hasattr(dec, "par_min_bytes"):
+                params["par_min_bytes"] = dec.par_min_bytes
+        _add(rec, "decode" if test == "tg" else "prefill", t, n, config=cfg.name, **params)
+    for dtype, samples in peers.items():
+        _add_llama(rec, samples, dtype=dtype, config=cfg.name)
+    rec.data["settings"]["ladder"] = {"config": cfg.to_dict(), "prompt": len(PROMPT),
+                                      "decode_tokens": len(feed), "prefill_tokens": len(long),
+                                      "rounds": rounds, "rung0_tokens": len(feed[:8]),
+                                      "rungs": [[i, what] for i, what, _ in decode.RUNGS]}
+
+
+def _matrix_params(cfg) -> int:
+    """Weights of the products one token runs through (the blocks' matrices and the head)."""
+    C = cfg.d_model
+    return cfg.n_layer * (4 * C * C + C * cfg.mlp_in + cfg.mlp_hidden * C) + cfg.vocab * C
+
+
+def study_sizes(caches: dict, threads: int, memory: int, quick: bool) -> list[int]:
+    """Widths d of the L3 study's models: int8 weights from half the cores' L2 to eight
+    times the L3, each size a target in bytes, widths in steps of 64; bounded so that the
+    biggest model's f32 copies (the model, its gradient buffer, the f32 tiles) take at most
+    a quarter of the memory."""
+    if quick:
+        return [64, 128]
+    l2 = caches.get("L2_bytes", 0) * min(threads, caches.get("L2_instances", 1) or 1)
+    l3 = caches.get("L3_bytes", 0)
+    targets = [x for x in (l2 / 2, 2 * l2, l3 / 2, l3, 2 * l3, 4 * l3, 8 * l3) if x > 0]
+    max_params = memory / 4 / 13  # ~13 bytes a parameter across the copies above
+    widths = []
+    for t in targets:
+        params = min(t / 1.0625, max_params)  # Q8_0: 34 bytes per 32 weights
+        d = max(64, int(round(math.sqrt(params / (12 * STUDY_LAYERS)) / 64)) * 64)
+        if d not in widths:
+            widths.append(d)
+    return widths
+
+
+def measure_study(rec, threads, quick, tools, tmp: Path):
+    fp = machine_info.fingerprint()
+    widths = study_sizes(fp["caches"], threads, machine_info.memory_bytes(), quick)
+    feed = FEED[:4] if quick else FEED[:32]
+    rounds = 2 if quick else 3
+    for d in widths:
+        cfg = Config(f"study-{d}", d_model=d, n_layer=STUDY_LAYERS, n_head=max(1, d // 64),
+                     context=128)
+        model = GPT(cfg, "kernels", seed=0)
+        cases = {"int8": decode.Decoder(model, "int8", threads),
+                 "f32": decode.Decoder(model, "f32", threads),
+                 "int8-1": decode.Decoder(model, "int8", 1)}
+        bytes_ = {k: dec.weight_bytes for k, dec in cases.items()}
+        timed = {k: _decode_case(dec, feed) for k, dec in cases.items()}
+        samples = None
+        if tools:
+            path = gguf_export.export(model, tmp / f"study-{d}.gguf", "q8_0")
+            samples = _llama_cases(tools, path, threads, len(feed), 0, "llama", timed)
+        ts = _rounds(timed, rounds)
+        for k, t in ts.items():
+            if k in cases:
+                _add(rec, "study", t, len(feed), d=d, params=cfg.n_params(), kind=k,
+                     weight_bytes=bytes_[k], threads=int(cases[k].threads),
+                     par_min_bytes=cases[k].par_min_bytes)
+        if samples:
+            _add_llama(rec, samples, study_d=d, params=cfg.n_params())
+            path.unlink()
+        del cases, timed, model
+    rec.data["settings"]["study"] = {"widths": widths, "layers": STUDY_LAYERS,
+                                     "decode_tokens": len(feed), "rounds": rounds}
+
+
+def measure_fork_join(rec, threads, quick):
+    reps = 2000 if quick else 50000
+    for kind in ("pool", "openmp"):
+        s = pool.fork_join_seconds(kind, threads, reps)
+        rec.add("fork_join", "s", Timing([s]).stats(), kind=kind, threads=threads)
+
+
+def bench_decode(quick: bool | None = None, progress: bool = True, threads: int | None = None):
+    """Chapter 4's decode record (the ladder, the peers, the L3 study, fork-joins)."""
+    quick = quick_mode() if quick is None else quick
+    threads = checks.threads(threads)
+    tools = llama.find()
+    rec = records.Record(RECORD, settings={
+        "quick": quick, "threads": threads, "ladder_config": LADDER_CONFIG,
+        "llama_cpp": None if tools is None else {"from": tools["from"],
+                                                 "version": llama.version(tools)},
+        "torch": torch_peer.version(), "tile": 16, "qblock": 32})
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        measure_ladder(rec, threads, quick, tools, Path(tmp))
+        if progress:
+            print(f"decode ladder: {time.perf_counter() - t:.0f} s", flush=True)
+        t = time.perf_counter()
+        measure_study(rec, threads, quick, tools, Path(tmp))
+        if progress:
+            print(f"L3 study: {time.perf_counter() - t:.0f} s", flush=True)
+    measure_fork_join(rec, threads, quick)
+    rec.data["settings"]["regions_per_token"] = "5 per block + 1 (four products and the " \
+                                                "attention per block, then the head)"
+    return rec
+
+
+# ---------------------------------------------------------------- quality
+QUALITY_CONFIG = "s"
+QUALITY_MINUTES = 1.0
+QUALITY_TOKENS = 200
+CHECKPOINT = ROOT / "runs" / "book-ch4"  # kept for the reader's `smallem generate`
+
+
+def val_bits_per_byte(dec, val: np.ndarray, chunks: int) -> float:
+    """Mean cross-entropy in bits of each next byte over ``chunks`` fixed windows of the
+    held-out text, each the model's context long, through ``dec.all_logits``."""
+    T = dec.config.context
+    starts = np.linspace(0, val.size - T - 2, chunks).astype(int)
+    total = 0.0
+    for s in starts:
+        x, y = val[s:s + T].astype(np.int32), val[s + 1:s + T + 1]
+        z = dec.all_logits(x).astype(np.float64)
+        z -= z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        total += -logp[np.arange(T), y].mean()
+    return total / chunks / math.log(2)
+
+
+def bench_quality(quick: bool | None = None, progress: bool = True, threads: int | None = None):
+    from ...train import Trainer, _estimate_steps, train
+
+    quick = quick_mode() if quick is None else quick
+    threads = checks.threads(threads)
+    corpus = data.load_corpus()
+    minutes = 0.05 if quick else QUALITY_MINUTES
+    steps = 3 if quick else _estimate_steps(QUALITY_CONFIG, corpus, minutes, threads=threads)
+    t = Trainer(QUALITY_CONFIG, corpus=corpus, steps=steps, threads=threads)
+    h = train(t, eval_every=max(steps, 1), sample_bytes=0)
+    if not quick:
+        t.save(CHECKPOINT)
+    model = t.model
+    chunks = 2 if quick else 24
+    tokens = 20 if quick else QUALITY_TOKENS
+    rec = records.Record(RECORD_QUALITY, settings={
+        "quick": quick, "threads": threads, "config": model.config.to_dict(), "steps": steps,
+        "minutes": minutes, "val_chunks": chunks, "greedy_tokens": tokens,
+        "prompts": [p.decode() for p in PROMPTS], "corpus": corpus.describe(),
+        "train_val_bpb": h["val_bpb"][-1] if h["val_bpb"] else None})
+    gens = {dt: decode.Generator(model, dtype=dt, threads=threads) for dt in decode.DTYPES}
+    for dt, g in gens.items():
+        bpb = val_bits_per_byte(g.decoder, corpus.val, chunks)
+        rec.add("val_bpb", "bits/byte", Timing([bpb]).stats(), dtype=dt)
+    tools = llama.find()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = gguf_export.export(model, Path(tmp) / "trained-f32.gguf") if tools else None
+        for i, prompt in enumerate(PROMPTS):
+            out = {dt: bytes(b"".join(g.generate(prompt, tokens, temperature=0)))
+                   for dt, g in gens.items()}
+            same = sum(a == b for a, b in zip(out["f32"], out["int8"]))
+            first = next((j for j, (a, b) in enumerate(zip(out["f32"], out["int8"])) if a != b),
+                         tokens)
+            rec.add("greedy_agreement", "fraction", Timing([same / tokens]).stats(), prompt=i,
+                    first_difference=first, f32=out["f32"].decode("utf-8", "replace"),
+                    int8=out["int8"].decode("utf-8", "replace"))
+            if path is not None and tools.get("simple"):
+                # llama.cpp stops at the context (learned positions end there); ours slides
+                n = min(tokens, model.config.context - len(prompt))
+                theirs = llama.greedy(tools, path, prompt, n)
+                lfirst = next((j for j, (a, b) in enumerate(zip(out["f32"][:n], theirs))
+                               if a != b), min(len(theirs), n))
+                rec.add("llama_greedy", "tokens", Timing([lfirst]).stats(), prompt=i,
+                        compared=n, llama=theirs.decode("utf-8", "replace"))
+    sample = b"".join(gens["int8"].generate(PROMPTS[1], 300, temperature=0.8, seed=0))
+    rec.data["settings"]["sample"] = (PROMPTS[1] + sample).decode("utf-8", "replace")
+    if progress:
+        print(f"quality: {steps} steps of {QUALITY_CONFIG}", flush=True)
+    return rec
+
+
+def bench_generate(quick: bool | None = None, progress: bool = True, threads=None):
+    """Both of chapter 4's records (what `make book` runs as `smallem bench-generate`)."""
+    rec = bench_decode(quick, progress, threads)
+    rec.save()
+    q = bench_quality(quick, progress, threads)
+    q.save()
+    return rec, q

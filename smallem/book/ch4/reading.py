@@ -1,0 +1,309 @@
+"""Chapter 4's records read into the page's tables, figures and values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import decode
+from .. import ch1, compare, figures, records, reference
+from .measuring import RECORD, RECORD_QUALITY
+
+f = figures.fmt
+L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
+DRAM_VS_LLAMA = 1.0   # ... weights several times larger than the L3
+DRAM_TRIAD = 0.8      # ... there, weight bytes per second against chapter 1's DRAM triad
+PP_VS_LLAMA = 1.0     # prompt processing (the ladder's prompt) against llama.cpp's pp
+INT8_VS_F32 = 2.5     # int8 decode against our f32 decode, beyond the L3
+QUALITY = 0.01        # int8's validation bits per byte within 1 % of f32's
+
+
+def target_values() -> dict:
+    return {"ch4.target_l3_is": f"{L3_VS_LLAMA:g} times", "ch4.target_dram_is": f"{DRAM_VS_LLAMA:g} times",
+            "ch4.target_triad_is": f"{100 * DRAM_TRIAD:.0f} %", "ch4.target_pp_is": f"{PP_VS_LLAMA:g} times",
+            "ch4.target_int8_is": f"{INT8_VS_F32:g} times", "ch4.target_quality_is": f"{100 * QUALITY:g} %"}
+
+
+def _met(ok: bool, what: str) -> str:
+    return f"met ({what})" if ok else f"missed ({what})"
+
+
+def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
+    """(the level that holds ``weight_bytes`` of weights, chapter 1's triad bandwidth there
+    in bytes/s at ``threads``), the level the smallest that holds them all."""
+    if facts is None:
+        return "n/a", math.nan
+    stairs = facts["triad_plateaus"]
+    th = threads if threads in stairs else max(stairs)
+    sizes = ch1.level_sizes(facts["record"]["machine"]["caches"], th)
+    level = next((lv for lv in ("L2", "L3") if sizes[lv] and weight_bytes <= sizes[lv]), "DRAM")
+    return level, stairs[th][level] * 1e9
+
+
+def _one(rec, name, **params):
+    found = records.results(rec, name, **params)
+    return found[0] if found else None
+
+
+def _ratio(a, b) -> float:
+    return a["value"]["median"] / b["value"]["median"] if a and b else math.nan
+
+
+def _ladder(rec, facts, values):
+    s = rec["settings"]["ladder"]
+    cfg = s["config"]["name"]
+    rows, prev = [], None
+    for i, what in s["rungs"]:
+        r = _one(rec, "decode", rung=i)
+        if r is None:
+            continue
+        p = _one(rec, "prefill", rung=i)
+        wb = r["params"].get("weight_bytes")
+        th = r["params"].get("threads", rec["settings"]["threads"])
+        level, bw = bandwidth_bound(facts, wb, th) if wb else ("n/a", math.nan)
+        share = r["value"]["median"] * wb / bw if wb else math.nan
+        rows.append([str(i), what, f(r["value"]["median"], "tokens/s"),
+                     compare.versus(r, prev) if prev else "—",
+                     compare.size(wb / 1024) if wb else "—",
+                     f"{100 * share:.0f} % ({level})" if share == share else "—",
+                     f(p["value"]["median"], "tokens/s") if p else "—"])
+        prev = r
+        values[f"ch4.rung{i}_toks"] = f(r["value"]["median"], "tokens/s")
+    r32 = _one(rec, "decode", case="f32-threads")
+    if r32:
+        rows.append(["", "f32 with rung 4's threads (for comparison)",
+                     f(r32["value"]["median"], "tokens/s"), "—",
+                     compare.size(r32["params"]["weight_bytes"] / 1024), "—",
+                     f(_one(rec, "prefill", case="f32-threads")["value"]["median"], "tokens/s")])
+    for dtype, label in (("q8_0", "llama.cpp, Q8_0"), ("f32", "llama.cpp, f32")):
+        tg, pp = _one(rec, "llama_tg", dtype=dtype), _one(rec, "llama_pp", dtype=dtype)
+        if tg:
+            rows.append(["peer", f"{label} (same file, same threads, same rounds)",
+                         f(tg["value"]["median"], "tokens/s"), "—", "—", "—",
+                         f(pp["value"]["median"], "tokens/s") if pp else "—"])
+    for kind, label in (("torch-f32", "PyTorch eager, f32, KV cache"),
+                        ("torch-int8", "PyTorch eager, dynamic int8 (quantize_dynamic)")):
+        t = _one(rec, "decode", case=kind)
+        if t:
+            rows.append(["peer", label, f(t["value"]["median"], "tokens/s"), "—", "—", "—", "—"])
+    rows.append(["ref.", f"the reference series, one sequence ({reference.CITE}, "
+                 f"{reference.MACHINE})", f"{reference.CH4_GEN_BEFORE_TOKS} → "
+                 f"{f(reference.CH4_GEN_AFTER_TOKS)} tokens/s", "—", "—", "—", "—"])
+    missing = rec["settings"].get("missing") or {}
+    note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
+            f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
+            f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
+            f"from position 0. {figures.machine_line(rec)}."
+            + ("" if rec["settings"].get("llama_cpp") else " llama.cpp: not found (`make llama`).")
+            + "".join(f" {k}: not measured ({v})." for k, v in missing.items()))
+    figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
+                                             "rung before", "weights per token",
+                                             "of the bandwidth bound", "prompt"], note)
+    values["ch4.ladder_config"] = cfg
+    c = s["config"]
+    values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
+    r4 = _one(rec, "decode", rung=4)
+    if r4 and "par_min_bytes" in r4["params"]:
+        values["ch4.par_min"] = compare.size(r4["params"]["par_min_bytes"] / 1024)
+        values["ch4.sync_factor"] = str(decode.Decoder.SYNC_SHARE)
+    w8, w32 = _one(rec, "decode", rung=3), _one(rec, "decode", rung=2)
+    if w8 and w32:
+        values["ch4.weights_f32"] = compare.size(w32["params"]["weight_bytes"] / 1024)
+        values["ch4.weights_int8"] = compare.size(w8["params"]["weight_bytes"] / 1024)
+    values["ch4.prompt_tokens"] = str(s["prefill_tokens"])
+    values["ch4.decode_tokens"] = str(s["decode_tokens"])
+    r0, top = _one(rec, "decode", rung=0), _one(rec, "decode", rung=max(i for i, _ in s["rungs"]))
+    if r0 and top:
+        values["ch4.climb"] = f"{f(_ratio(top, r0))} times"
+
+
+def _targets(rec, values):
+    top = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
+    ours = _one(rec, "decode", rung=top)
+    q8 = _one(rec, "llama_tg", dtype="q8_0")
+    out = []
+    if ours and q8:
+        x = _ratio(ours, q8)
+        values["ch4.vs_llama_l3"] = f"{f(x)} times"
+        out.append(f"int8 decode, weights in the L3, against llama.cpp's Q8_0: "
+                   + _met(x >= L3_VS_LLAMA, f"{f(x)} times, target {L3_VS_LLAMA:g}"))
+    pp, lpp = _one(rec, "prefill", rung=top), _one(rec, "llama_pp", dtype="q8_0")
+    if pp and lpp:
+        x = _ratio(pp, lpp)
+        values["ch4.pp_vs_llama"] = f"{f(x)} times"
+        out.append(f"prompt of {rec['settings']['ladder']['prefill_tokens']} tokens against "
+                   f"llama.cpp's pp: " + _met(x >= PP_VS_LLAMA, f"{f(x)} times, target {PP_VS_LLAMA:g}"))
+    return out
+
+
+def _study(rec, facts, values):
+    pts = records.results(rec, "study")
+    if not pts:
+        return []
+    widths = rec["settings"]["study"]["widths"]
+    by = {(r["params"]["d"], r["params"]["kind"]): r for r in pts}
+    lla = {r["params"]["study_d"]: r for r in records.results(rec, "llama_tg") if "study_d" in r["params"]}
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    params = np.array([by[d, "int8"]["params"]["params"] for d in widths]) / 1e6
+    style = {"int8": ("tab:blue", "int8, all cores"), "f32": ("tab:red", "f32, all cores"),
+             "int8-1": ("tab:cyan", "int8, one core")}
+    for kind, (color, label) in style.items():
+        y = [by[d, kind]["value"]["median"] for d in widths]
+        ax.plot(params, y, "o-", color=color, label=label)
+        bound = []
+        for d in widths:
+            r = by[d, kind]
+            _, bw = bandwidth_bound(facts, r["params"]["weight_bytes"], r["params"]["threads"])
+            bound.append(bw / r["params"]["weight_bytes"])
+        if kind != "int8-1":
+            ax.plot(params, bound, ":", color=color, lw=1, label=f"{label.split(',')[0]}: weight "
+                    "bytes ÷ bandwidth of their level")
+    if lla:
+        ax.plot(params, [lla[d]["value"]["median"] if d in lla else np.nan for d in widths], "s--",
+                color="tab:green", label="llama.cpp Q8_0, all cores")
+    caches = rec["machine"]["caches"]
+    th = rec["settings"]["threads"]
+    sizes = ch1.level_sizes(caches, th) if caches else {}
+    for lv in ("L2", "L3"):
+        if sizes.get(lv):
+            x = sizes[lv] / 1.0625 / 1e6
+            ax.axvline(x, color="grey", lw=0.8, ls="--")
+            ax.text(x, ax.get_ylim()[1], f" int8 = {lv}", va="top", fontsize=8, color="grey")
+    if sizes.get("L3"):
+        ax.axvline(sizes["L3"] / 4 / 1e6, color="tab:red", lw=0.6, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters (millions)")
+    ax.set_ylabel("tokens/s, one sequence")
+    ax.legend(fontsize=7)
+    ax.set_title("Decode speed against model size")
+    figures.save(fig, "ch4_l3")
+    l3 = sizes.get("L3") or 0
+    mid = [d for d in widths if by[d, "int8"]["params"]["weight_bytes"] <= l3
+           < by[d, "f32"]["params"]["weight_bytes"]]
+    if mid:
+        m8, m32 = by[mid[-1], "int8"], by[mid[-1], "f32"]
+        values["ch4.mid_params"] = f(m8["params"]["params"] / 1e6, "M parameters")
+        values["ch4.mid_int8_vs_f32"] = f"{f(_ratio(m8, m32))} times"
+    else:
+        values["ch4.mid_params"] = "no model of the study"
+        values["ch4.mid_int8_vs_f32"] = "n/a"
+    big = widths[-1]
+    b8, b32 = by[big, "int8"], by[big, "f32"]
+    x = _ratio(b8, b32)
+    out = [f"int8 against our f32 on the largest model ({f(b8['params']['params'] / 1e6, 'M')} "
+           f"parameters): " + _met(x >= INT8_VS_F32, f"{f(x)} times, target {INT8_VS_F32:g}")]
+    values["ch4.big_params"] = f(b8["params"]["params"] / 1e6, "M parameters")
+    values["ch4.big_int8_mib"] = compare.size(b8["params"]["weight_bytes"] / 1024)
+    values["ch4.big_int8_vs_f32"] = f"{f(x)} times"
+    level, bw = bandwidth_bound(facts, b8["params"]["weight_bytes"], b8["params"]["threads"])
+    gbs = b8["value"]["median"] * b8["params"]["weight_bytes"]
+    values["ch4.big_level"] = level
+    values["ch4.big_gbs"] = f(gbs / 1e9, "GB/s")
+    values["ch4.big_bw"] = f(bw / 1e9, "GB/s")
+    values["ch4.big_share"] = f"{100 * gbs / bw:.0f} %" if bw == bw else "n/a"
+    if level == "DRAM":
+        out.append(f"weight bytes per second on that model against chapter 1's DRAM triad: "
+                   + _met(gbs / bw >= DRAM_TRIAD, f"{100 * gbs / bw:.0f} %, target "
+                          f"{100 * DRAM_TRIAD:.0f} %"))
+    else:
+        out.append(f"the largest model's int8 weights ({values['ch4.big_int8_mib']}) still fit "
+                   f"the {level} here: the DRAM target could not be measured")
+    if big in lla:
+        x = _ratio(b8, lla[big])
+        values["ch4.vs_llama_big"] = f"{f(x)} times"
+        out.append(f"int8 decode on that model against llama.cpp's Q8_0: "
+                   + _met(x >= DRAM_VS_LLAMA, f"{f(x)} times, target {DRAM_VS_LLAMA:g}"))
+    small = widths[0]
+    s1, s2 = by[small, "int8-1"], by[small, "int8"]
+    values["ch4.small_params"] = f(s1["params"]["params"] / 1e6, "M parameters")
+    values["ch4.small_one_core"] = f(s1["value"]["median"], "tokens/s")
+    values["ch4.small_all_cores"] = f(s2["value"]["median"], "tokens/s")
+    fj = _one(rec, "fork_join", kind="pool")
+    if fj:
+        L = rec["settings"]["study"]["layers"]
+        per = (5 * L + 1) * fj["value"]["median"]
+        values["ch4.regions"] = str(5 * L + 1)
+        values["ch4.fork_join_us"] = f(1e6 * fj["value"]["median"], "µs")
+        values["ch4.sync_share"] = f"{100 * per * s2['value']['median']:.0f} %"
+    return out
+
+
+def _quality(rec, values):
+    f32, q8 = (_one(rec, "val_bpb", dtype=d)["value"]["median"] for d in ("f32", "int8"))
+    change = q8 / f32 - 1
+    values.update({"ch4.bpb_f32": f(f32, "bits/byte"), "ch4.bpb_int8": f(q8, "bits/byte"),
+                   "ch4.bpb_change": f"{100 * change:+.2f} %",
+                   "ch4.q_steps": str(rec["settings"]["steps"]),
+                   "ch4.q_config": rec["settings"]["config"]["name"],
+                   "ch4.q_tokens": str(rec["settings"]["greedy_tokens"])})
+    agree = records.results(rec, "greedy_agreement")
+    rows = []
+    lla = {r["params"]["prompt"]: r for r in records.results(rec, "llama_greedy")}
+    for r in agree:
+        i = r["params"]["prompt"]
+        lr = lla.get(i)
+        rows.append([repr(rec["settings"]["prompts"][i]), f"{100 * r['value']['median']:.0f} %",
+                     str(r["params"]["first_difference"]),
+                     f"{lr['value']['median']:.0f} of {lr['params']['compared']}" if lr else
+                     "not measured (no llama.cpp)"])
+    figures.write_table("ch4_quality", rows, ["prompt", "int8 = f32, greedy", "first difference",
+                                              "llama.cpp f32 = ours f32, tokens before the first difference"],
+                        f"Model {rec['settings']['config']['name']} trained here for "
+                        f"{rec['settings']['steps']} steps; validation over "
+                        f"{rec['settings']['val_chunks']} windows of held-out files: f32 "
+                        f"{f(f32)} bits/byte, int8 {f(q8)} ({100 * change:+.2f} %). "
+                        f"{figures.machine_line(rec)}.")
+    values["ch4.agreement"] = f"{100 * np.mean([r['value']['median'] for r in agree]):.0f} %"
+    sample = rec["settings"].get("sample", "")
+    (figures.tables_dir() / "ch4_sample.md").write_text("~~~~text\n" + sample.replace("~~~~", "~ ~ ~ ~")
+                                                        + "\n~~~~\n")
+    return [f"int8's validation bits per byte against f32's: "
+            + _met(abs(change) < QUALITY, f"{100 * change:+.2f} %, target within {100 * QUALITY:g} %")]
+
+
+def _balance(values, rec_dir):
+    """The series' balance sheet: training and generating, ours beside the reference's."""
+    rows = []
+    if records.exists("ch3.train_step", rec_dir):
+        step = records.load("ch3.train_step", rec_dir)
+        best = max(records.results(step, "rung_step"), key=lambda r: r["value"]["median"])
+        rows.append(["train, xl step", f(best["value"]["median"], "tokens/s"),
+                     f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
+                     f"{100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak", "not measured on a GPU yet"])
+    if records.exists(RECORD, rec_dir):
+        rec = records.load(RECORD, rec_dir)
+        top = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
+        r = _one(rec, "decode", rung=top)
+        if r:
+            rows.append([f"generate, one sequence ({rec['settings']['ladder']['config']['name']})",
+                         f(r["value"]["median"], "tokens/s"),
+                         f"{reference.CH4_GEN_BEFORE_TOKS} → {f(reference.CH4_GEN_AFTER_TOKS)} tokens/s",
+                         f(reference.CH4_GEN_GPU_TOKS, "tokens/s"), "not measured on a GPU yet"])
+    figures.write_table("ch4_balance", rows, ["", "ours, this machine", f"reference CPU "
+                                              f"({reference.CORES} cores)", "reference GPU",
+                                              "ours, GPU"],
+                        f"Reference figures from {reference.CITE}, on {reference.MACHINE}; "
+                        f"ours from this book's records on this machine (chapter 3's best rung "
+                        f"for training).")
+
+
+def report(rec_dir) -> dict:
+    values: dict = target_values()
+    values["ch4.rungs"] = str(len(decode.RUNGS))
+    facts = ch1.facts(rec_dir)
+    targets = []
+    if records.exists(RECORD, rec_dir):
+        rec = records.load(RECORD, rec_dir)
+        _ladder(rec, facts, values)
+        targets += _targets(rec, values)
+        targets += _study(rec, facts, values)
+    if records.exists(RECORD_QUALITY, rec_dir):
+        targets += _quality(records.load(RECORD_QUALITY, rec_dir), values)
+    _balance(values, rec_dir)
+    figures.write_table("ch4_targets", [[t.split(": ")[0], t.split(": ", 1)[1]] for t in targets],
+                        ["what must hold", "on this machine"])
+    return values
