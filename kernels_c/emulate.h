@@ -7,12 +7,13 @@
  * its edge tiles) computes here, slowly, and the tests compare it to numpy.
  * Never for timing: smallem refuses to record a measurement in this mode.
  *
- * SIMDe 0.7 lacks four intrinsics that the kernels use, and AMX; they are
+ * SIMDe 0.7 lacks nine intrinsics that the kernels use, and AMX; they are
  * defined below, lane by lane, with the instructions' documented meaning. */
 #pragma once
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <math.h>
 #include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
 
 #define SM_AVX512 1
 #define SM_AVX512_BF16 1
@@ -60,6 +61,56 @@ static inline simde__m512 sm_emu_shuffle_f32x4(simde__m512 a, simde__m512 b, int
 }
 
 #define _mm512_cvtps_epi32 sm_emu_cvtps_epi32
+
+/* vcvtdq2ps (exact for |x| < 2^24, rounded to nearest even above, as C's conversion) */
+static inline simde__m512 sm_emu_cvtepi32_ps(simde__m512i a)
+{
+    int32_t r[16];
+    float f[16];
+    simde_mm512_storeu_si512(r, a);
+    for (int i = 0; i < 16; i++) f[i] = (float)r[i];
+    return simde_mm512_loadu_ps(f);
+}
+#define _mm512_cvtepi32_ps sm_emu_cvtepi32_ps
+
+/* vcvtph2ps on 16 halves: SIMDe's F16C conversion of each 8 */
+static inline simde__m512 sm_emu_cvtph_ps(simde__m256i a)
+{
+    float f[16];
+    simde_mm256_storeu_ps(f, simde_mm256_cvtph_ps(simde_mm256_castsi256_si128(a)));
+    simde_mm256_storeu_ps(f + 8, simde_mm256_cvtph_ps(simde_mm256_extracti128_si256(a, 1)));
+    return simde_mm512_loadu_ps(f);
+}
+#define _mm512_cvtph_ps sm_emu_cvtph_ps
+
+/* a store of the lanes set in m only */
+static inline void sm_emu_mask_storeu_ps(void *p, simde__mmask16 m, simde__m512 a)
+{
+    float f[16];
+    simde_mm512_storeu_ps(f, a);
+    for (int i = 0; i < 16; i++)
+        if (m >> i & 1) ((float *)p)[i] = f[i];
+}
+#define _mm512_mask_storeu_ps sm_emu_mask_storeu_ps
+
+/* a load of the lanes set in m only (the others zero, and never read) */
+static inline simde__m512 sm_emu_maskz_loadu_ps(simde__mmask16 m, const void *p)
+{
+    float f[16];
+    for (int i = 0; i < 16; i++) f[i] = m >> i & 1 ? ((const float *)p)[i] : 0.0f;
+    return simde_mm512_loadu_ps(f);
+}
+#define _mm512_maskz_loadu_ps sm_emu_maskz_loadu_ps
+
+static inline float sm_emu_reduce_max_ps(simde__m512 a)
+{
+    float f[16], m;
+    simde_mm512_storeu_ps(f, a);
+    m = f[0];
+    for (int i = 1; i < 16; i++) m = f[i] > m ? f[i] : m;
+    return m;
+}
+#define _mm512_reduce_max_ps sm_emu_reduce_max_ps
 #define _mm512_reduce_add_ps sm_emu_reduce_add_ps
 #define _mm512_reduce_add_epi32 sm_emu_reduce_add_epi32
 #undef _mm512_shuffle_f32x4 /* GCC defines it as a macro without -O */

@@ -253,7 +253,11 @@ class Decoder:
         self._tok_p = ffi.cast("int *", self._tok.ctypes.data)
         self.pos = 0
 
-    SYNC_SHARE = 8  # a product goes parallel when it streams 8 fork-joins' worth of bytes
+    # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
+    # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
+    # inside a token, between regions microseconds apart, one costs several times that on a
+    # shared virtual machine (chapter 4's study shows the small models' cost of threads).
+    SYNC_SHARE = 32
 
     def _par_min_bytes(self, pool: bool) -> int:
         """Below how many bytes a product (or an attention) runs on one thread: the bytes

@@ -27,7 +27,7 @@ LADDER_CONFIG = "xl"  # chapter 3's largest model: its int8 weights fit an L3 of
 PROMPT = list(b"def measure(fn, *, repeats=5):\n    \"\"\"Time fn() and keep every sample.")
 FEED = list(b"\n    out = []\n    for _ in range(repeats):\n        t0 = time.perf_counter()\n")
 PAUSE = 0.05          # seconds before each case's turn
-ROUNDS = 5            # decode rounds, each rung (and peer) once per round
+ROUNDS = 7            # rounds, each case once per round: 7 of 7 is what a sign test can tell
 STUDY_LAYERS = 8      # the L3 study's models: 8 blocks, width d from the target size
 PROMPTS = (b"def ", b"import os\nimport sys\n\n\nclass ", b"    for i in range(")  # quality
 
@@ -173,7 +173,7 @@ def measure_study(rec, threads, quick, tools, tmp: Path):
     fp = machine_info.fingerprint()
     widths = study_sizes(fp["caches"], threads, machine_info.memory_bytes(), quick)
     feed = FEED[:4] if quick else FEED[:32]
-    rounds = 2 if quick else 3
+    rounds = 2 if quick else ROUNDS
     for d in widths:
         cfg = Config(f"study-{d}", d_model=d, n_layer=STUDY_LAYERS, n_head=max(1, d // 64),
                      context=128)
