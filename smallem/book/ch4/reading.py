@@ -181,15 +181,15 @@ def _study(rec, facts, values):
     caches = rec["machine"]["caches"]
     th = rec["settings"]["threads"]
     sizes = ch1.level_sizes(caches, th) if caches else {}
-    for lv in ("L2", "L3"):
-        if sizes.get(lv):
-            x = sizes[lv] / 1.0625 / 1e6
-            ax.axvline(x, color="grey", lw=0.8, ls="--")
-            ax.text(x, ax.get_ylim()[1], f" int8 = {lv}", va="top", fontsize=8, color="grey")
-    if sizes.get("L3"):
-        ax.axvline(sizes["L3"] / 4 / 1e6, color="tab:red", lw=0.6, ls="--")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    marks = [(sizes.get(lv, 0) / 1.0625, f" int8 = {lv}", "grey") for lv in ("L2", "L3")]
+    marks.append((sizes.get("L3", 0) / 4, " f32 = L3", "tab:red"))
+    for size, text, color in marks:  # where the weights fill a level (parameters)
+        if size:
+            ax.axvline(size / 1e6, color=color, lw=0.8, ls="--")
+            ax.text(size / 1e6, 0.02, text, transform=ax.get_xaxis_transform(), fontsize=8,
+                    color=color, rotation=90, va="bottom")
     ax.set_xlabel("parameters (millions)")
     ax.set_ylabel("tokens/s, one sequence")
     ax.legend(fontsize=7)
