@@ -15,6 +15,7 @@ the one list of chapters in :mod:`smallem.book`. This file only dispatches.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -82,10 +83,17 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad option reported in one line (not the whole usage)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
     from . import book
 
-    parser = argparse.ArgumentParser(prog="smallem", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="smallem", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (func, add_arguments, help_) in {**COMMANDS, **book.commands()}.items():
         p = sub.add_parser(name, help=help_)
@@ -93,7 +101,19 @@ def main(argv=None) -> int:
             add_arguments(p)
         p.set_defaults(_func=func)
     args = parser.parse_args(argv)
-    return args._func(args) or 0
+    try:
+        return args._func(args) or 0
+    except KeyboardInterrupt:
+        print(f"smallem {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, LookupError, OSError, RuntimeError) as e:
+        # a bad value, a missing or corrupt file, a kernel that cannot be built: one line
+        # (SMALLEM_DEBUG=1 shows the traceback)
+        if os.environ.get("SMALLEM_DEBUG") == "1":
+            raise
+        print(f"smallem {args.command}: error: {e} (SMALLEM_DEBUG=1 shows where)",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -478,16 +478,41 @@ class Generator:
 
 # ================================================================ the command
 def add_generate_arguments(p):
+    from .checks import count, number
+
     p.add_argument("--checkpoint", help="a folder `smallem train` wrote")
     p.add_argument("--config", help="no checkpoint: random weights of this config")
     p.add_argument("--prompt", default="", help="the text to continue (UTF-8)")
-    p.add_argument("--tokens", type=int, default=200, help="bytes to generate (default 200)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus: keep mass p (default 1)")
+    p.add_argument("--tokens", type=count(0), default=200, help="bytes to generate (default 200)")
+    p.add_argument("--temperature", type=number(0), default=0.8, help="0: greedy (default 0.8)")
+    p.add_argument("--top-k", type=count(0), default=0, help="keep the k most likely (0: all)")
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=1.0,
+                   help="nucleus: keep mass p, in (0, 1] (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="int8", choices=DTYPES)
-    p.add_argument("--threads", type=int, help="threads (default: every usable core)")
+    p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
+    p.add_argument("--raw", action="store_true",
+                   help="write the bytes as they are even to a terminal (a pipe or file always "
+                        "gets them raw; a terminal gets control bytes and bad UTF-8 escaped)")
+
+
+class _Terminal:
+    """Bytes to a terminal as text: UTF-8 decoded as it comes (a character split across
+    bytes waits for its end), invalid bytes and control characters escaped."""
+
+    def __init__(self, stream):
+        import codecs
+
+        self.stream = stream
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+
+    def write(self, piece: bytes):
+        from .checks import printable
+
+        self.stream.write(printable(self.decoder.decode(piece)))
+
+    def flush(self):
+        self.stream.flush()
 
 
 def cmd_generate(args) -> int:
@@ -498,7 +523,8 @@ def cmd_generate(args) -> int:
         gen = Generator(model, dtype=args.dtype, threads=args.threads)
         pieces = gen.generate(args.prompt, args.tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        out = sys.stdout.buffer
+        out = (sys.stdout.buffer if args.raw or not sys.stdout.isatty()
+               else _Terminal(sys.stdout))
         start, n = time.perf_counter(), 0
         for piece in pieces:
             out.write(piece)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from . import checkpoint, data
+from .checks import count, number, printable
 from .model import BACKENDS, CONFIGS, GPT, get_config
 from .timing import measure
 
@@ -394,28 +396,30 @@ def train(trainer: Trainer, *, log_path=None, eval_every=100, eval_batches=8,
 # ---------------------------------------------------------------- CLI: train
 
 def add_train_arguments(p):
-    p.add_argument("--config", default="s", help=f"model size: {', '.join(CONFIGS)} (default s)")
+    p.add_argument("--config", default="s", choices=list(CONFIGS), metavar="NAME",
+                   help=f"model size: {', '.join(CONFIGS)} (default s)")
     p.add_argument("--corpus", help="UTF-8 text file or folder (default: the Python stdlib)")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default per config)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the context)")
-    p.add_argument("--steps", type=int, help="training steps (default 1000)")
-    p.add_argument("--minutes", type=float,
+    p.add_argument("--batch-size", type=count(1), help="sequences per step (default per config)")
+    p.add_argument("--seq-len", type=count(1), help="tokens per sequence (default: the context)")
+    p.add_argument("--steps", type=count(1), help="training steps (default 1000)")
+    p.add_argument("--minutes", type=number(0, low_open=True),
                    help="time budget; without --steps, sets the step count from the first steps")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, help="peak learning rate (default per config)")
+    p.add_argument("--lr", type=number(0, low_open=True), help="peak learning rate (default per config)")
     p.add_argument("--backend", default="kernels", choices=list(BACKENDS),
                    help="kernels, flash, fused, bf16 (the climb's rungs) or numpy")
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                    help="adamw, or muon for the blocks' matrices (AdamW for the rest)")
     p.add_argument("--pool", action="store_true",
                    help="run the kernels on smallem's own thread pool, not OpenMP's runtime")
-    p.add_argument("--threads", type=int, help="threads (default: every usable core)")
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
+    p.add_argument("--eval-every", type=count(1), default=100)
     p.add_argument("--log", help="JSON-lines log (default runs/<config>/log.jsonl)")
     p.add_argument("--checkpoint", help="checkpoint folder (default runs/<config>)")
-    p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--checkpoint-every", type=count(0), default=200,
+                   help="steps between checkpoints (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--sample-bytes", type=int, default=300)
+    p.add_argument("--sample-bytes", type=count(0), default=300)
     p.add_argument("--list", action="store_true", help="list the configs and exit")
 
 
@@ -468,7 +472,7 @@ def cmd_train(args) -> int:
     if h["val_bpb"]:
         print(f"validation: {h['val_bpb'][-1]:.3f} bits per byte at step {t.step}")
     if "sample" in h:
-        print("sample:\n" + h["sample"])
+        print("sample:\n" + (printable(h["sample"]) if sys.stdout.isatty() else h["sample"]))
     print(f"log: {log_path}; checkpoint: {folder}")
     return 0
 

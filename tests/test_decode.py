@@ -251,7 +251,7 @@ def test_generate_command_errors(tmp_path):
     r = run("--config", "s", "--temperature", "-1")
     assert r.returncode == 2 and "temperature" in r.stderr
     r = run("--config", "s", "--top-p", "2")
-    assert r.returncode == 2 and "top_p" in r.stderr
+    assert r.returncode == 2 and "--top-p" in r.stderr
     r = run("--config", "s", "--prompt", "x" * 200)
     assert r.returncode == 2 and "longer than the model's context" in r.stderr
     r = run()
