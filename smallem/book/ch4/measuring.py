@@ -117,6 +117,8 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
         torch_s = torch_peer.measure_in_child(cfg.name, threads, PROMPT, feed, rounds, PAUSE)
     except ImportError as e:
         torch_s, missing = {}, {kind: str(e) for kind in torch_peer.KINDS}
+    if missing:
+        rec.data["settings"]["missing"] = missing
     for kind, secs in torch_s.items():
         t = Timing(secs)
         rec.add("decode", "tokens/s", t.rate(1.0), seconds={**t.stats(), "samples": secs},
