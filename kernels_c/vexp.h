@@ -31,7 +31,7 @@ static inline float exp_scalar(float x)
     float p = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5;
     p = p * r * r + r + 1.0f;
     union { float f; int32_t i; } u = {p};
-    u.i += (int32_t)n << 23;
+    u.i += (int32_t)((uint32_t)(int32_t)n << 23); /* shifted unsigned: no UB for n < 0 */
     return u.f;
 }
 

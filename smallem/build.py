@@ -151,6 +151,7 @@ def _key(name: str, level: str, exts: tuple[str, ...], cc: str) -> tuple[str, li
     cdef = cdef_of(name)
     omp_c, omp_l = openmp_flags(cc)
     cflags = BASE_FLAGS + tuning_flags(cc) + isa.compile_flags(level, exts) + omp_c
+    cflags = cflags + sanitize_flags()
     if _base(name)[1] and omp_c:  # without OpenMP the pragmas are ignored: no pool either
         cflags = cflags + ["-DSM_POOL"]
     h = hashlib.sha256()
@@ -161,6 +162,20 @@ def _key(name: str, level: str, exts: tuple[str, ...], cc: str) -> tuple[str, li
                  level.encode(), sys.version.encode(), platform.machine().encode()]:
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:16], cflags, omp_l
+
+
+def sanitize_flags() -> list[str]:
+    """``SMALLEM_SANITIZE=address,undefined`` (or one of them): the kernels built with GCC's
+    sanitizers, for tests (a process that loads them needs the runtime preloaded:
+    ``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``). The flags are part of the cache key."""
+    kinds = [k for k in os.environ.get("SMALLEM_SANITIZE", "").split(",") if k]
+    bad = set(kinds) - {"address", "undefined"}
+    if bad:
+        raise BuildError(f"SMALLEM_SANITIZE: expected address and/or undefined, got {sorted(bad)}")
+    if not kinds:
+        return []
+    return [f"-fsanitize={','.join(kinds)}", "-fno-omit-frame-pointer", "-g",
+            "-fno-sanitize-recover=all"]
 
 
 def module_path(name: str, level: str, exts: tuple[str, ...]) -> Path:
