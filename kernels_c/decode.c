@@ -61,6 +61,7 @@
 #define INLINE static inline __attribute__((always_inline))
 
 int sm_rows(void) { return ROWS; }
+int sm_block_rows(void) { return MAXRB; }
 int sm_tile(void) { return TILE; }
 
 static inline float half_to_float(uint16_t h)

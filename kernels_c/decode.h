@@ -22,6 +22,7 @@ typedef struct {
     long long par_min_bytes;
 } sm_model;
 int sm_rows(void);
+int sm_block_rows(void);
 int sm_tile(void);
 long long sm_work_floats(const sm_model *m);
 int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logits, int all_logits, int nthreads);

@@ -516,23 +516,19 @@ class _Terminal:
 
 
 def cmd_generate(args) -> int:
-    try:
-        if bool(args.checkpoint) == bool(args.config):
-            raise ValueError("give --checkpoint DIR or --config NAME (random weights), one of them")
-        model = load_model(args.checkpoint) if args.checkpoint else GPT(args.config, seed=args.seed)
-        gen = Generator(model, dtype=args.dtype, threads=args.threads)
-        pieces = gen.generate(args.prompt, args.tokens, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        out = (sys.stdout.buffer if args.raw or not sys.stdout.isatty()
-               else _Terminal(sys.stdout))
-        start, n = time.perf_counter(), 0
-        for piece in pieces:
-            out.write(piece)
-            out.flush()
-            n += 1
-    except (ValueError, TypeError, checkpoint.CheckpointError) as e:
-        print(f"smallem generate: {e}", file=sys.stderr)
-        return 2
+    """Bad options and files raise; ``smallem``'s main reports them in one line."""
+    if bool(args.checkpoint) == bool(args.config):
+        raise ValueError("give --checkpoint DIR or --config NAME (random weights), one of them")
+    model = load_model(args.checkpoint) if args.checkpoint else GPT(args.config, seed=args.seed)
+    gen = Generator(model, dtype=args.dtype, threads=args.threads)
+    pieces = gen.generate(args.prompt, args.tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    out = sys.stdout.buffer if args.raw or not sys.stdout.isatty() else _Terminal(sys.stdout)
+    start, n = time.perf_counter(), 0
+    for piece in pieces:
+        out.write(piece)
+        out.flush()
+        n += 1
     secs = time.perf_counter() - start
     print(f"\n[{n} bytes in {secs:.2f} s, {n / secs if secs else 0:.0f} tokens/s, "
           f"{args.dtype}, {gen.decoder.threads} threads]", file=sys.stderr)

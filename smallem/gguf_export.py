@@ -173,19 +173,12 @@ def add_export_arguments(p):
 
 
 def cmd_export(args) -> int:
-    import sys
-
-    from . import checkpoint
     from .decode import load_model
 
-    try:
-        if bool(args.checkpoint) == bool(args.config):
-            raise ValueError("give --checkpoint DIR or --config NAME (random weights), one of them")
-        model = load_model(args.checkpoint) if args.checkpoint else GPT(args.config, seed=args.seed)
-        path = export(model, args.gguf, args.dtype, args.overwrite)
-    except (ValueError, FileExistsError, checkpoint.CheckpointError) as e:
-        print(f"smallem export: {e}", file=sys.stderr)
-        return 2
+    if bool(args.checkpoint) == bool(args.config):
+        raise ValueError("give --checkpoint DIR or --config NAME (random weights), one of them")
+    model = load_model(args.checkpoint) if args.checkpoint else GPT(args.config, seed=args.seed)
+    path = export(model, args.gguf, args.dtype, args.overwrite)  # errors: cli.main's one line
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {args.dtype}, "
           f"{'llama' if model.config.block == 'modern' else 'gpt2'} architecture)")
     return 0

@@ -29,6 +29,8 @@ FEED = list(b"\n    out = []\n    for _ in range(repeats):\n        t0 = time.pe
 PAUSE = 0.05          # seconds before each case's turn
 ROUNDS = 7            # rounds, each case once per round: 7 of 7 is what a sign test can tell
 STUDY_LAYERS = 8      # the L3 study's models: 8 blocks, width d from the target size
+STUDY_TOP = 8         # ... from half the cores' L2 to STUDY_TOP times the L3
+SAMPLE = {"temperature": 0.8, "seed": 0}  # the chapter's sample of the int8 generator
 PROMPTS = (b"def ", b"import os\nimport sys\n\n\nclass ", b"    for i in range(")  # quality
 
 
@@ -160,7 +162,8 @@ def study_sizes(caches: dict, threads: int, memory: int, quick: bool) -> list[in
         return [64, 128]
     l2 = caches.get("L2_bytes", 0) * min(threads, caches.get("L2_instances", 1) or 1)
     l3 = caches.get("L3_bytes", 0)
-    targets = [x for x in (l2 / 2, 2 * l2, l3 / 2, l3, 2 * l3, 4 * l3, 8 * l3) if x > 0]
+    targets = [x for x in (l2 / 2, 2 * l2, l3 / 2, l3, 2 * l3, STUDY_TOP / 2 * l3, STUDY_TOP * l3)
+               if x > 0]
     max_params = memory / 4 / 13  # ~13 bytes a parameter across the copies above
     widths = []
     for t in targets:
@@ -301,7 +304,7 @@ def bench_quality(quick: bool | None = None, progress: bool = True, threads: int
                                if a != b), min(len(theirs), n))
                 rec.add("llama_greedy", "tokens", Timing([lfirst]).stats(), prompt=i,
                         compared=n, llama=theirs.decode("utf-8", "replace"))
-    sample = b"".join(gens["int8"].generate(PROMPTS[1], 300, temperature=0.8, seed=0))
+    sample = b"".join(gens["int8"].generate(PROMPTS[1], 300, **SAMPLE))
     rec.data["settings"]["sample"] = (PROMPTS[1] + sample).decode("utf-8", "replace")
     if progress:
         print(f"quality: {steps} steps of {QUALITY_CONFIG}", flush=True)

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from ... import decode
+from ... import build, decode, quant
 from .. import ch1, compare, figures, records, reference
-from .measuring import RECORD, RECORD_QUALITY
+from .measuring import PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS, STUDY_TOP
 
 f = figures.fmt
 L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
@@ -310,6 +310,13 @@ NOT_MEASURED = "not measured here (no llama.cpp: `make llama`)"
 
 def report(rec_dir) -> dict:
     values: dict = target_values()
+    ffi, lib = build.load("decode")  # the decoder's shapes, as the kernel has them
+    values.update({"ch4.tile": str(quant.TILE), "ch4.qblock": str(quant.QBLOCK),
+                   "ch4.group": str(quant.GROUP), "ch4.rows": str(lib.sm_rows()),
+                   "ch4.block_rows": str(lib.sm_block_rows()),
+                   "ch4.study_layers": str(STUDY_LAYERS), "ch4.study_top": str(STUDY_TOP),
+                   "ch4.prompts": str(len(PROMPTS)),
+                   "ch4.sample_settings": f"temperature {SAMPLE['temperature']:g}, seed {SAMPLE['seed']}"})
     for key in ("ch4.vs_llama_l3", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured
     values["ch4.rungs"] = str(len(decode.RUNGS))
