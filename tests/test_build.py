@@ -186,6 +186,73 @@ def test_editing_a_file_the_kernel_includes_rebuilds(tmp_path, monkeypatch):
     assert "parts" in build.kernel_names() and "value" not in build.kernel_names()
 
 
+_BUILD_GEMM = ("import sys; from smallem import build; "
+               "print(build.compile_module('gemm', 'generic'), flush=True)")
+
+
+def _interrupt_a_build(cache, sig):
+    """Start a child that builds the gemm kernel into ``cache``, and send ``sig`` to its whole
+    process group (as Ctrl-C does) once the compiler is running. Returns the child's status."""
+    import os
+    import signal
+    import time
+
+    env = dict(os.environ, SMALLEM_CACHE=str(cache))
+    env.pop("SMALLEM_SANITIZE", None)
+    p = subprocess.Popen([sys.executable, "-c", _BUILD_GEMM], env=env, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    try:
+        # the wrapper C file is written just before the compiler starts, in the build's folder
+        while not any(cache.glob(f"{build.BUILDING}*/*.c")):
+            assert p.poll() is None, f"the build ended before it could be interrupted: {p.communicate()}"
+            assert time.monotonic() < deadline, "the build never started"
+            time.sleep(0.01)
+        time.sleep(0.3)  # well inside the compiler (gemm at -O3 takes seconds)
+        os.killpg(p.pid, sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    return p.returncode, err
+
+
+def test_ctrl_c_in_a_kernel_build_leaves_no_broken_cache_entry(tmp_path):
+    import signal
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    rc, err = _interrupt_a_build(cache, signal.SIGINT)
+    assert rc != 0 and "KeyboardInterrupt" in err, err[-2000:]
+    assert list(cache.iterdir()) == [], "an interrupted build left files in the cache"
+    # run again: the kernel builds, loads and multiplies
+    out = subprocess.run([sys.executable, "-c", _BUILD_GEMM + "; from smallem import gemm; "
+                          "import numpy as np; a = np.ones((3, 5), np.float32); "
+                          "assert (gemm.matmul(a, a, trans_b=True, level='generic') == 5).all()"],
+                         env={**__import__("os").environ, "SMALLEM_CACHE": str(cache)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_build_killed_outright_is_swept_and_rebuilt(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    rc, _ = _interrupt_a_build(cache, signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    left = list(cache.iterdir())
+    assert left and all(p.name.startswith(build.BUILDING) for p in left), left  # no module
+    old = __import__("time").time() - build.STALE_SECONDS - 10
+    for p in left:
+        os.utime(p, (old, old))
+    monkeypatch.setenv("SMALLEM_CACHE", str(cache))
+    path = build.compile_module("stream", "generic")
+    assert path.is_file() and not any(p.exists() for p in left)  # the stale folder is gone
+
+
 def test_gemm_key_covers_every_file_of_the_module():
     files = {p.relative_to(build.KERNELS_DIR).as_posix() for p in build._sources("gemm")[1]}
     parts = {p.relative_to(build.KERNELS_DIR).as_posix()

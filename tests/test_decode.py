@@ -70,6 +70,25 @@ def test_product_against_float64(level, rows, K, N, kind, rng):
         assert_close(y, ref.astype(np.float32), k=K, name=f"{kind} {rows}x{K}x{N}")
 
 
+def test_the_kernels_shapes_are_the_packers(level):
+    """The C side's tile, rows per pass and rows per block, which chapter 4's page quotes,
+    against the Python side that packs for it."""
+    from smallem import build, quant
+
+    _, lib = build.load("decode", level)
+    assert lib.sm_tile() == quant.TILE
+    assert lib.sm_rows() % lib.sm_block_rows() == 0 and 1 <= lib.sm_block_rows() <= lib.sm_rows()
+
+
+def test_the_thread_threshold_is_measured(level):
+    m = _model(d=64, layers=1)
+    toks = np.arange(20, dtype=np.int32)
+    dec = decode.Decoder(m, "int8", 2)  # measures a fork-join and the one-core rate (sm_time_matmul)
+    assert isinstance(dec.par_min_bytes, int) and dec.par_min_bytes > 0
+    assert_close(dec.all_logits(toks), decode.Decoder(m, "int8", 1).all_logits(toks),
+                 rtol=1e-5, atol=1e-5)
+
+
 def test_int8_layout_and_correction(rng):
     """corr is what the +128 shift adds, divided by 128; the tile order is the documented one."""
     w = rng.normal(0, 1, (64, 20)).astype(np.float32)

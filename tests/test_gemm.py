@@ -715,9 +715,20 @@ def test_bf16_path_validation(monkeypatch):
 
 # ---------------------------------------------------------------- pool, benchmark, figures
 
-def test_openmp_pool_is_persistent():
-    ids = [gemm.pool_ids(2) for _ in range(3)]
-    assert ids[0] == ids[1] == ids[2]
+def test_openmp_pool_is_persistent(level):
+    ids = [gemm.pool_ids(2, level) for _ in range(3)]
+    assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 2
+
+
+def test_fork_join_timers_run(level):
+    # chapter 2's "thread pool" rows time these two; here they only have to return
+    import time
+
+    ffi, lib, *_ = gemm._load(level)
+    t = time.perf_counter()
+    lib.gemm_empty_regions(20, 2)
+    lib.gemm_spawn_join(2, 2)
+    assert time.perf_counter() - t < 10
 
 
 @pytest.mark.slow  # a few seconds on an idle machine, more when the cores are shared

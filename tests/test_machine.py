@@ -84,6 +84,16 @@ def test_stream_kernels_match_numpy(level, rng, kernel, n, threads):
     checks.assert_close(a, expected, k=2, name=kernel)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stream_arrays_are_first_touched_then_run(level, threads):
+    s = machine.Stream(3 * 1024 + 40, threads)  # not a whole number of lines per thread
+    assert s.a.ctypes.data % 64 == 0 and s.b.ctypes.data % 64 == s.c.ctypes.data % 64 == 0
+    assert np.isfinite(s.b).all() and np.isfinite(s.c).all()
+    b, c = s.b.copy(), s.c.copy()
+    s.run("triad", s.a.size, 1, threads)
+    checks.assert_close(s.a, b + 3.0 * c, k=2, name="triad over the whole arrays")
+
+
 def test_stream_kernel_rejects_bad_input():
     a, b = np.zeros(8), np.zeros(8)
     with pytest.raises(TypeError, match="b: expected dtype float64"):
