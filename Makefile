@@ -20,6 +20,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[book,test]'
+	@# MPI for the appendix and its 2-rank tests (mpi4py on MPICH's wheel); best effort
+	@$(PY) -m pip install --quiet -e '.[mpi]' 2>/dev/null \
+	  || echo "could not install mpi4py and mpich: the MPI appendix and its tests will be skipped"
 	@# the notebooks' kernel must be this venv's python, whatever else is installed
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $@

@@ -421,6 +421,11 @@ def add_train_arguments(p):
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--sample-bytes", type=count(0), default=300)
     p.add_argument("--list", action="store_true", help="list the configs and exit")
+    p.add_argument("--distributed", action="store_true",
+                   help="data-parallel over MPI: run under mpiexec -n N (needs the mpi extra)")
+    p.add_argument("--average-every", type=count(1), default=1, metavar="K",
+                   help="with --distributed: 1 all-reduces the gradients every step; K > 1 "
+                        "is local SGD, weights and moments averaged every K steps")
 
 
 def list_configs() -> str:
@@ -442,6 +447,11 @@ def cmd_train(args) -> int:
     if args.list:
         print(list_configs())
         return 0
+    if args.distributed:
+        from . import distributed
+        return distributed.cmd_train(args)
+    if args.average_every != 1:
+        raise ValueError("--average-every needs --distributed")
     folder = Path(args.checkpoint or Path("runs") / args.config)
     log_path = args.log or folder / "log.jsonl"
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)

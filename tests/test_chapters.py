@@ -47,3 +47,21 @@ def test_chapter_4_reads_records_without_its_peers(tmp_path, monkeypatch):
     wanted = set(re.findall(r"\{\{\s*(ch4\.[\w.]+)\s*\}\}", page))
     assert wanted <= set(values), sorted(wanted - set(values))
     assert "not measured" in values["ch4.vs_llama_l3"]
+
+
+def test_the_appendix_reads_without_mpi(tmp_path, monkeypatch):
+    """No record, or a record made where MPI was missing: every value the page quotes is there."""
+    import re
+
+    from smallem.book import mpi, records
+
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
+    (tmp_path / "figures" / "tables").mkdir(parents=True)
+    page = (records.ROOT / "chapters" / "a-distributed.md").read_text()
+    wanted = set(re.findall(r"\{\{\s*(mpi\.[\w.]+)\s*\}\}", page))
+    values = mpi.report(tmp_path)  # no record at all
+    assert wanted <= set(values) and "not measured" in values["mpi.ratio"]
+    monkeypatch.setattr(mpi.measuring, "mpiexec", lambda: None)
+    mpi.bench_distributed(quick=True, progress=False).save(tmp_path)
+    values = mpi.report(tmp_path)
+    assert wanted <= set(values) and "no MPI" in values["mpi.ratio"]

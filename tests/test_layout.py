@@ -99,7 +99,8 @@ def test_one_list_of_chapters():
         assert module.MEASURE is None or module.MEASURE in module.COMMANDS
         for func, add_arguments, help_ in module.COMMANDS.values():
             assert callable(func) and help_
-    assert book.measure_commands() == ["machine", "gemm", "bench-train", "bench-generate"]
+    assert book.measure_commands() == ["machine", "gemm", "bench-train", "bench-generate",
+                                       "bench-distributed"]
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)

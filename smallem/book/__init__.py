@@ -26,6 +26,7 @@ CHAPTERS = (
     "gpu",   # chapters 1 and 2 on a GPU, measured where one is lent
     "ch3",   # training a GPT on the CPU
     "ch4",   # generating without the GPU
+    "mpi",   # the appendix: beyond one machine, data-parallel training on MPI
 )
 
 

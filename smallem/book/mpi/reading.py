@@ -1,0 +1,136 @@
+"""The appendix's record read into its tables, figure and values."""
+
+from __future__ import annotations
+
+from .. import compare, figures, records
+from ...distributed import TIMEOUT
+from .measuring import AVERAGE_EVERY, LINKS_GBIT, MACHINES, RECORD
+
+f = figures.fmt
+NOT_MEASURED = "not measured here (no MPI: `pip install -e '.[mpi]'`)"
+KEYS = ("mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", "mpi.ratio",
+        "mpi.rounds", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
+        "mpi.curve_steps", "mpi.curve_tokens", "mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100",
+        "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10")
+DESIGN = ("mpi.k_mid", "mpi.k_top", "mpi.machines_top", "mpi.link_low", "mpi.link_top",
+          "mpi.timeout")
+
+
+def ring_seconds(nbytes: float, machines: int, gbit: float) -> float:
+    """A ring all-reduce's time: each machine sends and receives 2 (N - 1) / N of the
+    message, over a link of ``gbit`` Gbit/s; latency and overlap with compute ignored."""
+    return 2 * (machines - 1) / machines * nbytes * 8 / (gbit * 1e9)
+
+
+def model(step_seconds: float, tokens_per_step: int, grad_bytes: int, machines: int,
+          gbit: float, average_every: int = 1) -> float:
+    """Tokens/s of ``machines`` copies of this machine, each with the whole batch of the
+    one-process step (weak scaling). Every step all-reduces the gradient (average_every 1);
+    local SGD instead all-reduces the weights and Adam's two moments every K steps."""
+    nbytes = grad_bytes if average_every == 1 else 3 * grad_bytes / average_every
+    return machines * tokens_per_step / (step_seconds + ring_seconds(nbytes, machines, gbit))
+
+
+def design_values() -> dict:
+    """The appendix's settings, from the code: the schemes, machines and links it shows."""
+    return {"mpi.k_mid": str(AVERAGE_EVERY[1]), "mpi.k_top": str(AVERAGE_EVERY[-1]),
+            "mpi.machines_top": str(MACHINES[-1]), "mpi.link_low": f"{LINKS_GBIT[0]} Gbit/s",
+            "mpi.link_top": f"{LINKS_GBIT[-1]} Gbit/s", "mpi.timeout": f"{TIMEOUT:g} s"}
+
+
+def _one(rec, name, **params):
+    found = records.results(rec, name, **params)
+    return found[0] if found else None
+
+
+def _missing(note: str) -> dict:
+    for name in ("mpi_throughput", "mpi_model"):
+        figures.write_table(name, [], ["(nothing measured)"], note)
+    _curve_figure({}, note)
+    return {**{k: NOT_MEASURED for k in KEYS}, **design_values()}
+
+
+def _curve_figure(curves: dict, note: str = ""):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for k, pts in curves.items():
+        label = "gradients all-reduced every step" if k == 1 else f"local SGD, averaged every {k}"
+        ax.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], marker="o", label=label)
+    if curves:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("tokens trained (millions)")
+    ax.set_ylabel("validation bits per byte")
+    ax.grid(alpha=0.3)
+    figures.save(fig, "mpi_loss")
+
+
+def report(rec_dir=None) -> dict:
+    if not records.exists(RECORD, rec_dir):
+        return _missing("no record mpi.train: run `smallem bench-distributed`")
+    rec = records.load(RECORD, rec_dir)
+    s = rec["settings"]
+    if s.get("missing"):
+        return _missing(f"not measured: {s['missing']}")
+    ranks = s["ranks"]
+    one = _one(rec, "step", ranks=1)
+    many = _one(rec, "step", ranks=ranks)
+    comm = _one(rec, "communication")
+    rounds = compare.rounds_ahead(many, one)  # fewer seconds = ahead
+    step_s = one["seconds"]["median"]
+    rows = []
+    for r in (one, many):
+        rows.append([r["params"]["case"], str(r["params"]["ranks"]), str(r["params"]["threads"]),
+                     f(r["value"]["median"], "tokens/s"),
+                     f"{f(r['value']['min'])} to {f(r['value']['max'])}"])
+    figures.write_table("mpi_throughput", rows,
+                        ["case", "processes", "threads each", "tokens/s (median)", "range"],
+                        f"Config {s['config'] if isinstance(s['config'], str) else s['config']['name']}, "
+                        f"global batch {s['batch']}, {s['rounds']} rounds in turn, each the median of "
+                        f"{s['steps']} steps after {s['warmup']}. {figures.machine_line(rec)}.")
+    grad = comm["params"]["grad_bytes"]
+    mrows = []
+    for n in s["machines"]:
+        for g in s["links_gbit"]:
+            cells = [str(n), f"{g} Gbit/s"]
+            for k in (1, 10):
+                tps = model(step_s, one["params"]["tokens_per_step"], grad, n, g, k)
+                eff = tps / (n * one["value"]["median"])
+                cells.append(f"{f(tps)} ({100 * eff:.0f} %)")
+            mrows.append(cells)
+    figures.write_table("mpi_model", mrows,
+                        ["machines", "link", "all-reduce every step: tokens/s (efficiency)",
+                         "local SGD, every 10: tokens/s (efficiency)"],
+                        "A model, not a measurement: this machine's one-process step and "
+                        "gradient size, a ring all-reduce at the link's full rate, no latency, "
+                        "no overlap of sending with computing.")
+    curves = {}
+    for r in records.results(rec, "val_bpb"):
+        curves.setdefault(r["params"]["average_every"], []).append(
+            (r["params"]["tokens"], r["value"]["median"]))
+    _curve_figure({k: sorted(v) for k, v in sorted(curves.items())})
+    last = {k: sorted(v)[-1] for k, v in curves.items()}
+    top, low, high = MACHINES[-1], LINKS_GBIT[0], LINKS_GBIT[-1]
+    m16 = {g: model(step_s, one["params"]["tokens_per_step"], grad, top, g) for g in (low, high)}
+    values = {
+        "mpi.config": s["config"] if isinstance(s["config"], str) else s["config"]["name"],
+        "mpi.batch": str(s["batch"]), "mpi.ranks": str(ranks),
+        "mpi.one_tps": f(one["value"]["median"], "tokens/s"),
+        "mpi.ranks_tps": f(many["value"]["median"], "tokens/s"),
+        "mpi.ratio": f"{f(many['value']['median'] / one['value']['median'])} times",
+        "mpi.rounds": compare.rounds_text(rounds),
+        "mpi.comm_ms": f(1e3 * comm["value"]["median"], "ms"),
+        "mpi.comm_share": f"{100 * comm['value']['median'] / many['seconds']['median']:.0f} %",
+        "mpi.mb_per_step": f(comm["params"]["bytes_per_step"] / 1e6, "MB"),
+        "mpi.grad_mb": f(grad / 1e6, "MB"),
+        "mpi.curve_steps": str(s["curve_steps"]),
+        "mpi.curve_tokens": f(max(t for t, _ in last.values()) / 1e6, "million"),
+        "mpi.model_16_10": f(m16[low], "tokens/s"), "mpi.model_16_100": f(m16[high], "tokens/s"),
+        "mpi.model_eff_16_10": f"{100 * m16[low] / (top * one['value']['median']):.0f} %",
+    }
+    for k, key in zip(AVERAGE_EVERY, ("mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100")):
+        values[key] = f"{last[k][1]:.3f}" if k in last else "n/a"
+    assert set(values) == set(KEYS)
+    return {**values, **design_values()}
