@@ -255,6 +255,9 @@ def _run(args, d: Distributed) -> int:
     from . import checkpoint
     from .train import DEFAULTS, _estimate_steps, train
 
+    if args.minutes and args.steps:
+        raise ValueError("under --distributed --minutes sets the step count (every rank must "
+                         "run the same steps): give --minutes or --steps, not both")
     lead = d.rank == 0
     if not lead:  # rank 0 speaks for the job (errors still reach stderr from every rank)
         sys.stdout = open(os.devnull, "w")
