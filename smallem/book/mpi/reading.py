@@ -9,7 +9,7 @@ from .measuring import AVERAGE_EVERY, LINKS_GBIT, MACHINES, RECORD
 f = figures.fmt
 NOT_MEASURED = "not measured here (no MPI: `pip install -e '.[mpi]'`)"
 KEYS = ("mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", "mpi.ratio",
-        "mpi.rounds", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
+        "mpi.rounds", "mpi.verdict", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
         "mpi.curve_steps", "mpi.curve_tokens", "mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100",
         "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10")
 DESIGN = ("mpi.k_mid", "mpi.k_top", "mpi.machines_top", "mpi.link_low", "mpi.link_top",
@@ -36,6 +36,14 @@ def design_values() -> dict:
     return {"mpi.k_mid": str(AVERAGE_EVERY[1]), "mpi.k_top": str(AVERAGE_EVERY[-1]),
             "mpi.machines_top": str(MACHINES[-1]), "mpi.link_low": f"{LINKS_GBIT[0]} Gbit/s",
             "mpi.link_top": f"{LINKS_GBIT[-1]} Gbit/s", "mpi.timeout": f"{TIMEOUT:g} s"}
+
+
+def _verdict(rounds, faster: bool) -> str:
+    if rounds is None:
+        return "the rounds were not kept"
+    if compare.sign_test(*rounds) >= compare.SIGN_LEVEL:
+        return "the two are within the noise of each other (the sign test cannot tell them apart)"
+    return "the ranks are faster" if faster else "the one process is faster"
 
 
 def _one(rec, name, **params):
@@ -121,6 +129,7 @@ def report(rec_dir=None) -> dict:
         "mpi.ranks_tps": f(many["value"]["median"], "tokens/s"),
         "mpi.ratio": f"{f(many['value']['median'] / one['value']['median'])} times",
         "mpi.rounds": compare.rounds_text(rounds),
+        "mpi.verdict": _verdict(rounds, many["value"]["median"] > one["value"]["median"]),
         "mpi.comm_ms": f(1e3 * comm["value"]["median"], "ms"),
         "mpi.comm_share": f"{100 * comm['value']['median'] / many['seconds']['median']:.0f} %",
         "mpi.mb_per_step": f(comm["params"]["bytes_per_step"] / 1e6, "MB"),
