@@ -181,3 +181,34 @@ def test_the_ring_model_is_its_formula():
     assert reading.model(0.5, 1000, int(100e6), 4, 10) == pytest.approx(4000 / 0.62)
     # local SGD every 10 steps sends 3 buffers a tenth as often
     assert reading.model(0.5, 1000, int(100e6), 4, 10, 10) == pytest.approx(4000 / (0.5 + 0.036))
+
+
+def test_a_run_resumed_on_another_number_of_ranks_sees_the_same_batches(corpus_file, tmp_path):
+    """10 steps on 2 ranks, the other 10 resumed on 1: the losses are one process's 20."""
+    ck, log = tmp_path / "ck", tmp_path / "loss.json"
+    script = """
+        import json, os
+        from smallem import data
+        from smallem.distributed import Distributed, DistributedTrainer
+        from smallem.model import Config
+        from smallem.train import train
+        d = Distributed()
+        kw = dict(corpus=data.load_corpus({corpus!r}), threads=1, dist=d)
+        if os.path.exists({ck!r} + "/checkpoint.json"):
+            t = DistributedTrainer.resume({ck!r}, **kw)
+        else:
+            t = DistributedTrainer(Config("tiny", d_model=16, n_layer=2, n_head=2, context=16),
+                                   batch_size=4, steps=20, seed=3, **kw)
+        h = train(t, sample_bytes=0, progress=False, eval_every=0, checkpoint_dir={ck!r},
+                  checkpoint_every=10, stop_after=10)
+        if d.rank == 0:
+            old = json.load(open({log!r})) if os.path.exists({log!r}) else []
+            json.dump(old + h["loss"], open({log!r}, "w"))
+    """.format(corpus=str(corpus_file), ck=str(ck), log=str(log))
+    _ranks(2, script)
+    _ranks(1, script)
+    one = train(Trainer(TINY, corpus=str(corpus_file), batch_size=4, steps=20, seed=3,
+                        threads=1), sample_bytes=0, progress=False, eval_every=0)
+    got = json.loads(log.read_text())
+    assert len(got) == 20
+    np.testing.assert_allclose(got, one["loss"], rtol=1e-5)
