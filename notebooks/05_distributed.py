@@ -32,7 +32,7 @@ from smallem.book import figures, mpi, records
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
 print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
-print("mpiexec:", mpi.measuring.mpiexec() or "not found (pip install -e '.[mpi]')")
+print("mpiexec:", distributed.mpiexec() or "not found (pip install -e '.[mpi]')")
 
 # %% [markdown]
 # ## Which rows each rank trains on

@@ -40,7 +40,7 @@ import zlib
 import numpy as np
 
 from . import data
-from .train import Trainer, lr_at
+from .train import LN2, Trainer, lr_at
 
 TIMEOUT_ENV = "SMALLEM_MPI_TIMEOUT"
 TIMEOUT = 60.0  # seconds a collective may wait before the rank gives up on its peers
@@ -55,6 +55,20 @@ def mpi():
                            "pip install -e '.[mpi]' (mpi4py with MPICH's wheel), then run "
                            "under mpiexec -n N") from e
     return MPI
+
+
+def mpiexec() -> str | None:
+    """The ``mpiexec`` to launch ranks with: MPICH's beside this Python (the mpich wheel's),
+    else one on PATH; None without it or without mpi4py."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    exe = Path(sys.executable).with_name("mpiexec")
+    return str(exe) if exe.exists() else shutil.which("mpiexec")
 
 
 def rows(B: int, n: int, rank: int) -> slice:
@@ -212,7 +226,6 @@ class DistributedTrainer(Trainer):
         for i in range(batches):
             x, y = data.val_batch(self.corpus.val, i, self.B, self.T)
             total += self.model.forward(x[self.rows], y[self.rows])
-        from .train import LN2
         return self.dist.mean(total, "the validation loss") / batches / LN2
 
     def save(self, folder):

@@ -23,18 +23,10 @@ TINY = Config("tiny", d_model=16, n_layer=2, n_head=2, context=16)
 
 
 def mpiexec() -> str:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        pytest.skip("no mpi4py: pip install -e '.[mpi]' (mpi4py and MPICH's wheel)")
-    exe = Path(sys.executable).with_name("mpiexec")
-    if not exe.exists():
-        import shutil
-        found = shutil.which("mpiexec")
-        if not found:
-            pytest.skip("no mpiexec beside this Python or on PATH (MPICH's wheel has one)")
-        exe = Path(found)
-    return str(exe)
+    exe = distributed.mpiexec()
+    if exe is None:
+        pytest.skip("no mpi4py or mpiexec: pip install -e '.[mpi]' (mpi4py and MPICH's wheel)")
+    return exe
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from .measuring import RECORD, bench_distributed  # noqa: F401
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
-from .. import records
 
 RECORDS = (RECORD,)
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from ... import machine_info
+from ...distributed import mpiexec
 from ...build import ROOT
 from ...timing import Timing, quick_mode
 from .. import records
@@ -37,17 +36,6 @@ LINKS_GBIT = (10, 25, 100)    # the model's links
 MACHINES = (2, 4, 8, 16)      # ... and machine counts
 QUICK = dict(config={"name": "tiny", "d_model": 32, "n_layer": 2, "n_head": 2, "context": 32},
              batch=4, rounds=2, steps=3, warmup=1, curve_steps=20, curve_evals=2)
-
-
-def mpiexec() -> str | None:
-    """MPICH's mpiexec beside this Python (the mpich wheel's), else on PATH; None without
-    it or without mpi4py."""
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return None
-    exe = Path(sys.executable).with_name("mpiexec")
-    return str(exe) if exe.exists() else shutil.which("mpiexec")
 
 
 def _run(exe: str, ranks: int, spec: dict) -> dict:
@@ -78,7 +66,7 @@ def bench_distributed(quick: bool | None = None, progress: bool = True) -> recor
         rec.data["settings"]["missing"] = "no mpi4py or mpiexec (pip install -e '.[mpi]')"
         rec.warn("no MPI here: the appendix's measurements were not made")
         return rec
-    ranks = cores if batch % cores == 0 else 2
+    ranks = cores if cores > 1 and batch % cores == 0 else 2  # one rank per core, or two
     rec.data["settings"]["ranks"] = ranks
     base = {"config": config, "batch": batch, "steps": warmup + steps, "warmup": warmup}
     cases = {"one process": (1, dict(base, threads=cores, average_every=1)),
