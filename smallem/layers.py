@@ -388,12 +388,15 @@ def attn_softmax_backward(p, dp, scale, threads=None):
 
 def flash_tile(hd: int, caches: dict | None = None) -> int:
     """Keys per tile of the attention in tiles: the tile of K (packed, hd x tile) and of V
-    (tile x hd) together in half the L1, in multiples of 32 (two AVX-512 vectors, the
-    register-tiled path's step), from 32 to 256."""
+    (tile x hd) together as large as the L1, in multiples of 32 (two AVX-512 vectors, the
+    register-tiled path's step), from 32 to 256. Each row's running maximum and sum are
+    updated once per tile, so a longer tile spreads that scalar work over more products;
+    the few rows of q, scores and output the four-row block also touches are small beside
+    it."""
     from . import machine_info
 
     l1 = (caches or machine_info.caches())["L1d_bytes"] or 32 * 1024
-    return int(min(256, max(32, l1 // 2 // (2 * 4 * hd) // 32 * 32)))
+    return int(min(256, max(32, l1 // (2 * 4 * hd) // 32 * 32)))
 
 
 def _flash_shapes(q, k, v, names=("q", "k", "v")):

@@ -549,7 +549,10 @@ def test_flash_attention_against_the_reference(level, rng, BH, T, hd, tile):
     layers.flash_backward(q, k, v, o, lse, do, dq, dk, dv, scale)
     for got, w, name in zip((dq, dk, dv), want, ("dq", "dk", "dv")):
         assert_close(got, w.astype(np.float32), k=T * hd, atol=1e-5 * np.abs(w).max(), name=name)
-    for threads in (1, 3):  # one thread per head: the same bits for any number of threads
+    for threads in (1, 3):  # a head (or a query tile) per task: the same bits for any team
+        o2, lse2 = np.empty_like(o), np.empty_like(lse)
+        layers.flash_forward(q, k, v, o2, lse2, scale, tile=tile, threads=threads)
+        assert np.array_equal(o2, o) and np.array_equal(lse2, lse)
         again = [np.empty_like(q) for _ in range(3)]
         layers.flash_backward(q, k, v, o, lse, do, *again, scale, threads=threads)
         assert all(np.array_equal(x, y) for x, y in zip(again, (dq, dk, dv)))
@@ -610,9 +613,10 @@ def test_flash_attention_checks_its_arguments(rng):
         layers.flash_forward(q[0], q[0], q[0], o[0], lse, 0.5)
     with pytest.raises(ValueError, match="work"):
         layers.flash_forward(q, q, q, o, lse, 0.5, work=np.empty(3, np.float32))
-    assert layers.flash_tile(64, {"L1d_bytes": 32 * 1024}) == 32
-    assert layers.flash_tile(64, {"L1d_bytes": 48 * 1024}) == 32  # 48 keys: not two vectors
-    assert layers.flash_tile(32, {"L1d_bytes": 48 * 1024}) == 96
+    assert layers.flash_tile(64, {"L1d_bytes": 32 * 1024}) == 64
+    assert layers.flash_tile(64, {"L1d_bytes": 48 * 1024}) == 96
+    assert layers.flash_tile(128, {"L1d_bytes": 48 * 1024}) == 32  # 48 keys: not two vectors
+    assert layers.flash_tile(32, {"L1d_bytes": 48 * 1024}) == 192
     assert layers.flash_tile(1024, {"L1d_bytes": 32 * 1024}) == 32
 
 

@@ -17,9 +17,16 @@
  * q, k, v, o: BH x T x hd; lse: BH x T; work: nthreads x flash_work_floats(). */
 long long flash_work_floats(int T, int hd, int tile) /* per thread, forward or backward */
 {
-    /* forward: K's tile and 4 rows of scores; backward: D, K's and V's tiles, 4 rows of
-     * p and of ds */
-    return MAX((long long)hd * tile + 4LL * tile, 2LL * hd * tile + 8LL * tile + T);
+    /* forward: K^T of a whole head (or of one tile, whichever is larger) and 4 rows of
+     * scores; backward: D, K's and V's tiles, 4 rows of p and of ds */
+    return MAX((long long)hd * MAX(T, tile) + 4LL * tile, 2LL * hd * tile + 8LL * tile + T);
+}
+
+/* K's rows j0 .. j0 + cols - 1 (each hd floats) transposed: kt[d * ld + c] */
+static void pack_kt(const float *k, int j0, int cols, int hd, float *kt, int ld)
+{
+    for (int c = 0; c < cols; c++)
+        for (int d = 0; d < hd; d++) kt[(size_t)d * ld + c] = k[(size_t)(j0 + c) * hd + d];
 }
 
 #if defined(VW)
@@ -29,16 +36,17 @@ long long flash_work_floats(int T, int hd, int tile) /* per thread, forward or b
  * FR rows; then acc (FR x hd) += p V, two vectors of hd at a time. tile and hd are
  * multiples of 2 VW here. */
 #define FR 4
-static void flash_scores_full(const float *q, int hd, float scale, int tile, const float *kt,
+static void flash_scores_full(const float *q, int hd, int tile, const float *kt, int ldk,
                               float *s)
 {
     for (int c0 = 0; c0 < tile; c0 += 2 * VW) {
         VEC a[FR][2];
         for (int r = 0; r < FR; r++) a[r][0] = a[r][1] = VSET1(0.0f);
         for (int d = 0; d < hd; d++) {
-            const VEC k0 = VLOAD(kt + (size_t)d * tile + c0), k1 = VLOAD(kt + (size_t)d * tile + c0 + VW);
+            const float *kd = kt + (size_t)d * ldk + c0;
+            const VEC k0 = VLOAD(kd), k1 = VLOAD(kd + VW);
             for (int r = 0; r < FR; r++) {
-                const VEC x = VSET1(q[(size_t)r * hd + d] * scale);
+                const VEC x = VSET1(q[(size_t)r * hd + d]); /* a broadcast from memory */
                 a[r][0] = VFMA(x, k0, a[r][0]);
                 a[r][1] = VFMA(x, k1, a[r][1]);
             }
@@ -97,9 +105,31 @@ static void flash_tn_full(const float *x, const float *y, float *acc, int hd, in
 }
 #endif
 
+/* One row of scores s (n of them, then tile - n masked ones) scaled, exponentiated
+ * against the row's running maximum m, its running sum l updated and its accumulator
+ * acc rescaled; the masked entries are set to zero, so P V may run over the whole tile. */
+static void flash_online_row(float *s, int n, int tile, float scale, float *m, float *l,
+                             float *acc, int hd)
+{
+    #pragma omp simd
+    for (int c = 0; c < n; c++) s[c] *= scale;
+    const float mnew = MAX(*m, row_max(s, n)), corr = expf(*m - mnew);
+    #pragma omp simd
+    for (int c = 0; c < n; c++) s[c] -= mnew;
+    exp_inplace(s, n);
+    for (int c = n; c < tile; c++) s[c] = 0.0f;
+    *l = *l * corr + row_sum(s, n);
+    #pragma omp simd
+    for (int d = 0; d < hd; d++) acc[d] *= corr;
+    *m = mnew;
+}
+
+/* The query rows i0 .. i0 + tile - 1 against every key tile at or before them. ktp: K^T
+ * of the whole head (ld = T), packed once by the caller; or NULL, and each key tile is
+ * packed here into kt (ld = tile). */
 static void flash_forward_tile(const float *q, const float *k, const float *v, float *o,
                                float *lse, int T, int hd, float scale, int tile, int i0,
-                               float *kt, float *s)
+                               const float *ktp, float *kt, float *s)
 {
     const int rows = MIN(tile, T - i0);
     for (int r = 0; r < rows; r++) {
@@ -108,30 +138,22 @@ static void flash_forward_tile(const float *q, const float *k, const float *v, f
     }
     float m[rows], l[rows];
     for (int r = 0; r < rows; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+    const int ldk = ktp ? T : tile;
     for (int j0 = 0; j0 < i0 + rows; j0 += tile) {
         const int cols = MIN(tile, T - j0);
-        for (int c = 0; c < cols; c++)
-            for (int d = 0; d < hd; d++) kt[(size_t)d * tile + c] = k[(size_t)(j0 + c) * hd + d];
+        const float *kk = ktp ? ktp + j0 : kt;
+        if (!ktp) pack_kt(k, j0, cols, hd, kt, tile);
         int r = 0;
 #if defined(VW)
-        /* rows that see every key of this tile (its first row already sees its last key),
-         * FR at a time, in registers */
+        /* FR rows at a time, in registers, over the whole tile; on the diagonal tile the
+         * keys after a row are masked (their p is zero) */
         const int fast = cols == tile && tile % (2 * VW) == 0 && hd % (2 * VW) == 0;
-        for (; fast && r + FR <= rows && i0 + r >= j0 + cols - 1; r += FR) {
-            float *sr = s; /* FR rows of scores */
-            flash_scores_full(q + (size_t)(i0 + r) * hd, hd, scale, tile, kt, sr);
-            for (int x = 0; x < FR; x++) {
-                float *row = sr + (size_t)x * tile, *acc = o + (size_t)(i0 + r + x) * hd;
-                const float mnew = MAX(m[r + x], row_max(row, tile)), corr = expf(m[r + x] - mnew);
-                #pragma omp simd
-                for (int c = 0; c < tile; c++) row[c] -= mnew;
-                exp_inplace(row, tile);
-                l[r + x] = l[r + x] * corr + row_sum(row, tile);
-                #pragma omp simd
-                for (int d = 0; d < hd; d++) acc[d] *= corr;
-                m[r + x] = mnew;
-            }
-            flash_pv_full(v + (size_t)j0 * hd, o + (size_t)(i0 + r) * hd, hd, tile, sr);
+        for (; fast && r + FR <= rows; r += FR) {
+            flash_scores_full(q + (size_t)(i0 + r) * hd, hd, tile, kk, ldk, s);
+            for (int x = 0; x < FR; x++)
+                flash_online_row(s + (size_t)x * tile, MIN(tile, i0 + r + x - j0 + 1), tile,
+                                 scale, &m[r + x], &l[r + x], o + (size_t)(i0 + r + x) * hd, hd);
+            flash_pv_full(v + (size_t)j0 * hd, o + (size_t)(i0 + r) * hd, hd, tile, s);
         }
 #endif
         for (; r < rows; r++) {
@@ -141,23 +163,16 @@ static void flash_forward_tile(const float *q, const float *k, const float *v, f
             float *acc = o + (size_t)i * hd;
             for (int c = 0; c < n; c++) s[c] = 0.0f;
             for (int d = 0; d < hd; d++) {
-                const float x = qi[d] * scale, *kd = kt + (size_t)d * tile;
+                const float x = qi[d], *kd = kk + (size_t)d * ldk;
                 #pragma omp simd
                 for (int c = 0; c < n; c++) s[c] += x * kd[c];
             }
-            const float mnew = MAX(m[r], row_max(s, n)), corr = expf(m[r] - mnew);
-            #pragma omp simd
-            for (int c = 0; c < n; c++) s[c] -= mnew;
-            exp_inplace(s, n);
-            l[r] = l[r] * corr + row_sum(s, n);
-            #pragma omp simd
-            for (int d = 0; d < hd; d++) acc[d] *= corr;
+            flash_online_row(s, n, n, scale, &m[r], &l[r], acc, hd);
             for (int c = 0; c < n; c++) {
                 const float pc = s[c], *vc = v + (size_t)(j0 + c) * hd;
                 #pragma omp simd
                 for (int d = 0; d < hd; d++) acc[d] += pc * vc[d];
             }
-            m[r] = mnew;
         }
     }
     for (int r = 0; r < rows; r++) {
@@ -175,19 +190,33 @@ void flash_forward(const float *q, const float *k, const float *v, float *o, flo
     const size_t per = (size_t)flash_work_floats(T, hd, tile);
     #pragma omp parallel num_threads(TEAM((long long)BH * T * T / 2 * hd / 64))
     {
-        int t = 0;
+        int t = 0, nt = 1;
 #ifdef _OPENMP
         t = omp_get_thread_num();
+        nt = omp_get_num_threads();
 #endif
-        float *kt = work + (size_t)t * per, *s = kt + (size_t)hd * tile;
-        /* the last query tiles see the most keys: hand them out first */
-        #pragma omp for schedule(dynamic, 1)
-        for (long long u = 0; u < (long long)BH * tiles; u++) {
-            const long long bh = u % BH;
-            const int i0 = (int)(tiles - 1 - u / BH) * tile;
-            const size_t at = (size_t)bh * T * hd;
-            flash_forward_tile(q + at, k + at, v + at, o + at, lse + (size_t)bh * T, T, hd,
-                               scale, tile, i0, kt, s);
+        float *kt = work + (size_t)t * per, *s = kt + (size_t)hd * MAX(T, tile);
+        if (BH >= nt) {
+            /* a head per task: its K^T packed once, then its query tiles, last first */
+            #pragma omp for schedule(dynamic, 1)
+            for (int bh = 0; bh < BH; bh++) {
+                const size_t at = (size_t)bh * T * hd;
+                pack_kt(k + at, 0, T, hd, kt, T);
+                for (int x = tiles - 1; x >= 0; x--)
+                    flash_forward_tile(q + at, k + at, v + at, o + at, lse + (size_t)bh * T, T,
+                                       hd, scale, tile, x * tile, kt, NULL, s);
+            }
+        } else {
+            /* fewer heads than threads: a query tile per task, each key tile packed as
+             * it is visited; the last query tiles see the most keys, so they go first */
+            #pragma omp for schedule(dynamic, 1)
+            for (long long u = 0; u < (long long)BH * tiles; u++) {
+                const long long bh = u % BH;
+                const int i0 = (int)(tiles - 1 - u / BH) * tile;
+                const size_t at = (size_t)bh * T * hd;
+                flash_forward_tile(q + at, k + at, v + at, o + at, lse + (size_t)bh * T, T, hd,
+                                   scale, tile, i0, NULL, kt, s);
+            }
         }
     }
 }
@@ -257,30 +286,27 @@ static void flash_backward_head(const float *q, const float *k, const float *v, 
     }
     for (int j0 = 0; j0 < T; j0 += tile) {
         const int cols = MIN(tile, T - j0);
-        for (int c = 0; c < cols; c++)
-            for (int d = 0; d < hd; d++) {
-                kt[(size_t)d * tile + c] = k[(size_t)(j0 + c) * hd + d];
-                vt[(size_t)d * tile + c] = v[(size_t)(j0 + c) * hd + d];
-            }
+        pack_kt(k, j0, cols, hd, kt, tile);
+        pack_kt(v, j0, cols, hd, vt, tile);
         int i = j0; /* the query rows that see this tile: j0 .. T - 1 */
 #if defined(VW)
-        /* rows that see the whole tile, FR at a time, in registers (as the forward) */
+        /* FR rows at a time, in registers (as the forward); a row of the diagonal tile
+         * has its keys after it masked: p = ds = 0 there */
         if (cols == tile && tile % (2 * VW) == 0 && hd % (2 * VW) == 0) {
-            for (; i < j0 + cols - 1; i++)
-                flash_backward_row(q, k, dout, dq, dk, dv, lse, dd, hd, scale, tile, j0, cols,
-                                   i, kt, vt, p, dp);
             for (; i + FR <= T; i += FR) {
                 float *ps = p, *ds = dp; /* FR rows each */
-                flash_scores_full(q + (size_t)i * hd, hd, scale, tile, kt, ps);
-                flash_scores_full(dout + (size_t)i * hd, hd, 1.0f, tile, vt, ds);
+                flash_scores_full(q + (size_t)i * hd, hd, tile, kt, tile, ps);
+                flash_scores_full(dout + (size_t)i * hd, hd, tile, vt, tile, ds);
                 for (int r = 0; r < FR; r++) {
                     float *pr = ps + (size_t)r * tile, *dr = ds + (size_t)r * tile;
                     const float l = lse[i + r], d0 = dd[i + r];
+                    const int n = MIN(tile, i + r - j0 + 1);
                     #pragma omp simd
-                    for (int c = 0; c < tile; c++) pr[c] -= l;
+                    for (int c = 0; c < tile; c++) pr[c] = scale * pr[c] - l;
                     exp_inplace(pr, tile);
                     #pragma omp simd
                     for (int c = 0; c < tile; c++) dr[c] = scale * pr[c] * (dr[c] - d0);
+                    for (int c = n; c < tile; c++) pr[c] = dr[c] = 0.0f;
                 }
                 flash_tn_full(ps, dout + (size_t)i * hd, dv + (size_t)j0 * hd, hd, tile);
                 flash_tn_full(ds, q + (size_t)i * hd, dk + (size_t)j0 * hd, hd, tile);
