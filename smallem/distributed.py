@@ -175,6 +175,9 @@ class DistributedTrainer(Trainer):
 
     def __init__(self, *args, dist: Distributed | None = None, average_every: int = 1, **kw):
         super().__init__(*args, **kw)
+        if self.accumulate != 1:
+            raise ValueError("accumulate: not with --distributed (each rank's rows are its "
+                             "share of one batch; add ranks or raise the batch instead)")
         if dist is not None:
             self.attach(dist, average_every)
 
@@ -271,6 +274,8 @@ def _run(args, d: Distributed) -> int:
     if args.minutes and args.steps:
         raise ValueError("under --distributed --minutes sets the step count (every rank must "
                          "run the same steps): give --minutes or --steps, not both")
+    if getattr(args, "accumulate", 1) != 1:
+        raise ValueError("--accumulate: not with --distributed (add ranks or raise the batch)")
     lead = d.rank == 0
     if not lead:  # rank 0 speaks for the job (errors still reach stderr from every rank)
         sys.stdout = open(os.devnull, "w")

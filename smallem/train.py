@@ -223,7 +223,8 @@ class Trainer:
 
     def __init__(self, config="s", *, corpus=None, batch_size=None, steps=1000, seed=0,
                  backend="kernels", threads=None, lr=None, warmup=None, weight_decay=0.1,
-                 clip=1.0, seq_len=None, arena=True, optimizer="adamw", pool=False):
+                 clip=1.0, seq_len=None, arena=True, optimizer="adamw", pool=False,
+                 accumulate=1):
         self.config = get_config(config)
         d = DEFAULTS.get(self.config.name.removesuffix("-modern"), DEFAULTS["m"])
         self.corpus = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
@@ -233,6 +234,12 @@ class Trainer:
             raise ValueError(f"seq_len {self.T} is longer than the context {self.config.context} "
                              f"of config {self.config.name!r}")
         self.total_steps = int(steps)
+        if isinstance(accumulate, bool) or not isinstance(accumulate, (int, np.integer)) \
+                or accumulate < 1:
+            raise ValueError(f"accumulate: expected a whole number of micro-batches >= 1, "
+                             f"got {accumulate!r}")
+        self.accumulate = int(accumulate)  # micro-batches of B sequences per optimiser step
+        self._grad_sum = None
         self.seed = int(seed)
         self.max_lr = float(lr or d["lr"])
         default_warmup = max(1, min(100, self.total_steps // 10))
@@ -249,6 +256,7 @@ class Trainer:
 
     def settings(self) -> dict:
         return {"config": self.config.to_dict(), "batch_size": self.B, "seq_len": self.T,
+                "accumulate": self.accumulate,
                 "total_steps": self.total_steps, "seed": self.seed, "lr": self.max_lr,
                 "warmup": self.warmup, "weight_decay": self.opt.wd, "clip": self.opt.clip,
                 "backend": self.model.backend, "optimizer": self.opt.name,
@@ -257,14 +265,38 @@ class Trainer:
 
     # --8<-- [start:train_step]
     def train_step(self) -> dict:
-        x, y = data.batch(self.corpus.train, self.seed, self.step, self.B, self.T)
+        A, B = self.accumulate, self.B
+        x, y = data.batch(self.corpus.train, self.seed, self.step, A * B, self.T)
         lr = lr_at(self.step, self.total_steps, self.max_lr, self.warmup)
-        loss = self.model.forward(x, y)
-        self.model.backward()
+        if A == 1:
+            loss = self.model.forward(x, y)
+            self.model.backward()
+        else:
+            loss = self._accumulate(x, y)
         norm = self.opt.step(lr)
         self.step += 1
         return {"step": self.step, "loss": loss, "lr": lr, "grad_norm": norm}
     # --8<-- [end:train_step]
+
+    # --8<-- [start:accumulate]
+    def _accumulate(self, x, y) -> float:
+        """Forward and backward over A micro-batches of B sequences, the gradients summed,
+        then averaged: the optimiser sees the gradient of one batch of A B sequences (the
+        mean of equal-sized means is the mean), at the memory of a batch of B."""
+        A, B, g = self.accumulate, self.B, self.model.grad_flat
+        if self._grad_sum is None:
+            self._grad_sum = np.empty_like(g)
+        total, loss = self._grad_sum, 0.0
+        for i in range(A):
+            loss += self.model.forward(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
+            self.model.backward()
+            if i == 0:
+                np.copyto(total, g)
+            else:
+                total += g
+        np.multiply(total, 1.0 / A, out=g)
+        return loss / A
+    # --8<-- [end:accumulate]
 
     def evaluate(self, batches: int = 8) -> float:
         """Validation loss in bits per byte over fixed held-out batches."""
@@ -301,7 +333,8 @@ class Trainer:
             t = cls(cfg, corpus=corpus, batch_size=meta["batch_size"], steps=meta["total_steps"],
                     seed=meta["seed"], backend=backend, threads=threads, lr=meta["lr"],
                     warmup=meta["warmup"], weight_decay=meta["weight_decay"], clip=meta["clip"],
-                    seq_len=meta["seq_len"], optimizer=meta.get("optimizer", "adamw"), pool=pool)
+                    seq_len=meta["seq_len"], optimizer=meta.get("optimizer", "adamw"), pool=pool,
+                    accumulate=meta.get("accumulate", 1))
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.CheckpointError(f"{where}: missing or bad field {e}") from e
         want = meta["corpus"]["sha256"]
@@ -401,6 +434,9 @@ def add_train_arguments(p):
     p.add_argument("--corpus", help="UTF-8 text file or folder (default: the Python stdlib)")
     p.add_argument("--batch-size", type=count(1), help="sequences per step (default per config)")
     p.add_argument("--seq-len", type=count(1), help="tokens per sequence (default: the context)")
+    p.add_argument("--accumulate", type=count(1), default=1, metavar="A",
+                   help="micro-batches of --batch-size sequences summed into each optimiser "
+                        "step (default 1)")
     p.add_argument("--steps", type=count(1), help="training steps (default 1000)")
     p.add_argument("--minutes", type=number(0, low_open=True),
                    help="time budget; without --steps, sets the step count from the first steps")
@@ -468,12 +504,13 @@ def cmd_train(args) -> int:
             steps = 1000 if not args.minutes else _estimate_steps(
                 args.config, corpus, args.minutes, batch_size=args.batch_size, seed=args.seed,
                 backend=args.backend, threads=args.threads, seq_len=args.seq_len,
-                optimizer=args.optimizer, pool=args.pool)
+                optimizer=args.optimizer, pool=args.pool, accumulate=args.accumulate)
         t = Trainer(args.config, corpus=corpus, batch_size=args.batch_size, steps=steps,
                     seed=args.seed, backend=args.backend, threads=args.threads, lr=args.lr,
-                    seq_len=args.seq_len, optimizer=args.optimizer, pool=args.pool)
+                    seq_len=args.seq_len, optimizer=args.optimizer, pool=args.pool,
+                    accumulate=args.accumulate)
         print(f"config {t.config.name}: {t.config.n_params() / 1e6:.2f} M parameters, "
-              f"{t.total_steps} steps of {t.B} x {t.T} tokens; corpus {t.corpus.name} "
+              f"{t.total_steps} steps of {t.accumulate * t.B} x {t.T} tokens; corpus {t.corpus.name} "
               f"({t.corpus.train.size / 1e6:.1f} MB train, sha256 {t.corpus.sha256[:12]})")
     h = train(t, log_path=log_path, eval_every=args.eval_every, checkpoint_dir=folder,
               checkpoint_every=args.checkpoint_every,

@@ -86,6 +86,40 @@ def test_loss_goes_down(text_corpus):
     assert len(h["val_bpb"]) == 2 and h["val_bpb"][-1] < 8
 
 
+@pytest.mark.parametrize("backend,optimizer", [("numpy", "adamw"), ("kernels", "adamw"),
+                                               ("bf16", "muon")])
+def test_accumulated_micro_batches_equal_one_batch(backend, optimizer, text_corpus, tmp_path):
+    """A micro-batches of B sequences per step train as one batch of A B: the same losses,
+    gradient norms and weights (to f32 rounding: the sums come in another order; in bf16,
+    to one bf16 rounding, 2^-9: a micro-batch's gradient is scaled by 1/(B T), not by
+    1/(A B T), before its products round it), and a checkpoint keeps the count."""
+    cfg = MODERN if optimizer == "muon" else TINY
+    tol = 2.0 ** -9 if backend == "bf16" else 1e-5
+    kw = dict(corpus=text_corpus, steps=6, seed=3, backend=backend, optimizer=optimizer)
+    acc, one = Trainer(cfg, batch_size=2, accumulate=3, **kw), Trainer(cfg, batch_size=6, **kw)
+    for _ in range(4):
+        a, b = acc.train_step(), one.train_step()
+        np.testing.assert_allclose([a["loss"], a["grad_norm"]], [b["loss"], b["grad_norm"]],
+                                   rtol=tol)
+    diff = np.linalg.norm(acc.model.flat - one.model.flat) / np.linalg.norm(one.model.flat)
+    assert diff < 4 * tol  # a rounding per step, as a whole (Newton-Schulz in bf16 moves a
+    # few entries by more)
+    if backend != "bf16":
+        np.testing.assert_allclose(acc.model.flat, one.model.flat, rtol=10 * tol, atol=tol)
+    assert acc.settings()["accumulate"] == 3
+    acc.save(tmp_path / "ck")
+    assert Trainer.resume(tmp_path / "ck", corpus=text_corpus.name, backend=backend).accumulate == 3
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="accumulate"):
+            Trainer(TINY, corpus=text_corpus, accumulate=bad)
+
+
+def test_accumulate_is_refused_with_distributed(text_corpus):
+    from smallem.distributed import DistributedTrainer
+    with pytest.raises(ValueError, match="accumulate: not with --distributed"):
+        DistributedTrainer(TINY, corpus=text_corpus, batch_size=2, accumulate=2)
+
+
 MODERN = Config("tiny-modern", d_model=16, n_layer=2, n_head=2, context=16, block="modern")
 
 
