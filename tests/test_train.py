@@ -344,6 +344,11 @@ def test_bench_train_quick_and_figures(records_tmp):
     fused = {(r["params"]["op"], r["params"]["fused"])
              for r in records.results(step_rec.data, "fused_op")}
     assert len(fused) == 8
+    acc = {r["params"]["rung"]: r for r in records.results(step_rec.data, "accumulated_step")}
+    A = step_rec.data["settings"]["accumulate"]
+    assert set(acc) == {6, 7} and A > 1
+    assert all(r["params"]["accumulate"] == A and r["value"]["n"] == 2 for r in acc.values())
+    assert acc[7]["params"]["optimizer"] == "muon" and acc[6]["params"]["optimizer"] == "adamw"
     assert set(run_rec.data["settings"]["runs"]) == {"f32", "bf16", "modern"}
     assert run_rec.data["settings"]["runs"]["modern"]["optimizer"] == "muon"
     values = make_figures(records_tmp)
@@ -353,7 +358,22 @@ def test_bench_train_quick_and_figures(records_tmp):
     tables = Path(os.environ["SMALLEM_FIGURES"]) / "tables"
     assert "smallem kernels" in (tables / "ch3_step.md").read_text()
     assert "ch3.target_modern" in values and "ch3.muon_share" in values
+    assert f"with {A} micro-batches" in values["ch3.accumulated"]
+    assert "tokens per optimiser step" in values["ch3.target_modern"]
     assert "ch3.fj_pool" in values and "OpenMP" in (tables / "ch3_fork_join.md").read_text()
     assert "bias + GELU" in (tables / "ch3_fused.md").read_text()
     for name in ("ch3_loss", "ch3_climb"):
         assert (Path(os.environ["SMALLEM_FIGURES"]) / f"{name}.svg").exists()
+
+
+def test_muon_accumulate_is_the_break_even_batch_and_a_half():
+    from smallem.book.ch3.measuring import muon_accumulate
+    from smallem.model import get_config
+    from smallem.train import newton_schulz_flops
+    cfg = get_config("xl")
+    c = get_config("xl-modern")
+    equiv = newton_schulz_flops(c) / c.flops_per_token()
+    A = muon_accumulate(cfg, 2, 512, 0.15)
+    n = A * 2 * 512  # at equal speed, Muon's share of the step is equiv / (n + equiv)
+    assert equiv / (n + equiv) < 0.15 * 0.75 and equiv / (n - 1024 + equiv) > 0.15 * 0.5
+    assert muon_accumulate(cfg, 200, 512, 0.15) == 1
