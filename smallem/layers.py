@@ -411,7 +411,7 @@ def _flash_shapes(q, k, v, names=("q", "k", "v")):
 def flash_work_floats(T, hd, tile, threads) -> int:
     """The floats of scratch :func:`flash_forward` and :func:`flash_backward` need."""
     ffi, lib = _lib(threads)
-    return int(lib.flash_work_floats(T, hd, tile)) * threads
+    return int(lib.flash_work_floats(T, hd, tile)) * _threads(threads)
 
 
 def _flash_work(work, T, hd, tile, threads):
@@ -433,11 +433,11 @@ def flash_forward(q, k, v, o, lse, scale, tile=None, threads=None, work=None):
     _f32(o, "o", (BH, T, hd), writable=True)
     _f32(lse, "lse", (BH, T), writable=True)
     tile = checks.positive_int(flash_tile(hd) if tile is None else tile, "tile", limit=4096)
-    threads = _threads(threads)
+    n = _threads(threads)  # the count; ``threads`` itself says which runtime (_lib)
     work = _flash_work(work, T, hd, tile, threads)
     ffi, lib = _lib(threads)
     lib.flash_forward(_fp(ffi, q), _fp(ffi, k), _fp(ffi, v), _fp(ffi, o), _fp(ffi, lse), BH, T,
-                      hd, float(scale), tile, _fp(ffi, work), threads)
+                      hd, float(scale), tile, _fp(ffi, work), n)
     return o
 
 
@@ -450,12 +450,12 @@ def flash_backward(q, k, v, o, lse, dout, dq, dk, dv, scale, threads=None, work=
     _f32(lse, "lse", (BH, T))
     for x, name in ((dq, "dq"), (dk, "dk"), (dv, "dv")):
         _f32(x, name, (BH, T, hd), writable=True)
-    threads = _threads(threads)
+    n = _threads(threads)
     tile = flash_tile(hd)
     work = _flash_work(work, T, hd, tile, threads)
     ffi, lib = _lib(threads)
     lib.flash_backward(*(_fp(ffi, x) for x in (q, k, v, o, lse, dout, dq, dk, dv)), BH, T, hd,
-                       float(scale), tile, _fp(ffi, work), threads)
+                       float(scale), tile, _fp(ffi, work), n)
     return dq, dk, dv
 
 

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from smallem import build, isa, layers, machine_info, pool
+from smallem import build, gemm, isa, layers, machine_info, pool
 from smallem.model import GPT, Config
 
 CORES = machine_info.usable_cores()
@@ -82,9 +82,12 @@ def test_the_pool_variants_take_nothing_from_libgomp():
 
 @pytest.mark.parametrize("block", ["gpt2", "modern"])
 @pytest.mark.parametrize("backend", ["kernels", "flash", "fused", "bf16"])
-def test_a_step_on_the_pool_gives_openmps_bits(level, backend, block):
+def test_a_step_on_the_pool_gives_openmps_bits(level, backend, block, monkeypatch):
     """The same kernels on either runtime: each thread gets the same share (static loops)
-    or sums in the same order whatever it gets (dynamic ones), so the bits agree."""
+    or sums in the same order whatever it gets (dynamic ones), so the bits agree. And every
+    kernel of the pool's step runs there: one that fell back to OpenMP (a thread count
+    turned into a plain int on the way) would leave libgomp's threads spinning on the
+    cores the pool's next region needs."""
     cfg = Config("pool", d_model=32, n_layer=2, n_head=4, context=19, block=block)
     rng = np.random.default_rng(0)
     idx, tg = rng.integers(0, 256, (3, 19)), rng.integers(0, 256, (3, 19))
@@ -95,9 +98,23 @@ def test_a_step_on_the_pool_gives_openmps_bits(level, backend, block):
     la = a.forward(idx, tg)
     a.backward()
     assert regions() == before  # OpenMP's step leaves the pool alone
+    seen, real_lib, real_load = [], layers._lib, gemm._load
+
+    def spy_lib(threads=None):
+        seen.append(("layers", pool.on_pool(threads)))
+        return real_lib(threads)
+
+    def spy_load(level=None, *on_pool):  # the products' own call names its runtime
+        if on_pool:
+            seen.append(("gemm", on_pool[0]))
+        return real_load(level, *on_pool)
+    monkeypatch.setattr(layers, "_lib", spy_lib)
+    monkeypatch.setattr(gemm, "_load", spy_load)
     lb = b.forward(idx, tg)
     b.backward()
     assert regions() > before   # and the pool's step runs its regions there
+    assert {m for m, _ in seen} == {"layers", "gemm"}
+    assert all(p for _, p in seen), sorted({m for m, p in seen if not p})
     assert la == lb and np.array_equal(a.grad_flat, b.grad_flat)
 
 
