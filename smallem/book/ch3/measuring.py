@@ -409,7 +409,8 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
               f"({statistics.median(secs):.2f} s per step of {r['tokens']} tokens)")
     time.sleep(0.5)
     trainers = _measure_climb(step_rec, cfg, B, threads, quick, corpus)
-    for i in sorted({3, 6, max(trainers)} & set(trainers)):  # where the time goes, before/after
+    # where the time goes: before the climb's f32 kernels, after them, after bf16, at the top
+    for i in sorted({3, F32_TOP, 6, max(trainers)} & set(trainers)):
         prof = profile_step(trainers[i], steps=1 if quick else 2)
         for op, sec in prof.items():
             step_rec.add("op_seconds", "s", Timing([sec]).stats(),

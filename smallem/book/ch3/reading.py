@@ -224,6 +224,40 @@ def _accumulated_values(rec, values):
         f"GPT-2's {gpt2} in bf16: {_pct(r)} of its speed")
 
 
+def step_toks_of(rec) -> dict:
+    """The timed-apart steps (numpy, PyTorch): tokens/s by backend."""
+    return {r["params"]["backend"]: r["value"]["median"] for r in records.results(rec, "step")}
+
+
+def _bounds(rec, rec_dir, step_toks, values):
+    """What the targets ask of this machine, from its own measurements: the bf16 step's
+    best ratio to the f32 step if its products ran at chapter 1's bf16/f32 peak ratio and
+    the rest of the f32 step (rung 5's profile) did not change (Amdahl), and the share of
+    the f32 peak that PyTorch's measured f32 speed times the target would take."""
+    s = rec["settings"]
+    th = s["threads"]
+    peaks = {k: _peak(rec_dir, k, th) for k in ("f32", "bf16")}
+    prof = {}
+    for r in records.results(rec, "op_seconds", rung=F32_TOP):
+        group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
+        prof[group] = prof.get(group, 0.0) + r["value"]["median"]
+    values["ch3.bf16_bound"] = "not measured (no profile of rung 5 or no peaks in the records)"
+    if prof and peaks["f32"] and peaks["bf16"]:
+        ratio = peaks["bf16"] / peaks["f32"]
+        total, mm = sum(prof.values()), prof.get("matrix products (+ bias)", 0.0)
+        bound = total / (mm / ratio + total - mm)
+        values["ch3.bf16_bound"] = (
+            f"chapter 1's bf16 peak is {f(ratio)}× its f32 peak here; with every product of "
+            f"rung 5's step at that ratio and the rest of it ({_pct(1 - mm / total)} of the "
+            f"step) unchanged, the bf16 step would be {f(bound)}× the f32 step")
+    values["ch3.torch_f32_needs"] = "not measured (PyTorch is not installed here)"
+    if "torch" in step_toks and peaks["f32"]:
+        need = F32_TORCH_TARGET * mfu(step_toks["torch"], s["flops_per_token"], peaks["f32"])
+        values["ch3.torch_f32_needs"] = (
+            f"PyTorch's f32 step runs at {_pct(need / F32_TORCH_TARGET)} of the f32 peak "
+            f"here, so {F32_TORCH_TARGET:g} times it would be {_pct(need)} of the peak")
+
+
 def _climb_figure(toks, s):
     import matplotlib
     matplotlib.use("Agg")
@@ -271,9 +305,9 @@ def _ops_table(rec, values):
     for rung in sorted(groups):
         header += [f"rung {rung}: time per step", "share"]
     figures.write_table("ch3_ops", rows, header,
-                        f"One profiled step after a warm-up, on the trainers of the climb: rung "
-                        f"{min(groups)} ({rung_label(min(groups))}) and rung {max(groups)} "
-                        f"({rung_label(max(groups))}); {figures.machine_line(rec)}.")
+                        "One profiled step after a warm-up, on the trainers of the climb: "
+                        + "; ".join(f"rung {i} ({rung_label(i)})" for i in sorted(groups))
+                        + f". {figures.machine_line(rec)}.")
     top = groups[max(groups)]
     values["ch3.muon_share"] = f"{100 * top.get(MUON_GROUP, 0.0) / sum(top.values()):.0f}%"
     for prefix, rung in (("", min(groups)), ("top_", max(groups))):
@@ -475,6 +509,7 @@ def report(rec_dir) -> dict:
         toks = _step_table(rec, rec_dir, rungs, values)
         _rungs_table(rec, rec_dir, rungs, toks, values)
         _ops_table(rec, values)
+        _bounds(rec, rec_dir, step_toks_of(rec), values)
         _fused_table(rec, rec_dir, values)
         _fork_join_table(rec, values)
         _roofline(rec, rec_dir, values)
