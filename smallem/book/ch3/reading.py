@@ -245,11 +245,14 @@ def _bounds(rec, rec_dir, step_toks, values):
     if prof and peaks["f32"] and peaks["bf16"]:
         ratio = peaks["bf16"] / peaks["f32"]
         total, mm = sum(prof.values()), prof.get("matrix products (+ bias)", 0.0)
+        at = prof.get("attention", 0.0)
         bound = total / (mm / ratio + total - mm)
+        with_attention = total / ((mm + at) / ratio + total - mm - at)
         values["ch3.bf16_bound"] = (
             f"chapter 1's bf16 peak is {f(ratio)}× its f32 peak here; with every product of "
             f"rung 5's step at that ratio and the rest of it ({_pct(1 - mm / total)} of the "
-            f"step) unchanged, the bf16 step would be {f(bound)}× the f32 step")
+            f"step) unchanged, the bf16 step would be {f(bound)}× the f32 step, and with the "
+            f"attention ({_pct(at / total)}) at that ratio too, {f(with_attention)}×")
     values["ch3.torch_f32_needs"] = "not measured (PyTorch is not installed here)"
     if "torch" in step_toks and peaks["f32"]:
         need = F32_TORCH_TARGET * mfu(step_toks["torch"], s["flops_per_token"], peaks["f32"])
