@@ -282,7 +282,8 @@ class Trainer:
     def _accumulate(self, x, y) -> float:
         """Forward and backward over A micro-batches of B sequences, the gradients summed,
         then averaged: the optimiser sees the gradient of one batch of A B sequences (the
-        mean of equal-sized means is the mean), at the memory of a batch of B."""
+        mean of equal-sized means is the mean), with the activations of a batch of B and one
+        more gradient-sized buffer."""
         A, B, g = self.accumulate, self.B, self.model.grad_flat
         if self._grad_sum is None:
             self._grad_sum = np.empty_like(g)
@@ -292,8 +293,8 @@ class Trainer:
             self.model.backward()
             if i == 0:
                 np.copyto(total, g)
-            else:
-                total += g
+            else:  # the model's own element-wise add: on its threads, and its pool
+                self.model.ops.add(total, g, total)
         np.multiply(total, 1.0 / A, out=g)
         return loss / A
     # --8<-- [end:accumulate]

@@ -206,13 +206,15 @@ def _measure_accumulated(rec, trainers, A, B, T, quick):
     """Rungs 6 and 7 (GPT-2 with AdamW, the modern block with Muon, both bf16) with ``A``
     micro-batches per optimiser step, timed in turn ("accumulated_step"): what the
     optimiser's cost per step comes to at a batch Muon is used at. The climb's trainers,
-    warm already; each is set back to one micro-batch after."""
+    warm already (the first sample also touches the gradient sum's buffer for the first
+    time: one gradient's worth of pages against A steps' work); each is set back to one
+    micro-batch after."""
     pair = {i: trainers[i] for i in (6, 7) if i in trainers}
     for t in pair.values():
         t.accumulate = A
     try:
         ts = measure_interleaved({i: t.train_step for i, t in pair.items()},
-                                 repeats=2 if quick else ACCUMULATED_ROUNDS, warmup=0)
+                                 repeats=ACCUMULATED_ROUNDS, warmup=0)
     finally:
         for t in pair.values():
             t.accumulate = 1
@@ -222,7 +224,7 @@ def _measure_accumulated(rec, trainers, A, B, T, quick):
                 tokens=A * B * T, config=pair[i].config.name, optimizer=pair[i].opt.name)
 
 
-ACCUMULATED_ROUNDS = 2  # steps of ~10^4 tokens: two each keep the chapter under 8 minutes
+ACCUMULATED_ROUNDS = 2  # steps of ~10^4 tokens: two each (quick or not) keep the chapter short
 MODERN_MARGIN = 0.15    # the modern bf16 step with Muon, at most this much slower than GPT-2's
 ROUNDS = 7  # a sign test needs 6 of 6 to call a difference (p = 0.03); 7 leaves one to noise
 PEERS = ("torch", "torch-bf16")  # PyTorch eager, in f32 and with bf16 autocast

@@ -224,11 +224,6 @@ def _accumulated_values(rec, values):
         f"GPT-2's {gpt2} in bf16: {_pct(r)} of its speed")
 
 
-def step_toks_of(rec) -> dict:
-    """The timed-apart steps (numpy, PyTorch): tokens/s by backend."""
-    return {r["params"]["backend"]: r["value"]["median"] for r in records.results(rec, "step")}
-
-
 def _bounds(rec, rec_dir, step_toks, values):
     """What the targets ask of this machine, from its own measurements: the bf16 step's
     best ratio to the f32 step if its products ran at chapter 1's bf16/f32 peak ratio and
@@ -512,7 +507,7 @@ def report(rec_dir) -> dict:
         toks = _step_table(rec, rec_dir, rungs, values)
         _rungs_table(rec, rec_dir, rungs, toks, values)
         _ops_table(rec, values)
-        _bounds(rec, rec_dir, step_toks_of(rec), values)
+        _bounds(rec, rec_dir, toks, values)
         _fused_table(rec, rec_dir, values)
         _fork_join_table(rec, values)
         _roofline(rec, rec_dir, values)
