@@ -1,9 +1,10 @@
 /* Shared by every kernel file: sizes, the ISA macros, OpenMP if present.
  *
  * Which vector code a file compiles is decided by the compiler's own macros
- * (__AVX512F__, __AVX2__, __FMA__, __AVX512BF16__, __AVX512VNNI__, __AMX_BF16__, __AMX_INT8__),
+ * (__AVX512F__, __AVX2__, __FMA__, __AVXVNNI__, __AVX512BF16__, __AVX512VNNI__, __AMX_BF16__,
+ * __AMX_INT8__),
  * which follow the -m flags of the ISA level, and is named here as SM_AVX512,
- * SM_AVX2, SM_AVX512_BF16, SM_AVX512_VNNI and SM_AMX_TILE/_BF16/_INT8. A file written for
+ * SM_AVX2, SM_AVX_VNNI, SM_AVX512_BF16, SM_AVX512_VNNI and SM_AMX_TILE/_BF16/_INT8. A file written for
  * AVX-512 therefore always has an AVX2 and a plain-C branch. The one macro the
  * build may add itself is SM_EMULATE_AVX512, for tests (emulate.h).
  */
@@ -55,6 +56,9 @@
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 #define SM_AVX2 1
+#endif
+#if defined(__AVXVNNI__) && !defined(SM_EMULATE_AVX512)
+#define SM_AVX_VNNI 1 /* vpdpbusd on ymm (VEX): an extension of the AVX2 level */
 #endif
 
 /* Keep one copy of a function for every caller (GCC otherwise clones it per constant

@@ -24,7 +24,9 @@
  * sum: the correction corr_j = sum_b s_jb sum_{k in b} q_kj is computed when the weights
  * are packed, and y_j = a (sum_b s_jb acc_jb - 128 corr_j). On AVX2 there is no VNNI;
  * vpmaddubsw multiplies u8 by s8 into pairs of int16 that would overflow with p + 128,
- * so it takes |p| and moves p's sign onto q (vpsignb), and needs no correction. Plain C
+ * so it takes |p| and moves p's sign onto q (vpsignb), and needs no correction. Where the
+ * CPU has AVX-VNNI (vpdpbusd on ymm, VEX: Alder Lake and later, Zen 5) the AVX2 level takes
+ * vpdpbusd with the same +128 and correction, on two ymm halves of each line. Plain C
  * does the same sums with ints.
  *
  * Layouts (N16 = N rounded up to 16, K32 = K rounded up to 32, zero-padded). A line is
@@ -62,6 +64,19 @@
 
 int sm_rows(void) { return ROWS; }
 int sm_block_rows(void) { return MAXRB; }
+const char *sm_int8_instruction(void)
+{
+#if defined(SM_AVX512_VNNI)
+    return "vpdpbusd (AVX512-VNNI)";
+#elif defined(SM_AVX2) && defined(SM_AVX_VNNI)
+    return "vpdpbusd (AVX-VNNI)";
+#elif defined(SM_AVX2)
+    return "vpmaddubsw (AVX2)";
+#else
+    return "plain C";
+#endif
+}
+
 int sm_tile(void) { return TILE; }
 
 static inline float half_to_float(uint16_t h)
@@ -235,6 +250,51 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
         for (int r = 0; r < RB; r++) {
             float v[TILE];
             _mm512_storeu_ps(v, _mm512_mul_ps(_mm512_sub_ps(facc[r][i], c), _mm512_set1_ps(xs[r])));
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+    }
+#elif defined(SM_AVX2) && defined(SM_AVX_VNNI)
+    /* AVX-VNNI: the same vpdpbusd, on ymm: each 64-byte line is two halves of 8 outputs */
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    __m256 facc[MAXRB][MAXNT][2];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) facc[r][i][0] = facc[r][i][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i iacc[MAXRB][MAXNT][2];
+        for (int r = 0; r < RB; r++)
+            for (int i = 0; i < NT; i++) iacc[r][i][0] = iacc[r][i][1] = _mm256_setzero_si256();
+        for (int g = 0; g < QBLOCK / 4; g++) {
+            const size_t kk = (size_t)b * (QBLOCK / 4) + g;
+            __m256i wv[MAXNT][2];
+            for (int i = 0; i < NT; i++)
+                for (int hh = 0; hh < 2; hh++)
+                    wv[i][hh] = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
+            for (int r = 0; r < RB; r++) {
+                int32_t x4;
+                memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
+                const __m256i xb = _mm256_xor_si256(_mm256_set1_epi32(x4), x80); /* p + 128 */
+                for (int i = 0; i < NT; i++)
+                    for (int hh = 0; hh < 2; hh++)
+                        iacc[r][i][hh] = _mm256_dpbusd_avx_epi32(iacc[r][i][hh], xb, wv[i][hh]);
+            }
+        }
+        for (int i = 0; i < NT; i++)
+            for (int hh = 0; hh < 2; hh++) {
+                const __m256 sc = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(st + ((size_t)b * ss + i) * TILE + 8 * hh)));
+                for (int r = 0; r < RB; r++)
+                    facc[r][i][hh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][i][hh]), sc,
+                                                     facc[r][i][hh]);
+            }
+    }
+    for (int i = 0; i < NT; i++) {
+        const float *corr = w->corr + (size_t)(t0 + i) * TILE;
+        const __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(corr), _mm256_set1_ps(128.0f));
+        const __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(corr + 8), _mm256_set1_ps(128.0f));
+        for (int r = 0; r < RB; r++) {
+            float v[TILE];
+            _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][0], c0), _mm256_set1_ps(xs[r])));
+            _mm256_storeu_ps(v + 8, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][1], c1), _mm256_set1_ps(xs[r])));
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
         }
     }

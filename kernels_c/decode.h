@@ -24,6 +24,7 @@ typedef struct {
 int sm_rows(void);
 int sm_block_rows(void);
 int sm_tile(void);
+const char *sm_int8_instruction(void);
 long long sm_work_floats(const sm_model *m);
 int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logits, int all_logits, int nthreads);
 void sm_quantize_rows(const float *x, int rows, int K, int8_t *xq, float *xs);

@@ -281,11 +281,12 @@ def load(name: str, level: str | None = None):
         raise isa.ISAError(f"ISA level {level!r} cannot run on this CPU; "
                            f"use smallem.build.compile_module to build it without loading")
     now = time.monotonic()
-    key = (name, level, str(KERNELS_DIR))
+    exts = isa.extensions(level)  # $SMALLEM_WITHOUT may leave one out: another module
+    key = (name, level, exts, str(KERNELS_DIR))
     seen = _recent.get(key)
     if seen is not None and now - seen[0] < RECHECK_SECONDS:
         return seen[1]  # checked a moment ago: a human edit takes longer than this
-    loaded = _load(name, level, _stamp(name))
+    loaded = _load(name, level, exts, _stamp(name))
     _recent[key] = (time.monotonic(), loaded)
     return loaded
 
@@ -297,9 +298,9 @@ _recent: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _load(name: str, level: str, stamp: tuple):
+def _load(name: str, level: str, exts: tuple, stamp: tuple):
     # ``stamp`` (file times and sizes) keeps repeated calls cheap; the hash decides rebuilds.
-    path = compile_module(name, level)
+    path = compile_module(name, level, exts)
     module = _import(str(path))
     return module.ffi, module.lib
 

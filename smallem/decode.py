@@ -376,10 +376,23 @@ RUNGS = (
     (0, "no cache: the whole prefix again per token", lambda m, t: NoCache(m)),
     (1, "KV cache; prompt through the GEMM, tokens in numpy", lambda m, t: NumpyCache(m)),
     (2, "one C call per token, f32 tiles", lambda m, t: Decoder(m, "f32", 1, prefill="gemm")),
-    (3, "int8 weights, vpdpbusd", lambda m, t: Decoder(m, "int8", 1, prefill="gemm")),
+    (3, "int8 weights", lambda m, t: Decoder(m, "int8", 1, prefill="gemm")),
     (4, "threads on the pool", lambda m, t: Decoder(m, "int8", t, prefill="gemm")),
     (5, "prompt in int8 through the same call", lambda m, t: Decoder(m, "int8", t, prefill="c")),
 )
+
+
+def int8_instruction(level: str | None = None) -> str:
+    """The instruction the int8 product runs in the decoder built for ``level`` (default:
+    the selected one): vpdpbusd (AVX512-VNNI or AVX-VNNI), vpmaddubsw (AVX2) or plain C."""
+    ffi, lib = build.load("decode", level)
+    return ffi.string(lib.sm_int8_instruction()).decode()
+
+
+def rung_label(i: int, level: str | None = None) -> str:
+    """Rung ``i``'s label, with the int8 instruction that runs here from rung 3 on."""
+    what = RUNGS[i][1]
+    return f"{what}, {int8_instruction(level)}" if i == 3 else what
 
 
 def rung_decoder(i: int, model: GPT, threads=None):

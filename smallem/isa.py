@@ -1,7 +1,8 @@
 """Which instruction set the C kernels are built for.
 
 Three levels, best first: ``avx512`` (F/BW/VL/DQ, plus VNNI, BF16, AMX_BF16 and
-AMX_INT8 where the CPU has them), ``avx2`` (with FMA and F16C) and ``generic`` (portable C,
+AMX_INT8 where the CPU has them), ``avx2`` (with FMA and F16C, plus AVX-VNNI where the CPU
+has it) and ``generic`` (portable C,
 the only level on arm64 or any non-x86 CPU). The best level the CPU supports is
 chosen at run time; ``SMALLEM_ISA=avx2`` (or ``generic``, ``avx512``) forces one.
 
@@ -32,10 +33,14 @@ REQUIRED = {
 }
 
 # Extensions that widen a level when present; each becomes a -m flag and a macro.
-OPTIONAL = {"avx512": ("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")}
+# AVX-VNNI (vpdpbusd on ymm, VEX-encoded: Alder Lake and later, Zen 5, Sapphire Rapids) widens
+# AVX2: the decoder's int8 product takes it where AVX512_VNNI is not the level's.
+OPTIONAL = {"avx512": ("avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"),
+            "avx2": ("avx_vnni",)}
 # Compiler flags of an optional extension, where they are not "-m" + its name without "_".
 # AMX's tile registers (amx_tile) come with every CPU that has amx_bf16 or amx_int8.
-EXTENSION_FLAGS = {"amx_bf16": ("-mamx-tile", "-mamx-bf16"), "amx_int8": ("-mamx-tile", "-mamx-int8")}
+EXTENSION_FLAGS = {"amx_bf16": ("-mamx-tile", "-mamx-bf16"), "amx_int8": ("-mamx-tile", "-mamx-int8"),
+                   "avx_vnni": ("-mavxvnni",)}
 
 
 class ISAError(RuntimeError):
@@ -157,7 +162,12 @@ def emulation_unavailable() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def best() -> str:
-    return next(level for level in LEVELS if supported(level, cpu_flags()))  # never emulated
+    return best_of(cpu_flags())  # never emulated
+
+
+def best_of(flags: frozenset[str]) -> str:
+    """The best level a CPU with ``flags`` (/proc/cpuinfo spelling) runs, on x86."""
+    return next(level for level in LEVELS if supported(level, flags))
 
 
 def selected() -> str:
@@ -182,12 +192,18 @@ def _forced(forced: str, emulate: str) -> str:
     return forced
 
 
+WITHOUT_ENV = "SMALLEM_WITHOUT"  # extensions left out although the CPU has them (tests)
+
+
 def extensions(level: str, flags: frozenset[str] | None = None) -> tuple[str, ...]:
-    """Optional extensions of ``level`` that this CPU (or ``flags``) has."""
+    """Optional extensions of ``level`` that this CPU (or ``flags``) has; for this CPU, less
+    those ``$SMALLEM_WITHOUT`` names (``avx_vnni``: the AVX2 level's vpmaddubsw path, tested
+    on a CPU that would take vpdpbusd)."""
     if flags is None and emulating(level):
         return OPTIONAL[level]  # SIMDe and emulate.h have them all
+    without = set(os.environ.get(WITHOUT_ENV, "").replace(",", " ").split()) if flags is None else set()
     flags = cpu_flags() if flags is None else flags
-    return tuple(e for e in OPTIONAL.get(level, ()) if e in flags)
+    return tuple(e for e in OPTIONAL.get(level, ()) if e in flags and e not in without)
 
 
 def compile_flags(level: str, exts: tuple[str, ...]) -> list[str]:
@@ -197,6 +213,9 @@ def compile_flags(level: str, exts: tuple[str, ...]) -> list[str]:
     flags = ["-mavx2", "-mfma", "-mf16c"]
     if emulating(level):
         return flags + ["-DSM_EMULATE_AVX512"]
+    if level == "avx2":
+        for e in exts:  # -mavxvnni
+            flags += EXTENSION_FLAGS.get(e, ("-m" + e.replace("_", ""),))
     if level == "avx512":
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                   "-mprefer-vector-width=512"]

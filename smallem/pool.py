@@ -49,13 +49,14 @@ def load(name: str, level: str | None = None):
     from . import isa
 
     level = level or isa.selected()
-    found = _attached.get((name, level))
+    key = (name, level, isa.extensions(level))
+    found = _attached.get(key)
     if found is None:
         with _lock:
             pffi, plib = lib()
             ffi, vlib = build.load(name + build.POOL_SUFFIX, level)
             vlib.sm_pool_attach(plib.pool_api())
-            found = _attached[(name, level)] = (ffi, vlib)
+            found = _attached[key] = (ffi, vlib)
     return found
 
 

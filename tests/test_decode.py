@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from smallem import checkpoint, decode
+from smallem import checkpoint, decode, isa
 from smallem.checks import assert_close
 from smallem.model import GPT, Config
 from smallem.quant import QBLOCK, Packed, dequantize_q8, quantize_q8
@@ -68,6 +68,41 @@ def test_product_against_float64(level, rows, K, N, kind, rng):
             xin = x.astype(np.float64)
         ref = xin @ pk.dequantized() + bias + (y0 if accumulate else 0)
         assert_close(y, ref.astype(np.float32), k=K, name=f"{kind} {rows}x{K}x{N}")
+
+
+@pytest.mark.parametrize("without", ["", "avx_vnni"], ids=["as-the-cpu-has", "without-avx-vnni"])
+def test_both_avx2_int8_paths(without, monkeypatch, rng):
+    """The AVX2 level's int8 product, with vpdpbusd on ymm where the CPU has AVX-VNNI and
+    vpmaddubsw where it has not (or is told not to use it): both against float64, on every
+    shape, one row and many, and the instruction each build says it runs."""
+    if not isa.supported("avx2"):
+        pytest.skip("this CPU has no AVX2")
+    has = "avx_vnni" in isa.cpu_flags()
+    if without and not has:
+        pytest.skip("this CPU has no AVX-VNNI: the other parameter runs vpmaddubsw already")
+    monkeypatch.setenv("SMALLEM_ISA", "avx2")
+    monkeypatch.setenv(isa.WITHOUT_ENV, without)
+    want = "vpdpbusd (AVX-VNNI)" if has and not without else "vpmaddubsw (AVX2)"
+    assert decode.int8_instruction() == want
+    assert decode.rung_label(3).endswith(want)
+    for rows, K, N in SHAPES:
+        w = rng.normal(0, 0.1, (K, N)).astype(np.float32)
+        x = rng.normal(0, 1, (rows, K)).astype(np.float32)
+        pk = Packed(w, "int8", None)
+        p, a = decode.quantize_rows(x)
+        ref = (p[:, :K].astype(np.float64) * a[:, None]) @ pk.dequantized()
+        for threads in (1, 2):
+            y = decode.matmul(pk, x, threads=threads)
+            assert_close(y, ref.astype(np.float32), k=K, name=f"{want} {rows}x{K}x{N}")
+
+
+def test_the_int8_instruction_is_the_levels(level):
+    exts = isa.extensions(level)
+    want = {"generic": "plain C",
+            "avx2": "vpdpbusd (AVX-VNNI)" if "avx_vnni" in exts else "vpmaddubsw (AVX2)",
+            "avx512": ("vpdpbusd (AVX512-VNNI)" if "avx512_vnni" in exts
+                       else "vpmaddubsw (AVX2)")}[level]
+    assert decode.int8_instruction(level) == want
 
 
 def test_the_kernels_shapes_are_the_packers(level):

@@ -144,7 +144,8 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
     rec.data["settings"]["ladder"] = {"config": cfg.to_dict(), "prompt": len(PROMPT),
                                       "decode_tokens": len(feed), "prefill_tokens": len(long),
                                       "rounds": rounds, "rung0_tokens": len(feed[:8]),
-                                      "rungs": [[i, what] for i, what, _ in decode.RUNGS]}
+                                      "rungs": [[i, decode.rung_label(i)] for i, _, _ in decode.RUNGS],
+                                      "int8_instruction": decode.int8_instruction()}
 
 
 def _matrix_params(cfg) -> int:
