@@ -561,13 +561,18 @@ def bf16_path(level: str | None = None) -> str:
         except ValueError as e:
             raise ValueError(f"${BF16_ENV}={forced!r}: {e}") from None
     paths = _bf16_paths(level)
+    if "native" in paths and "amx" not in paths and isa.emulating(level):
+        return "native"  # SIMDe's timings mean nothing: test the native path
+    return choose_bf16_path(paths, feeds(level) if paths == ("widen", "native") else None)
+
+
+def choose_bf16_path(paths, rates: dict | None) -> str:
+    """:func:`bf16_path`'s choice among the ``paths`` a machine's kernels have, given its
+    :func:`feeds` (``rates``; read only where "native" must be weighed against "widen")."""
     if "amx" in paths:
         return "amx"
     if "native" not in paths:
         return "widen"
-    if isa.emulating(level):  # SIMDe's timings mean nothing: test the native path
-        return "native"
-    rates = feeds(level)
     return "native" if rates["bf16_gops_core"] > rates["f32_gops_core"] else "widen"
 
 

@@ -8,6 +8,7 @@
 - ``rng``: a seeded numpy Generator.
 - ``records_tmp``: an empty records folder (SMALLEM_RECORDS) so tests never
   overwrite the committed records.
+- ``captured_machine``: each machine of tests/machines/ injected in turn (tests/captured.py).
 - ``built_site``: the site, built once a session from the committed records
   (tests/site_build.py); its ``.returncode``, ``.log`` and ``.dir``.
 """
@@ -18,6 +19,8 @@ import numpy as np
 import pytest
 
 from smallem import isa
+
+import captured
 
 
 EMULATED = "avx512-simde"
@@ -85,3 +88,11 @@ def built_site(tmp_path_factory):
 def pytest_report_header(config):
     return (f"smallem: CPU ISA levels runnable here: {', '.join(l for l in isa.LEVELS if isa.supported(l))}; "
             f"SMALLEM_ISA={os.environ.get('SMALLEM_ISA', '(unset)')}")
+
+
+@pytest.fixture(params=captured.NAMES)
+def captured_machine(request, monkeypatch):
+    """Each machine of tests/machines/ in turn, injected (tests/captured.py): the library sees
+    its caches, identity, cores and GEMM feeds, so a machine-dependent decision is tested as
+    that machine would make it."""
+    return captured.inject(captured.load(request.param), monkeypatch)

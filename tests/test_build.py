@@ -192,23 +192,34 @@ _BUILD_GEMM = ("import sys; from smallem import build; "
 
 def _interrupt_a_build(cache, sig):
     """Start a child that builds the gemm kernel into ``cache``, and send ``sig`` to its whole
-    process group (as Ctrl-C does) once the compiler is running. Returns the child's status."""
+    process group (as Ctrl-C does) while the compiler runs. Returns the child's status.
+
+    The child's compiler ($CC) is a wrapper that, when called on a file in the build's own
+    folder, marks that it has started and waits a minute before running the real compiler:
+    the signal lands inside the compile however fast this machine's compiler is."""
     import os
     import signal
     import time
 
-    env = dict(os.environ, SMALLEM_CACHE=str(cache))
+    started = cache.parent / "compiler-started"
+    slow_cc = cache.parent / "slow-cc"
+    slow_cc.write_text(
+        "#!/bin/sh\n"
+        f'for a in "$@"; do case "$a" in *{build.BUILDING}*) : > "{started}"; sleep 60; break;; '
+        "esac; done\n"
+        f'exec "{build.compiler()}" "$@"\n')
+    slow_cc.chmod(0o755)
+    env = dict(os.environ, SMALLEM_CACHE=str(cache), CC=str(slow_cc))
     env.pop("SMALLEM_SANITIZE", None)
     p = subprocess.Popen([sys.executable, "-c", _BUILD_GEMM], env=env, start_new_session=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     try:
-        # the wrapper C file is written just before the compiler starts, in the build's folder
-        while not any(cache.glob(f"{build.BUILDING}*/*.c")):
+        while not started.exists():
             assert p.poll() is None, f"the build ended before it could be interrupted: {p.communicate()}"
             assert time.monotonic() < deadline, "the build never started"
             time.sleep(0.01)
-        time.sleep(0.3)  # well inside the compiler (gemm at -O3 takes seconds)
+        assert any(cache.glob(f"{build.BUILDING}*/*.c")), "the compiler ran before the wrapper C file"
         os.killpg(p.pid, sig)
         _, err = p.communicate(timeout=60)
     finally:
