@@ -80,9 +80,12 @@ def _calls_per_sample(fn, min_sample: float) -> int:
     return calls
 
 
+MIN_ROUNDS = 5  # the fewest rounds in which a one-sided sign test at 5 % can say anything
+
+
 def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
                         min_sample: float = 0.0, pause: float = 0.0,
-                        max_time: float | None = None) -> dict:
+                        max_time: float | None = None, min_rounds: int = MIN_ROUNDS) -> dict:
     """Time several functions in turn: each round takes one sample of each.
 
     On a shared machine the speed drifts by tens of percent over seconds. Timing all
@@ -95,7 +98,11 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     the pause (on a virtual machine, a halted virtual CPU: up to milliseconds), a cost no
     caller that calls in a loop pays. Each function is warmed up and its calls per sample
     counted after a pause too, not while the previous one's threads still spin.
-    Returns a :class:`Timing` per key. ``max_time`` stops after a round (at least 3).
+    The order alternates: forwards in even rounds, backwards in odd ones, so that no
+    contender always runs right after the same other one (its spinning threads, the cache
+    state it leaves) or always first after the pause.
+    Returns a :class:`Timing` per key. ``max_time`` stops after a round, once ``min_rounds``
+    rounds are done (5: the fewest a one-sided sign test at 5 % can decide on).
     """
     calls = {}
     for k, fn in fns.items():
@@ -106,8 +113,10 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
         calls[k] = _calls_per_sample(fn, min_sample)
     out = {k: Timing() for k in fns}
     start = time.perf_counter()
+    keys = list(fns)
     for i in range(repeats):
-        for k, fn in fns.items():
+        for k in (keys if i % 2 == 0 else keys[::-1]):
+            fn = fns[k]
             if pause > 0:
                 time.sleep(pause)
                 fn()
@@ -115,6 +124,6 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
             for _ in range(calls[k]):
                 fn()
             out[k].seconds.append((time.perf_counter() - t0) / calls[k])
-        if max_time is not None and time.perf_counter() - start > max_time and i >= 2:
+        if max_time is not None and time.perf_counter() - start > max_time and i + 1 >= min_rounds:
             break
     return out

@@ -8,6 +8,7 @@ says whether the difference is larger than the host's noise.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..timing import measure_interleaved
 from .figures import fmt
@@ -83,6 +84,94 @@ def lopsided(n: int) -> int:
 
 
 
+def sign_test_above(ahead: int, n: int) -> float:
+    """One-sided sign test: how often n fair coin flips give at least ``ahead`` heads. It
+    asks one question only, "is ours at or above the target?", so it can be met by 5 of 5
+    rounds (p = 1/32), 7 of 7 or 8 of 9, and never by a split a coin makes easily."""
+    return min(1.0, sum(math.comb(n, i) for i in range(ahead, n + 1)) / 2 ** n)
+
+
+def needed_above(n: int) -> int | None:
+    """The fewest of n rounds that must reach a target for :func:`sign_test_above` to say it
+    does; None where n rounds cannot say it whatever they show (fewer than 5)."""
+    return next((k for k in range(n + 1) if sign_test_above(k, n) < SIGN_LEVEL), None)
+
+
+PARITY_MARGIN = 0.95  # a target "as fast as" a peer is judged at this share of its speed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A target checked on per-round ratios (ours over theirs, or ours over a bound): met only
+    when the one-sided sign test says the ratio is at or above ``judged_at`` at SIGN_LEVEL.
+    ``ratio`` is the ratio of the medians, which the prose quotes; the rounds decide."""
+    met: bool
+    ratio: float
+    target: float
+    judged_at: float              # the target, or PARITY_MARGIN for a parity target
+    ahead: int | None = None      # rounds at or above judged_at
+    rounds: int | None = None
+    p: float | None = None
+
+    def text(self, shown: str | None = None) -> str:
+        """"met (1.21 times, target 1: at or above 0.95 in 7 of 7 rounds, p = 0.008)"; a
+        missed target says how many rounds it needed. ``shown``: the ratio as the page words
+        it (a share, say), instead of "<ratio> times"."""
+        what = shown or f"{fmt(self.ratio)} times, target {self.target:g}"
+        at = (f"at or above {self.judged_at:g}" if self.judged_at == self.target else
+              f"at or above {self.judged_at:g} (the parity margin)")
+        if self.rounds is None:
+            return f"not decided ({what}: no rounds kept to test)"
+        need = needed_above(self.rounds)
+        tested = f"{at} in {self.ahead} of {self.rounds} rounds"
+        if self.met:
+            p = "p < 0.001" if self.p < 0.001 else f"p = {self.p:.3f}"
+            return f"met ({what}: {tested}, one-sided sign test {p})"
+        if need is None:
+            return (f"not decided ({what}: {tested}; {self.rounds} rounds cannot pass a "
+                    f"one-sided sign test at {100 * SIGN_LEVEL:.0f} %)")
+        return f"missed ({what}: {tested}, {need} needed)"
+
+
+def exact(ok: bool, what: str) -> str:
+    """A target on a figure with no noise (validation bits per byte of fixed weights on fixed
+    text): the figure itself decides, and the text says that no rounds were needed."""
+    return f"{'met' if ok else 'missed'} ({what}; exact: a deterministic figure, no rounds)"
+
+
+def judge(ratios: list[float], ratio: float, target: float) -> Verdict:
+    """A :class:`Verdict` from per-round ratios against ``target`` (a parity target, 1, is
+    judged at PARITY_MARGIN)."""
+    at = PARITY_MARGIN if target == 1 else target
+    if not ratios:
+        return Verdict(False, ratio, target, at)
+    ahead, n = sum(r >= at for r in ratios), len(ratios)
+    p = sign_test_above(ahead, n)
+    return Verdict(p < SIGN_LEVEL, ratio, target, at, ahead, n, p)
+
+
+def per_round_rates(r: dict) -> list[float]:
+    """Each round's rate of a result of :func:`paired` (or any result keeping its samples):
+    the work per call (median rate x median seconds) over the round's seconds."""
+    work = r["value"]["median"] * r["seconds"]["median"]
+    return [work / t for t in r.get("seconds", {}).get("samples") or []]
+
+
+def against(ours: dict, theirs: dict, target: float, scale: float = 1.0) -> Verdict:
+    """Ours against theirs (two results timed in the same rounds) at ``target`` times their
+    rate; ``scale`` multiplies our side (a per-token rate on another unit, say)."""
+    a, b = per_round_rates(ours), per_round_rates(theirs)
+    ratios = [scale * x / y for x, y in zip(a, b)] if len(a) == len(b) else []
+    return judge(ratios, scale * ours["value"]["median"] / theirs["value"]["median"], target)
+
+
+def against_bound(ours: dict, bound: float, target: float) -> Verdict:
+    """Ours against a fixed figure (a peak, a bandwidth, in our rate's unit) at ``target``
+    times it: each round's rate over the bound."""
+    return judge([x / bound for x in per_round_rates(ours)], ours["value"]["median"] / bound,
+                 target)
+
+
 def rounds_text(rounds: tuple[int, int] | None) -> str:
     return "n/a (not kept)" if rounds is None else f"{rounds[0]} of {rounds[1]}"
 
@@ -127,4 +216,8 @@ def method_values() -> dict:
     return {"how.rounds": str(ROUNDS), "how.min_sample_ms": f"{1000 * MIN_SAMPLE:.0f} ms",
             "how.pause_ms": f"{1000 * PAUSE:.0f} ms", "how.sign_level": f"{100 * SIGN_LEVEL:.0f} %",
             "how.lopsided": f"{lopsided(ROUNDS)} of {ROUNDS}",
-            "how.one_in": str(round(1 / SIGN_LEVEL))}
+            "how.one_in": str(round(1 / SIGN_LEVEL)),
+            "how.parity_margin": f"{PARITY_MARGIN:g}",
+            "how.target_needs": listing([f"{needed_above(n)} of {n}" for n in (5, 7, 9)
+                                         if needed_above(n)], "none"),
+            "how.target_fewest": str(next(n for n in range(1, 64) if needed_above(n)))}

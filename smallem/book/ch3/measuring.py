@@ -224,9 +224,9 @@ def _measure_accumulated(rec, trainers, A, B, T, quick):
                 tokens=A * B * T, config=pair[i].config.name, optimizer=pair[i].opt.name)
 
 
-ACCUMULATED_ROUNDS = 2  # steps of ~10^4 tokens: two each (quick or not) keep the chapter short
+ACCUMULATED_ROUNDS = 5  # steps of ~10^4 tokens: 5 of 5 is the fewest rounds a one-sided test can pass
 MODERN_MARGIN = 0.15    # the modern bf16 step with Muon, at most this much slower than GPT-2's
-ROUNDS = 7  # a sign test needs 6 of 6 to call a difference (p = 0.03); 7 leaves one to noise
+ROUNDS = 7  # a target is met by 7 of 7 rounds (one-sided sign test, p = 1/128); 6 of 7 is not
 PEERS = ("torch", "torch-bf16")  # PyTorch eager, in f32 and with bf16 autocast
 
 

@@ -25,22 +25,10 @@ def target_values() -> dict:
             "ch4.target_int8_is": f"{INT8_VS_F32:g} times", "ch4.target_quality_is": f"{100 * QUALITY:g} %"}
 
 
-def _met(ok: bool, what: str) -> str:
-    return f"met ({what})" if ok else f"missed ({what})"
-
-
 def _verdict(ours, theirs, target: float) -> str:
-    """met / missed for ours against theirs at ``target`` times. A parity target (1 or
-    less) inside the noise is met when the paired sign test does not call us slower."""
-    x = _ratio(ours, theirs)
-    rounds = compare.rounds_ahead(ours, theirs)
-    where = f", ahead in {rounds[0]} of {rounds[1]} rounds" if rounds else ""
-    if x >= target:
-        return _met(True, f"{f(x)} times, target {target:g}{where}")
-    if target <= 1 and rounds and compare.sign_test(*rounds) >= compare.SIGN_LEVEL:
-        return (f"met within the noise ({f(x)} times, target {target:g}{where}: the sign test "
-                f"does not call us slower)")
-    return _met(False, f"{f(x)} times, target {target:g}{where}")
+    """met / missed for ours against theirs at ``target`` times, by the one-sided sign test
+    of the rounds (compare.against; a parity target at the parity margin)."""
+    return compare.against(ours, theirs, target).text()
 
 
 def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
@@ -67,6 +55,8 @@ def _ratio(a, b) -> float:
 def _ladder(rec, facts, values):
     s = rec["settings"]["ladder"]
     cfg = s["config"]["name"]
+    rung3 = dict(s["rungs"]).get(3, "")
+    values["ch4.int8_instruction"] = s.get("int8_instruction") or rung3.partition(", ")[2] or "n/a"
     rows, prev = [], None
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
@@ -221,8 +211,8 @@ def _study(rec, facts, values):
     values["ch4.big_share"] = f"{100 * gbs / bw:.0f} %" if bw == bw else "n/a"
     if level == "DRAM":
         out.append(f"weight bytes per second on that model against chapter 1's DRAM triad: "
-                   + _met(gbs / bw >= DRAM_TRIAD, f"{100 * gbs / bw:.0f} %, target "
-                          f"{100 * DRAM_TRIAD:.0f} %"))
+                   + compare.against_bound(b8, bw / b8["params"]["weight_bytes"], DRAM_TRIAD)
+                   .text(f"{100 * gbs / bw:.0f} %, target {100 * DRAM_TRIAD:.0f} %"))
     else:
         out.append(f"the largest model's int8 weights ({values['ch4.big_int8_mib']}) still fit "
                    f"the {level} here: the DRAM target could not be measured")
@@ -276,15 +266,17 @@ def _quality(rec, values):
     (figures.tables_dir() / "ch4_sample.md").write_text("~~~~text\n" + sample.replace("~~~~", "~ ~ ~ ~")
                                                         + "\n~~~~\n")
     return [f"int8's validation bits per byte against f32's: "
-            + _met(abs(change) < QUALITY, f"{100 * change:+.2f} %, target within {100 * QUALITY:g} %")]
+            + compare.exact(abs(change) < QUALITY,
+                            f"{100 * change:+.2f} %, target within {100 * QUALITY:g} %")]
 
 
 def _balance(values, rec_dir):
     """The series' balance sheet: training and generating, ours beside the reference's."""
     rows = []
-    if records.exists("ch3.train_step", rec_dir):
-        step = records.load("ch3.train_step", rec_dir)
-        best = max(records.results(step, "rung_step"), key=lambda r: r["value"]["median"])
+    steps = (records.results(records.load("ch3.train_step", rec_dir), "rung_step")
+             if records.exists("ch3.train_step", rec_dir) else [])
+    if steps:  # none in a record that predates chapter 3's climb
+        best = max(steps, key=lambda r: r["value"]["median"])
         rows.append(["train, xl step", f(best["value"]["median"], "tokens/s"),
                      f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
                      f"{100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak", "not measured on a GPU yet"])
@@ -320,6 +312,7 @@ def report(rec_dir) -> dict:
     for key in ("ch4.vs_llama_l3", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured
     values["ch4.rungs"] = str(len(decode.RUNGS))
+    values["ch4.int8_instruction"] = "not measured"  # the record's rung 3 says, below
     facts = ch1.facts(rec_dir)
     targets = []
     if records.exists(RECORD, rec_dir):
