@@ -91,7 +91,7 @@ figures: setup
 
 test: setup chromium cross simde
 	$(PY) -m smallem figures
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=12
 
 build: setup
 	$(PY) -m smallem build

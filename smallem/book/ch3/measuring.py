@@ -214,7 +214,7 @@ def _measure_accumulated(rec, trainers, A, B, T, quick):
         t.accumulate = A
     try:
         ts = measure_interleaved({i: t.train_step for i, t in pair.items()},
-                                 repeats=ACCUMULATED_ROUNDS, warmup=0)
+                                 repeats=2 if quick else ACCUMULATED_ROUNDS, warmup=0)
     finally:
         for t in pair.values():
             t.accumulate = 1
