@@ -253,53 +253,20 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
         }
     }
-#elif defined(SM_AVX2) && defined(SM_AVX_VNNI)
-    /* AVX-VNNI: the same vpdpbusd, on ymm: each 64-byte line is two halves of 8 outputs */
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
-    __m256 facc[MAXRB][MAXNT][2];
-    for (int r = 0; r < RB; r++)
-        for (int i = 0; i < NT; i++) facc[r][i][0] = facc[r][i][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m256i iacc[MAXRB][MAXNT][2];
-        for (int r = 0; r < RB; r++)
-            for (int i = 0; i < NT; i++) iacc[r][i][0] = iacc[r][i][1] = _mm256_setzero_si256();
-        for (int g = 0; g < QBLOCK / 4; g++) {
-            const size_t kk = (size_t)b * (QBLOCK / 4) + g;
-            __m256i wv[MAXNT][2];
-            for (int i = 0; i < NT; i++)
-                for (int hh = 0; hh < 2; hh++)
-                    wv[i][hh] = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
-            for (int r = 0; r < RB; r++) {
-                int32_t x4;
-                memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
-                const __m256i xb = _mm256_xor_si256(_mm256_set1_epi32(x4), x80); /* p + 128 */
-                for (int i = 0; i < NT; i++)
-                    for (int hh = 0; hh < 2; hh++)
-                        iacc[r][i][hh] = _mm256_dpbusd_avx_epi32(iacc[r][i][hh], xb, wv[i][hh]);
-            }
-        }
-        for (int i = 0; i < NT; i++)
-            for (int hh = 0; hh < 2; hh++) {
-                const __m256 sc = _mm256_cvtph_ps(
-                    _mm_loadu_si128((const __m128i *)(st + ((size_t)b * ss + i) * TILE + 8 * hh)));
-                for (int r = 0; r < RB; r++)
-                    facc[r][i][hh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][i][hh]), sc,
-                                                     facc[r][i][hh]);
-            }
-    }
-    for (int i = 0; i < NT; i++) {
-        const float *corr = w->corr + (size_t)(t0 + i) * TILE;
-        const __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(corr), _mm256_set1_ps(128.0f));
-        const __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(corr + 8), _mm256_set1_ps(128.0f));
-        for (int r = 0; r < RB; r++) {
-            float v[TILE];
-            _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][0], c0), _mm256_set1_ps(xs[r])));
-            _mm256_storeu_ps(v + 8, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][1], c1), _mm256_set1_ps(xs[r])));
-            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
-        }
-    }
 #elif defined(SM_AVX2)
+    /* Each 64-byte line is two ymm halves of 8 outputs. With AVX-VNNI the same vpdpbusd on
+     * ymm, activations as p + 128 and the correction at the end; without it vpmaddubsw on
+     * |p| and q with p's sign (vpsignb), pairs of int16 summed to int32 by vpmaddwd. */
+#if defined(SM_AVX_VNNI)
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+#define Q8_ROW(x4) _mm256_xor_si256(_mm256_set1_epi32(x4), x80) /* p + 128 */
+#define Q8_DOT(acc, xb, wv) _mm256_dpbusd_avx_epi32(acc, xb, wv)
+#else
     const __m256i ones = _mm256_set1_epi16(1);
+#define Q8_ROW(x4) _mm256_set1_epi32(x4)
+#define Q8_DOT(acc, xb, wv) _mm256_add_epi32(acc, _mm256_madd_epi16(                     \
+        _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(wv, xb)), ones))
+#endif
     __m256 facc[MAXRB][MAXNT][2];
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NT; i++) facc[r][i][0] = facc[r][i][1] = _mm256_setzero_ps();
@@ -312,13 +279,12 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
             for (int r = 0; r < RB; r++) {
                 int32_t x4;
                 memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
-                const __m256i xb = _mm256_set1_epi32(x4), xa = _mm256_abs_epi8(xb);
+                const __m256i xb = Q8_ROW(x4);
                 for (int i = 0; i < NT; i++)
                     for (int hh = 0; hh < 2; hh++) {
                         const __m256i wv = _mm256_loadu_si256(
                             (const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
-                        const __m256i p16 = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv, xb));
-                        iacc[r][i][hh] = _mm256_add_epi32(iacc[r][i][hh], _mm256_madd_epi16(p16, ones));
+                        iacc[r][i][hh] = Q8_DOT(iacc[r][i][hh], xb, wv);
                     }
             }
         }
@@ -331,13 +297,23 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
                                                      facc[r][i][hh]);
             }
     }
-    for (int r = 0; r < RB; r++)
-        for (int i = 0; i < NT; i++) {
+#undef Q8_ROW
+#undef Q8_DOT
+    for (int i = 0; i < NT; i++) {
+#if defined(SM_AVX_VNNI)
+        const float *corr = w->corr + (size_t)(t0 + i) * TILE;
+        const __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(corr), _mm256_set1_ps(128.0f));
+        const __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(corr + 8), _mm256_set1_ps(128.0f));
+#else
+        const __m256 c0 = _mm256_setzero_ps(), c1 = c0; /* no +128: nothing to correct */
+#endif
+        for (int r = 0; r < RB; r++) {
             float v[TILE];
-            _mm256_storeu_ps(v, _mm256_mul_ps(facc[r][i][0], _mm256_set1_ps(xs[r])));
-            _mm256_storeu_ps(v + 8, _mm256_mul_ps(facc[r][i][1], _mm256_set1_ps(xs[r])));
+            _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][0], c0), _mm256_set1_ps(xs[r])));
+            _mm256_storeu_ps(v + 8, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][1], c1), _mm256_set1_ps(xs[r])));
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
         }
+    }
 #else
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NT; i++) {
