@@ -194,8 +194,7 @@ def versus(r: dict, base: dict) -> str:
     out = "as fast" if abs(d) < 0.05 else f"{abs(d):.1f} % {'faster' if d > 0 else 'slower'}"
     if abs(d) < 0.05:
         return out
-    per_op = [{"seconds": {"samples": [t / (x["value"]["median"] * x["seconds"]["median"])
-                                       for t in x.get("seconds", {}).get("samples") or []]}}
+    per_op = [{"seconds": {"samples": [1 / rate for rate in per_round_rates(x)]}}
               for x in (r, base)]  # seconds per Gop: less is faster, whatever the work
     rounds = rounds_ahead(*(per_op if d > 0 else per_op[::-1]))
     if rounds is None:
