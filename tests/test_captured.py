@@ -145,21 +145,37 @@ def test_plateaus_of_each_staircase(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_chapter_4s_study_spans_every_level(name):
-    """The L3 study's models: one whose int8 weights sit in the L2s, one in the L3, one
-    several times past it, on each machine's caches."""
+def test_chapter_4s_study_spans_every_measured_level(name):
+    """The L3 study's models, chosen from where each machine's measured plateaus end: one
+    whose int8 weights sit in the L2 plateau, one inside the L3 plateau, one past it (DRAM),
+    as chapter 1's staircase (ch1.level_of) places them, on each machine's own record."""
     m = captured.load(name)
-    widths = ch4m.study_sizes(m.caches, m.cores, 24 * 1024**3, quick=False)  # 24 GiB each
-    sizes = ch1.level_sizes(m.caches, m.cores)
+    facts = ch1.summary(m.record("ch1.machine"))
+    ext = facts["triad_spans"][m.cores]
+    ends = {lv: span["last"] for lv, span in ext.items()}
+    widths = ch4m.study_sizes(m.caches, m.cores, 24 * 1024**3, quick=False, ends=ends)
 
     def int8_bytes(d):
         return 1.0625 * 12 * ch4m.STUDY_LAYERS * d * d
 
-    held = [("L2" if int8_bytes(d) <= sizes["L2"] else "L3" if int8_bytes(d) <= sizes["L3"]
-             else "DRAM") for d in widths]
-    assert {"L2", "L3", "DRAM"} <= set(held), (widths, held)
-    # several times past the L3, unless the memory caps the study first (the Xeon's 300 MiB
-    # L3 in 24 GiB: a quarter of the memory holds a model of 1.7 L3s, not 4)
+    held = [ch1.level_of(facts, int8_bytes(d), m.cores)[0] for d in widths]
+    assert {"L2", "L3", "DRAM"} <= set(held), (widths, held, ends)
+    # several times past the measured L3, unless the memory caps the study first
     memory = 24 * 1024**3
     capped = int8_bytes(widths[-1] + 64) > 1.0625 * memory / 4 / 13
-    assert int8_bytes(widths[-1]) >= 4 * sizes["L3"] or capped
+    assert int8_bytes(widths[-1]) >= 4 * ends["L3"] or capped
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_level_is_where_the_measured_plateau_ran(name):
+    """ch1.level_of places a working set in the first level whose measured stretch still
+    ran at that size: the largest size of each stretch is in it, twice the DRAM stretch's
+    first size is DRAM, and no level is chosen past its plateau's measured end."""
+    m = captured.load(name)
+    facts = ch1.summary(m.record("ch1.machine"))
+    for th, ext in facts["triad_spans"].items():
+        reached = [lv for lv in ch1.LEVELS if ext[lv]["bw"] == ext[lv]["bw"]]
+        for lv in reached[:-1]:
+            assert ch1.level_of(facts, ext[lv]["last"], th) == (lv, ext[lv]["bw"]), (th, lv)
+            assert ext[lv]["first"] <= ext[lv]["last"] < ext[reached[reached.index(lv) + 1]]["first"]
+        assert ch1.level_of(facts, 2 * ext["DRAM"]["first"], th)[0] == "DRAM"

@@ -118,7 +118,16 @@ def level_sizes(caches: dict, threads: int) -> dict:
 
 
 def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
-    """Median bandwidth of each level of the staircase, found in the data (NaN: not reached).
+    """Median bandwidth of each level of the staircase (NaN: not reached); see :func:`spans`."""
+    return {lv: span["bw"] for lv, span in spans(points, caches, threads).items()}
+
+
+def spans(points: list[dict], caches: dict, threads: int) -> dict:
+    """Each level of the staircase as found in the data: its median bandwidth ("bw", GB/s)
+    and the smallest and largest working sets measured inside its stretch ("first",
+    "last", bytes; NaN where the level was not reached).
+
+    The median bandwidth of each level of the staircase, found in the data (NaN: not reached).
 
     The curve of bandwidth against working set (both on log scales) is cut into as many
     stretches as there are levels (the caches the system reports, then DRAM), at the cuts
@@ -135,7 +144,8 @@ def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
     above = {"L1": 0, "L2": sizes["L1"], "L3": sizes["L2"], "DRAM": sizes["L3"] or sizes["L2"]}
     known = [lv for lv in LEVELS if lv == "DRAM" or sizes[lv]]
     reached = [lv for lv in known if top >= 2 * above[lv]]
-    out = {lv: float("nan") for lv in LEVELS}
+    nan = float("nan")
+    out = {lv: {"bw": nan, "first": nan, "last": nan} for lv in LEVELS}
     bw = np.array([p["value"]["median"] for p in pts])
     at = [p["params"]["bytes"] for p in pts]
 
@@ -146,7 +156,7 @@ def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
 
     cuts = _segments(np.log(bw), len(reached), allowed) or _segments(np.log(bw), len(reached))
     for lv, (i, j) in zip(reached, cuts):
-        out[lv] = float(np.median(bw[i:j]))
+        out[lv] = {"bw": float(np.median(bw[i:j])), "first": at[i], "last": at[j - 1]}
     return out
 
 
@@ -313,10 +323,11 @@ def summary(rec: dict) -> dict:
     caches = rec["machine"]["caches"]
     peak = {(r["params"]["kind"], r["params"]["threads"]): r
             for r in records.results(rec, "peak")}
-    stairs = {}
+    stairs, extents = {}, {}
     for th in s["threads"]:
         pts = records.results(rec, "stream", kernel="triad", threads=th)
-        stairs[th] = plateaus(pts, caches, th)
+        extents[th] = spans(pts, caches, th)
+        stairs[th] = {lv: span["bw"] for lv, span in extents[th].items()}
     clock_mul = records.results(rec, "clock_mul")
     out = {
         "cores": cores,
@@ -326,6 +337,7 @@ def summary(rec: dict) -> dict:
         "peak": {k: v["value"]["median"] for k, v in peak.items()},
         "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
         "triad_plateaus": stairs,
+        "triad_spans": extents,
         "numpy_copy": records.value(rec, "numpy_copy"),
         "naive_gops": records.value(rec, "gemm_naive"),
         "naive_n": s["gemm_naive_n"],
@@ -336,6 +348,22 @@ def summary(rec: dict) -> dict:
     out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / s["theory"]["gops_all"]
     out["naive_below_peak"] = out["peak"][("f32", cores)] / out["naive_gops"]
     return out
+
+
+def level_of(facts: dict, nbytes: float, threads: int) -> tuple[str, float]:
+    """(the level of the measured staircase that holds a working set of ``nbytes`` on
+    ``threads`` threads, its triad bandwidth in GB/s): the first level whose plateau, as
+    chapter 1 measured it at that many threads (or the most threads measured), still ran at
+    that size, that is whose largest working set inside its stretch is at least ``nbytes``;
+    DRAM beyond the last. The cache sizes the OS reports do not decide it: a VM's share of an
+    L3, or a victim cache, moves the end of a plateau away from the nominal size."""
+    ext = facts["triad_spans"]
+    th = threads if threads in ext else max(ext)
+    for lv in LEVELS[:-1]:
+        span = ext[th][lv]
+        if span["bw"] == span["bw"] and nbytes <= span["last"]:
+            return lv, span["bw"]
+    return "DRAM", ext[th]["DRAM"]["bw"]
 
 
 def staircase_distinct(plateau: dict, factor: float = DISTINCT) -> bool:

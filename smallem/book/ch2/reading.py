@@ -96,6 +96,56 @@ def blocking_verdict(gain: float) -> str:
 
 
 
+def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
+    """What the hardware predicts for each rung on the ladder's n^3 product: rung index ->
+    (Gop/s, the bound that sets it), from chapter 1's measurements (clock, one core's and all
+    cores' f32 peaks, each level's triad bandwidth and where its plateau ends) and the
+    kernel's shape; {} without chapter 1's record. Each bound is the tightest of a few limits:
+
+    - rung 0: the chain ``sum += a * b`` completes one FMA (2 operations) per FMA latency;
+      and each step fetches one 64-byte line of B's column, from the first level whose sets
+      hold the whole column at its 4n-byte stride (chapter 1's ``column_lines_held``);
+    - rungs 1 and 2: 4 bytes of B per FMA from the level that holds what the inner loops
+      sweep per row of A (all of B; the K_C x N_C block), and one vector store of C per
+      vector FMA, at one store a cycle;
+    - rung 3: the micro-kernel's FMAs against its loads (M_R broadcasts and N_R / V vectors
+      per step, two loads a cycle): one core's measured peak unless the loads bind;
+    - rung 4: one core's measured peak; rung 5: all cores' measured peak.
+    """
+    if facts is None:
+        return {}
+    s = rec["settings"]
+    n, mr, nr = s["n_ladder"], s["mr"], s["nr"]
+    vec = REGISTER_FILE[s["isa"]][0]
+    ghz = facts["clock_ghz"]
+    one, cores = facts["peak"][("f32", 1)], facts["peak"][("f32", facts["cores"])]
+    caches = facts["record"]["machine"]["caches"]
+    out = {}
+    chain = 2 * ghz / FMA_LATENCY
+    level = "L3"
+    for lv, key in (("L1", "L1d"), ("L2", "L2")):
+        if ch1.column_lines_held(caches.get(f"{key}_bytes", 0), caches.get(f"{key}_ways", 0),
+                                 4 * n) >= n:
+            level = lv
+            break
+    lines = facts["triad_plateaus"][1][level] * 2 / 64
+    out[0] = ((chain, f"one FMA per {FMA_LATENCY} cycles (the chain)") if chain <= lines else
+              (lines, f"a 64-byte line of B per FMA from {level}"))
+    stores = 2 * vec * ghz
+    ladder = s["blocks_ladder"]
+    for i, swept in ((1, 4 * n * n), (2, 4 * ladder["kc"] * min(ladder["nc"], n))):
+        lv, bw = ch1.level_of(facts, swept, 1)
+        b_bound = bw * 2 / 4
+        out[i] = ((b_bound, f"4 bytes of B per FMA from {lv}") if b_bound <= stores else
+                  (stores, "one store of C per vector FMA"))
+    fmas, loads = mr * nr / vec, mr + nr / vec
+    share = min(1.0, (fmas / FMA_PIPES) / (loads / 2))
+    out[3] = (one * share, "one core's peak" if share == 1 else "the micro-kernel's loads")
+    out[4] = (one, "one core's peak")
+    out[5] = (cores, f"{facts['cores']} cores' peak")
+    return out
+
+
 def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     f = figures.fmt
     s = rec["settings"]
@@ -105,11 +155,12 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     peak, peak_src = _peak(rec, rec_dir)
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
+    pred = predicted(rec, ch1.facts(rec_dir))
     rows = [[f"numpy (OpenBLAS), {cores} threads", f(numpy_all, "Gop/s"),
-             f"{100 * numpy_all / peak:.0f} %", "", "—", "—"]]
+             f"{100 * numpy_all / peak:.0f} %", "", "—", "—", "—", "—"]]
     if cores != 1:
         rows.append([f"numpy (OpenBLAS), 1 thread", f(numpy_one, "Gop/s"),
-                     f"{100 * numpy_one / peak:.0f} %", "", "—", "—"])
+                     f"{100 * numpy_one / peak:.0f} %", "", "—", "—", "—", "—"])
     prev = None
     ref = {0: reference.CH2_GEMM_1024_NAIVE_GOPS,
            len(LADDER) - 1: reference.CH2_GEMM_1024_FINAL_GOPS}
@@ -121,13 +172,16 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         rows.append([f"{rung.label}, {th} thread{'s' if th > 1 else ''}", f(g, "Gop/s"),
                      f"{100 * g / peak:.1f} %" if g / peak < 0.1 else f"{100 * g / peak:.0f} %",
                      f"× {f(g / prev)}" if prev else "",
+                     f"{f(pred[rung.index][0], 'Gop/s')} ({pred[rung.index][1]})"
+                     if rung.index in pred else "no chapter 1 record",
+                     f"{100 * g / pred[rung.index][0]:.0f} %" if rung.index in pred else "—",
                      # the reference's final rung ran on its 8 cores, its naive one on one
                      f(ref[rung.index] / (reference.CORES if rung.threaded else 1), "Gop/s")
                      if rung.index in ref else "—",
                      f(ref[rung.index], "Gop/s") if rung.index in ref and rung.threaded else "—"])
         prev = g
     rows.append([f"f32 FMA peak, {cores} cores ({peak_src})", f(peak, "Gop/s"), "100 %", "",
-                 f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
+                 "—", "—", f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
                  f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
     final = records.value(rec, "rung", rung=len(LADDER) - 1, M=n)
     naive = records.value(rec, "rung", rung=0, M=n)
@@ -158,6 +212,11 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         if 0 < rung.index < len(LADDER) - 1:  # rung 5's gain is the page's one-core comparison
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
     values["ch2.rung2_verdict"] = blocking_verdict(gains[2])
+    for i, (gops, why) in pred.items():
+        g = records.value(rec, "rung", rung=i, M=n)
+        values[f"ch2.rung{i}_of_predicted"] = f"{100 * g / gops:.0f} %"
+    for i in range(len(LADDER)):
+        values.setdefault(f"ch2.rung{i}_of_predicted", "n/a")
     g = s["cache_geometry"]
     mr, nr, b = s["mr"], s["nr"], ladder
     vec, regs = REGISTER_FILE[s["isa"]]
@@ -675,7 +734,7 @@ def report(rec_dir) -> dict:
     rows, values = ladder_rows(rec, rec_dir)
     figures.write_table("ch2_ladder", rows,
                         ["Rung", f"Gop/s, {rec['settings']['n_ladder']}³", "of peak", "gain",
-                         "Reference, per core",
+                         "predicted (what bounds it)", "of predicted", "Reference, per core",
                          f"Reference: {reference.MACHINE.split(' vs ')[0]}, "
                          f"{reference.CORES} threads"],
                         note=note + f" Reference: quoted from {reference.CITE}, not measured here.")

@@ -121,10 +121,12 @@ OP_GROUPS = {"linear": "matrix products (+ bias)", "linear_backward": "matrix pr
 MUON_GROUP = OP_GROUPS["matmul"]
 
 
-def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
-    """Seconds per step spent in each op (after one warm-up step); "other" is the rest."""
+def profile_step(trainer: Trainer, steps: int = 2, calls: dict | None = None) -> dict[str, float]:
+    """Seconds per step spent in each op (after one warm-up step); "other" is the rest.
+    ``calls``, if given, receives each op's calls per step."""
     ops = trainer.model.ops
     spent = dict.fromkeys(OP_GROUPS, 0.0)
+    count = dict.fromkeys(OP_GROUPS, 0)
     depth = [0]  # an op made of others (an unfused composition) counts once, as itself
 
     def timed(name, fn):
@@ -137,6 +139,7 @@ def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
                 depth[0] -= 1
                 if depth[0] == 0:
                     spent[name] += time.perf_counter() - t0
+                    count[name] += 1
         return run
 
     for name in OP_GROUPS:
@@ -144,7 +147,7 @@ def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
     try:
         trainer.train_step()
         for k in spent:
-            spent[k] = 0.0
+            spent[k], count[k] = 0.0, 0
         t0 = time.perf_counter()
         for _ in range(steps):
             trainer.train_step()
@@ -154,7 +157,18 @@ def profile_step(trainer: Trainer, steps: int = 2) -> dict[str, float]:
             delattr(ops, name)  # back to the class's methods
     out = {k: v / steps for k, v in spent.items()}
     out["other"] = max(0.0, total - sum(out.values()))
+    if calls is not None:
+        calls.update({k: v // steps for k, v in count.items() if v})
     return out
+
+
+def regions_per_step(trainer: Trainer) -> int:
+    """Parallel regions one training step forks on the pool (its counter, before and after
+    a step): what rung 2's pool saves is this many times the fork-join it saves."""
+    _, lib = pool.lib()
+    before = lib.pool_regions()
+    trainer.train_step()
+    return int(lib.pool_regions() - before)
 
 
 def _measure_climb(rec, cfg, B, threads, quick, corpus):
@@ -230,6 +244,9 @@ ROUNDS = 7  # a target is met by 7 of 7 rounds (one-sided sign test, p = 1/128);
 PEERS = ("torch", "torch-bf16")  # PyTorch eager, in f32 and with bf16 autocast
 
 
+# each fused kernel's op, as the profile counts its calls
+FUSED_OPS = {"bias + GELU": "bias_gelu", "GELU backward + bias gradient": "gelu_backward_bias",
+             "bias + residual + LayerNorm": "residual_layernorm", "bias + residual": "bias_residual"}
 # --8<-- [start:fused_bytes]
 # The floats each version reads and writes per element of its tensor (N x width): what the
 # code names, counting a write as one pass (a CPU that reads a line before writing it
@@ -413,10 +430,14 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
     trainers = _measure_climb(step_rec, cfg, B, threads, quick, corpus)
     # where the time goes: before the climb's f32 kernels, after them, after bf16, at the top
     for i in sorted({3, F32_TOP, 6, max(trainers)} & set(trainers)):
-        prof = profile_step(trainers[i], steps=1 if quick else 2)
+        calls: dict = {}
+        prof = profile_step(trainers[i], steps=1 if quick else 2, calls=calls)
         for op, sec in prof.items():
             step_rec.add("op_seconds", "s", Timing([sec]).stats(),
                          backend=trainers[i].model.backend, rung=i, op=op)
+        step_rec.data["settings"].setdefault("op_calls", {})[str(i)] = calls
+    if 2 in trainers:
+        step_rec.data["settings"]["regions_per_step"] = regions_per_step(trainers[2])
     A = muon_accumulate(cfg, B, cfg.context, MODERN_MARGIN)
     step_rec.data["settings"]["accumulate"] = A
     _measure_accumulated(step_rec, trainers, A, B, cfg.context, quick)

@@ -7,7 +7,7 @@ import numpy as np
 from ...model import CONFIGS, Workspace, get_config
 from ...train import LN2, newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
-from .measuring import (F32_TOP, FUSED, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN,
+from .measuring import (F32_TOP, FUSED, FUSED_OPS, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN,
                         RECORD_STEP, RUNGS, mfu, rung_label)
 
 f = figures.fmt
@@ -108,6 +108,103 @@ def _step_table(rec, rec_dir, rungs, values):
     return toks
 
 
+def _profile(rec, rung: int) -> dict:
+    """Rung ``rung``'s profiled seconds per step, by group of OP_GROUPS."""
+    out: dict = {}
+    for r in records.results(rec, "op_seconds", rung=rung):
+        group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
+        out[group] = out.get(group, 0.0) + r["value"]["median"]
+    return out
+
+
+def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
+    """What this machine's own measurements predict for each rung of the climb, in tokens/s,
+    and the arithmetic behind it: rung -> (tokens/s, how). From rung 2 on, each prediction
+    is the rung before's measured step less the time its one switch can save:
+
+    - 0, 1: the step's model FLOPs at chapter 2's product rate (numpy's, ours) on as many
+      threads, an upper bound (the rest of the step is not free);
+    - 2 (the pool): the parallel regions one step forks (the pool's counter) times the
+      fork-join it saves (chapter 3's OpenMP fork-join less the pool's);
+    - 3 (the arena): the bytes of the per-step buffers, which fresh pages make the kernel
+      zero on first touch, at chapter 1's DRAM triad bandwidth;
+    - 4 (tiles): the products the causal skip removes, half of attention's 12 T^2 C per
+      layer and sequence, at the rate rung 3's profiled attention ran;
+    - 5 (fused): each fused kernel's calls per step (rung 5's profile) times the time it
+      saves per call (the fused-op timings);
+    - 6 (bf16): rung 5's products at chapter 1's bf16/f32 peak ratio, the rest unchanged;
+    - 7 (Muon): rung 6 with Newton-Schulz's arithmetic added (newton_schulz_flops, as
+      tokens of training: n / (n + equiv)), on the modern block.
+    """
+    s = rec["settings"]
+    th, fpt, cfg = s["threads"], s["flops_per_token"], s["config"]
+    n_tok = s["batch_size"] * s["seq_len"]
+    out = {}
+    if records.exists("ch2.gemm", rec_dir):
+        g = records.load("ch2.gemm", rec_dir)
+        n = g["settings"]["n_ladder"]
+        for i, name, params, who in ((0, "numpy", {"threads": th}, "numpy's"),
+                                     (1, "rung", {"rung": 5}, "our")):
+            found = records.results(g, name, M=n, **params)
+            if found:
+                out[i] = (found[0]["value"]["median"] * 1e9 / fpt,
+                          f"every FLOP at {who} {n}³ product rate")
+    sec = {i: 1.0 / t for i, t in toks.items()}  # seconds per token
+
+    def less(i, saved_s, how):  # rung i-1's measured step less ``saved_s`` per step
+        if i - 1 in sec and saved_s == saved_s:
+            t = sec[i - 1] - saved_s / n_tok
+            if t > 0:
+                out[i] = (1.0 / t, how)
+
+    fj = {r["params"]["kind"]: r["value"]["median"] for r in records.results(rec, "fork_join")
+          if r["params"]["what"] in ("pool", "OpenMP")}
+    regions = s.get("regions_per_step")
+    if regions and {"pool", "openmp"} <= set(fj):
+        less(2, regions * (fj["openmp"] - fj["pool"]) * 1e-6,
+             f"{regions} regions × {f(fj['openmp'] - fj['pool'], 'µs')} saved")
+    facts = ch1.facts(rec_dir)
+    if facts:
+        c = get_config(cfg["name"]) if cfg["name"] in CONFIGS else None
+        if c is not None:
+            nbytes = 4 * Workspace.floats(c, s["batch_size"], s["seq_len"], True)
+            dram = ch1.level_of(facts, float("inf"), th)[1]
+            less(3, nbytes / (dram * 1e9), f"{f(nbytes / 2**20, 'MiB')} zeroed at {f(dram, 'GB/s')}")
+    prof3 = _profile(rec, 3)
+    L, T, C = cfg["n_layer"], s["seq_len"], cfg["d_model"]
+    att_flops = 12 * L * T * T * C * s["batch_size"]
+    if prof3.get("attention"):
+        rate = att_flops / prof3["attention"]
+        less(4, att_flops / 2 / rate, f"half of attention's {f(att_flops / 1e9, 'GFLOP')} at "
+             f"{f(rate / 1e9, 'GFLOP/s')}")
+    calls = s.get("op_calls", {}).get(str(F32_TOP), {})
+    fused = {r["params"]["op"]: {} for r in records.results(rec, "fused_op")}
+    for r in records.results(rec, "fused_op"):
+        fused[r["params"]["op"]][r["params"]["fused"]] = r["seconds"]["median"]
+    if calls and fused:
+        saved = sum(calls.get(FUSED_OPS[op], 0) * (t[False] - t[True])
+                    for op, t in fused.items() if op in FUSED_OPS and {False, True} <= set(t))
+        less(5, saved, f"{sum(calls.get(FUSED_OPS[op], 0) for op in fused)} fused calls, "
+             f"{f(1e3 * saved, 'ms')} saved")
+    peaks = {k: _peak(rec_dir, k, th) for k in ("f32", "bf16")}
+    prof5 = _profile(rec, F32_TOP)
+    if prof5 and peaks["f32"] and peaks["bf16"] and F32_TOP in sec:
+        mm = prof5.get("matrix products (+ bias)", 0.0)
+        ratio = peaks["bf16"] / peaks["f32"]
+        less(6, mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()),
+             f"products at the bf16/f32 peak ratio, {f(ratio)}×")
+    if 6 in toks:
+        c = get_config("xl-modern") if "xl-modern" in CONFIGS else None
+        rung7 = records.results(rec, "rung_step", rung=7)
+        if rung7:
+            c = get_config(rung7[0]["params"].get("config", "xl-modern"))
+        if c is not None:
+            equiv = newton_schulz_flops(c) / c.flops_per_token()
+            out[7] = (toks[6] * n_tok / (n_tok + equiv),
+                      f"Newton–Schulz = {f(equiv)} tokens' training per step")
+    return out
+
+
 def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     s = rec["settings"]
     fpt, th = s["flops_per_token"], s["threads"]
@@ -115,10 +212,11 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     toks = {i: r["value"]["median"] for i, r in rungs.items()}
     if "numpy" in step_toks:
         toks[0] = step_toks["numpy"]
+    pred = predicted(rec, rec_dir, toks)
     rows, before = [], None
     for i, what, kw in RUNGS:
         if i not in toks:
-            rows.append([str(i), what, "not measured", "—", "—", "—"])
+            rows.append([str(i), what, "not measured", "—", "—", "—", "—", "—"])
             continue
         if before is None:
             against = "—"
@@ -130,18 +228,25 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         fpt_i = rungs[i]["params"].get("flops_per_token", fpt) if i in rungs else fpt
         switches = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "backend")
         rows.append([str(i), f"{what} (`{kw['backend']}`{', ' + switches if switches else ''})",
-                     f(toks[i], "tokens/s"), against, _pct(mfu(toks[i], fpt_i, peaks["f32"])),
+                     f(toks[i], "tokens/s"), against,
+                     f"{f(pred[i][0], 'tokens/s')} ({pred[i][1]})" if i in pred else
+                     "not predicted (a measurement it needs is not in the records)",
+                     f"{100 * toks[i] / pred[i][0]:.0f} %" if i in pred else "—",
+                     _pct(mfu(toks[i], fpt_i, peaks["f32"])),
                      _pct(mfu(toks[i], fpt_i, peaks[kind])) + f" of {kind}"])
+        values[f"ch3.rung{i}_of_predicted"] = (f"{100 * toks[i] / pred[i][0]:.0f} %"
+                                               if i in pred else "n/a")
         before = i
     ref = reference
     rows.append(["ref.", f"the reference series, xl GPT-2 step ({ref.CITE}, {ref.MACHINE})",
                  f"{ref.CH3_XL_STEP_BEFORE_TOKS} → {f(ref.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
-                 "—", f"{100 * ref.CH3_XL_MFU_CPU:.0f}%", "—"])
+                 "—", "—", "—", f"{100 * ref.CH3_XL_MFU_CPU:.0f}%", "—"])
     rows.append(["ref.", "the reference series, modern bf16 step with Muon",
                  f"{f(ref.CH3_MODERN_BEFORE_TOKS)} → {f(ref.CH3_MODERN_AFTER_TOKS)} tokens/s",
-                 "—", "—", "—"])
+                 "—", "—", "—", "—", "—"])
     figures.write_table(
         "ch3_rungs", rows, ["rung", "switched on", "training speed", "against the rung before",
+                            "predicted (from what)", "of predicted",
                             "MFU (f32 peak)", "MFU (its precision's peak)"],
         f"The {s['config']['name']} step, batch {s['batch_size']} x {s['seq_len']}, "
         f"{th} threads. Rungs 1 and up: one trainer each, timed in turn, "
@@ -354,19 +459,6 @@ def _fork_join_table(rec, values):
         values[f"ch3.barrier_{kind}"] = f(r["value"]["median"], "us")
 
 
-def _level_bandwidth(facts, nbytes: int, threads: int):
-    """The cache level a working set of ``nbytes`` fits in on ``threads`` cores, and chapter
-    1's triad bandwidth there."""
-    caches = facts["record"]["machine"]["caches"]
-    plateau = facts["triad_plateaus"].get(threads) or facts["triad_plateaus"][max(
-        facts["triad_plateaus"])]
-    for level, size in (("L2", (caches.get("L2_bytes") or 0) * threads),
-                        ("L3", caches.get("L3_bytes") or 0)):
-        if nbytes <= size and plateau.get(level) == plateau.get(level):
-            return level, plateau[level]
-    return "DRAM", plateau.get("DRAM")
-
-
 def _fused_table(rec, rec_dir, values):
     found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
     if not found:
@@ -376,7 +468,7 @@ def _fused_table(rec, rec_dir, values):
     rows = []
     for op in FUSED:
         un, fu = found[(op, False)], found[(op, True)]
-        level, bw = (_level_bandwidth(facts, fu["params"]["bytes"], th) if facts else
+        level, bw = (ch1.level_of(facts, fu["params"]["bytes"], th) if facts else
                      ("?", None))
         predicted = fu["params"]["bytes"] / (bw * 1e9) if bw else float("nan")
         rows.append([op, f(1e3 * un["seconds"]["median"], "ms"),

@@ -17,7 +17,7 @@ from ... import checks, data, decode, gguf_export, machine_info, pool
 from ...build import ROOT
 from ...model import GPT, Config, get_config
 from ...timing import Timing, quick_mode
-from .. import records
+from .. import ch1, records
 from . import llama, torch_peer
 
 RECORD = "ch4.decode"
@@ -67,15 +67,23 @@ def _prefill_case(dec, prompt):
     return (dec.reset, lambda: dec.prefill(prompt))
 
 
+LLAMA_REPS = 3  # llama-bench repetitions per round, of which the last is kept: steady state
+
+
 def _llama_cases(tools, path: Path, threads, feed_n, prompt_n, key, cases):
-    """llama-bench's tg (after PROMPT's length of cache, as ours) and pp, one run a round."""
+    """llama-bench's tg (after PROMPT's length of cache, as ours) and pp, one sample a round.
+    Each round runs LLAMA_REPS repetitions in one llama-bench process and keeps the last: the
+    first repetition after llama-bench's own warm-up is often slow, and our side's samples are
+    all taken after an untimed call, so steady state is compared with steady state."""
     samples = {"tg": [], "pp": []}
 
     def tg():
-        samples["tg"] += llama.bench(tools, path, threads, gen=feed_n, depth=len(PROMPT))
+        samples["tg"].append(llama.bench(tools, path, threads, gen=feed_n, depth=len(PROMPT),
+                                         reps=LLAMA_REPS)[-1])
 
     def pp():
-        samples["pp"] += llama.bench(tools, path, threads, prompt=prompt_n)
+        samples["pp"].append(llama.bench(tools, path, threads, prompt=prompt_n,
+                                         reps=LLAMA_REPS)[-1])
 
     cases[(key, "tg")] = (lambda: None, tg)
     if prompt_n:
@@ -134,7 +142,7 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
         if isinstance(k, int) or k == "f32-threads":
             dec = decs[k]
             params["weight_bytes"] = dec.weight_bytes if hasattr(dec, "weight_bytes") else \
-                4 * _matrix_params(cfg)
+                4 * matrix_params(cfg)
             params["threads"] = int(getattr(dec, "threads", threads))
             if hasattr(dec, "par_min_bytes"):
                 params["par_min_bytes"] = dec.par_min_bytes
@@ -144,25 +152,31 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
     rec.data["settings"]["ladder"] = {"config": cfg.to_dict(), "prompt": len(PROMPT),
                                       "decode_tokens": len(feed), "prefill_tokens": len(long),
                                       "rounds": rounds, "rung0_tokens": len(feed[:8]),
+                                      "llama_reps": LLAMA_REPS,
                                       "rungs": [[i, decode.rung_label(i)] for i, _, _ in decode.RUNGS],
                                       "int8_instruction": decode.int8_instruction()}
 
 
-def _matrix_params(cfg) -> int:
+def matrix_params(cfg) -> int:
     """Weights of the products one token runs through (the blocks' matrices and the head)."""
     C = cfg.d_model
     return cfg.n_layer * (4 * C * C + C * cfg.mlp_in + cfg.mlp_hidden * C) + cfg.vocab * C
 
 
-def study_sizes(caches: dict, threads: int, memory: int, quick: bool) -> list[int]:
+def study_sizes(caches: dict, threads: int, memory: int, quick: bool,
+                ends: dict | None = None) -> list[int]:
     """Widths d of the L3 study's models: int8 weights from half the cores' L2 to eight
     times the L3, each size a target in bytes, widths in steps of 64; bounded so that the
     biggest model's f32 copies (the model, its gradient buffer, the f32 tiles) take at most
-    a quarter of the memory."""
+    a quarter of the memory. The L2 and L3 are where chapter 1's measured plateaus end at
+    ``threads`` (``ends``: level -> the largest working set inside it) where known, else the
+    sizes the system reports."""
     if quick:
         return [64, 128]
     l2 = caches.get("L2_bytes", 0) * min(threads, caches.get("L2_instances", 1) or 1)
     l3 = caches.get("L3_bytes", 0)
+    ends = {lv: b for lv, b in (ends or {}).items() if b == b and b > 0}
+    l2, l3 = ends.get("L2", l2), ends.get("L3", l3)
     targets = [x for x in (l2 / 2, 2 * l2, l3 / 2, l3, 2 * l3, STUDY_TOP / 2 * l3, STUDY_TOP * l3)
                if x > 0]
     max_params = memory / 4 / 13  # ~13 bytes a parameter across the copies above
@@ -175,9 +189,20 @@ def study_sizes(caches: dict, threads: int, memory: int, quick: bool) -> list[in
     return widths
 
 
+def plateau_ends(threads: int) -> dict:
+    """Where chapter 1's measured plateaus end at ``threads`` (level -> bytes), from its record
+    in the records folder; {} without one."""
+    facts = ch1.facts()
+    if facts is None:
+        return {}
+    ext = facts["triad_spans"]
+    return {lv: span["last"] for lv, span in ext[threads if threads in ext else max(ext)].items()}
+
+
 def measure_study(rec, threads, quick, tools, tmp: Path):
     fp = machine_info.fingerprint()
-    widths = study_sizes(fp["caches"], threads, machine_info.memory_bytes(), quick)
+    widths = study_sizes(fp["caches"], threads, machine_info.memory_bytes(), quick,
+                         plateau_ends(threads))
     feed = FEED[:4] if quick else FEED[:32]
     rounds = 2 if quick else ROUNDS
     for d in widths:

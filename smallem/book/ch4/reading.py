@@ -8,7 +8,8 @@ import numpy as np
 
 from ... import build, decode, quant
 from .. import ch1, compare, figures, records, reference
-from .measuring import PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS, STUDY_TOP
+from ...model import CONFIGS, get_config
+from .measuring import PROMPTS, RECORD, matrix_params, RECORD_QUALITY, SAMPLE, STUDY_LAYERS, STUDY_TOP
 
 f = figures.fmt
 L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
@@ -32,15 +33,29 @@ def _verdict(ours, theirs, target: float) -> str:
 
 
 def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
-    """(the level that holds ``weight_bytes`` of weights, chapter 1's triad bandwidth there
-    in bytes/s at ``threads``), the level the smallest that holds them all."""
+    """(the level of chapter 1's measured staircase that holds ``weight_bytes`` of weights at
+    ``threads``, its triad bandwidth there in bytes/s): :func:`ch1.level_of`."""
     if facts is None:
         return "n/a", math.nan
-    stairs = facts["triad_plateaus"]
-    th = threads if threads in stairs else max(stairs)
-    sizes = ch1.level_sizes(facts["record"]["machine"]["caches"], th)
-    level = next((lv for lv in ("L2", "L3") if sizes[lv] and weight_bytes <= sizes[lv]), "DRAM")
-    return level, stairs[th][level] * 1e9
+    level, gbs = ch1.level_of(facts, weight_bytes, threads)
+    return level, gbs * 1e9
+
+
+def _prompt_bound(facts, p, rung: int, weights: int):
+    """(tokens/s, what) the compute bound allows a prompt record ``p``: two operations per
+    weight per token at chapter 1's peak on its threads, f32 for the GEMM prompt, int8 for
+    rung 5's; None without the records it needs. Rung 0 has no prompt of its own."""
+    if facts is None or p is None or rung == 0:
+        return None
+    kind = "int8" if rung >= 5 else "f32"
+    # rungs 1-4 send the prompt through the f32 GEMM, on every core whatever the decoder's
+    # threads; rung 5 through the decoder's own call, on its threads
+    th = p["params"].get("threads", facts["cores"]) if kind == "int8" else facts["cores"]
+    peaks = {t: v for (k, t), v in facts["peak"].items() if k == kind}
+    if not peaks:
+        return None
+    peak = peaks.get(th, peaks[max(peaks)])
+    return peak * 1e9 / (2 * weights), f"{kind} peak on {th} thread{'s' if th > 1 else ''}"
 
 
 def _one(rec, name, **params):
@@ -57,6 +72,7 @@ def _ladder(rec, facts, values):
     cfg = s["config"]["name"]
     rung3 = dict(s["rungs"]).get(3, "")
     values["ch4.int8_instruction"] = s.get("int8_instruction") or rung3.partition(", ")[2] or "n/a"
+    weights = matrix_params(get_config(cfg)) if cfg in CONFIGS else 0
     rows, prev = [], None
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
@@ -67,11 +83,26 @@ def _ladder(rec, facts, values):
         th = r["params"].get("threads", rec["settings"]["threads"])
         level, bw = bandwidth_bound(facts, wb, th) if wb else ("n/a", math.nan)
         share = r["value"]["median"] * wb / bw if wb else math.nan
+        pp = _prompt_bound(facts, p, i, weights)
+        if i == 0 and facts is not None and weights:
+            # no cache: each token runs its whole prefix through the products again
+            prefix = s["prompt"] + s["rung0_tokens"] / 2
+            peak = facts["peak"][("f32", facts["cores"])]
+            bw, level, wb = peak * 1e9 / (2 * weights * prefix), "compute", 2 * weights * prefix
+            share = r["value"]["median"] / bw
+            values["ch4.rung0_prefix"] = f(prefix)
         rows.append([str(i), what, f(r["value"]["median"], "tokens/s"),
                      compare.versus(r, prev) if prev else "—",
                      compare.size(wb / 1024) if wb else "—",
-                     f"{100 * share:.0f} % ({level})" if share == share else "—",
-                     f(p["value"]["median"], "tokens/s") if p else "—"])
+                     f"{f(bw, 'tokens/s')}: {100 * share:.0f} % of it (the prefix at the "
+                     f"f32 peak)" if i == 0 and share == share else
+                     f"{f(bw / wb, 'tokens/s')}: {100 * share:.0f} % of it ({level})"
+                     if share == share else "—",
+                     f(p["value"]["median"], "tokens/s") if p else "—",
+                     f"{f(pp[0], 'tokens/s')} ({pp[1]}): {100 * p['value']['median'] / pp[0]:.0f} %"
+                     if pp else "—"])
+        if pp and i == 5:  # the int8 prompt, which the page discusses
+            values[f"ch4.rung{i}_prompt_of_bound"] = f"{100 * p['value']['median'] / pp[0]:.0f} %"
         prev = r
         values[f"ch4.rung{i}_toks"] = f(r["value"]["median"], "tokens/s")
     r32 = _one(rec, "decode", case="f32-threads")
@@ -79,21 +110,21 @@ def _ladder(rec, facts, values):
         rows.append(["", "f32 with rung 4's threads (for comparison)",
                      f(r32["value"]["median"], "tokens/s"), "—",
                      compare.size(r32["params"]["weight_bytes"] / 1024), "—",
-                     f(_one(rec, "prefill", case="f32-threads")["value"]["median"], "tokens/s")])
+                     f(_one(rec, "prefill", case="f32-threads")["value"]["median"], "tokens/s"), "—"])
     for dtype, label in (("q8_0", "llama.cpp, Q8_0"), ("f32", "llama.cpp, f32")):
         tg, pp = _one(rec, "llama_tg", dtype=dtype), _one(rec, "llama_pp", dtype=dtype)
         if tg:
             rows.append(["peer", f"{label} (same file, same threads, same rounds)",
                          f(tg["value"]["median"], "tokens/s"), "—", "—", "—",
-                         f(pp["value"]["median"], "tokens/s") if pp else "—"])
+                         f(pp["value"]["median"], "tokens/s") if pp else "—", "—"])
     for kind, label in (("torch-f32", "PyTorch eager, f32, KV cache"),
                         ("torch-int8", "PyTorch eager, dynamic int8 (quantize_dynamic)")):
         t = _one(rec, "decode", case=kind)
         if t:
-            rows.append(["peer", label, f(t["value"]["median"], "tokens/s"), "—", "—", "—", "—"])
+            rows.append(["peer", label, f(t["value"]["median"], "tokens/s"), "—", "—", "—", "—", "—"])
     rows.append(["ref.", f"the reference series, one sequence ({reference.CITE}, "
                  f"{reference.MACHINE})", f"{reference.CH4_GEN_BEFORE_TOKS} → "
-                 f"{f(reference.CH4_GEN_AFTER_TOKS)} tokens/s", "—", "—", "—", "—"])
+                 f"{f(reference.CH4_GEN_AFTER_TOKS)} tokens/s", "—", "—", "—", "—", "—"])
     missing = rec["settings"].get("missing") or {}
     note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
             f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
@@ -103,8 +134,10 @@ def _ladder(rec, facts, values):
             + "".join(f" {k}: not measured ({v})." for k, v in missing.items()))
     figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
                                              "rung before", "weights per token",
-                                             "of the bandwidth bound", "prompt"], note)
+                                             "decode predicted: weights ÷ bandwidth",
+                                             "prompt", "prompt predicted: compute bound"], note)
     values["ch4.ladder_config"] = cfg
+    values["ch4.llama_reps"] = str(s.get("llama_reps", "one (a record made before steady state)"))
     c = s["config"]
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
     r4 = _one(rec, "decode", rung=4)
@@ -122,16 +155,23 @@ def _ladder(rec, facts, values):
         values["ch4.climb"] = f"{f(_ratio(top, r0))} times"
 
 
-def _targets(rec, values):
+def _targets(rec, values, rec_dir=None):
     top = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
     ours = _one(rec, "decode", rung=top)
     q8 = _one(rec, "llama_tg", dtype="q8_0")
     out = []
+    facts = ch1.facts(rec_dir)
+    level = (bandwidth_bound(facts, ours["params"]["weight_bytes"], ours["params"]["threads"])[0]
+             if ours and "weight_bytes" in ours["params"] else "n/a")
+    values["ch4.ladder_level"] = level
     if ours and q8:
         x = _ratio(ours, q8)
-        values["ch4.vs_llama_l3"] = f"{f(x)} times"
-        out.append(f"int8 decode, weights in the L3, against llama.cpp's Q8_0: "
-                   + _verdict(ours, q8, L3_VS_LLAMA))
+        values["ch4.vs_llama_ladder"] = f"{f(x)} times"
+        if level == "L3":  # else the study's model inside the measured L3 plateau decides it
+            values["ch4.vs_llama_l3"] = f"{f(x)} times"
+            values["ch4.l3_params"] = f"the ladder's {values['ch4.ladder_config']}"
+            out.append(f"int8 decode, weights in the L3 (the ladder's model), against "
+                       f"llama.cpp's Q8_0: " + _verdict(ours, q8, L3_VS_LLAMA))
     pp, lpp = _one(rec, "prefill", rung=top), _one(rec, "llama_pp", dtype="q8_0")
     if pp and lpp:
         x = _ratio(pp, lpp)
@@ -168,13 +208,16 @@ def _study(rec, facts, values):
     if lla:
         ax.plot(params, [lla[d]["value"]["median"] if d in lla else np.nan for d in widths], "s--",
                 color="tab:green", label="llama.cpp Q8_0, all cores")
-    caches = rec["machine"]["caches"]
     th = rec["settings"]["threads"]
-    sizes = ch1.level_sizes(caches, th) if caches else {}
+    # where the measured plateaus end (chapter 1's staircase at these threads), in bytes
+    ext = facts["triad_spans"] if facts else {}
+    ends = ({lv: span["last"] for lv, span in ext[th if th in ext else max(ext)].items()
+             if span["last"] == span["last"]} if ext else {})
     ax.set_xscale("log")
     ax.set_yscale("log")
-    marks = [(sizes.get(lv, 0) / 1.0625, f" int8 = {lv}", "grey") for lv in ("L2", "L3")]
-    marks.append((sizes.get("L3", 0) / 4, " f32 = L3", "tab:red"))
+    marks = [(ends.get(lv, 0) / 1.0625, f" int8 = end of the {lv} plateau", "grey")
+             for lv in ("L2", "L3")]
+    marks.append((ends.get("L3", 0) / 4, " f32 = end of the L3 plateau", "tab:red"))
     for size, text, color in marks:  # where the weights fill a level (parameters)
         if size:
             ax.axvline(size / 1e6, color=color, lw=0.8, ls="--")
@@ -185,9 +228,27 @@ def _study(rec, facts, values):
     ax.legend(fontsize=7)
     ax.set_title("Decode speed against model size")
     figures.save(fig, "ch4_l3")
-    l3 = sizes.get("L3") or 0
-    mid = [d for d in widths if by[d, "int8"]["params"]["weight_bytes"] <= l3
-           < by[d, "f32"]["params"]["weight_bytes"]]
+    def level(r):
+        return bandwidth_bound(facts, r["params"]["weight_bytes"], r["params"]["threads"])[0]
+
+    # the models whose int8 weights sit in the measured L3 plateau; of those, where f32 no longer does
+    in_l3 = [d for d in widths if level(by[d, "int8"]) == "L3"]
+    mid = [d for d in in_l3 if level(by[d, "f32"]) == "DRAM"]
+    out = []
+    if "ch4.vs_llama_l3" not in values or values["ch4.vs_llama_l3"] == NOT_MEASURED:
+        values["ch4.l3_params"] = "no model of the study"
+        if in_l3:
+            m8 = by[in_l3[-1], "int8"]
+            values["ch4.l3_params"] = f(m8["params"]["params"] / 1e6, "M parameters")
+            if in_l3[-1] in lla:
+                values["ch4.vs_llama_l3"] = f"{f(_ratio(m8, lla[in_l3[-1]]))} times"
+                out.append(f"int8 decode, weights in the L3 (the study's "
+                           f"{values['ch4.l3_params']}), against llama.cpp's Q8_0: "
+                           + _verdict(m8, lla[in_l3[-1]], L3_VS_LLAMA))
+        else:
+            out.append("int8 decode, weights in the L3, against llama.cpp's Q8_0: not measured "
+                       "(no model of the study has its int8 weights inside the measured L3 "
+                       "plateau)")
     if mid:
         m8, m32 = by[mid[-1], "int8"], by[mid[-1], "f32"]
         values["ch4.mid_params"] = f(m8["params"]["params"] / 1e6, "M parameters")
@@ -198,8 +259,8 @@ def _study(rec, facts, values):
     big = widths[-1]
     b8, b32 = by[big, "int8"], by[big, "f32"]
     x = _ratio(b8, b32)
-    out = [f"int8 against our f32 on the largest model ({f(b8['params']['params'] / 1e6, 'M')} "
-           f"parameters): " + _verdict(b8, b32, INT8_VS_F32)]
+    out.append(f"int8 against our f32 on the largest model ({f(b8['params']['params'] / 1e6, 'M')} "
+               f"parameters): " + _verdict(b8, b32, INT8_VS_F32))
     values["ch4.big_params"] = f(b8["params"]["params"] / 1e6, "M parameters")
     values["ch4.big_int8_mib"] = compare.size(b8["params"]["weight_bytes"] / 1024)
     values["ch4.big_int8_vs_f32"] = f"{f(x)} times"
@@ -233,6 +294,17 @@ def _study(rec, facts, values):
         values["ch4.regions"] = str(5 * L + 1)
         values["ch4.fork_join_us"] = f(1e6 * fj["value"]["median"], "µs")
         values["ch4.sync_share"] = f"{100 * per * s2['value']['median']:.0f} %"
+        # all cores: one core's fixed cost per token (its measured time less its bytes at
+        # their level's bandwidth: Python, the call, the sampling), plus the regions'
+        # fork-joins, plus the bytes at the bandwidth of all cores
+        wb = s2["params"]["weight_bytes"]
+        _, bw = bandwidth_bound(facts, wb, s2["params"]["threads"])
+        _, bw1 = bandwidth_bound(facts, s1["params"]["weight_bytes"], 1)
+        fixed = 1.0 / s1["value"]["median"] - s1["params"]["weight_bytes"] / bw1
+        pred = 1.0 / (fixed + per + wb / bw) if bw == bw and bw1 == bw1 else math.nan
+        values["ch4.small_fixed_us"] = f(1e6 * fixed, "µs")
+        values["ch4.small_predicted"] = f(pred, "tokens/s")
+        values["ch4.small_of_predicted"] = f"{100 * s2['value']['median'] / pred:.0f} %"
     return out
 
 
@@ -309,7 +381,12 @@ def report(rec_dir) -> dict:
                    "ch4.study_layers": str(STUDY_LAYERS), "ch4.study_top": str(STUDY_TOP),
                    "ch4.prompts": str(len(PROMPTS)),
                    "ch4.sample_settings": f"temperature {SAMPLE['temperature']:g}, seed {SAMPLE['seed']}"})
-    for key in ("ch4.vs_llama_l3", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
+    values["ch4.ladder_level"] = values["ch4.l3_params"] = "not measured"
+    values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = "not measured"
+    values["ch4.small_fixed_us"] = "not measured"
+    values["ch4.rung0_prefix"] = values["ch4.rung5_prompt_of_bound"] = "n/a"
+    values["ch4.llama_reps"] = "n/a"
+    for key in ("ch4.vs_llama_l3", "ch4.vs_llama_ladder", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured
     values["ch4.rungs"] = str(len(decode.RUNGS))
     values["ch4.int8_instruction"] = "not measured"  # the record's rung 3 says, below
@@ -318,7 +395,7 @@ def report(rec_dir) -> dict:
     if records.exists(RECORD, rec_dir):
         rec = records.load(RECORD, rec_dir)
         _ladder(rec, facts, values)
-        targets += _targets(rec, values)
+        targets += _targets(rec, values, rec_dir)
         targets += _study(rec, facts, values)
     if records.exists(RECORD_QUALITY, rec_dir):
         targets += _quality(records.load(RECORD_QUALITY, rec_dir), values)

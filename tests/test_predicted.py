@@ -1,0 +1,65 @@
+"""Every rung of chapters 2 to 4 has the figure the hardware predicts beside its measured one:
+the tables of the book's records, and chapter 2's on every captured machine, carry a predicted
+figure on each rung row, and the predictions keep the order the models imply."""
+
+from __future__ import annotations
+
+import pytest
+
+from smallem.book import ch1, figures, records
+from smallem.book.ch2 import reading as ch2r
+from smallem.book.ch3 import reading as ch3r
+from smallem.book.ch4 import reading as ch4r
+from smallem.gemm import LADDER
+
+import captured
+
+BOOK = records.records_dir()
+
+
+def _dirs():
+    out = [("book", BOOK)]
+    out += [(n, captured.MACHINES / n / "records") for n in captured.NAMES]
+    return [(n, d) for n, d in out if records.exists("ch2.gemm", d) and ch1.facts(d)]
+
+
+@pytest.mark.parametrize("name,folder", _dirs(), ids=[n for n, _ in _dirs()])
+def test_every_gemm_rung_has_a_prediction(name, folder):
+    rec = records.load("ch2.gemm", folder)
+    pred = ch2r.predicted(rec, ch1.facts(folder))
+    assert sorted(pred) == [r.index for r in LADDER]
+    # one core's rungs never beat one core's peak; all cores' rung is the most allowed
+    one = ch1.facts(folder)["peak"][("f32", 1)]
+    assert all(pred[i][0] <= one * 1.0001 for i in range(5)), pred
+    assert pred[5][0] == max(g for g, _ in pred.values())
+    assert pred[0][0] < pred[1][0] <= pred[3][0]
+
+
+def test_every_climb_rung_has_a_prediction(tmp_path, monkeypatch):
+    """The book's chapter-3 record: each measured rung's row carries its prediction."""
+    if not records.exists(ch3r.RECORD_STEP, BOOK):
+        pytest.skip("no chapter-3 record in the book")
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path))
+    rec = records.load(ch3r.RECORD_STEP, BOOK)
+    toks = {r["params"]["rung"]: r["value"]["median"] for r in records.results(rec, "rung_step")}
+    toks.update({0: r["value"]["median"] for r in records.results(rec, "step", backend="numpy")})
+    pred = ch3r.predicted(rec, BOOK, toks)
+    assert set(toks) <= set(pred), f"rungs without a prediction: {sorted(set(toks) - set(pred))}"
+    assert all(g > 0 for g, _ in pred.values())
+
+
+def test_every_decode_rung_has_its_bounds(tmp_path, monkeypatch):
+    """The book's chapter-4 ladder: every rung row has a decode bound and (from rung 1) a
+    prompt bound."""
+    if not records.exists(ch4r.RECORD, BOOK):
+        pytest.skip("no chapter-4 record in the book")
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path))
+    ch4r.report(BOOK)
+    table = (tmp_path / "tables" / "ch4_ladder.md").read_text().splitlines()
+    rows = [line.split("|")[1:-1] for line in table if line.startswith("| ") and
+            line.split("|")[1].strip().isdigit()]
+    assert len(rows) == len(ch4r.decode.RUNGS)
+    for cells in rows:
+        assert "tokens/s" in cells[5], cells
+        if int(cells[0]) > 0:
+            assert "tokens/s" in cells[7], cells
