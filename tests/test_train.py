@@ -377,3 +377,23 @@ def test_muon_accumulate_is_the_break_even_batch_and_a_half():
     n = A * 2 * 512  # at equal speed, Muon's share of the step is equiv / (n + equiv)
     assert equiv / (n + equiv) < 0.15 * 0.75 and equiv / (n - 1024 + equiv) > 0.15 * 0.5
     assert muon_accumulate(cfg, 200, 512, 0.15) == 1
+
+
+def test_the_pytorch_step_runs_in_a_process_of_its_own():
+    """Chapter 3's PyTorch peer: a child process that takes one step per call, exits on close,
+    and fails with one clear error (not a hang) when it cannot start."""
+    pytest.importorskip("torch")
+    import os
+
+    from smallem.book.ch3 import torch_child
+
+    step = torch_child.Step("s", 1, 32, 1, False)
+    try:
+        assert step.proc.pid != os.getpid()
+        step()
+        step()
+    finally:
+        step.close()
+    assert step.proc.returncode == 0
+    with pytest.raises(RuntimeError, match="did not start"):
+        torch_child.Step("no-such-config", 1, 32, 1, False)

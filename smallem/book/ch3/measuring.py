@@ -19,6 +19,7 @@ from ...model import GPT, FlashOps, FusedOps, KernelOps, _Attn, get_config
 from ...timing import Timing, measure, measure_interleaved, quick_mode
 from ...train import Trainer, _estimate_steps, newton_schulz_flops, train
 from .. import records
+from . import torch_child
 
 RECORD_STEP = "ch3.train_step"
 RECORD_RUN = "ch3.train_run"
@@ -180,15 +181,22 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
     trainers = {i: rung_trainer(i, cfg, corpus=corpus, batch_size=B, steps=100, threads=threads)
                 for i, _, kw in RUNGS if kw["backend"] != "numpy"}
     fns = {i: t.train_step for i, t in trainers.items()}
-    for peer in PEERS:  # PyTorch in the same rounds, where it is installed
+    children = {}
+    for peer in PEERS:  # PyTorch in the same rounds, in a process of its own, where installed
         try:
-            fns[peer] = _torch_step(cfg, B, cfg.context, threads, corpus, peer == "torch-bf16")
+            children[peer] = fns[peer] = torch_child.Step(cfg.name, B, cfg.context, threads,
+                                                          peer == "torch-bf16")
         except ImportError as e:
             rec.data["settings"].setdefault("missing", {})[peer] = str(e)
-    with threadpool_limits(threads):
-        # no pause between samples: a pause costs an untimed call each, and the few
-        # milliseconds PyTorch's threads spin after a step are lost in a step of a second
-        ts = measure_interleaved(fns, repeats=2 if quick else ROUNDS, warmup=1)
+    rec.data["settings"]["torch_process"] = "its own (smallem.book.ch3.torch_child)"
+    try:
+        with threadpool_limits(threads):
+            # no pause between samples: a pause costs an untimed call each, and the few
+            # milliseconds PyTorch's threads spin after a step are lost in a step of a second
+            ts = measure_interleaved(fns, repeats=2 if quick else ROUNDS, warmup=1)
+    finally:
+        for child in children.values():
+            child.close()
     for peer in PEERS:
         if peer in ts:
             t = ts.pop(peer)
