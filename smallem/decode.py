@@ -185,7 +185,8 @@ class Decoder:
     biases stay f32); ``threads`` for every product and the attention (None: every core);
     ``pool`` runs them on chapter 3's pool; ``prefill`` "c" sends the prompt through the
     same call in blocks of rows, "gemm" through the model's own batched forward (f32,
-    chapter 2's GEMM). The weights are copied into the decoder's layout when it is made:
+    chapter 2's GEMM), "auto" through whichever of the two ran faster here, timed when the
+    decoder is made on a short and a long prompt (:attr:`prefill_choice`). The weights are copied into the decoder's layout when it is made:
     changing the model afterwards does not change the decoder.
     """
 
@@ -193,8 +194,8 @@ class Decoder:
                  prefill: str = "c", par_min_bytes: int | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-        if prefill not in ("c", "gemm"):
-            raise ValueError(f"prefill: expected 'c' or 'gemm', got {prefill!r}")
+        if prefill not in ("c", "gemm", "auto"):
+            raise ValueError(f"prefill: expected 'c', 'gemm' or 'auto', got {prefill!r}")
         self.model, self.config = model, model.config
         c = self.config
         self.dtype, self.prefill_mode = dtype, prefill
@@ -252,6 +253,42 @@ class Decoder:
         self._tok = np.zeros(1, np.int32)
         self._tok_p = ffi.cast("int *", self._tok.ctypes.data)
         self.pos = 0
+        self.prefill_choice = {}  # prompt length measured -> the faster path there ("auto")
+        if prefill == "auto":
+            self._choose_prefill()
+
+    def _choose_prefill(self):
+        """Time both prompt paths from position 0 on a short prompt (a few of the C path's
+        row blocks) and a long one (half the context), each warmed once and then timed
+        twice (the faster kept): the int8 call streams its weights once per block of rows,
+        the f32 GEMM gets faster as the prompt widens its products, so which wins depends on
+        the machine and the length. A prompt takes the path measured faster at the nearer
+        of the two lengths (on a log scale)."""
+        c = self.config
+        short = min(c.context, 4 * int(self.lib.sm_rows()))
+        lengths = sorted({short, max(short, c.context // 2)})
+        tokens = np.arange(max(lengths), dtype=np.int64) % c.vocab
+        for n in lengths:
+            took = {}
+            for mode in ("c", "gemm"):
+                self.prefill_mode = mode
+                best = math.inf
+                for i in range(3):
+                    self.reset()
+                    t0 = time.perf_counter()
+                    self.prefill(tokens[:n])
+                    if i:
+                        best = min(best, time.perf_counter() - t0)
+                took[mode] = best
+            self.prefill_choice[n] = min(took, key=took.get)
+        self.prefill_mode = "auto"
+        self.reset()
+
+    def _prefill_path(self, n: int) -> str:
+        if self.prefill_mode != "auto":
+            return self.prefill_mode
+        near = min(self.prefill_choice, key=lambda m: abs(math.log(m) - math.log(max(n, 1))))
+        return self.prefill_choice[near]
 
     # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
     # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
@@ -298,7 +335,7 @@ class Decoder:
 
     def prefill(self, tokens) -> np.ndarray:
         t = _check_tokens(tokens, self.config.vocab, self.pos, self.config.context)
-        if self.prefill_mode == "gemm" and self.pos == 0:
+        if self.pos == 0 and self._prefill_path(t.size) == "gemm":
             logits = self.model.forward(t[None, :])
             for i, layer in enumerate(self.model.ws.layers):
                 H, hd = self.config.n_head, self.config.head_dim
@@ -378,7 +415,8 @@ RUNGS = (
     (2, "one C call per token, f32 tiles", lambda m, t: Decoder(m, "f32", 1, prefill="gemm")),
     (3, "int8 weights", lambda m, t: Decoder(m, "int8", 1, prefill="gemm")),
     (4, "threads on the pool", lambda m, t: Decoder(m, "int8", t, prefill="gemm")),
-    (5, "prompt in int8 through the same call", lambda m, t: Decoder(m, "int8", t, prefill="c")),
+    (5, "prompt path chosen by measurement: int8 call or f32 GEMM",
+     lambda m, t: Decoder(m, "int8", t, prefill="auto")),
 )
 
 
@@ -449,7 +487,7 @@ class Generator:
 
     def __init__(self, model: GPT, *, dtype: str = "int8", threads=None, pool: bool = True):
         self.model, self.config = model, model.config
-        self.decoder = Decoder(model, dtype, threads, pool)
+        self.decoder = Decoder(model, dtype, threads, pool, prefill="auto")
 
     @classmethod
     def from_checkpoint(cls, folder, **kw) -> "Generator":

@@ -341,3 +341,26 @@ def test_threshold_for_threads():
     toks = list(range(30))
     assert_close(serial.all_logits(toks), decode.Decoder(m, "int8", 2, par_min_bytes=0)
                  .all_logits(toks), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_the_measured_prompt_path_gives_the_same_logits(block):
+    """prefill="auto": the decoder times both prompt paths at two lengths when it is made,
+    keeps a choice for each, and whichever path a prompt takes, its logits and the cache it
+    leaves are those of the int8 call's path (the same decode follows)."""
+    m = _model(block, context=4 * 4 * 32)  # half the context is past the short prompt
+    auto = decode.Decoder(m, "int8", 2, prefill="auto")
+    assert set(auto.prefill_choice.values()) <= {"c", "gemm"}
+    assert len(auto.prefill_choice) == 2 and auto.pos == 0
+    ref = decode.Decoder(m, "int8", 2, prefill="c")
+    rng = np.random.default_rng(3)
+    for n in sorted(auto.prefill_choice):
+        toks = rng.integers(0, m.config.vocab, n)
+        auto.reset(), ref.reset()
+        a, r = auto.prefill(toks).copy(), ref.prefill(toks).copy()
+        # the GEMM path is f32 and the C path int8: agree to int8's error
+        assert_close(a, r, atol=0.05, rtol=0.05, name=f"prompt of {n} ({auto._prefill_path(n)})")
+        assert_close(auto.step(5).copy(), ref.step(5).copy(), atol=0.05, rtol=0.05,
+                     name="the step after it")
+    with pytest.raises(ValueError, match="'c', 'gemm' or 'auto'"):
+        decode.Decoder(m, "int8", 1, prefill="fast")

@@ -146,6 +146,9 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
             params["threads"] = int(getattr(dec, "threads", threads))
             if hasattr(dec, "par_min_bytes"):
                 params["par_min_bytes"] = dec.par_min_bytes
+            if getattr(dec, "prefill_choice", None):  # rung 5: what the decoder measured
+                params["prefill_path"] = dec._prefill_path(len(long))
+                params["prefill_choice"] = {str(k): v for k, v in dec.prefill_choice.items()}
         _add(rec, "decode" if test == "tg" else "prefill", t, n, config=cfg.name, **params)
     for dtype, samples in peers.items():
         _add_llama(rec, samples, dtype=dtype, config=cfg.name)

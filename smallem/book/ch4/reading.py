@@ -47,7 +47,8 @@ def _prompt_bound(facts, p, rung: int, weights: int):
     rung 5's; None without the records it needs. Rung 0 has no prompt of its own."""
     if facts is None or p is None or rung == 0:
         return None
-    kind = "int8" if rung >= 5 else "f32"
+    # rung 5 takes the path its decoder measured faster (older records: the int8 call)
+    kind = "int8" if rung >= 5 and p["params"].get("prefill_path", "c") == "c" else "f32"
     # rungs 1-4 send the prompt through the f32 GEMM, on every core whatever the decoder's
     # threads; rung 5 through the decoder's own call, on its threads
     th = p["params"].get("threads", facts["cores"]) if kind == "int8" else facts["cores"]
@@ -137,6 +138,13 @@ def _ladder(rec, facts, values):
                                              "decode predicted: weights ÷ bandwidth",
                                              "prompt", "prompt predicted: compute bound"], note)
     values["ch4.ladder_config"] = cfg
+    p5 = _one(rec, "prefill", rung=5)
+    path = {"c": "the int8 call", "gemm": "the f32 GEMM"}
+    values["ch4.rung5_prompt_path"] = (
+        f"{path[p5['params']['prefill_path']]} (measured faster at "
+        + ", ".join(f"{n} tokens: {path[v]}" for n, v in p5["params"]["prefill_choice"].items())
+        + ")" if p5 and "prefill_path" in p5["params"] else
+        "the int8 call (a record made before the choice was measured)")
     values["ch4.llama_reps"] = str(s.get("llama_reps", "one (a record made before steady state)"))
     c = s["config"]
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
@@ -385,7 +393,7 @@ def report(rec_dir) -> dict:
     values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = "not measured"
     values["ch4.small_fixed_us"] = "not measured"
     values["ch4.rung0_prefix"] = values["ch4.rung5_prompt_of_bound"] = "n/a"
-    values["ch4.llama_reps"] = "n/a"
+    values["ch4.llama_reps"] = values["ch4.rung5_prompt_path"] = "n/a"
     for key in ("ch4.vs_llama_l3", "ch4.vs_llama_ladder", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured
     values["ch4.rungs"] = str(len(decode.RUNGS))
