@@ -63,3 +63,23 @@ def test_every_decode_rung_has_its_bounds(tmp_path, monkeypatch):
         assert "tokens/s" in cells[5], cells
         if int(cells[0]) > 0:
             assert "tokens/s" in cells[7], cells
+
+
+def test_the_bf16_peak_is_the_amx_peak_where_the_amx_path_runs(tmp_path):
+    """On an AMX machine whose bf16 products take the AMX path, chapter 3's bf16 bound and
+    MFU use chapter 1's AMX peak (tdpbf16ps), not the vdpbf16ps probe's."""
+    import json
+
+    rec = json.loads((BOOK / "ch1.machine.json").read_text())
+    bf16 = [r for r in rec["results"] if r["name"] == "peak" and r["params"]["kind"] == "bf16"]
+    for r in bf16:
+        amx = json.loads(json.dumps(r))
+        amx["params"]["kind"] = "amx_bf16"
+        amx["value"]["median"] = 10 * r["value"]["median"]
+        rec["results"].append(amx)
+    (tmp_path / "ch1.machine.json").write_text(json.dumps(rec))
+    th = max(r["params"]["threads"] for r in bf16)
+    vdp = ch3r._peak(BOOK, "bf16", th)
+    assert ch3r._peaks({"settings": {"bf16_path": "amx"}}, tmp_path, th)["bf16"] == 10 * vdp
+    assert ch3r._peaks({"settings": {"bf16_path": "native"}}, tmp_path, th)["bf16"] == vdp
+    assert ch3r._peaks({"settings": {"bf16_path": "amx"}}, BOOK, th)["bf16"] == vdp  # none measured

@@ -33,6 +33,16 @@ def _peak(rec_dir, kind: str, threads: int):
     return peaks.get(threads, peaks[max(peaks)]) if peaks else None
 
 
+def _peaks(rec, rec_dir, threads: int) -> dict:
+    """Chapter 1's f32 peak and the bf16 peak of the path the step's bf16 products ran on:
+    the AMX tiles' (tdpbf16ps) where the bf16 path is AMX and chapter 1 measured it, else the
+    vdpbf16ps probe's; "bf16_kind" names which."""
+    amx = rec["settings"].get("bf16_path") == "amx" and _peak(rec_dir, "amx_bf16", threads)
+    kind = "amx_bf16" if amx else "bf16"
+    return {"f32": _peak(rec_dir, "f32", threads), "bf16": _peak(rec_dir, kind, threads),
+            "bf16_kind": "bf16 (AMX)" if amx else "bf16"}
+
+
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
 
@@ -186,13 +196,13 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
                     for op, t in fused.items() if op in FUSED_OPS and {False, True} <= set(t))
         less(5, saved, f"{sum(calls.get(FUSED_OPS[op], 0) for op in fused)} fused calls, "
              f"{f(1e3 * saved, 'ms')} saved")
-    peaks = {k: _peak(rec_dir, k, th) for k in ("f32", "bf16")}
+    peaks = _peaks(rec, rec_dir, th)
     prof5 = _profile(rec, F32_TOP)
     if prof5 and peaks["f32"] and peaks["bf16"] and F32_TOP in sec:
         mm = prof5.get("matrix products (+ bias)", 0.0)
         ratio = peaks["bf16"] / peaks["f32"]
         less(6, mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()),
-             f"products at the bf16/f32 peak ratio, {f(ratio)}×")
+             f"products at the {peaks['bf16_kind']}/f32 peak ratio, {f(ratio)}×")
     if 6 in toks:
         c = get_config("xl-modern") if "xl-modern" in CONFIGS else None
         rung7 = records.results(rec, "rung_step", rung=7)
@@ -208,7 +218,7 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
 def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     s = rec["settings"]
     fpt, th = s["flops_per_token"], s["threads"]
-    peaks = {k: _peak(rec_dir, k, th) for k in ("f32", "bf16")}
+    peaks = _peaks(rec, rec_dir, th)
     toks = {i: r["value"]["median"] for i, r in rungs.items()}
     if "numpy" in step_toks:
         toks[0] = step_toks["numpy"]
@@ -233,7 +243,8 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
                      "not predicted (a measurement it needs is not in the records)",
                      f"{100 * toks[i] / pred[i][0]:.0f} %" if i in pred else "—",
                      _pct(mfu(toks[i], fpt_i, peaks["f32"])),
-                     _pct(mfu(toks[i], fpt_i, peaks[kind])) + f" of {kind}"])
+                     _pct(mfu(toks[i], fpt_i, peaks[kind]))
+                     + f" of {peaks['bf16_kind'] if kind == 'bf16' else kind}"])
         values[f"ch3.rung{i}_of_predicted"] = (f"{100 * toks[i] / pred[i][0]:.0f} %"
                                                if i in pred else "n/a")
         before = i
@@ -252,7 +263,7 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         f"{th} threads. Rungs 1 and up: one trainer each, timed in turn, "
         f"{next(iter(rungs.values()))['seconds']['n'] if rungs else 0} rounds after a warm-up "
         f"step; each rung has every switch of the rungs above it. Peaks: chapter 1's f32 "
-        f"({f(peaks['f32'] or float('nan'), 'Gop/s')}) and bf16 "
+        f"({f(peaks['f32'] or float('nan'), 'Gop/s')}) and {peaks['bf16_kind']} "
         f"({f(peaks['bf16'] or float('nan'), 'Gop/s')}) probes on as many threads. "
         f"{figures.machine_line(rec)}.")
     _climb_figure(toks, s)
@@ -339,7 +350,7 @@ def _bounds(rec, rec_dir, step_toks, values):
     the f32 peak that PyTorch's measured f32 speed times the target would take."""
     s = rec["settings"]
     th = s["threads"]
-    peaks = {k: _peak(rec_dir, k, th) for k in ("f32", "bf16")}
+    peaks = _peaks(rec, rec_dir, th)
     prof = {}
     for r in records.results(rec, "op_seconds", rung=F32_TOP):
         group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
@@ -352,7 +363,7 @@ def _bounds(rec, rec_dir, step_toks, values):
         bound = total / (mm / ratio + total - mm)
         with_attention = total / ((mm + at) / ratio + total - mm - at)
         values["ch3.bf16_bound"] = (
-            f"chapter 1's bf16 peak is {f(ratio)}× its f32 peak here; with every product of "
+            f"chapter 1's {peaks['bf16_kind']} peak is {f(ratio)}× its f32 peak here; with every product of "
             f"rung 5's step at that ratio and the rest of it ({_pct(1 - mm / total)} of the "
             f"step) unchanged, the bf16 step would be {f(bound)}× the f32 step, and with the "
             f"attention ({_pct(at / total)}) at that ratio too, {f(with_attention)}×")
