@@ -31,6 +31,24 @@ def _affinity_count() -> int:
     return os.cpu_count() or 1
 
 
+def physical_cores(cpus=None, topology=Path("/sys/devices/system/cpu")) -> int:
+    """Physical cores among the CPUs this process may run on (``cpus``: their numbers): the
+    distinct (package, core) pairs of their topology. SMT siblings share a core's FMA pipes
+    and its L1 and L2, so peaks and per-core caches count cores, not logical CPUs. Where the
+    topology cannot be read, every logical CPU counts as a core."""
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None and hasattr(os, "sched_getaffinity")
+                  else cpus if cpus is not None else range(os.cpu_count() or 1))
+    seen = set()
+    for c in cpus:
+        d = Path(topology) / f"cpu{c}" / "topology"
+        try:
+            seen.add((d.joinpath("physical_package_id").read_text().strip(),
+                      d.joinpath("core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return len(seen) or len(cpus)
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_identity() -> dict:
     """:func:`smallem.isa.parse_cpuinfo` of this machine (empty fields where there is no
@@ -130,6 +148,7 @@ def fingerprint() -> dict:
         "arch": platform.machine(),
         "cores": usable_cores(),
         "logical_cpus": os.cpu_count(),
+        "physical_cores": min(usable_cores(), physical_cores()),
         "isa": isa.describe(),
         "caches": caches(),
         "memory_bytes": memory_bytes(),

@@ -407,3 +407,27 @@ def test_plateau_not_reached_is_nan_and_named():
     found = ch1.plateaus(records.results(data, "stream", threads=1), caches, 1)
     assert math.isnan(found["DRAM"]) and found["L3"] == 30
     assert ch1.staircase_close(found) == ["DRAM"]
+
+
+def test_smt_siblings_count_as_one_core(tmp_path):
+    """Peaks and private caches count physical cores: two logical CPUs of one core (SMT
+    siblings) are one core; a topology that cannot be read counts every CPU."""
+    from smallem import machine_info
+
+    for cpu, core in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        d = tmp_path / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text("0\n")
+        (d / "core_id").write_text(f"{core}\n")
+    assert machine_info.physical_cores([0, 1, 2, 3], tmp_path) == 2
+    assert machine_info.physical_cores([0, 2], tmp_path) == 2
+    assert machine_info.physical_cores([0, 1], tmp_path) == 1
+    assert machine_info.physical_cores([0, 7], tmp_path) == 2  # cpu7 unreadable: all count
+    # 4 threads on 2 SMT cores scale to 2x at most: not "another program"
+    peak = lambda v: {"value": {"median": v}}  # noqa: E731
+    peaks = {("f32", 1): peak(100.0), ("f32", 4): peak(190.0)}
+    assert ch1.poorly_scaled(peaks, 4, ("f32",), physical=2) == []
+    assert ch1.poorly_scaled(peaks, 4, ("f32",)) == ["f32"]
+    caches = {"L1d_bytes": 48 << 10, "L2_bytes": 2 << 20, "L3_bytes": 32 << 20,
+              "L1d_instances": 2, "L2_instances": 2, "L3_instances": 1}
+    assert ch1.level_sizes(caches, 4) == {"L1": 96 << 10, "L2": 4 << 20, "L3": 32 << 20}

@@ -40,21 +40,26 @@ CLOCK_AGREEMENT = 0.10  # the two clocks, and the clock the f32 probe implies, a
 SCALING_FLOOR = 0.75  # all cores below this share of cores x one core: somebody else was running
 
 
-def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS) -> list[str]:
-    """The probes whose all-core rate fell below SCALING_FLOOR x cores x their one-core rate.
+def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS, physical: int | None = None) -> list[str]:
+    """The probes whose all-thread rate fell below SCALING_FLOOR x physical cores x their
+    one-thread rate.
 
     Each probe keeps its data in registers, so its cores share nothing: a shortfall means
     another process (or a hypervisor's neighbour) took some of the cores during the run.
+    SMT siblings share one core's pipes, so ``cores`` threads on ``physical`` cores can
+    scale only to the physical count (default: every thread its own core).
     """
-    if cores == 1:
+    scale = min(cores, physical or cores)
+    if scale == 1:
         return []
     return [k for k in kinds if (k, 1) in peaks and (k, cores) in peaks
             and peaks[k, cores]["value"]["median"]
-            < SCALING_FLOOR * cores * peaks[k, 1]["value"]["median"]]
+            < SCALING_FLOOR * scale * peaks[k, 1]["value"]["median"]]
 
 
 def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
-                  pause: float = 2.0, kinds=PEAK_KINDS) -> tuple[dict, list[str]]:
+                  pause: float = 2.0, kinds=PEAK_KINDS,
+                  physical: int | None = None) -> tuple[dict, list[str]]:
     """Every probe on every thread count, remeasured while the cores do not scale.
 
     Returns ``{(kind, threads): measurement}`` and the warnings left after ``retries``.
@@ -64,7 +69,7 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
     peaks = {(kind, th): measure_one(kind, th)
              for th in thread_counts for kind in kinds}  # one thread first: see settle()
     for _ in range(retries):
-        busy = poorly_scaled(peaks, cores, kinds)
+        busy = poorly_scaled(peaks, cores, kinds, physical)
         if not busy:
             break
         settle(pause)
@@ -75,9 +80,9 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
     warnings = [
         f"{kind} peak: {cores} threads reached only "
         f"{peaks[kind, cores]['value']['median'] / peaks[kind, 1]['value']['median']:.2f}x "
-        f"one thread's rate (expected close to {cores}x): another process was probably using "
-        f"the cores; measure again on a quiet machine"
-        for kind in poorly_scaled(peaks, cores, kinds)]
+        f"one thread's rate (expected close to {min(cores, physical or cores)}x): another "
+        f"process was probably using the cores; measure again on a quiet machine"
+        for kind in poorly_scaled(peaks, cores, kinds, physical)]
     return peaks, warnings
 
 def stream_sizes(quick: bool, caches: dict | None = None, memory: int | None = None) -> list[int]:
@@ -111,9 +116,13 @@ DISTINCT = 1.15  # two neighbouring plateaus are distinct when one is this much 
 def level_sizes(caches: dict, threads: int) -> dict:
     """The bytes each cache level holds for ``threads`` threads (0 where unknown).
 
-    Private caches (L1, L2) add up across cores; the L3 counts once per instance.
+    Private caches (L1, L2) add up across the cores the threads run on, at most one per
+    instance (SMT siblings share their core's); the L3 counts once per instance.
     """
-    return {"L1": caches["L1d_bytes"] * threads, "L2": caches["L2_bytes"] * threads,
+    def private(level):
+        return caches[f"{level}_bytes"] * min(threads, caches.get(f"{level}_instances") or threads)
+
+    return {"L1": private("L1d"), "L2": private("L2"),
             "L3": caches["L3_bytes"] * min(threads, caches["L3_instances"])}
 
 
@@ -258,8 +267,10 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         return measure_peak(kind, th)
 
     kinds = PEAK_KINDS + amx_kinds(level)
+    physical = min(cores, machine_info.physical_cores())
+    rec.data["settings"]["physical_cores"] = physical
     peaks, warnings = measure_peaks(thread_counts, peak_with_progress, pause=0.2 if quick else 2.0,
-                                    kinds=kinds)
+                                    kinds=kinds, physical=physical)
     for (kind, th), r in peaks.items():
         rec.add("peak", "Gop/s", r["value"], seconds=r["seconds"], kind=kind, threads=th,
                 native=native(kind))
@@ -291,7 +302,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
 
     clock_hz = clock["median"]
     f32_core = records.value(rec.data, "peak", kind="f32", threads=1) * 1e9
-    rec.data["settings"]["theory"] = theoretical_peak(clock_hz, cores, level, f32_core)
+    # the pipes belong to physical cores: SMT siblings share them
+    rec.data["settings"]["theory"] = theoretical_peak(clock_hz, physical, level, f32_core)
     return rec
 
 
