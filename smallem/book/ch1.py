@@ -495,6 +495,9 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ch1.fma_source": th["source"],
         "ch1.flops_per_cycle": str(th["flops_per_cycle_per_core"]),
         "ch1.lanes": str(th["vector_bits"] // 32),
+        # what machine.theoretical_peak multiplies by: f32 lanes per pipe, the narrower of
+        # the vector and the pipe (a 512-bit FMA on 256-bit pipes takes two of them)
+        "ch1.lanes_per_pipe": str(min(th["vector_bits"], th["pipe_bits"]) // 32),
         "ch1.f32_theory_core": f(th["gops_per_core"], "Gop/s"),
         "ch1.f32_theory_all": f(th["gops_all"], "Gop/s"),
         "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
