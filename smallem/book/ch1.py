@@ -349,6 +349,8 @@ def ridges(sm: dict, threads: int | None = None) -> dict:
 
 
 def _listing(words: list[str]) -> str:
+    if not words:
+        return "none measured"
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
@@ -514,6 +516,10 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     # numpy's copy: one array into another, the two together the largest working set
     copy = records.results(rec, "numpy_copy")
     copy_bytes = copy[0]["params"].get("bytes", top) if copy else top
+    # a write-allocating triad moves 32 bytes for the 24 STREAM counts (the written line is
+    # read first); numpy's copy of a large array is glibc's memmove with non-temporal
+    # stores, which moves what it counts
+    moved = sm["triad_plateaus"][1]["DRAM"] * 32 / 24
     values = {
         "ch1.cpu": rec["machine"]["cpu"],
         "ch1.cores": str(cores),
@@ -553,11 +559,9 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),
         "ch1.numpy_copy_size": (f"{f(copy_bytes / GiB)} GiB" if copy_bytes >= GiB
                                 else f"{f(copy_bytes / MiB)} MiB"),
-        # a write-allocating triad moves 32 bytes for the 24 STREAM counts (the written
-        # line is read first); numpy's copy of a large array is glibc's memmove with
-        # non-temporal stores, which moves what it counts
-        "ch1.dram_core_moved": f(sm["triad_plateaus"][1]["DRAM"] * 32 / 24, "GB/s"),
-        "ch1.dram_moved_vs_numpy": f"{100 * sm['triad_plateaus'][1]['DRAM'] * 32 / 24 / sm['numpy_copy']:.0f} %",
+        "ch1.dram_core_moved": f(moved, "GB/s"),
+        "ch1.dram_moved_vs_numpy": (f"{100 * moved / sm['numpy_copy']:.0f} %" if moved == moved
+                                    else "n/a (no DRAM plateau)"),
         "ch1.staircase_close": ", ".join(staircase_close(sm["triad_plateaus"][cores])) or "none",
         "ch1.distinct": f"{100 * (DISTINCT - 1):.0f} %",
         "ch1.stream_top": f"{f(top / MiB)} MiB",
