@@ -515,8 +515,10 @@ class KernelAdamW:
 # mantissa where f32 has 24; the same exponent range) just before the product, and
 # chapter 2's bf16 GEMM sums them in f32 into an f32 output. The weights stay f32 (the
 # master copy AdamW updates: an update far smaller than a bf16 weight's last bit would
-# otherwise be lost), and so do the activations between the layers and every
-# element-wise layer; this is what PyTorch's bf16 autocast does on the CPU.
+# otherwise be lost), and so do the activations between the layers, every element-wise
+# layer and the attention in tiles. PyTorch's CPU autocast rounds its products the same way
+# but also runs scaled_dot_product_attention in bf16, and an op fed by a bf16 product
+# (GELU) in bf16 (bibliography.md: pytorch-autocast).
 
 # --8<-- [start:bf16_products]
 class KernelBf16Products:

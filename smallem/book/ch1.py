@@ -378,6 +378,39 @@ def level_of(facts: dict, nbytes: float, threads: int) -> tuple[str, float]:
     return "DRAM", ext[th]["DRAM"]["bw"]
 
 
+def ridges(sm: dict, threads: int | None = None) -> dict:
+    """The ridge point of each level, f32 peak over its triad bandwidth (op/byte), on
+    ``threads`` cores (default: all of them); a level whose plateau was not reached is
+    left out. ``sm`` is :func:`summary`'s (or :func:`facts`') dict."""
+    th = threads if threads in sm["triad_plateaus"] else sm["cores"]
+    peak = sm["peak"][("f32", th)] if ("f32", th) in sm["peak"] else sm["peak"][("f32", sm["cores"])]
+    return {lv: peak / bw for lv in LEVELS
+            if (bw := sm["triad_plateaus"][th].get(lv)) == bw and bw}
+
+
+def _listing(words: list[str]) -> str:
+    if not words:
+        return "none measured"
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def ridge_position(sm: dict, intensity: float, threads: int | None = None) -> str:
+    """Where ``intensity`` (op/byte) sits against each level's ridge, as words for a
+    sentence: "left of the DRAM, L3 and L2 ridges (7.76, 1.27 and 1.03 op/byte), right
+    of the L1's (0.45)"."""
+    r = ridges(sm, threads)
+    order = [lv for lv in reversed(LEVELS) if lv in r]  # DRAM first: the highest ridge
+    left = [lv for lv in order if intensity < r[lv]]
+    right = [lv for lv in order if intensity >= r[lv]]
+    parts = []
+    for side, lvs in (("left", left), ("right", right)):
+        if lvs:
+            nums = _listing([figures.fmt(r[lv]) for lv in lvs])
+            what = (f"the {_listing(lvs)} ridges" if len(lvs) > 1 else f"the {lvs[0]}'s ridge")
+            parts.append(f"{side} of {what} ({nums} op/byte)")
+    return ", ".join(parts) or "n/a (no plateau measured)"
+
+
 def staircase_distinct(plateau: dict, factor: float = DISTINCT) -> bool:
     """True if L1 > L2 > L3 > DRAM, each by at least ``factor``."""
     return not staircase_close(plateau, factor)
@@ -520,6 +553,13 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     n = sm["naive_n"]
     rows.append([f"Naive {n}³ product, one thread", f(sm["naive_gops"], "Gop/s"), "",
                  f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"), ""])
+    # numpy's copy: one array into another, the two together the largest working set
+    copy = records.results(rec, "numpy_copy")
+    copy_bytes = copy[0]["params"].get("bytes", top) if copy else top
+    # a write-allocating triad moves 32 bytes for the 24 STREAM counts (the written line is
+    # read first); numpy's copy of a large array is glibc's memmove with non-temporal
+    # stores, which moves what it counts
+    moved = sm["triad_plateaus"][1]["DRAM"] * 32 / 24
     values = {
         "ch1.cpu": rec["machine"]["cpu"],
         "ch1.cores": str(cores),
@@ -535,6 +575,9 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ch1.fma_source": th["source"],
         "ch1.flops_per_cycle": str(th["flops_per_cycle_per_core"]),
         "ch1.lanes": str(th["vector_bits"] // 32),
+        # what machine.theoretical_peak multiplies by: f32 lanes per pipe, the narrower of
+        # the vector and the pipe (a 512-bit FMA on 256-bit pipes takes two of them)
+        "ch1.lanes_per_pipe": str(min(th["vector_bits"], th["pipe_bits"]) // 32),
         "ch1.f32_theory_core": f(th["gops_per_core"], "Gop/s"),
         "ch1.f32_theory_all": f(th["gops_all"], "Gop/s"),
         "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
@@ -554,7 +597,11 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ch1.naive_l2_lines": str(column_lines_held(caches["L2_bytes"], caches.get("L2_ways", 0), 4 * n) or "?"),
         "ch1.l1_ways": str(caches.get("L1d_ways") or "?"),
         "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),
-        "ch1.dram_vs_numpy": f"{100 * sm['dram_triad_vs_numpy']:.0f} %",
+        "ch1.numpy_copy_size": (f"{f(copy_bytes / GiB)} GiB" if copy_bytes >= GiB
+                                else f"{f(copy_bytes / MiB)} MiB"),
+        "ch1.dram_core_moved": f(moved, "GB/s"),
+        "ch1.dram_moved_vs_numpy": (f"{100 * moved / sm['numpy_copy']:.0f} %" if moved == moved
+                                    else "n/a (no DRAM plateau)"),
         "ch1.staircase_close": ", ".join(staircase_close(sm["triad_plateaus"][cores])) or "none",
         "ch1.distinct": f"{100 * (DISTINCT - 1):.0f} %",
         "ch1.stream_top": f"{f(top / MiB)} MiB",
@@ -564,6 +611,7 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         "ref.ch2_naive": f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"),
         "ref.ch2_naive_below_peak": f(reference.CH1_F32_PEAK_GOPS / reference.CH2_GEMM_1024_NAIVE_GOPS),
         "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
+        "ch1.ridges": _listing([f"{lv} {f(x, 'op/byte')}" for lv, x in ridges(sm).items()]),
     }
     for kind, paths in narrow_paths(sm).items():
         values[f"ch1.{kind}_fastest"] = paths[-1][0]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ... import layers
 from ...model import CONFIGS, Workspace, get_config
 from ...train import LN2, newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
@@ -21,7 +24,10 @@ def target_values() -> dict:
     return {"ch3.target_f32_mfu_is": f"{100 * F32_MFU_TARGET:.0f} %",
             "ch3.target_f32_torch_is": f"{F32_TORCH_TARGET:g} times",
             "ch3.target_bf16_is": f"{BF16_TARGET:g} times",
-            "ch3.target_modern_is": f"{100 * MODERN_MARGIN:.0f} %"}
+            "ch3.target_modern_is": f"{100 * MODERN_MARGIN:.0f} %",
+            # bf16 keeps 8 significant bits: rounding to the nearest moves a value by at most
+            # half its last bit, 2^-8 of the power of two below it, so 2^-8 of the value
+            "ch3.bf16_rounding": f"{100 * 2.0 ** -8:.1f} %"}
 
 
 def _peak(rec_dir, kind: str, threads: int):
@@ -59,6 +65,12 @@ def _configs_table(values):
     xl = CONFIGS["xl"]
     values["ch3.xl_params"] = f(xl.n_params() / 1e6, "M")
     values["ch3.xl_flops_per_token"] = f(xl.flops_per_token() / 1e6, "MFLOP")
+    # the blocks' arithmetic: flops_per_token less the head's 6 V d; QK^T and PV are its
+    # 12 L d T, one part in (6d + T) / T
+    attn = 12 * xl.n_layer * xl.d_model * xl.context
+    blocks = xl.flops_per_token() - 6 * xl.vocab * xl.d_model
+    values["ch3.xl_attention_share"] = f"{100 * attn / blocks:.0f} %"
+    values["ch3.xl_attention_part"] = f"{blocks / attn:.0f}"
 
 
 def _step_table(rec, rec_dir, rungs, values):
@@ -115,6 +127,9 @@ def _step_table(rec, rec_dir, rungs, values):
     values["ch3.elementwise_sizes"] = f"{f(4 * N * C / 2**20, 'MiB')} to " \
                                       f"{f(4 * N * 4 * C / 2**20, 'MiB')}"
     values["ch3.spin_us"] = f(1e-3 * s.get("spin_ns", float("nan")), "µs")
+    scores = 4 * s["batch_size"] * cfg["n_head"] * s["seq_len"] ** 2  # B H T^2 floats, bytes
+    values["ch3.scores_block"] = f(scores / 2**20, "MiB")
+    values["ch3.scores_step"] = f(cfg["n_layer"] * scores / 2**20, "MiB")
     return toks
 
 
@@ -362,6 +377,13 @@ def _bounds(rec, rec_dir, step_toks, values):
         at = prof.get("attention", 0.0)
         bound = total / (mm / ratio + total - mm)
         with_attention = total / ((mm + at) / ratio + total - mm - at)
+        mm6 = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=6)
+                  if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
+        if mm6:  # the products' own gain from rung 5 to rung 6, in the two profiles
+            values["ch3.bf16_products_gain"] = f(mm / mm6) + "×"
+            values["ch3.bf16_products_vs_peak"] = (
+                "more than" if mm / mm6 > ratio * 1.01 else
+                "less than" if mm / mm6 < ratio / 1.01 else "about")
         values["ch3.bf16_bound"] = (
             f"chapter 1's {peaks['bf16_kind']} peak is {f(ratio)}× its f32 peak here; with every product of "
             f"rung 5's step at that ratio and the rest of it ({_pct(1 - mm / total)} of the "
@@ -373,6 +395,74 @@ def _bounds(rec, rec_dir, step_toks, values):
         values["ch3.torch_f32_needs"] = (
             f"PyTorch's f32 step runs at {_pct(need / F32_TORCH_TARGET)} of the f32 peak "
             f"here, so {F32_TORCH_TARGET:g} times it would be {_pct(need)} of the peak")
+
+
+def _arena_values(rec, rec_dir, rungs, values):
+    """What a step without the arena allocates and zeroes again: the workspace of the
+    benchmark's batch (with the T x T buffers, as rungs 1 to 3 have them), and the time
+    writing that many zeros takes at chapter 1's DRAM triad bandwidth, against rung 2's
+    step: an estimate of the work the arena saves, not a measurement of it."""
+    s = rec["settings"]
+    cfg = get_config(s["config"]["name"])
+    nbytes = 4 * Workspace.floats(cfg, s["batch_size"], s["seq_len"], True)
+    values["ch3.bench_workspace"] = f(nbytes / 2**20, "MiB")
+    facts = ch1.facts(rec_dir)
+    if facts is None or 2 not in rungs:
+        values["ch3.arena_zeroing"] = "n/a (no chapter-1 record of the DRAM bandwidth)"
+        return
+    plateaus = facts["triad_plateaus"]
+    bw = (plateaus.get(s["threads"]) or plateaus[max(plateaus)]).get("DRAM")
+    seconds = nbytes / (bw * 1e9)
+    values["ch3.arena_zeroing"] = (f"{f(1e3 * seconds, 'ms')}, {_pct(seconds / rungs[2]['seconds']['median'])} "
+                                   f"of rung 2's step")
+
+
+def _flash_values(rec, values):
+    """Where a tile of K^T, packed once per head with rows T floats apart, falls in the L1:
+    a line's set is (address / line) mod sets, so rows a power-of-two stride apart share a
+    few sets. The strip the score loop reads (two vectors of keys, down hd rows), the tile
+    as a whole (hd rows of tile floats), and the same tile packed on its own (rows tile
+    floats apart, as the backward packs it)."""
+    s, caches = rec["settings"], rec["machine"].get("caches") or {}
+    # 64-byte lines: every x86 core's, and the records keep no line size
+    l1, ways, line = caches.get("L1d_bytes"), caches.get("L1d_ways"), 64
+    cfg = s["config"]
+    T, hd = s["seq_len"], cfg["d_model"] // cfg["n_head"]
+    tile = s.get("flash_tile") or layers.flash_tile(hd, caches)
+    vec = {"avx512": 64, "avx2": 32}.get(rec["machine"]["isa"]["isa"], 16)  # bytes
+    values.update({"ch3.head_dim": str(hd), "ch3.flash_tile": str(tile),
+                   "ch3.kt_stride": f(4 * T / 1024, "KiB"),
+                   "ch3.kv_tiles": f(2 * 4 * hd * tile / 1024, "KiB"),
+                   "ch3.l1_line": f"{line}-byte"})
+    if not (l1 and ways):
+        for k in ("l1_size", "l1_ways", "l1_sets", "kt_strip_sets", "kt_strip_lines", "kt_strip_held",
+                  "kt_tile_sets", "kt_tile_lines", "kt_tile_held", "kt_packed_sets"):
+            values[f"ch3.{k}"] = "n/a (the L1's ways are not known here)"
+        return
+    sets = l1 // (ways * line)
+
+    def sets_touched(stride_bytes, width_lines):  # rows of width_lines lines, stride apart
+        starts = sets // math.gcd(sets, max(1, stride_bytes // line))
+        return min(sets, starts * width_lines)
+
+    strip, row = max(1, 2 * vec // line), max(1, 4 * tile // line)
+    tile_sets = sets_touched(4 * T, row)
+    values.update({"ch3.l1_size": f(l1 / 1024, "KiB"), "ch3.l1_ways": str(ways),
+                   "ch3.l1_sets": str(sets),
+                   "ch3.kt_strip_sets": str(sets_touched(4 * T, strip)),
+                   "ch3.kt_strip_lines": str(hd * strip),
+                   "ch3.kt_strip_held": str(min(hd * strip, sets_touched(4 * T, strip) * ways)),
+                   "ch3.kt_tile_sets": str(tile_sets), "ch3.kt_tile_lines": str(hd * row),
+                   "ch3.kt_tile_held": str(min(hd * row, tile_sets * ways)),
+                   "ch3.kt_packed_sets": str(sets_touched(4 * tile, row))})
+
+
+def _ridge_values(rec, rec_dir, values):
+    """A LayerNorm's intensity, about 8 operations for the 8 bytes a float costs it (read
+    and written once), against chapter 1's ridges."""
+    facts = ch1.facts(rec_dir)
+    values["ch3.layernorm_ridges"] = (ch1.ridge_position(facts, 8 / 8, rec["settings"]["threads"])
+                                      if facts else "n/a (no chapter-1 record)")
 
 
 def _climb_figure(toks, s):
@@ -468,12 +558,42 @@ def _fork_join_table(rec, values):
             values[f"ch3.fj_{key}"] = f(r["value"]["median"], "us")
     for kind, r in bars.items():
         values[f"ch3.barrier_{kind}"] = f(r["value"]["median"], "us")
+    by = {keys.get((r["params"]["what"], r["params"]["kind"])): r for r in found}
+    if "pool" in by and "forever" in by:
+        pool, forever = by["pool"]["value"], by["forever"]["value"]
+        values["ch3.fj_pool_min"] = f(pool["min"], "us")
+        values["ch3.fj_forever_vs_pool"] = _faster(pool["median"], forever["median"])
+        values["ch3.fj_pool_min_vs_forever"] = _faster(forever["median"], pool["min"])
 
 
-def _fused_table(rec, rec_dir, values):
+def _faster(base: float, x: float, close: float = 1.1) -> str:
+    """Time ``x`` against time ``base`` as words before "the ...": "2.2 times faster than",
+    "as fast as" (within ``close`` of each other), "1.5 times slower than"."""
+    if x * close < base:
+        return f"{f(base / x)} times faster than"
+    if x > base * close:
+        return f"{f(x / base)} times slower than"
+    return "about as fast as"
+
+
+def _fused_table(rec, rec_dir, rungs, values):
     found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
     if not found:
         return
+    if 4 in rungs:
+        # what the fused kernels alone would save rung 4's step: each is called once per
+        # block (GPT._block_forward: three of them, _block_backward: the GELU backward), at
+        # the step's shapes, so n_layer times its saving per call
+        per_call = sum(found[(op, False)]["seconds"]["median"] - found[(op, True)]["seconds"]["median"]
+                       for op in FUSED)
+        step = rungs[4]["seconds"]["median"]
+        predicted = per_call * rec["settings"]["config"]["n_layer"] / step
+        values["ch3.fused_predicted"] = _pct(predicted)
+        if 5 in rungs:  # the gain against the prediction, as a word for the sentence
+            gain = rungs[5]["value"]["median"] / rungs[4]["value"]["median"] - 1
+            values["ch3.fused_vs_gain"] = (
+                "far less than" if predicted < gain / 2 else
+                "far more than" if predicted > 2 * gain else "close to")
     facts = ch1.facts(rec_dir)
     th = rec["settings"]["threads"]
     rows = []
@@ -619,7 +739,10 @@ def report(rec_dir) -> dict:
         _rungs_table(rec, rec_dir, rungs, toks, values)
         _ops_table(rec, values)
         _bounds(rec, rec_dir, toks, values)
-        _fused_table(rec, rec_dir, values)
+        _fused_table(rec, rec_dir, rungs, values)
+        _arena_values(rec, rec_dir, rungs, values)
+        _flash_values(rec, values)
+        _ridge_values(rec, rec_dir, values)
         _fork_join_table(rec, values)
         _roofline(rec, rec_dir, values)
         _long_attention_values(rec, values)

@@ -202,6 +202,12 @@ def plateau_ends(threads: int) -> dict:
     return {lv: span["last"] for lv, span in ext[threads if threads in ext else max(ext)].items()}
 
 
+def study_config(d: int) -> Config:
+    """The L3 study's model of width ``d``: heads of 64 features, a context of 128."""
+    return Config(f"study-{d}", d_model=d, n_layer=STUDY_LAYERS, n_head=max(1, d // 64),
+                  context=128)
+
+
 def measure_study(rec, threads, quick, tools, tmp: Path):
     fp = machine_info.fingerprint()
     widths = study_sizes(fp["caches"], threads, machine_info.memory_bytes(), quick,
@@ -209,8 +215,7 @@ def measure_study(rec, threads, quick, tools, tmp: Path):
     feed = FEED[:4] if quick else FEED[:32]
     rounds = 2 if quick else ROUNDS
     for d in widths:
-        cfg = Config(f"study-{d}", d_model=d, n_layer=STUDY_LAYERS, n_head=max(1, d // 64),
-                     context=128)
+        cfg = study_config(d)
         model = GPT(cfg, "kernels", seed=0)
         cases = {"int8": decode.Decoder(model, "int8", threads),
                  "f32": decode.Decoder(model, "f32", threads),

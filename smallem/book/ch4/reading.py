@@ -9,7 +9,8 @@ import numpy as np
 from ... import build, decode, quant
 from .. import ch1, compare, figures, records, reference
 from ...model import CONFIGS, get_config
-from .measuring import PROMPTS, RECORD, matrix_params, RECORD_QUALITY, SAMPLE, STUDY_LAYERS, STUDY_TOP
+from .measuring import (PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS, STUDY_TOP,
+                        matrix_params, study_config)
 
 f = figures.fmt
 L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
@@ -146,6 +147,9 @@ def _ladder(rec, facts, values):
         + ")" if p5 and "prefill_path" in p5["params"] else
         "the int8 call (a record made before the choice was measured)")
     values["ch4.llama_reps"] = str(s.get("llama_reps", "one (a record made before steady state)"))
+    # a product y = x W reads each f32 weight (4 bytes) for one multiply-add (2 operations)
+    values["ch4.f32_ridges"] = (ch1.ridge_position(facts, 2 / 4, rec["settings"]["threads"])
+                                if facts else "n/a (no chapter-1 record)")
     c = s["config"]
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
     r4 = _one(rec, "decode", rung=4)
@@ -158,9 +162,44 @@ def _ladder(rec, facts, values):
         values["ch4.weights_int8"] = compare.size(w8["params"]["weight_bytes"] / 1024)
     values["ch4.prompt_tokens"] = str(s["prefill_tokens"])
     values["ch4.decode_tokens"] = str(s["decode_tokens"])
+    r3, r4 = _one(rec, "decode", rung=3), _one(rec, "decode", rung=4)
+    if r3 and r4:
+        _threads_rounds(r4, r3, values)
     r0, top = _one(rec, "decode", rung=0), _one(rec, "decode", rung=max(i for i, _ in s["rungs"]))
     if r0 and top:
         values["ch4.climb"] = f"{f(_ratio(top, r0))} times"
+
+
+def _groups(rates: list[float], gap: float = 1.5) -> list[list[float]]:
+    """The rounds' rates split where two neighbours (sorted) differ by more than ``gap``
+    times: one group for a unimodal set, two or more where the rounds fall apart."""
+    out = []
+    for x in sorted(rates):
+        if out and x <= out[-1][-1] * gap:
+            out[-1].append(x)
+        else:
+            out.append([x])
+    return out
+
+
+def _threads_rounds(r4, r3, values):
+    """Rung 4 (threads) round by round against rung 3 (one thread), timed in the same
+    rounds: in how many it was slower, and whether its rounds form one group or several."""
+    a, b = compare.per_round_rates(r4), compare.per_round_rates(r3)
+    if not a or len(a) != len(b):
+        values["ch4.rung4_slower_rounds"] = "n/a (no rounds kept)"
+        values["ch4.rung4_groups"] = "its rounds are not kept in this record"
+        return
+    slower = sum(x < y for x, y in zip(a, b))
+    values["ch4.rung4_slower_rounds"] = f"{slower} of {len(a)}"
+    groups = _groups(a)
+    if len(groups) == 1:
+        values["ch4.rung4_groups"] = (f"they form one group, from {f(min(a), 'tokens/s')} "
+                                      f"to {f(max(a), 'tokens/s')}")
+    else:
+        parts = [f"{len(g)} near {f(float(np.median(g)), 'tokens/s')}" for g in reversed(groups)]
+        values["ch4.rung4_groups"] = ("they fall into separate groups, " + ", ".join(parts[:-1])
+                                      + " and " + parts[-1])
 
 
 def _targets(rec, values, rec_dir=None):
@@ -295,6 +334,8 @@ def _study(rec, facts, values):
     values["ch4.small_params"] = f(s1["params"]["params"] / 1e6, "M parameters")
     values["ch4.small_one_core"] = f(s1["value"]["median"], "tokens/s")
     values["ch4.small_all_cores"] = f(s2["value"]["median"], "tokens/s")
+    values["ch4.small_all_vs_one"] = compare.versus(s2, s1)
+    values["ch4.small_threaded"], teamed = _small_threaded(rec, small, s2)
     fj = _one(rec, "fork_join", kind="pool")
     if fj:
         L = rec["settings"]["study"]["layers"]
@@ -309,11 +350,36 @@ def _study(rec, facts, values):
         _, bw = bandwidth_bound(facts, wb, s2["params"]["threads"])
         _, bw1 = bandwidth_bound(facts, s1["params"]["weight_bytes"], 1)
         fixed = 1.0 / s1["value"]["median"] - s1["params"]["weight_bytes"] / bw1
+        # fork-joins and all cores' bandwidth only where regions go to the team (none: the
+        # one-core decoder's work, at one core's bandwidth)
+        if not teamed:
+            per, bw = 0.0, bw1
         pred = 1.0 / (fixed + per + wb / bw) if bw == bw and bw1 == bw1 else math.nan
         values["ch4.small_fixed_us"] = f(1e6 * fixed, "µs")
         values["ch4.small_predicted"] = f(pred, "tokens/s")
         values["ch4.small_of_predicted"] = f"{100 * s2['value']['median'] / pred:.0f} %"
     return out
+
+
+def _small_threaded(rec, d: int, r) -> tuple[str, bool]:
+    """(words, whether any region goes to the team): whether any parallel region of a decoded token of the study's model of width ``d``
+    reaches the decoder's threshold (decode.c's team(): products by their weight bytes,
+    int8 here; the attention by 8 bytes per cached position and feature), as words."""
+    par_min = r["params"].get("par_min_bytes")
+    if par_min is None:
+        return "not known (the record keeps no threshold)", True
+    cfg = study_config(d)
+    hidden, vocab = cfg.mlp_hidden, cfg.vocab
+    products = max(d * 3 * d, d * d, d * hidden, hidden * d, d * vocab)  # int8: a byte each
+    positions = len(PROMPT) + rec["settings"]["study"].get("decode_tokens", 0)
+    biggest = max(products, 8 * positions * d)
+    if biggest < par_min:
+        return (f"no region of a token reaches the threshold (the largest reads "
+                f"{compare.size(biggest / 1024)}, the threshold is {compare.size(par_min / 1024)}): "
+                f"every product and attention runs on one thread, the same work as the one-core "
+                f"decoder's"), False
+    return (f"its largest region reads {compare.size(biggest / 1024)}, above the threshold of "
+            f"{compare.size(par_min / 1024)}, so some of its regions go to the team"), True
 
 
 def _quality(rec, values):
