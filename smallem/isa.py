@@ -199,11 +199,18 @@ def extensions(level: str, flags: frozenset[str] | None = None) -> tuple[str, ..
     """Optional extensions of ``level`` that this CPU (or ``flags``) has; for this CPU, less
     those ``$SMALLEM_WITHOUT`` names (``avx_vnni``: the AVX2 level's vpmaddubsw path, tested
     on a CPU that would take vpdpbusd)."""
-    if flags is None and emulating(level):
+    if flags is None:  # every kernel call asks: one answer per level and environment
+        return _own_extensions(level, os.environ.get(WITHOUT_ENV, ""),
+                               os.environ.get(EMULATE_ENV, ""))
+    return tuple(e for e in OPTIONAL.get(level, ()) if e in flags)
+
+
+@functools.lru_cache(maxsize=None)
+def _own_extensions(level: str, without_env: str, emulate_env: str) -> tuple[str, ...]:
+    if emulating(level):
         return OPTIONAL[level]  # SIMDe and emulate.h have them all
-    without = set(os.environ.get(WITHOUT_ENV, "").replace(",", " ").split()) if flags is None else set()
-    flags = cpu_flags() if flags is None else flags
-    return tuple(e for e in OPTIONAL.get(level, ()) if e in flags and e not in without)
+    without = set(without_env.replace(",", " ").split())
+    return tuple(e for e in OPTIONAL.get(level, ()) if e in cpu_flags() and e not in without)
 
 
 def compile_flags(level: str, exts: tuple[str, ...]) -> list[str]:
