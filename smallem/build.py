@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from . import isa
+from .toolchain import BuildError, compiler  # noqa: F401 (build's names too)
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS_DIR = Path(os.environ.get("SMALLEM_KERNELS", ROOT / "kernels_c"))
@@ -42,28 +43,12 @@ BASE_FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wall", "-Wno-unused-function",
               "-fno-tree-loop-distribute-patterns"]
 
 
-class BuildError(RuntimeError):
-    """A kernel could not be compiled or loaded; the message quotes the compiler."""
-
-
 def cache_dir() -> Path:
     base = os.environ.get("SMALLEM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "smallem")
     path = Path(base)
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def compiler() -> str:
-    """The C compiler: $CC, else cc, gcc or clang, whichever exists first."""
-    for name in filter(None, [os.environ.get("CC"), "cc", "gcc", "clang"]):
-        path = shutil.which(name.split()[0])
-        if path:
-            return path
-    raise BuildError(
-        "no C compiler found (looked for $CC, cc, gcc, clang). smallem builds its kernels "
-        "on first use: install one (Debian/Ubuntu: apt install gcc; macOS: xcode-select "
-        "--install) or point CC at it.")
 
 
 @functools.lru_cache(maxsize=None)

@@ -132,44 +132,6 @@ def assert_close(actual, expected, *, rtol=None, atol=None, k: int = 1, name: st
             f"expected {e[worst]!r}, error {err[worst]:.3e}")
 
 
-# ---------------------------------------------------------------- the command line
-def count(minimum: int = 1):
-    """An argparse type: an int >= ``minimum``; anything else is the option's error."""
-    import argparse
-
-    def parse(text):
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if n < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {n}")
-        return n
-    parse.__name__ = "count"
-    return parse
-
-
-def number(low: float, high: float = float("inf"), low_open: bool = False):
-    """An argparse type: a finite float in [low, high] ((low, high] if ``low_open``)."""
-    import argparse
-    import math
-
-    def parse(text):
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(x) or x < low or x > high or (low_open and x == low):
-            if math.isinf(high):
-                want = f"a number {'>' if low_open else '>='} {low:g}"
-            else:
-                want = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
-            raise argparse.ArgumentTypeError(f"expected {want}, got {text}")
-        return x
-    parse.__name__ = "number"
-    return parse
-
-
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c not in (0x09, 0x0A)}
 
 

@@ -8,7 +8,7 @@
     smallem figures                    regenerate figures and tables from records
     smallem machine | gemm | ...       one chapter's measurement (see `smallem --help`)
 
-The library's commands are here; each chapter's commands come from its book module, through
+The library's commands are in :mod:`smallem.commands`; each chapter's commands come from its book module, through
 the one list of chapters in :mod:`smallem.book`. This file only dispatches.
 """
 
@@ -16,70 +16,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
-from . import decode, gguf_export, train
-
-
-def cmd_build(args) -> int:
-    from . import build, isa
-
-    levels = list(isa.LEVELS) if args.isa == "all" else [args.isa or isa.selected()]
-    for level in levels:
-        exts = isa.OPTIONAL.get(level, ()) if not isa.supported(level) else isa.extensions(level)
-        for name in build.kernel_names():
-            path = build.compile_module(name, level, tuple(exts))
-            runnable = "" if isa.supported(level) else "  (compiled only: this CPU cannot run it)"
-            print(f"{level:8s} {name:12s} {path.name}{runnable}")
-    return 0
-
-
-def add_build_arguments(p):
-    p.add_argument("--isa", help="avx512, avx2, generic or all (default: this CPU's level)")
-
-
-def cmd_figures(args) -> int:
-    from . import book
-    from .book import figures
-
-    values = book.report_all()
-    print(f"wrote figures and tables to {figures.figures_dir()} ({len(values)} values)")
-    return 0
-
-
-def cmd_measure(args) -> int:
-    """Each chapter's measurement in its own process, in book order: a chapter's threads
-    and libraries (OpenMP, OpenBLAS, PyTorch) start fresh, as when run by hand."""
-    from . import book
-
-    names = book.measure_commands()
-    if args.list:
-        print(" ".join(names))
-        return 0
-    for name in names:
-        print(f"== smallem {name}", flush=True)
-        rc = subprocess.call([sys.executable, "-m", "smallem", name])
-        if rc:
-            return rc
-    return 0
-
-
-def add_measure_arguments(p):
-    p.add_argument("--list", action="store_true", help="print the commands, run nothing")
+from .commands import book as book_cmds, build, export, generate, train
 
 
 # name -> (function, add_arguments, help): the library's commands; the book adds its own
 COMMANDS = {
-    "build": (cmd_build, add_build_arguments, "compile the C kernels into the cache"),
+    "build": (build.cmd_build, build.add_build_arguments, "compile the C kernels into the cache"),
     "train": (train.cmd_train, train.add_train_arguments, "chapter 3: train a GPT on the CPU"),
-    "generate": (decode.cmd_generate, decode.add_generate_arguments,
+    "generate": (generate.cmd_generate, generate.add_generate_arguments,
                  "chapter 4: generate text from a checkpoint, streaming the bytes"),
-    "export": (gguf_export.cmd_export, gguf_export.add_export_arguments,
+    "export": (export.cmd_export, export.add_export_arguments,
                "chapter 4: write a model as GGUF (llama.cpp's format), f32 or Q8_0"),
-    "measure": (cmd_measure, add_measure_arguments,
+    "measure": (book_cmds.cmd_measure, book_cmds.add_measure_arguments,
                 "run every chapter's measurement, in book order (what `make book` does)"),
-    "figures": (cmd_figures, None, "regenerate figures and tables from records"),
+    "figures": (book_cmds.cmd_figures, None, "regenerate figures and tables from records"),
 }
 
 

@@ -20,6 +20,8 @@ buffer is kept per Python thread and reused.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import functools
 import math
 import os
@@ -193,9 +195,24 @@ def _feeds(level: str, cores: int) -> dict:
 _lock = threading.Lock()
 
 
-def _load(level: str | None = None, on_pool: bool = False):
-    """(ffi, lib, MR, NR, rung 5's blocks, rungs 2-4's blocks, the package's order) for
-    ``level`` (default: the selected ISA); each set of blocks is a tuple (mc, kc, nc).
+class Kernels(NamedTuple):
+    """The GEMM module loaded for one level, and what was decided for it once: the
+    micro-kernel's shape, the blocks of the rows order (rung 5's) and of the columns order
+    (rungs 2-4's), each (mc, kc, nc), the package's loop order and the config tuple every
+    plain call passes (the order's index, then its blocks)."""
+    ffi: object
+    lib: object
+    mr: int
+    nr: int
+    blocks_rows: tuple
+    blocks_columns: tuple
+    order: str
+    config: tuple
+
+
+def kernels(level: str | None = None, on_pool: bool = False) -> Kernels:
+    """:class:`Kernels` for ``level`` (default: the selected ISA), on the pool's build of the
+    module where ``on_pool``.
 
     Loaded once per process and level: build.load checks the sources' timestamps
     on every call (half a millisecond), which a 64^3 product cannot afford.
@@ -217,7 +234,7 @@ def _load(level: str | None = None, on_pool: bool = False):
             if order not in ORDERS:
                 raise ValueError(f"${ORDER_ENV}={order!r}: expected one of {ORDERS}")
             config = (ORDERS.index(order), *sets[0 if order == "rows" else 1])
-            found = _loaded[(level, on_pool)] = (ffi, lib, mr[0], nr[0], *sets, order, config)
+            found = _loaded[(level, on_pool)] = Kernels(ffi, lib, mr[0], nr[0], *sets, order, config)
     return found
 
 
@@ -226,13 +243,14 @@ _loaded: dict = {}
 
 def kernel_shape(level: str | None = None) -> tuple[int, int]:
     """(MR, NR) as compiled into the kernel for ``level``."""
-    return _load(level)[2:4]
+    k = kernels(level)
+    return k.mr, k.nr
 
 
 def default_order(level: str | None = None) -> str:
     """The order of :func:`matmul`'s tiles here: ``$SMALLEM_GEMM_ORDER``, else
     :func:`loop_order`'s choice."""
-    return _load(level)[6]
+    return kernels(level).order
 
 
 def order_blocks(order: str, level: str | None = None) -> dict:
@@ -240,7 +258,8 @@ def order_blocks(order: str, level: str | None = None) -> dict:
     "columns" B's (rungs 2 to 4's)."""
     if order not in ORDERS:
         raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
-    return dict(zip(("mc", "kc", "nc"), _load(level)[4 if order == "rows" else 5]))
+    return dict(zip(("mc", "kc", "nc"), (kernels(level).blocks_rows if order == "rows"
+                                           else kernels(level).blocks_columns)))
 
 
 def default_blocks(level: str | None = None) -> dict:
@@ -255,7 +274,7 @@ def ladder_blocks(level: str | None = None) -> dict:
 
 def default_config(level: str | None = None) -> tuple[int, int, int, int]:
     """(order number, mc, kc, nc) that the C driver takes by default."""
-    return _load(level)[7]
+    return kernels(level).config
 
 
 def _blocks(blocks, level, rung5: bool = True) -> tuple[int, int, int]:
@@ -267,7 +286,7 @@ def _config(blocks, level, order: str | None = None) -> tuple[int, int, int, int
     """(order number, mc, kc, nc): ``blocks`` ({"order", "mc", "kc", "nc"}, or a tuple of the
     three sizes) over the model's blocks for the order asked, or the default one."""
     if blocks is None and order is None:
-        return _load(level)[7]  # every plain call: the tuple made once in _load
+        return kernels(level).config  # every plain call: the tuple made once in kernels()
     if isinstance(blocks, dict) and "order" in blocks:
         order = blocks["order"]
     order = order or default_order(level)
@@ -389,7 +408,7 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
     if K == 0:
         out[...] = 0.0
         return out
-    ffi, lib, *_ = _load(level)
+    ffi, lib, *_ = kernels(level)
     args = [M, N, K, _ptr(ffi, a), lda, _ptr(ffi, b), ldb, _ptr(ffi, out), ldc, nthreads]
     if rung.blocked:  # gemm_<name>_ex: the blocks, and from rung 4 on the buffer, passed in
         mc, kc, nc = _blocks(blocks, level, rung5=rung.threaded)  # rung 5: A's sliver sets KC
@@ -432,7 +451,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
             out *= np.float32(beta)
         return out
     level = level or isa.selected()
-    ffi, lib, *_ = _load(level, pool.on_pool(threads))
+    ffi, lib, *_ = kernels(level, pool.on_pool(threads))
     order, mc, kc, nc = _config(blocks, level)
     work = _workspace(ffi, lib, level, N, K, mc, kc, nc, nthreads)
     ctype = "float" if kind == "f32" else "uint16_t"
@@ -510,12 +529,12 @@ def matmul_bf16(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta
 
 def native_bf16(level: str | None = None) -> bool:
     """Whether the kernels built for ``level`` have the vdpbf16ps path."""
-    return bool(_load(level)[1].gemm_native_bf16())
+    return bool(kernels(level).lib.gemm_native_bf16())
 
 
 def amx_bf16(level: str | None = None) -> bool:
     """Whether the kernels built for ``level`` have the AMX path and Linux granted the tiles."""
-    return bool(_load(level)[1].gemm_amx_bf16())
+    return bool(kernels(level).lib.gemm_amx_bf16())
 
 
 BF16_PATHS = ("widen", "native", "amx")  # the C side's path numbers: 0, 1, 2
@@ -601,7 +620,7 @@ def bf16_to_f32(h) -> np.ndarray:
 def pool_ids(threads: int | None = None, level: str | None = None) -> list[int]:
     """Kernel thread ids of the OpenMP team; the same on every call means a persistent pool."""
     n = checks.threads(threads)
-    ffi, lib, *_ = _load(level)
+    ffi, lib, *_ = kernels(level)
     ids = ffi.new("long long[]", n)
     got = lib.gemm_pool_ids(n, ids)
     return [int(ids[i]) for i in range(got)]
@@ -623,7 +642,7 @@ def kernel_alone(kc: int, slivers: int, reps: int = 1, threads: int = 1, shared_
     slivers = checks.positive_int(slivers, "slivers")
     reps = checks.positive_int(reps, "reps")
     threads = checks.positive_int(threads, "threads", limit=4096)
-    ffi, lib, mr, nr, *_ = _load(level)
+    ffi, lib, mr, nr, *_ = kernels(level)
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((threads, kc, mr), dtype=np.float32)
     b = rng.standard_normal((1 if shared_b else threads, slivers, kc, nr), dtype=np.float32)

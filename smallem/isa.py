@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from . import toolchain
+
 LEVELS = ("avx512", "avx2", "generic")
 
 # What each level needs from the CPU, as Linux spells the flags in /proc/cpuinfo.
@@ -145,15 +147,13 @@ def emulation_unavailable() -> str | None:
     """Why SIMDe emulation of AVX-512 cannot run on this machine, or None if it can."""
     if not is_x86() or not REQUIRED["avx2"] <= cpu_flags():
         return "it runs on AVX2, which this CPU lacks"
-    from . import build  # the compiler, found as the build finds it
-
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp, "t.c")
         src.write_text("#include <simde/x86/avx512.h>\nint main(void){return 0;}\n")
         try:
-            r = subprocess.run([build.compiler(), *compile_flags("avx2", ()), "-c", str(src),
+            r = subprocess.run([toolchain.compiler(), *compile_flags("avx2", ()), "-c", str(src),
                                 "-o", str(Path(tmp, "t.o"))], capture_output=True, text=True)
-        except (OSError, build.BuildError) as e:
+        except (OSError, toolchain.BuildError) as e:
             return str(e)
     if r.returncode != 0:
         return "the C compiler finds no SIMDe headers (Debian/Ubuntu: apt install libsimde-dev)"

@@ -174,7 +174,7 @@ def get_config(name_or_config) -> Config:
     return CONFIGS[name_or_config]
 
 
-class _Attn:
+class AttnCache:
     """Per-layer attention buffers: q, k, v, the output o, and the probabilities P (or, for
     the attention in tiles, only each row's log-sum-exp)."""
 
@@ -202,7 +202,7 @@ class _Layer:
     ln2_rstd: np.ndarray
     u: np.ndarray       # fc output (GELU input)
     g: np.ndarray       # GELU output
-    attn: _Attn = field(repr=False)
+    attn: AttnCache = field(repr=False)
 
 
 class _Arena:
@@ -272,7 +272,7 @@ class Workspace:
             _Layer(x=z(N, C), ln1=z(N, C), ln1_mean=z(N), ln1_rstd=z(N), qkv=z(N, 3 * C),
                    att=z(N, C), mid=z(N, C), ln2=z(N, C), ln2_mean=z(N), ln2_rstd=z(N),
                    u=z(N, cfg.mlp_in), g=z(N, cfg.mlp_hidden),
-                   attn=_Attn(z, B, H, T, hd, shared, scores, rope))
+                   attn=AttnCache(z, B, H, T, hd, shared, scores, rope))
             for _ in range(cfg.n_layer)]
         self.out = z(N, C)            # the last block's output
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)

@@ -169,7 +169,7 @@ class KernelLinear:
 # ---------------------------------------------------------------- attention
 # Causal self-attention over the QKV linear's output (N, 3C), per head: S = Q K^T,
 # P = softmax(S / sqrt(hd)) over each row's causal prefix, O = P V; the heads side by side
-# are the output (N, C). ``a`` holds the layer's buffers (_Attn, in the Workspace below),
+# are the output (N, C). ``a`` holds the layer's buffers (AttnCache, in the Workspace below),
 # where the forward keeps q, k, v and P for the backward:
 #   dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)) / sqrt(hd), dQ = dS K, dK = dS^T Q.
 
@@ -236,7 +236,7 @@ class FlashAttention:
 
     needs_scores = False  # the workspace holds no P and no dP
 
-    def _flash_scratch(self, T, hd):  # one scratch for every layer
+    def flash_scratch(self, T, hd):  # one scratch for every layer
         return _scratch(self, "_flash", layers.flash_work_floats(T, hd, layers.flash_tile(hd),
                                                                  self.threads))
 
@@ -248,7 +248,7 @@ class FlashAttention:
             self.rope(a.q, a.k, *a.rope)
         layers.flash_forward(flat(a.q), flat(a.k), flat(a.v), flat(a.o), a.lse.reshape(B * H, T),
                              1.0 / math.sqrt(hd), threads=self.threads,
-                             work=self._flash_scratch(T, hd))
+                             work=self.flash_scratch(T, hd))
         layers.heads_merge((a.o,), out, self.threads)
 
     def attention_backward(self, dout, dqkv, a):
@@ -257,7 +257,7 @@ class FlashAttention:
         layers.heads_split(dout, (a.do,), B, T, H, self.threads)
         layers.flash_backward(*(flat(x) for x in (a.q, a.k, a.v, a.o)), a.lse.reshape(B * H, T),
                               *(flat(x) for x in (a.do, a.dq, a.dk, a.dv)), 1.0 / math.sqrt(hd),
-                              threads=self.threads, work=self._flash_scratch(T, hd))
+                              threads=self.threads, work=self.flash_scratch(T, hd))
         if a.rope is not None:
             self.rope(a.dq, a.dk, *a.rope, inverse=True)
         layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from . import checkpoint, data
-from .checks import count, number, printable
-from .model import BACKENDS, CONFIGS, GPT, get_config
+from .model import CONFIGS, GPT, get_config
 from .timing import measure
 
 LN2 = math.log(2.0)
@@ -427,44 +425,6 @@ def train(trainer: Trainer, *, log_path=None, eval_every=100, eval_batches=8,
     return history
 
 
-# ---------------------------------------------------------------- CLI: train
-
-def add_train_arguments(p):
-    p.add_argument("--config", default="s", choices=list(CONFIGS), metavar="NAME",
-                   help=f"model size: {', '.join(CONFIGS)} (default s)")
-    p.add_argument("--corpus", help="UTF-8 text file or folder (default: the Python stdlib)")
-    p.add_argument("--batch-size", type=count(1), help="sequences per step (default per config)")
-    p.add_argument("--seq-len", type=count(1), help="tokens per sequence (default: the context)")
-    p.add_argument("--accumulate", type=count(1), default=1, metavar="A",
-                   help="micro-batches of --batch-size sequences summed into each optimiser "
-                        "step (default 1)")
-    p.add_argument("--steps", type=count(1), help="training steps (default 1000)")
-    p.add_argument("--minutes", type=number(0, low_open=True),
-                   help="time budget; without --steps, sets the step count from the first steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=number(0, low_open=True), help="peak learning rate (default per config)")
-    p.add_argument("--backend", default="kernels", choices=list(BACKENDS),
-                   help="kernels, flash, fused, bf16 (the climb's rungs) or numpy")
-    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
-                   help="adamw, or muon for the blocks' matrices (AdamW for the rest)")
-    p.add_argument("--pool", action="store_true",
-                   help="run the kernels on smallem's own thread pool, not OpenMP's runtime")
-    p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
-    p.add_argument("--eval-every", type=count(1), default=100)
-    p.add_argument("--log", help="JSON-lines log (default runs/<config>/log.jsonl)")
-    p.add_argument("--checkpoint", help="checkpoint folder (default runs/<config>)")
-    p.add_argument("--checkpoint-every", type=count(0), default=200,
-                   help="steps between checkpoints (0: only at the end)")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    p.add_argument("--sample-bytes", type=count(0), default=300)
-    p.add_argument("--list", action="store_true", help="list the configs and exit")
-    p.add_argument("--distributed", action="store_true",
-                   help="data-parallel over MPI: run under mpiexec -n N (needs the mpi extra)")
-    p.add_argument("--average-every", type=count(1), default=1, metavar="K",
-                   help="with --distributed: 1 all-reduces the gradients every step; K > 1 "
-                        "is local SGD, weights and moments averaged every K steps")
-
-
 def list_configs() -> str:
     lines = ["config  d_model layers heads context   params  GFLOP/token (train)"]
     for c in CONFIGS.values():
@@ -473,55 +433,8 @@ def list_configs() -> str:
     return "\n".join(lines)
 
 
-def _estimate_steps(config, corpus, minutes, **kw) -> int:
+def estimate_steps(config, corpus, minutes, **kw) -> int:
     """Steps that fit in ``minutes``, from the median of 4 steps of a throwaway model."""
     probe = Trainer(config, corpus=corpus, steps=10, **kw)
     per_step = measure(probe.train_step, repeats=4, warmup=1).median
     return max(1, int(60 * minutes / per_step))
-
-
-def cmd_train(args) -> int:
-    if args.list:
-        print(list_configs())
-        return 0
-    if args.distributed:
-        from . import distributed
-        return distributed.cmd_train(args)
-    if args.average_every != 1:
-        raise ValueError("--average-every needs --distributed")
-    folder = Path(args.checkpoint or Path("runs") / args.config)
-    log_path = args.log or folder / "log.jsonl"
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    if args.resume and checkpoint.exists(folder):
-        t = Trainer.resume(folder, corpus=args.corpus, backend=args.backend, threads=args.threads,
-                           pool=args.pool)
-        print(f"resuming {folder} at step {t.step} of {t.total_steps}")
-    else:
-        if args.resume:
-            print(f"no checkpoint in {folder}: starting from scratch")
-        corpus = data.load_corpus(args.corpus)
-        steps = args.steps
-        if steps is None:
-            steps = 1000 if not args.minutes else _estimate_steps(
-                args.config, corpus, args.minutes, batch_size=args.batch_size, seed=args.seed,
-                backend=args.backend, threads=args.threads, seq_len=args.seq_len,
-                optimizer=args.optimizer, pool=args.pool, accumulate=args.accumulate)
-        t = Trainer(args.config, corpus=corpus, batch_size=args.batch_size, steps=steps,
-                    seed=args.seed, backend=args.backend, threads=args.threads, lr=args.lr,
-                    seq_len=args.seq_len, optimizer=args.optimizer, pool=args.pool,
-                    accumulate=args.accumulate)
-        print(f"config {t.config.name}: {t.config.n_params() / 1e6:.2f} M parameters, "
-              f"{t.total_steps} steps of {t.accumulate * t.B} x {t.T} tokens; corpus {t.corpus.name} "
-              f"({t.corpus.train.size / 1e6:.1f} MB train, sha256 {t.corpus.sha256[:12]})")
-    h = train(t, log_path=log_path, eval_every=args.eval_every, checkpoint_dir=folder,
-              checkpoint_every=args.checkpoint_every,
-              minutes=args.minutes if args.steps is not None else None,
-              sample_bytes=args.sample_bytes)
-    if h["val_bpb"]:
-        print(f"validation: {h['val_bpb'][-1]:.3f} bits per byte at step {t.step}")
-    if "sample" in h:
-        print("sample:\n" + (printable(h["sample"]) if sys.stdout.isatty() else h["sample"]))
-    print(f"log: {log_path}; checkpoint: {folder}")
-    return 0
-
-

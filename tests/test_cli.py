@@ -61,10 +61,10 @@ def test_generate_escapes_on_a_terminal_only():
     bad UTF-8, and waits for the rest of a character split across tokens."""
     import io
 
-    from smallem.decode import _Terminal
+    from smallem.commands.generate import Terminal
 
     out = io.StringIO()
-    t = _Terminal(out)
+    t = Terminal(out)
     for piece in (b"ok \xc3", b"\xa9 \x1b[31m", b"\xff", b"\n"):
         t.write(piece)
     assert out.getvalue() == "ok é \\x1b[31m\\xff\n"

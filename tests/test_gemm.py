@@ -126,7 +126,7 @@ def test_rung5_and_the_ladder_get_their_own_blocks(rng, monkeypatch, captured_ma
     for the machine (on each captured machine: Zen 3's L3 cannot feed rung 5's order, so its
     matmul runs "columns" with rung 4's blocks)."""
     seen = {}
-    ffi, lib, *rest = gemm._load()
+    ffi, lib, *rest = gemm.kernels()
 
     class Spy:
         def __getattr__(self, name):
@@ -139,7 +139,7 @@ def test_rung5_and_the_ladder_get_their_own_blocks(rng, monkeypatch, captured_ma
                 return fn(*args)
             return call
 
-    monkeypatch.setitem(gemm._loaded, (isa.selected(), False), (ffi, Spy(), *rest))
+    monkeypatch.setitem(gemm._loaded, (isa.selected(), False), gemm.Kernels(ffi, Spy(), *rest))
     a = rng.standard_normal((37, 29), dtype=np.float32)
     b = rng.standard_normal((29, 41), dtype=np.float32)
     for rung in gemm.LADDER:
@@ -216,7 +216,7 @@ def test_rung5_and_matmul_give_the_same_bits(n, level, rng):
     square product, with the same blocks and threads, both sum every tile in the same K
     slices with the same micro-kernel, so the bits agree, also where matmul packs all of
     B first (gemm_b_whole) and rung 5 one slice at a time."""
-    lib = gemm._load(level)[1]
+    lib = gemm.kernels(level).lib
     a, b = rand(rng, n, n), rand(rng, n, n)
     whole = set()
     for blocks in (None, {"mc": 28, "kc": 48, "nc": 96}, {"kc": 64, "nc": 4096}):
@@ -313,7 +313,7 @@ def test_matmul_random_shapes_and_blocks(rng):
 def test_rung5_packs_all_of_b_when_it_fits(rng, level):
     """Both ways of rung 5: all of B packed first (it fits in half its L3 share), and
     one K slice at a time; primes, several slices, alpha/beta, transposes, 1-3 threads."""
-    lib = gemm._load(level)[1]
+    lib = gemm.kernels(level).lib
     blocks = {"mc": 37, "kc": 16, "nc": 512}
     cases = [(23, 37, 61, False, False, 1), (41, 70, 53, True, False, 2),
              (5, 33, 97, False, True, 3), (29, 64, 47, True, True, 2)]
@@ -342,7 +342,7 @@ def test_rung5_packs_all_of_b_when_it_fits(rng, level):
 
 
 def test_whole_b_is_measured_where_it_applies_and_said_from_the_record(rng):
-    lib = gemm._load()[1]
+    lib = gemm.kernels().lib
     blocks = {"mc": 28, "kc": 16, "nc": 512}
     shapes = [dict(label="one slice (a)", M=40, K=16, N=24, ta=False, tb=False),
               dict(label="fits (b)", M=40, K=100, N=24, ta=False, tb=False)]
@@ -543,7 +543,7 @@ def test_packing_buffer_is_reused_and_no_result_is_allocated(rng):
     a, b = rand(rng, 100, 80), rand(rng, 80, 60)
     out = np.empty((100, 60), np.float32)
     gemm.matmul(a, b, out=out)
-    key = (gemm.isa.selected(), id(gemm._load()[0]))  # the buffer's level and ffi
+    key = (gemm.isa.selected(), id(gemm.kernels()[0]))  # the buffer's level and ffi
     buf = gemm._work.bufs[key]
     for _ in range(5):
         assert gemm.matmul(a, b, out=out, beta=0.0) is out
@@ -721,7 +721,7 @@ def test_fork_join_timers_run(level):
     # chapter 2's "thread pool" rows time these two; here they only have to return
     import time
 
-    ffi, lib, *_ = gemm._load(level)
+    ffi, lib, *_ = gemm.kernels(level)
     t = time.perf_counter()
     lib.gemm_empty_regions(20, 2)
     lib.gemm_spawn_join(2, 2)

@@ -12,7 +12,10 @@ from smallem import book
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "smallem"
-JOINT = {"smallem.cli", "smallem.__main__"}  # the command line joins the library and the book
+# the command line joins the library and the book: cli.py, and the commands it dispatches to
+JOINT = {"smallem.cli", "smallem.__main__"} | {
+    ".".join(("smallem", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+    for p in (PACKAGE / "commands").rglob("*.py")}
 
 
 def module_name(path: Path) -> str:
@@ -57,6 +60,57 @@ def test_the_walk_sees_imports():
 def test_library_imports_nothing_from_the_book(module):
     bad = sorted(m for m in imports(MODULES[module]) if m.startswith("smallem.book"))
     assert not bad, f"{module} (library) imports {', '.join(bad)} (the book's)"
+
+
+@pytest.mark.parametrize("module", LIBRARY)
+def test_no_library_module_holds_command_line_code(module):
+    """Each command's options and body are in smallem/commands/ (or a chapter's book module):
+    a library module parses no arguments."""
+    text = MODULES[module].read_text()
+    assert "argparse" not in text and "add_argument(" not in text, (
+        f"{module} holds command-line code: it belongs in smallem/commands/")
+
+
+def _cycles(edges: dict) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_in_the_package():
+    """No two modules import each other, directly or around a loop (an import inside a
+    function counts: it is the same dependency, only later). A package's __init__ is left
+    out where it only hands names on from its own modules."""
+    edges = {m: {x for x in imports(p) if x in MODULES and x != m and not m.startswith(x + ".")}
+             for m, p in MODULES.items()}
+    found = _cycles(edges)
+    assert not found, f"import circles: {found}"
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]  # the check itself
 
 
 def chapter_of(module: str) -> str | None:

@@ -183,6 +183,8 @@ def test_quick_run_makes_table_and_figures(records_tmp, monkeypatch):
     assert values["ch1.cores"] == str(max(rec.data["settings"]["threads"]))
     assert values["ch1.scaling_floor"] == f"{100 * ch1.SCALING_FLOOR:.0f} %"
     assert all(isinstance(v, str) and v for v in values.values())
+    lines = ch1.summary_lines(rec.data)  # what `smallem machine` prints of it
+    assert "numpy's copy" in lines[-1] and "staircase" in lines[-1]
 
 
 def test_load_or_measure_measures_only_when_asked_or_missing(records_tmp, monkeypatch):

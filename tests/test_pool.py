@@ -98,7 +98,7 @@ def test_a_step_on_the_pool_gives_openmps_bits(level, backend, block, monkeypatc
     la = a.forward(idx, tg)
     a.backward()
     assert regions() == before  # OpenMP's step leaves the pool alone
-    seen, real_lib, real_load = [], layers._lib, gemm._load
+    seen, real_lib, real_load = [], layers._lib, gemm.kernels
 
     def spy_lib(threads=None):
         seen.append(("layers", pool.on_pool(threads)))
@@ -109,7 +109,7 @@ def test_a_step_on_the_pool_gives_openmps_bits(level, backend, block, monkeypatc
             seen.append(("gemm", on_pool[0]))
         return real_load(level, *on_pool)
     monkeypatch.setattr(layers, "_lib", spy_lib)
-    monkeypatch.setattr(gemm, "_load", spy_load)
+    monkeypatch.setattr(gemm, "kernels", spy_load)
     lb = b.forward(idx, tg)
     b.backward()
     assert regions() > before   # and the pool's step runs its regions there

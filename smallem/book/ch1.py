@@ -698,18 +698,23 @@ def add_machine_arguments(p):
     p.add_argument("--no-save", action="store_true", help="print the table, write no record")
 
 
+def summary_lines(data: dict) -> list[str]:
+    """What `smallem machine` prints of a ``ch1.machine`` record: the machine, the
+    theoretical peak's source, the table's rows and the figures a reader checks first."""
+    rows, values = table_rows(data)
+    width = max(len(r[0]) for r in rows)
+    return ([figures.machine_line(data), f"theoretical f32 peak: {data['settings']['theory']['source']}"]
+            + [f"  {r[0]:<{width}}  " + "  ".join(f"{c:>14}" for c in r[1:]) for r in rows]
+            + [f"  DRAM triad (one core, bytes moved) vs numpy's copy: "
+               f"{values['ch1.dram_moved_vs_numpy']}; f32 measured / theoretical: "
+               f"{values['ch1.f32_fraction']}; staircase: levels close or not reached: "
+               f"{values['ch1.staircase_close']}"])
+
+
 def cmd_machine(args) -> int:
     quick = args.quick or quick_mode()
     rec = run(quick=quick)
-    rows, values = table_rows(rec.data)
-    width = max(len(r[0]) for r in rows)
-    print(f"\n{figures.machine_line(rec.data)}")
-    print(f"theoretical f32 peak: {rec.data['settings']['theory']['source']}")
-    for r in rows:
-        print(f"  {r[0]:<{width}}  " + "  ".join(f"{c:>14}" for c in r[1:]))
-    print(f"  DRAM triad (all cores) vs numpy copy: {values['ch1.dram_vs_numpy']}; "
-          f"f32 measured / theoretical: {values['ch1.f32_fraction']}; staircase: "
-          f"levels close or not reached: {values['ch1.staircase_close']}")
+    print("\n" + "\n".join(summary_lines(rec.data)))
     if not args.no_save:
         print(f"record written to {rec.save()}")
     return 0

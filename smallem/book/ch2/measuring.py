@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from ... import checks, isa
-from ...gemm import (LADDER, ORDERS, PHASES, _load, amx_bf16, bf16_path, bf16_paths,
+from ...gemm import (LADDER, ORDERS, PHASES, kernels, amx_bf16, bf16_path, bf16_paths,
                      cache_geometry, default_blocks, default_order, f32_to_bf16, feeds,
                      kernel_alone, l2_ways_for_a, ladder_blocks, loop_order, matmul, matmul_bf16,
                      native_bf16, order_blocks, phase_times, pool_ids)
@@ -97,7 +97,7 @@ def _measure_alone(rec, level, cores, quick):
     and in L3, on one core and on all: on all cores, from L3, either one block every thread
     reads (rung 5's way) or a block per thread. Each thread count is timed in turn with
     chapter 1's FMA probe on as many threads: "alone" and "alone_probe" results."""
-    _, _, mr, nr, blocks, *_ = _load(level)
+    _, _, mr, nr, blocks, *_ = kernels(level)
     kc = blocks[1]
     slivers = alone_slivers(kc, nr)
     gop_per_thread = 0.05 if quick else 10.0  # a call of ~40 ms at 250 Gop/s a core
@@ -194,7 +194,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     quick = quick_mode() if quick is None else quick
     cores = checks.threads(None)
     level = isa.selected()
-    ffi, lib, mr, nr, *_ = _load(level)
+    ffi, lib, mr, nr, *_ = kernels(level)
     blocks, ladder = default_blocks(level), ladder_blocks(level)
     n_ladder = 128 if quick else 1024
     sweep = [32, 64, 128, 256] if quick else [64, 128, 256, 512, 1024, 2048, 4096]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .measuring import (OP_GROUPS, RECORD_RUN, RECORD_STEP, RUNGS, bench_train,  # noqa: F401
                         measure_step, profile_step)
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
-from ... import checks
+from .. import options
 from .. import records
 
 RECORDS = (RECORD_STEP, RECORD_RUN)
@@ -21,7 +21,7 @@ RECORDS = (RECORD_STEP, RECORD_RUN)
 
 def add_bench_train_arguments(p):
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
-    p.add_argument("--threads", type=checks.count(1), help="threads for every backend (default: all cores)")
+    p.add_argument("--threads", type=options.count(1), help="threads for every backend (default: all cores)")
 
 
 def cmd_bench_train(args) -> int:

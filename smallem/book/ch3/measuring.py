@@ -15,9 +15,9 @@ import numpy as np
 from ... import checks, data, gemm, layers, pool
 import dataclasses
 
-from ...model import GPT, FlashOps, FusedOps, KernelOps, _Attn, get_config
+from ...model import GPT, FlashOps, FusedOps, KernelOps, AttnCache, get_config
 from ...timing import Timing, measure, measure_interleaved, quick_mode
-from ...train import Trainer, _estimate_steps, newton_schulz_flops, train
+from ...train import Trainer, estimate_steps, newton_schulz_flops, train
 from .. import records
 from . import torch_child
 
@@ -317,7 +317,7 @@ def _measure_long_attention(rec, cfg, threads, quick):
         shared = {k: z(B, H, T, hd) for k in ("do", "dq", "dk", "dv")}
         scores = kind == "matrices"
         shared["dp"] = z(B, H, T, T) if scores else z(0)
-        a = _Attn(z, B, H, T, hd, shared, scores)
+        a = AttnCache(z, B, H, T, hd, shared, scores)
 
         def run(ops=ops, a=a):
             ops.attention(qkv, out, a)
@@ -325,7 +325,7 @@ def _measure_long_attention(rec, cfg, threads, quick):
         fns[kind] = run
         run()
         extra[kind] = 4 * (a.p.size + a.dp.size + (0 if scores else a.lse.size
-                                                   + ops._flash_scratch(T, hd).size))
+                                                   + ops.flash_scratch(T, hd).size))
     ts = measure_interleaved(fns, repeats=2 if quick else ROUNDS, warmup=1)
     for kind, t in ts.items():
         rec.add("long_attention", "calls/s", t.rate(1.0),
@@ -393,10 +393,10 @@ def _runs(threads, quick, progress):
 
 
 def _estimate_rung_steps(rung, minutes, **kw) -> int:
-    """Steps of rung ``rung``'s s model that fit in ``minutes`` (train._estimate_steps)."""
+    """Steps of rung ``rung``'s s model that fit in ``minutes`` (train.estimate_steps)."""
     c = rung_config(get_config("s"), rung_settings(rung))
     settings = {k: v for k, v in rung_settings(rung).items() if k != "block"}
-    return _estimate_steps(c, kw.pop("corpus"), minutes, **kw, **settings)
+    return estimate_steps(c, kw.pop("corpus"), minutes, **kw, **settings)
 
 
 def _torch_version():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .measuring import RECORD, RECORD_QUALITY, bench_generate  # noqa: F401
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
-from ... import checks
+from .. import options
 from .. import records
 
 RECORDS = (RECORD, RECORD_QUALITY)
@@ -20,7 +20,7 @@ RECORDS = (RECORD, RECORD_QUALITY)
 
 def add_bench_generate_arguments(p):
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
-    p.add_argument("--threads", type=checks.count(1), help="threads (default: all cores)")
+    p.add_argument("--threads", type=options.count(1), help="threads (default: all cores)")
 
 
 def cmd_bench_generate(args) -> int:

@@ -295,13 +295,13 @@ def val_bits_per_byte(dec, val: np.ndarray, chunks: int) -> float:
 
 
 def bench_quality(quick: bool | None = None, progress: bool = True, threads: int | None = None):
-    from ...train import Trainer, _estimate_steps, train
+    from ...train import Trainer, estimate_steps, train
 
     quick = quick_mode() if quick is None else quick
     threads = checks.threads(threads)
     corpus = data.load_corpus()
     minutes = 0.05 if quick else QUALITY_MINUTES
-    steps = 3 if quick else _estimate_steps(QUALITY_CONFIG, corpus, minutes, threads=threads)
+    steps = 3 if quick else estimate_steps(QUALITY_CONFIG, corpus, minutes, threads=threads)
     t = Trainer(QUALITY_CONFIG, corpus=corpus, steps=steps, threads=threads)
     h = train(t, eval_every=max(steps, 1), sample_bytes=0)
     if not quick:
