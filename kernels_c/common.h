@@ -20,6 +20,12 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+/* The layers' constants, defined once: the C kernels use them, and smallem.ops reads them
+ * from this file (build.header_constant) for its numpy references. */
+#define SM_LN_EPS 1e-5f           /* LayerNorm's and RMSNorm's epsilon */
+#define SM_GELU_K 0.7978845608f   /* GPT-2's tanh GELU: sqrt(2 / pi) */
+#define SM_GELU_A 0.044715f       /* ... and the cubic term's coefficient */
 #ifdef SM_POOL /* the step's kernels on smallem's own pool (kernels_c/pool.c), not libgomp */
 #include "pool_shim.h"
 #endif

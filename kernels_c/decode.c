@@ -409,14 +409,12 @@ static void norm_rows(const float *x, const float *w, const float *b, float *out
         }
         #pragma omp simd reduction(+:var)
         for (int c = 0; c < C; c++) var += (xr[c] - mean) * (xr[c] - mean);
-        const float rstd = 1.0f / sqrtf(var / C + 1e-5f);
+        const float rstd = 1.0f / sqrtf(var / C + SM_LN_EPS);
         #pragma omp simd
         for (int c = 0; c < C; c++) o[c] = (xr[c] - mean) * rstd * w[c] + (b ? b[c] : 0.0f);
     }
 }
 
-#define GELU_K 0.7978845608f
-#define GELU_A 0.044715f
 /* GPT-2's tanh GELU as x sigmoid(2u) (as in layers.c), in place; or SwiGLU's
  * g = silu(a) b from u = [a | b], each row 2h wide. */
 static void activation(float *u, float *g, int rows, int h, int swiglu)
@@ -434,7 +432,7 @@ static void activation(float *u, float *g, int rows, int h, int swiglu)
                 #pragma omp simd
                 for (int i = 0; i < n; i++) {
                     const float x = a[i0 + i];
-                    e[i] = 2.0f * GELU_K * (x + GELU_A * x * x * x);
+                    e[i] = 2.0f * SM_GELU_K * (x + SM_GELU_A * x * x * x);
                 }
             }
             exp_inplace(e, n);

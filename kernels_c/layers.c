@@ -155,7 +155,7 @@ void layernorm_forward(const float *x, const float *w, const float *b, float *ou
         float m = row_sum(xr, C) / C, var = 0.0f;
         #pragma omp simd reduction(+:var)
         for (int c = 0; c < C; c++) var += (xr[c] - m) * (xr[c] - m);
-        float rs = 1.0f / sqrtf(var / C + 1e-5f);
+        float rs = 1.0f / sqrtf(var / C + SM_LN_EPS);
         #pragma omp simd
         for (int c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
         mean[n] = m;
@@ -225,8 +225,6 @@ void layernorm_backward(const float *dy, const float *x, const float *w, const f
  * rewritten as x * sigmoid(2u) = x * (e / (1 + e)), e = exp(2u): one exp and one
  * division per float instead of a libm tanhf call. Work goes in chunks of 256
  * floats (1 KiB, stays in L1) so that the exp pass is vectorised. */
-#define GELU_K 0.7978845608f /* sqrt(2 / pi) */
-#define GELU_A 0.044715f
 #define CHUNK 256
 
 void gelu_forward(const float *x, float *out, long long n, int nthreads)
@@ -239,7 +237,7 @@ void gelu_forward(const float *x, float *out, long long n, int nthreads)
         const float *xc = x + i0;
         #pragma omp simd
         for (int i = 0; i < len; i++)
-            e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
+            e[i] = 2.0f * SM_GELU_K * (xc[i] + SM_GELU_A * xc[i] * xc[i] * xc[i]);
         exp_inplace(e, len);
         #pragma omp simd
         for (int i = 0; i < len; i++) out[i0 + i] = xc[i] * (e[i] / (1.0f + e[i]));
@@ -258,12 +256,12 @@ void gelu_backward(const float *x, const float *dy, float *dx, long long n, int 
         const float *xc = x + i0;
         #pragma omp simd
         for (int i = 0; i < len; i++)
-            e[i] = 2.0f * GELU_K * (xc[i] + GELU_A * xc[i] * xc[i] * xc[i]);
+            e[i] = 2.0f * SM_GELU_K * (xc[i] + SM_GELU_A * xc[i] * xc[i] * xc[i]);
         exp_inplace(e, len);
         #pragma omp simd
         for (int i = 0; i < len; i++) {
             float s = e[i] / (1.0f + e[i]), xi = xc[i];
-            float dz = 2.0f * GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
+            float dz = 2.0f * SM_GELU_K * (1.0f + 3.0f * SM_GELU_A * xi * xi);
             dx[i0 + i] = dy[i0 + i] * (s + xi * s * (1.0f - s) * dz);
         }
     }

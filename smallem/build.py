@@ -43,6 +43,19 @@ BASE_FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wall", "-Wno-unused-function",
               "-fno-tree-loop-distribute-patterns"]
 
 
+@functools.lru_cache(maxsize=None)
+def header_constant(name: str, header: str = "common.h") -> float:
+    """The value of ``#define NAME value`` in a kernel header (kernels_c/common.h): the
+    constants the C kernels and the numpy references share, defined once, in the C."""
+    import re
+
+    text = (KERNELS_DIR / header).read_text()
+    found = re.search(rf"^#define {re.escape(name)}\s+([-+0-9.eE]+)f?\b", text, re.M)
+    if not found:
+        raise BuildError(f"{header} defines no numeric {name}")
+    return float(found.group(1))
+
+
 def cache_dir() -> Path:
     base = os.environ.get("SMALLEM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "smallem")

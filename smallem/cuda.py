@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checks
+from . import checks, quant
 from .build import ROOT
 
 KERNELS_DIR = Path(os.environ.get("SMALLEM_CUDA_KERNELS", ROOT / "kernels_cuda"))
@@ -239,11 +239,8 @@ def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = No
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bf16 bit patterns (uint16), rounding to nearest even, on the host."""
-    x = checks.array(np.ascontiguousarray(x, dtype=np.float32), "x", np.float32)
-    u = x.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(x)
-    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded).astype(np.uint16)
+    return quant.f32_to_bf16(checks.array(np.ascontiguousarray(x, dtype=np.float32), "x",
+                                          np.float32))
 
 
 def bf16_to_f32(bits) -> np.ndarray:

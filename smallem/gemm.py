@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import build, checks, isa, machine, machine_info, pool
+from .quant import bf16_to_f32, f32_to_bf16  # noqa: F401 (the bf16 format, gemm's names too)
 
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
 
@@ -593,26 +594,6 @@ def choose_bf16_path(paths, rates: dict | None) -> str:
     if "native" not in paths:
         return "widen"
     return "native" if rates["bf16_gops_core"] > rates["f32_gops_core"] else "widen"
-
-
-def f32_to_bf16(x) -> np.ndarray:
-    """Round float32 to bf16 (nearest, ties to even), returned as uint16 bits."""
-    x = np.asarray(x, dtype=np.float32)
-    u = x.view(np.uint32)
-    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-    nan = np.isnan(x)
-    out = rounded.astype(np.uint16)
-    if nan.any():  # keep NaN a NaN (rounding could carry it into infinity): quiet, same sign
-        out[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
-    return out
-
-
-def bf16_to_f32(h) -> np.ndarray:
-    """Widen bf16 bits (uint16) to float32: exact, a 16-bit shift."""
-    h = np.asarray(h)
-    if h.dtype != U16:
-        raise TypeError(f"h: expected dtype uint16 (bf16 bits), got {h.dtype}")
-    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 # ---------------------------------------------------------------- the thread pool

@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 
-from . import layers
+from . import build, layers
 
 def _scratch(ops, name: str, size: int, dtype=np.float32) -> np.ndarray:
     """The ops object's scratch array ``name``, of at least ``size`` elements: made on the
@@ -87,7 +87,7 @@ class KernelEmbedding:
 # Per row of C features: y = (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + LN_EPS).
 # The forward keeps mean and rstd for the backward. With xh the normalised row and
 # g = dy * w, dx = rstd * (g - mean(g) - xh * mean(g * xh)): two means, no C x C Jacobian.
-LN_EPS = 1e-5
+LN_EPS = build.header_constant("SM_LN_EPS")  # defined once, in kernels_c/common.h
 
 # --8<-- [start:numpy_layernorm]
 class NumpyLayerNorm:
@@ -282,16 +282,17 @@ class KernelResidual:
 # The MLP is linear (C -> 4C), GELU, linear (4C -> C). GELU in GPT-2's tanh form,
 # 0.5 x (1 + tanh(u)), u = GELU_K (x + 0.044715 x^3). The backward, dx = dy * gelu'(x),
 # may write dx over dy: the model does, to keep one 4C-wide gradient buffer.
-GELU_K = math.sqrt(2.0 / math.pi)
+GELU_K = build.header_constant("SM_GELU_K")  # sqrt(2 / pi), as the C has it
+GELU_A = build.header_constant("SM_GELU_A")
 
 
 class NumpyGelu:
     def gelu(self, x, out):
-        out[...] = 0.5 * x * (1.0 + np.tanh(GELU_K * (x + 0.044715 * x ** 3)))
+        out[...] = 0.5 * x * (1.0 + np.tanh(GELU_K * (x + GELU_A * x ** 3)))
 
     def gelu_backward(self, x, dy, dx):
-        t = np.tanh(GELU_K * (x + 0.044715 * x ** 3))
-        dt = (1.0 - t * t) * GELU_K * (1.0 + 3 * 0.044715 * x * x)
+        t = np.tanh(GELU_K * (x + GELU_A * x ** 3))
+        dt = (1.0 - t * t) * GELU_K * (1.0 + 3 * GELU_A * x * x)
         dx[...] = dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
 
 

@@ -9,7 +9,8 @@ rounding to float16), so that w is approximately s q.
 
 :func:`pack_f32` and :func:`pack_q8` reorder a matrix into tiles of :data:`TILE` = 16
 output columns (see the comment at the top of ``kernels_c/decode.c``); :class:`Packed`
-holds the arrays and the C struct that points at them.
+holds the arrays and the C struct that points at them. :func:`f32_to_bf16` and
+:func:`bf16_to_f32` are the other format the products take: bf16, rounded to nearest even.
 """
 
 from __future__ import annotations
@@ -152,3 +153,26 @@ class Packed:
         mat.s = ffi.cast("uint16_t *", self.s.ctypes.data) if self.s is not None else null
         mat.corr = ffi.cast("float *", self.corr.ctypes.data) if self.corr is not None else null
         mat.bias = ffi.cast("float *", self.bias.ctypes.data) if self.bias is not None else null
+
+
+# ---------------------------------------------------------------- bf16
+# bf16 is the top half of a float32: one format for the CPU's products and the GPU's.
+
+def f32_to_bf16(x) -> np.ndarray:
+    """Round float32 to bf16 (nearest, ties to even), returned as uint16 bits."""
+    x = np.asarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    nan = np.isnan(x)
+    out = rounded.astype(np.uint16)
+    if nan.any():  # keep NaN a NaN (rounding could carry it into infinity): quiet, same sign
+        out[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    return out
+
+
+def bf16_to_f32(h) -> np.ndarray:
+    """Widen bf16 bits (uint16) to float32: exact, a 16-bit shift."""
+    h = np.asarray(h)
+    if h.dtype != np.uint16:
+        raise TypeError(f"h: expected dtype uint16 (bf16 bits), got {h.dtype}")
+    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)

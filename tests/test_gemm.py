@@ -185,9 +185,24 @@ def test_rung_with_leading_dimensions_and_out(rung, rng):
     assert np.all(big_c[:, :3] == 7.0) and np.all(big_c[:, N + 3:] == 7.0)  # nothing outside
 
 
-def test_ladder_is_ordered_and_complete():
-    assert [r.index for r in gemm.LADDER] == list(range(6))
-    assert gemm.LADDER[0].name == "naive" and gemm.LADDER[-1].threaded
+def test_every_rung_is_reachable_from_its_name():
+    """The ladder in order, and each rung one hop from its name: its C function in the
+    kernel, its marked section of gemm.c (the page's diff), its section of the chapter and
+    the notebook's cell that runs them all; only the last rung threads."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    assert [r.index for r in gemm.LADDER] == list(range(len(gemm.LADDER)))
+    assert [r.threaded for r in gemm.LADDER] == [False] * (len(gemm.LADDER) - 1) + [True]
+    lib = gemm.kernels().lib
+    page = (root / "chapters" / "2-matmul.md").read_text()
+    notebook = (root / "notebooks" / "02_matmul.py").read_text()
+    for r in gemm.LADDER:
+        assert hasattr(lib, f"gemm_{r.name}") or hasattr(lib, f"gemm_{r.name}_ex"), r.name
+        assert ch2.reading.snippet(r.name), f"no [start:{r.name}] section in gemm.c"
+        assert re.search(rf"^## Rung {r.index}\b", page, re.M), f"no section for rung {r.index}"
+    assert "for rung in gemm.LADDER:" in notebook  # one cell runs every rung by its entry
+    assert ch2.reading.RUNG_SECTIONS == [r.name for r in gemm.LADDER]
 
 
 # ---------------------------------------------------------------- rung 5
@@ -233,7 +248,7 @@ def test_rung5_and_matmul_give_the_same_bits(n, level, rng):
 def test_rung5_is_a_page_of_diff_from_rung4(records_tmp):
     """The chapter shows rung 5 as its difference from rung 4, as it shows every step; the
     package's generalisations live in gemm/driver.c so that this stays short enough to read."""
-    assert ch2.reading.RUNG_SECTIONS[-2:] == ["packed", "threads"]
+    assert ch2.reading.RUNG_SECTIONS[-2:] == [r.name for r in gemm.LADDER[-2:]]
     paths = {p.name: p for p in ch2.reading.write_rung_diffs()}
     lines = paths["ch2_diff_packed_threads.md"].read_text().splitlines()
     assert lines[0] == "```diff" and lines[-1] == "```"

@@ -116,3 +116,32 @@ def test_llama_cpp_greedy_equals_ours(tmp_path, block):
     close = next((i for i, g in enumerate(margins) if g < 0.02), n)
     assert close >= 10, "the test model's logits are too flat to compare"
     assert list(theirs[:close]) == ours[:close], (theirs[:close], bytes(ours[:close]))
+
+
+def test_a_peer_that_dies_is_retried_once_then_reported(tmp_path):
+    """llama-bench dying of an illegal instruction (its AMX kernels where Linux has not
+    granted the tiles) is run again without its extra buffer types, and the flags stay for
+    every later run; a peer that fails anyway is one line saying how, never a stopped book."""
+    import json as _json
+    import os
+    import stat
+
+    from smallem.book.ch4 import llama
+
+    fake = tmp_path / "llama-bench"
+    out = _json.dumps([{"samples_ts": [123.0]}])
+    fake.write_text("#!/bin/sh\n"
+                    "case \"$*\" in *'--repack 0'*) echo '" + out + "'; exit 0;; esac\n"
+                    "kill -ILL $$\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    tools = {"bench": str(fake), "from": "test"}
+    assert llama.bench(tools, tmp_path / "m.gguf", 1, gen=2) == [123.0]
+    assert tools["flags"] == list(llama.NO_EXTRA) and "SIGILL" in tools["flags_why"]
+    assert llama.usable(tools, tmp_path / "m.gguf", 1) is None
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\necho 'no such model' >&2\nexit 3\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
+    why = llama.usable({"bench": str(broken), "from": "test"}, tmp_path / "m.gguf", 1)
+    assert why.startswith("llama-bench exited with status 3") and "no such model" in why
+    assert llama.usable(None, tmp_path / "m.gguf", 1).startswith("not found")
+    assert os.path.exists(fake)

@@ -24,7 +24,7 @@ void bias_gelu_forward(float *u, const float *b, float *g, int N, int C, int nth
             for (int i = 0; i < len; i++) {
                 const float x = ur[c0 + i] + b[c0 + i];
                 ur[c0 + i] = x;
-                e[i] = 2.0f * GELU_K * (x + GELU_A * x * x * x);
+                e[i] = 2.0f * SM_GELU_K * (x + SM_GELU_A * x * x * x);
             }
             exp_inplace(e, len);
             #pragma omp simd
@@ -63,13 +63,13 @@ void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, f
                 float e[CHUNK];
                 #pragma omp simd
                 for (int i = 0; i < len; i++)
-                    e[i] = 2.0f * GELU_K * (xr[c0 + i] + GELU_A * xr[c0 + i] * xr[c0 + i] *
+                    e[i] = 2.0f * SM_GELU_K * (xr[c0 + i] + SM_GELU_A * xr[c0 + i] * xr[c0 + i] *
                                             xr[c0 + i]);
                 exp_inplace(e, len);
                 #pragma omp simd
                 for (int i = 0; i < len; i++) {
                     const float s = e[i] / (1.0f + e[i]), xi = xr[c0 + i];
-                    const float dz = 2.0f * GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
+                    const float dz = 2.0f * SM_GELU_K * (1.0f + 3.0f * SM_GELU_A * xi * xi);
                     const float d = gr[c0 + i] * (s + xi * s * (1.0f - s) * dz);
                     dr[c0 + i] = d;
                     acc[c0 + i] += d;
@@ -110,7 +110,7 @@ void residual_layernorm(const float *x, const float *t, const float *bias, float
         const float m = s / C;
         #pragma omp simd reduction(+:var)
         for (int c = 0; c < C; c++) var += (mr[c] - m) * (mr[c] - m);
-        const float rs = 1.0f / sqrtf(var / C + 1e-5f);
+        const float rs = 1.0f / sqrtf(var / C + SM_LN_EPS);
         #pragma omp simd
         for (int c = 0; c < C; c++) yr[c] = (mr[c] - m) * rs * w[c] + b[c];
         mean[n] = m;

@@ -18,7 +18,7 @@ void rmsnorm_forward(const float *x, const float *w, float *out, float *rstd, in
         float ss = 0.0f;
         #pragma omp simd reduction(+:ss)
         for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
-        const float rs = 1.0f / sqrtf(ss / C + 1e-5f);
+        const float rs = 1.0f / sqrtf(ss / C + SM_LN_EPS);
         #pragma omp simd
         for (int c = 0; c < C; c++) yr[c] = xr[c] * rs * w[c];
         rstd[n] = rs;

@@ -594,7 +594,8 @@ def chapter1_links(rec: dict, rec_dir) -> dict:
 
 
 
-RUNG_SECTIONS = ["naive", "loop_order", "blocked", "registers", "packed", "threads"]
+# each rung's code sits between markers named for it in kernels_c/gemm.c (its C name)
+RUNG_SECTIONS = [rung.name for rung in LADDER]
 
 
 

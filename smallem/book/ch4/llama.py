@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -37,17 +38,59 @@ def version(tools: dict) -> str:
     return text[0] if text else "unknown"
 
 
+# llama-bench's CPU "extra buffer types" (its AMX kernels, the repacked layouts) switched off:
+# on a Linux machine where a process must ask for the AMX tiles (arch_prctl) and this build
+# does not, its AMX kernel dies of SIGILL at the first product of several rows
+NO_EXTRA = ("--repack", "0")
+
+
+class LlamaError(RuntimeError):
+    """llama.cpp could not be run here; the message says how it failed."""
+
+
+def _died(rc: int) -> str:
+    try:
+        return f"died of {signal.Signals(-rc).name}" if rc < 0 else f"exited with status {rc}"
+    except ValueError:
+        return f"exited with status {rc}"
+
+
 def bench(tools: dict, model: Path, threads: int, *, prompt: int = 0, gen: int = 0,
           depth: int = 0, reps: int = 1) -> list[float]:
     """llama-bench's tokens/s samples for one test: prompt processing of ``prompt`` tokens
-    (pp), or generation of ``gen`` tokens after ``depth`` cached ones (tg)."""
-    cmd = [tools["bench"], "-m", str(model), "-t", str(threads), "-p", str(prompt),
-           "-n", str(gen), "-d", str(depth), "-r", str(reps), "-o", "json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    (pp), or generation of ``gen`` tokens after ``depth`` cached ones (tg). Where its
+    default build dies of an illegal instruction, it runs again without its extra buffer
+    types (:data:`NO_EXTRA`), and ``tools["flags"]`` keeps them for every later run, so
+    that one record is made with one configuration of the peer."""
+    base = [tools["bench"], "-m", str(model), "-t", str(threads), "-p", str(prompt),
+            "-n", str(gen), "-d", str(depth), "-r", str(reps), "-o", "json"]
+    r = subprocess.run(base + list(tools.get("flags", ())), capture_output=True, text=True,
+                       timeout=600)
+    if r.returncode == -signal.SIGILL and not tools.get("flags"):
+        tools["flags"] = list(NO_EXTRA)
+        tools["flags_why"] = (f"its default configuration {_died(r.returncode)} here (its AMX "
+                              f"kernels without the tiles granted): run with "
+                              f"{' '.join(NO_EXTRA)}")
+        r = subprocess.run(base + tools["flags"], capture_output=True, text=True, timeout=600)
     if r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr[-2000:]}")
+        raise LlamaError(f"llama-bench {_died(r.returncode)} ({' '.join(base[3:])}): "
+                         f"{r.stderr.strip()[-300:]}")
     rows = json.loads(r.stdout)
     return [float(x) for x in rows[0]["samples_ts"]]
+
+
+def usable(tools: dict | None, model: Path, threads: int) -> str | None:
+    """Why llama.cpp cannot be this chapter's peer here (None if it can): one short run of
+    each test the chapter makes, on ``model``. A peer that fails is reported and left out;
+    it never stops the book."""
+    if tools is None:
+        return "not found (`make llama`)"
+    try:
+        bench(tools, model, threads, gen=2, depth=4)
+        bench(tools, model, threads, prompt=8)
+    except (LlamaError, OSError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+        return str(e)
+    return None
 
 
 def greedy(tools: dict, model: Path, prompt: bytes, n: int) -> bytes:
@@ -57,7 +100,7 @@ def greedy(tools: dict, model: Path, prompt: bytes, n: int) -> bytes:
     r = subprocess.run([tools["simple"], "-m", str(model), "-n", str(n), prompt],
                        capture_output=True, timeout=600)
     if r.returncode:
-        raise RuntimeError(f"llama-simple failed ({r.returncode}): {r.stderr[-2000:]!r}")
+        raise LlamaError(f"llama-simple {_died(r.returncode)}: {r.stderr[-300:]!r}")
     out = r.stdout
     if not out.startswith(prompt):
         raise RuntimeError(f"llama-simple did not echo the prompt: {out[:80]!r}")

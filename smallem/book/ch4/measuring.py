@@ -247,16 +247,32 @@ def measure_fork_join(rec, threads, quick):
         rec.add("fork_join", "s", Timing([s]).stats(), kind=kind, threads=threads)
 
 
+def _llama_peer(threads: int) -> tuple[dict | None, str | None]:
+    """llama.cpp's tools if they run here (one short run of each test on a small Q8_0 model
+    exported for the purpose), else (None, why)."""
+    tools = llama.find()
+    if tools is None:
+        return None, "not found (`make llama`)"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = gguf_export.export(GPT(get_config("s"), "numpy", seed=0), Path(tmp) / "probe.gguf",
+                                  "q8_0")
+        why = llama.usable(tools, path, threads)
+    return (None, why) if why else (tools, None)
+
+
 def bench_decode(quick: bool | None = None, progress: bool = True, threads: int | None = None):
     """Chapter 4's decode record (the ladder, the peers, the L3 study, fork-joins)."""
     quick = quick_mode() if quick is None else quick
     threads = checks.threads(threads)
-    tools = llama.find()
+    tools, why = _llama_peer(threads)
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": threads, "ladder_config": LADDER_CONFIG,
-        "llama_cpp": None if tools is None else {"from": tools["from"],
-                                                 "version": llama.version(tools)},
+        "llama_cpp": None if tools is None else {
+            "from": tools["from"], "version": llama.version(tools),
+            "flags": tools.get("flags", []), "flags_why": tools.get("flags_why", "")},
         "torch": torch_peer.version(), "tile": 16, "qblock": 32})
+    if why and llama.find() is not None:  # found but unusable: say why on the page
+        rec.data["settings"].setdefault("missing", {})["llama.cpp"] = why
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         measure_ladder(rec, threads, quick, tools, Path(tmp))
@@ -333,7 +349,12 @@ def bench_quality(quick: bool | None = None, progress: bool = True, threads: int
             if path is not None and tools.get("simple"):
                 # llama.cpp stops at the context (learned positions end there); ours slides
                 n = min(tokens, model.config.context - len(prompt))
-                theirs = llama.greedy(tools, path, prompt, n)
+                try:
+                    theirs = llama.greedy(tools, path, prompt, n)
+                except llama.LlamaError as e:  # the peer failed here: said, not fatal
+                    rec.data["settings"].setdefault("missing", {})["llama-simple"] = str(e)
+                    path = None
+                    continue
                 lfirst = next((j for j, (a, b) in enumerate(zip(out["f32"][:n], theirs))
                                if a != b), min(len(theirs), n))
                 rec.add("llama_greedy", "tokens", Timing([lfirst]).stats(), prompt=i,

@@ -1,17 +1,6 @@
-"""Chapter 1, what a CPU is worth: the measurement, the reading of its record, its command.
-
-Measures this machine's limits with the library's probes (:mod:`smallem.machine`) and writes
-them to one record, ``ch1.machine``:
-
-- the clock, from a chain of dependent integer adds (one cycle each), checked against a
-  chain of multiplies;
-- peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
-- the memory staircase: STREAM copy/scale/add/triad over working sets from
-  4 KiB to past the L3, on one core and on all, with numpy's copy as a peer;
-- the starting point of chapter 2: a naive 1024^3 matrix product.
-
-Later chapters read this machine's peaks and bandwidths through :func:`facts`, loaded once.
-"""
+"""Chapter 1's record read: the plateaus of the staircase and where each ends, the levels a
+working set sits in, the ridges, the table, the figures and the page's values, and
+:func:`facts`, through which later chapters read this machine's peaks and bandwidths."""
 
 from __future__ import annotations
 
@@ -21,92 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import build, isa, machine_info
-from ..gemm import LADDER
-from ..machine import (FMA_PIPES, MUL_LATENCY, amx_kinds, STREAM_KERNELS, GiB, KiB, MiB, Stream, measure_clock,
-                       measure_peak,
-                       measure_stream_point, native, settle, theoretical_peak)
-from ..timing import measure, quick_mode
-from . import figures, records, reference
-
-RECORD = "ch1.machine"
-RECORDS = (RECORD,)
-
-PEAK_KINDS = ("f32", "bf16", "int8")
-AMX_KINDS = ("amx_bf16", "amx_int8")  # measured where the CPU has AMX
-DOT_INSTRUCTION = {"bf16": "vdpbf16ps", "int8": "vpdpbusd",
-                   "amx_bf16": "tdpbf16ps", "amx_int8": "tdpbssd"}
-CLOCK_AGREEMENT = 0.10  # the two clocks, and the clock the f32 probe implies, agree this well
-SCALING_FLOOR = 0.75  # all cores below this share of cores x one core: somebody else was running
-
-
-def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS, physical: int | None = None) -> list[str]:
-    """The probes whose all-thread rate fell below SCALING_FLOOR x physical cores x their
-    one-thread rate.
-
-    Each probe keeps its data in registers, so its cores share nothing: a shortfall means
-    another process (or a hypervisor's neighbour) took some of the cores during the run.
-    SMT siblings share one core's pipes, so ``cores`` threads on ``physical`` cores can
-    scale only to the physical count (default: every thread its own core).
-    """
-    scale = min(cores, physical or cores)
-    if scale == 1:
-        return []
-    return [k for k in kinds if (k, 1) in peaks and (k, cores) in peaks
-            and peaks[k, cores]["value"]["median"]
-            < SCALING_FLOOR * scale * peaks[k, 1]["value"]["median"]]
-
-
-def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
-                  pause: float = 2.0, kinds=PEAK_KINDS,
-                  physical: int | None = None) -> tuple[dict, list[str]]:
-    """Every probe on every thread count, remeasured while the cores do not scale.
-
-    Returns ``{(kind, threads): measurement}`` and the warnings left after ``retries``.
-    """
-    measure_one = measure_one or measure_peak
-    cores = max(thread_counts)
-    peaks = {(kind, th): measure_one(kind, th)
-             for th in thread_counts for kind in kinds}  # one thread first: see settle()
-    for _ in range(retries):
-        busy = poorly_scaled(peaks, cores, kinds, physical)
-        if not busy:
-            break
-        settle(pause)
-        for kind in busy:
-            peaks[kind, 1] = measure_one(kind, 1)
-        for kind in busy:
-            peaks[kind, cores] = measure_one(kind, cores)
-    warnings = [
-        f"{kind} peak: {cores} threads reached only "
-        f"{peaks[kind, cores]['value']['median'] / peaks[kind, 1]['value']['median']:.2f}x "
-        f"one thread's rate (expected close to {min(cores, physical or cores)}x): another "
-        f"process was probably using the cores; measure again on a quiet machine"
-        for kind in poorly_scaled(peaks, cores, kinds, physical)]
-    return peaks, warnings
-
-def stream_sizes(quick: bool, caches: dict | None = None, memory: int | None = None) -> list[int]:
-    """Working sets, in bytes, by factors of 2 from 4 KiB (well inside any L1, so that a thread
-    has a few KiB even with several) to 1 GiB, or further: to at least 4 x the L3 (the plateau
-    past a cache starts some way beyond its size), as long as the three arrays fit in a quarter
-    of the memory. Quick: 4 KiB to 64 MiB."""
-    caches = caches or machine_info.caches()
-    memory = machine_info.memory_bytes() if memory is None else memory
-    want = 64 * MiB if quick else max(GiB, 4 * caches["L3_bytes"] * caches["L3_instances"])
-    room = memory / 4 / 1.5 if memory and not quick else math.inf  # Stream's arrays: 1.5 x
-    sizes = [4 * KiB]
-    while sizes[-1] < want and (2 * sizes[-1] <= room or sizes[-1] < 64 * MiB):
-        sizes.append(2 * sizes[-1])
-    return sizes
-
-
-def measure_numpy_copy(ws_bytes: int, repeats: int = 5) -> dict:
-    """numpy's copy of one array into another: the peer for the DRAM plateau."""
-    n = ws_bytes // 16
-    src = np.ones(n)
-    dst = np.zeros(n)
-    t = measure(lambda: np.copyto(dst, src), repeats=repeats)
-    return {"value": t.rate(16.0 * n / 1e9), "seconds": t.stats()}
+from ...machine import FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB
+from .. import figures, records, reference
+from .measuring import AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, RECORD, SCALING_FLOOR
 
 
 LEVELS = ("L1", "L2", "L3", "DRAM")
@@ -210,101 +116,6 @@ def staircase_close(plateau: dict, factor: float = DISTINCT) -> list[str]:
     v = [(lv, plateau[lv]) for lv in LEVELS if not math.isnan(plateau[lv])]
     out += [f"{a}/{b}" for (a, x), (b, y) in zip(v, v[1:]) if x < factor * y]
     return out
-
-
-# ---------------------------------------------------------------- the naive product
-
-def measure_naive_gemm(n: int, repeats: int = 3) -> dict:
-    """Chapter 2's rung 0 on one thread: the starting point of the climb."""
-    naive = LADDER[0]
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    c = np.empty((n, n), np.float32)
-    t = measure(lambda: naive(a, b, c, threads=1), repeats=repeats, warmup=0, max_time=30)
-    return {"value": t.rate(2.0 * n**3 / 1e9), "seconds": t.stats()}
-
-
-# ---------------------------------------------------------------- the whole chapter
-
-def run(quick: bool | None = None, progress: bool = True) -> records.Record:
-    """Measure everything chapter 1 shows; returns the (unsaved) record."""
-    from tqdm import tqdm
-
-    quick = quick_mode() if quick is None else quick
-    cores = machine_info.usable_cores()
-    thread_counts = sorted({1, cores})
-    level = isa.selected()
-    sizes = stream_sizes(quick)
-    gemm_n = 256 if quick else 1024
-    rec = records.Record(RECORD, settings={
-        "quick": quick, "threads": thread_counts, "isa": level, "gemm_naive_n": gemm_n,
-        "stream_sizes": sizes, "compiler": build.compiler_version(build.compiler()),
-        "cflags": build.BASE_FLAGS + build.tuning_flags(build.compiler())
-        + isa.compile_flags(level, isa.extensions(level))})
-
-    steps = 1 + (len(PEAK_KINDS) + len(amx_kinds(level))) * len(thread_counts) + len(sizes) * len(STREAM_KERNELS) * len(thread_counts) + 2
-    bar = tqdm(total=steps, desc="chapter 1", disable=not progress, unit="probe")
-
-    clock = measure_clock()
-    rec.add("clock", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock.items()},
-            chain="add")
-    clock_mul = measure_clock(chain="mul")
-    rec.add("clock_mul", "GHz", {k: (v / 1e9 if k != "n" else v) for k, v in clock_mul.items()},
-            chain="mul", latency=MUL_LATENCY)
-    if abs(clock_mul["median"] / clock["median"] - 1) > CLOCK_AGREEMENT:
-        rec.warn(f"the add chain measured {clock['median'] / 1e9:.2f} GHz and the multiply "
-                 f"chain {clock_mul['median'] / 1e9:.2f} GHz: one of them does not take the "
-                 f"cycles it is supposed to on this core")
-    bar.update()
-    counted = set()
-
-    def peak_with_progress(kind, th):
-        bar.set_postfix_str(f"{kind} peak, {th} thread(s)")
-        if (kind, th) not in counted:  # a second measurement is not a new step
-            counted.add((kind, th))
-            bar.update()
-        return measure_peak(kind, th)
-
-    kinds = PEAK_KINDS + amx_kinds(level)
-    physical = min(cores, machine_info.physical_cores())
-    rec.data["settings"]["physical_cores"] = physical
-    peaks, warnings = measure_peaks(thread_counts, peak_with_progress, pause=0.2 if quick else 2.0,
-                                    kinds=kinds, physical=physical)
-    for (kind, th), r in peaks.items():
-        rec.add("peak", "Gop/s", r["value"], seconds=r["seconds"], kind=kind, threads=th,
-                native=native(kind))
-    for w in warnings:
-        rec.warn(w)
-
-    stream = Stream(max(sizes), cores)
-    settle()
-    for th in thread_counts:
-        for kernel in STREAM_KERNELS:
-            for ws in sizes:
-                bar.set_postfix_str(f"{kernel} {ws // KiB} KiB, {th} thread(s)")
-                r = measure_stream_point(stream, kernel, ws, th)
-                rec.add("stream", "GB/s", r["value"], seconds=r["seconds"], kernel=kernel,
-                        threads=th, bytes=ws, reps=r["reps"])
-                bar.update()
-    del stream
-
-    settle()
-    r = measure_numpy_copy(max(sizes))
-    rec.add("numpy_copy", "GB/s", r["value"], seconds=r["seconds"], bytes=max(sizes), threads=1)
-    bar.update()
-    bar.set_postfix_str(f"naive {gemm_n}^3 product")
-    r = measure_naive_gemm(gemm_n)
-    rec.add("gemm_naive", "Gop/s", r["value"], seconds=r["seconds"], M=gemm_n, N=gemm_n, K=gemm_n,
-            threads=1)
-    bar.update()
-    bar.close()
-
-    clock_hz = clock["median"]
-    f32_core = records.value(rec.data, "peak", kind="f32", threads=1) * 1e9
-    # the pipes belong to physical cores: SMT siblings share them
-    rec.data["settings"]["theory"] = theoretical_peak(clock_hz, physical, level, f32_core)
-    return rec
 
 
 # ---------------------------------------------------------------- reading the record
@@ -691,13 +502,6 @@ def report(rec_dir) -> dict:
     return values
 
 
-# ---------------------------------------------------------------- command line
-
-def add_machine_arguments(p):
-    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
-    p.add_argument("--no-save", action="store_true", help="print the table, write no record")
-
-
 def summary_lines(data: dict) -> list[str]:
     """What `smallem machine` prints of a ``ch1.machine`` record: the machine, the
     theoretical peak's source, the table's rows and the figures a reader checks first."""
@@ -709,17 +513,3 @@ def summary_lines(data: dict) -> list[str]:
                f"{values['ch1.dram_moved_vs_numpy']}; f32 measured / theoretical: "
                f"{values['ch1.f32_fraction']}; staircase: levels close or not reached: "
                f"{values['ch1.staircase_close']}"])
-
-
-def cmd_machine(args) -> int:
-    quick = args.quick or quick_mode()
-    rec = run(quick=quick)
-    print("\n" + "\n".join(summary_lines(rec.data)))
-    if not args.no_save:
-        print(f"record written to {rec.save()}")
-    return 0
-
-
-# what `smallem` offers for this chapter: name -> (function, add_arguments, help)
-COMMANDS = {"machine": (cmd_machine, add_machine_arguments, "chapter 1: measure this machine")}
-MEASURE = "machine"  # the command `make book` runs

@@ -1,0 +1,47 @@
+"""Chapter 1, what a CPU is worth: the measurement, the reading of its record, its command.
+
+Measures this machine's limits with the library's probes (:mod:`smallem.machine`) and writes
+them to one record, ``ch1.machine``:
+
+- the clock, from a chain of dependent integer adds (one cycle each), checked against a
+  chain of multiplies;
+- peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
+- the memory staircase: STREAM copy/scale/add/triad over working sets from
+  4 KiB to past the L3, on one core and on all, with numpy's copy as a peer;
+- the starting point of chapter 2: a naive 1024^3 matrix product.
+
+Later chapters read this machine's peaks and bandwidths through :func:`facts`, loaded once.
+"""
+
+from __future__ import annotations
+
+from .measuring import (RECORD, RECORDS, PEAK_KINDS, AMX_KINDS, DOT_INSTRUCTION,
+                       CLOCK_AGREEMENT, SCALING_FLOOR, poorly_scaled, measure_peaks,
+                       stream_sizes, measure_numpy_copy, measure_naive_gemm, run)  # noqa: F401
+from .reading import (LEVELS, DISTINCT, level_sizes, plateaus, spans, staircase_close, facts,
+                     summary, level_of, ridges, ridge_position, staircase_distinct,
+                     column_lines_held, naive_gemm_intensity, roofline_figure,
+                     staircase_figure, table_rows, table_markdown, narrow_paths,
+                     fma_pipes_rows, report, summary_lines)  # noqa: F401
+from ...timing import quick_mode
+
+
+# ---------------------------------------------------------------- command line
+
+def add_machine_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
+    p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+
+
+def cmd_machine(args) -> int:
+    quick = args.quick or quick_mode()
+    rec = run(quick=quick)
+    print("\n" + "\n".join(summary_lines(rec.data)))
+    if not args.no_save:
+        print(f"record written to {rec.save()}")
+    return 0
+
+
+# what `smallem` offers for this chapter: name -> (function, add_arguments, help)
+COMMANDS = {"machine": (cmd_machine, add_machine_arguments, "chapter 1: measure this machine")}
+MEASURE = "machine"  # the command `make book` runs

@@ -1,0 +1,210 @@
+"""The GPU's records read into the pages' tables, figures and values (a page says 'not
+measured' where there is no record)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import figures, records
+from .measuring import CH1, CH2, CHECK_ROWS, NOT_MEASURED, GiB, KiB, MiB
+
+
+# ---------------------------------------------------------------- reading the records
+
+def load(name: str, rec_dir=None) -> dict | None:
+    try:
+        return records.load(name, rec_dir)
+    except records.RecordError:
+        return None
+
+
+def gpu_line(rec: dict) -> str:
+    g = rec["machine"].get("gpu", {})
+    cc = g.get("compute_capability", "?")
+    return (f"{g.get('name', 'unknown GPU')} (compute capability {cc[:-1]}.{cc[-1:]}, "
+            f"{g.get('sms', '?')} SMs), CuPy {g.get('cupy', '?')}; measured {rec['date'][:10]}, "
+            f"commit {rec['commit']}")
+
+
+def l2_plateau(rec: dict) -> tuple[float, float]:
+    """(L2 read GB/s, HBM read GB/s): medians over sets well inside / far outside L2."""
+    l2 = rec["machine"].get("gpu", {}).get("l2_bytes") or 50 * MiB
+    pts = records.results(rec, "read")
+    inside = [p["value"]["median"] for p in pts if 2 * MiB <= p["params"]["bytes"] <= l2 // 4]
+    outside = [p["value"]["median"] for p in pts if p["params"]["bytes"] >= 8 * l2]
+    inside = inside or [p["value"]["median"] for p in pts if p["params"]["bytes"] <= l2 // 2]
+    med = lambda v: float(np.median(v)) if v else float("nan")
+    return med(inside), med(outside)
+
+
+def _best_cublas(rec: dict, dtype: str) -> float:
+    vals = [r["value"]["median"] for r in records.results(rec, "cublas", dtype=dtype)]
+    return max(vals) if vals else float("nan")
+
+
+def peaks_rows(rec: dict | None) -> list[list]:
+    if rec is None:
+        return [[NOT_MEASURED, "-", "-", "-"]]
+    f = figures.fmt
+    fma, mma = records.value(rec, "fma_peak"), records.value(rec, "mma_peak")
+    cb32, cb16 = _best_cublas(rec, "f32"), _best_cublas(rec, "bf16")
+    ours, theirs = records.value(rec, "copy", impl="ours"), records.value(rec, "copy", impl="cupy")
+    l2, hbm = l2_plateau(rec)
+    pct = lambda a, b: f"{100 * a / b:.0f} %" if b == b and b else "-"
+    return [
+        ["f32 FMA, CUDA cores", f(fma, "Gop/s"), f"cuBLAS f32 {f(cb32, 'Gop/s')}", pct(cb32, fma)],
+        ["bf16 wmma, tensor cores", f(mma, "Gop/s"), f"cuBLAS bf16 {f(cb16, 'Gop/s')}", pct(cb16, mma)],
+        ["HBM copy (read + write)", f(ours, "GB/s"), f"CuPy copy {f(theirs, 'GB/s')}", pct(theirs, ours)],
+        ["L2 read", f(l2, "GB/s"), "-", "-"],
+        ["HBM read", f(hbm, "GB/s"), "-", "-"],
+    ]
+
+
+PEAKS_HEADER = ["what", "our probe", "reference, same run", "reference / probe"]
+STAIR_HEADER = ["working set", "read GB/s"]
+GEMM_HEADER = ["rung", "kernel", "inputs", "Gop/s", "% of cuBLAS (same inputs)",
+               "max rel. error vs cuBLAS", "vs float64"]
+
+
+def stair_rows(rec: dict | None) -> list[list]:
+    if rec is None:
+        return [[NOT_MEASURED, "-"]]
+    return [[_bytes(p["params"]["bytes"]), figures.fmt(p["value"]["median"])]
+            for p in records.results(rec, "read")]
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+def gemm_rows(rec: dict | None) -> list[list]:
+    if rec is None:
+        return [[NOT_MEASURED, "-", "-", "-", "-", "-", "-"]]
+    n = rec["settings"]["ladder_n"]
+    rows = []
+    for r in records.results(rec, "gemm"):
+        p = r["params"]
+        ref = records.value(rec, "cublas", dtype=p["dtype"], n=n)
+        rows.append([p["number"], p["rung"], p["dtype"], figures.fmt(r["value"]["median"]),
+                     f"{100 * r['value']['median'] / ref:.0f} %", f"{p['max_rel_err']:.1e}",
+                     f"{p['max_rel_err_f64']:.1e}"])
+    for dt in ("f32", "bf16"):
+        rows.append(["-", f"cuBLAS ({'cupy.matmul' if dt == 'f32' else 'cublasGemmEx'})", dt,
+                     figures.fmt(records.value(rec, "cublas", dtype=dt, n=n)), "100 %", "-", "-"])
+    return rows
+
+
+# ---------------------------------------------------------------- figures and tables
+
+def _placeholder(name: str, title: str):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 1.6))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"{title}: {NOT_MEASURED}", ha="center", va="center", fontsize=11)
+    figures.save(fig, name)
+
+
+def staircase_figure(rec: dict, name: str = "gpu_staircase"):
+    import matplotlib.pyplot as plt
+    pts = records.results(rec, "read")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([p["params"]["bytes"] for p in pts], [p["value"]["median"] for p in pts], marker=".",
+            label="read (ld.global.cg)")
+    l2 = rec["machine"]["gpu"].get("l2_bytes")
+    if l2:
+        ax.axvline(l2, color="grey", ls=":", lw=1)
+        ax.text(l2, 0.98, " L2", fontsize=8, color="grey", transform=ax.get_xaxis_transform(),
+                va="top")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("working set (bytes)")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"GPU memory staircase: {rec['machine']['gpu']['name']}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8)
+    figures.save(fig, name)
+
+
+def roofline_figure(rec: dict, cpu_rec: dict | None, name: str = "gpu_roofline"):
+    """The GPU's measured roofs, with the CPU's (chapter 1 record) beside them if present."""
+    import matplotlib.pyplot as plt
+    x = np.logspace(-2, 4, 400)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fma, mma = records.value(rec, "fma_peak"), records.value(rec, "mma_peak")
+    l2, hbm = l2_plateau(rec)
+    gname = rec["machine"]["gpu"]["name"]
+    for bw, label, color in ((hbm, "HBM", "#e76f51"), (l2, "L2", "#8ab17d")):
+        if bw == bw:
+            ax.plot(x, np.minimum(bw * x, mma), color=color, lw=1.6,
+                    label=f"{gname} {label} {figures.fmt(bw, 'GB/s')}")
+    ax.axhline(mma, color="#264653", ls="--", lw=1.2,
+               label=f"{gname} bf16 tensor cores {figures.fmt(mma, 'Gop/s')}")
+    ax.axhline(fma, color="#264653", lw=1.2, label=f"{gname} f32 {figures.fmt(fma, 'Gop/s')}")
+    if cpu_rec is not None:
+        try:
+            from .. import ch1 as cpu
+            sm = cpu.summary(cpu_rec)
+            cores = sm["cores"]
+            f32 = sm["peak"][("f32", cores)]
+            dram = sm["triad_plateaus"][cores]["DRAM"]
+            ax.plot(x, np.minimum(dram * x, f32), color="#6c757d", lw=1.4,
+                    label=f"CPU DRAM {figures.fmt(dram, 'GB/s')}, f32 {figures.fmt(f32, 'Gop/s')}")
+        except Exception as e:  # a CPU record of another shape must not break the GPU figure
+            print(f"gpu roofline: CPU roof left out ({type(e).__name__}: {e})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (operations per byte)")
+    ax.set_ylabel("Gop/s")
+    ax.set_title("Roofline: the GPU beside the CPU (measured ceilings)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="lower right")
+    figures.save(fig, name)
+
+
+def gemm_figure(rec: dict, name: str = "gpu_gemm"):
+    import matplotlib.pyplot as plt
+    n = rec["settings"]["ladder_n"]
+    rows = records.results(rec, "gemm")
+    labels = [f"{r['params']['number']} {r['params']['rung']}" for r in rows]
+    vals = [r["value"]["median"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    ax.bar(labels, vals, color=["#2a9d8f" if r["params"]["dtype"] == "f32" else "#e76f51"
+                                for r in rows])
+    for dt, ls in (("f32", "-"), ("bf16", "--")):
+        ax.axhline(records.value(rec, "cublas", dtype=dt, n=n), color="black", ls=ls, lw=1,
+                   label=f"cuBLAS {dt}")
+    ax.set_yscale("log")
+    ax.set_ylabel("Gop/s")
+    ax.set_title(f"The GPU ladder at {n}³ on {rec['machine']['gpu']['name']}", fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8)
+    figures.save(fig, name)
+
+
+def report(rec_dir) -> dict:
+    ch1, ch2 = load(CH1, rec_dir), load(CH2, rec_dir)
+    note1 = f"Measured on {gpu_line(ch1)}." if ch1 else ""
+    note2 = (f"Measured on {gpu_line(ch2)}. Errors are the largest difference from the "
+             f"reference over the largest reference magnitude; against float64, on "
+             f"{CHECK_ROWS} rows computed on the host from the same inputs. An error of 0 "
+             f"against cuBLAS means the same bits: where it does not split K, cuBLAS sums "
+             f"each element's products in k order with FMAs, as these kernels do."
+             if ch2 else "")
+    figures.write_table("gpu_peaks", peaks_rows(ch1), PEAKS_HEADER, note1)
+    figures.write_table("gpu_staircase", stair_rows(ch1), STAIR_HEADER, note1)
+    figures.write_table("gpu_gemm", gemm_rows(ch2), GEMM_HEADER, note2)
+    if ch1:
+        staircase_figure(ch1)
+        roofline_figure(ch1, load("ch1.machine", rec_dir))
+    else:
+        _placeholder("gpu_staircase", "GPU memory staircase")
+        _placeholder("gpu_roofline", "GPU roofline")
+    if ch2:
+        gemm_figure(ch2)
+    else:
+        _placeholder("gpu_gemm", "GPU GEMM ladder")
+    return {"gpu.ch1_line": gpu_line(ch1) if ch1 else NOT_MEASURED,
+            "gpu.ch2_line": gpu_line(ch2) if ch2 else NOT_MEASURED}
