@@ -45,7 +45,21 @@ def test_every_climb_rung_has_a_prediction(tmp_path, monkeypatch):
     toks.update({0: r["value"]["median"] for r in records.results(rec, "step", backend="numpy")})
     pred = ch3r.predicted(rec, BOOK, toks)
     assert set(toks) <= set(pred), f"rungs without a prediction: {sorted(set(toks) - set(pred))}"
-    assert all(g > 0 for g, _ in pred.values())
+    # the arithmetic, redone from the record: rung 2 is rung 1's step less the regions'
+    # saved fork-joins, rung 5 rung 4's less the fused kernels' saving
+    s = rec["settings"]
+    n = s["batch_size"] * s["seq_len"]
+    fj = {r["params"]["kind"]: r["value"]["median"] for r in records.results(rec, "fork_join")
+          if r["params"]["what"] in ("pool", "OpenMP")}
+    saved2 = s["regions_per_step"] * (fj["openmp"] - fj["pool"]) * 1e-6
+    assert pred[2][0] == pytest.approx(1 / (1 / toks[1] - saved2 / n), rel=1e-9)
+    calls = s["op_calls"][str(ch3r.F32_TOP)]
+    times: dict = {}
+    for r in records.results(rec, "fused_op"):
+        times.setdefault(r["params"]["op"], {})[r["params"]["fused"]] = r["seconds"]["median"]
+    saved5 = sum(calls[ch3r.FUSED_OPS[op]] * (t[False] - t[True]) for op, t in times.items())
+    assert ch3r.fused_saving(rec)[0] == pytest.approx(saved5, rel=1e-12)
+    assert pred[5][0] == pytest.approx(1 / (1 / toks[4] - saved5 / n), rel=1e-9)
 
 
 def test_every_decode_rung_has_its_bounds(tmp_path, monkeypatch):

@@ -142,6 +142,24 @@ def _profile(rec, rung: int) -> dict:
     return out
 
 
+def fused_saving(rec) -> tuple[float, int] | None:
+    """(seconds a step saves through the fused kernels, their calls per step): each fused
+    kernel's time saved per call (the fused-op timings, at the step's shapes) times its calls
+    in rung 5's profiled step, or, in a record made before the calls were counted, once per
+    block each (GPT's block: three forward, the GELU backward); None without the timings."""
+    times: dict = {}
+    for r in records.results(rec, "fused_op"):
+        times.setdefault(r["params"]["op"], {})[r["params"]["fused"]] = r["seconds"]["median"]
+    times = {op: t for op, t in times.items() if op in FUSED_OPS and {False, True} <= set(t)}
+    if not times:
+        return None
+    counted = rec["settings"].get("op_calls", {}).get(str(F32_TOP))
+    layers = rec["settings"]["config"]["n_layer"]
+    calls = {op: counted.get(FUSED_OPS[op], 0) if counted else layers for op in times}
+    return (sum(calls[op] * (t[False] - t[True]) for op, t in times.items()),
+            sum(calls.values()))
+
+
 def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
     """What this machine's own measurements predict for each rung of the climb, in tokens/s,
     and the arithmetic behind it: rung -> (tokens/s, how). From rung 2 on, each prediction
@@ -202,15 +220,10 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
         rate = att_flops / prof3["attention"]
         less(4, att_flops / 2 / rate, f"half of attention's {f(att_flops / 1e9, 'GFLOP')} at "
              f"{f(rate / 1e9, 'GFLOP/s')}")
-    calls = s.get("op_calls", {}).get(str(F32_TOP), {})
-    fused = {r["params"]["op"]: {} for r in records.results(rec, "fused_op")}
-    for r in records.results(rec, "fused_op"):
-        fused[r["params"]["op"]][r["params"]["fused"]] = r["seconds"]["median"]
-    if calls and fused:
-        saved = sum(calls.get(FUSED_OPS[op], 0) * (t[False] - t[True])
-                    for op, t in fused.items() if op in FUSED_OPS and {False, True} <= set(t))
-        less(5, saved, f"{sum(calls.get(FUSED_OPS[op], 0) for op in fused)} fused calls, "
-             f"{f(1e3 * saved, 'ms')} saved")
+    fused = fused_saving(rec)
+    if fused:
+        saved, calls = fused
+        less(5, saved, f"{calls} fused calls, {f(1e3 * saved, 'ms')} saved")
     peaks = _peaks(rec, rec_dir, th)
     prof5 = _profile(rec, F32_TOP)
     if prof5 and peaks["f32"] and peaks["bf16"] and F32_TOP in sec:
@@ -580,14 +593,9 @@ def _fused_table(rec, rec_dir, rungs, values):
     found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
     if not found:
         return
-    if 4 in rungs:
-        # what the fused kernels alone would save rung 4's step: each is called once per
-        # block (GPT._block_forward: three of them, _block_backward: the GELU backward), at
-        # the step's shapes, so n_layer times its saving per call
-        per_call = sum(found[(op, False)]["seconds"]["median"] - found[(op, True)]["seconds"]["median"]
-                       for op in FUSED)
-        step = rungs[4]["seconds"]["median"]
-        predicted = per_call * rec["settings"]["config"]["n_layer"] / step
+    saving = fused_saving(rec)
+    if 4 in rungs and saving:  # what the fused kernels alone would save rung 4's step
+        predicted = saving[0] / rungs[4]["seconds"]["median"]
         values["ch3.fused_predicted"] = _pct(predicted)
         if 5 in rungs:  # the gain against the prediction, as a word for the sentence
             gain = rungs[5]["value"]["median"] / rungs[4]["value"]["median"] - 1
