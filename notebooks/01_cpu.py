@@ -75,6 +75,29 @@ for chain in ("add", "mul"):
 ch1.staircase_figure(data)
 display(SVG(filename=str(figures.figures_dir() / "ch1_staircase.svg")))
 
+# %% [markdown]
+# ## The read-only stream
+#
+# A sum of one array, with no stores: a decoder's traffic (chapter 4 takes its bounds from
+# it). Live, on one thread, from a working set past the measured L3 plateau, beside the
+# triad at the same size; then its plateaus from the record, beside the triad's.
+
+# %%
+_last = summary["triad_spans"][1]["L3"]["last"]
+_ws = int(min(4 * _last, machine.GiB)) if _last == _last else 256 * machine.MiB
+_s = machine.Stream(_ws, 1)
+for _k in ("read", "triad"):
+    _r = machine.measure_stream_point(_s, _k, _ws, 1, repeats=3)
+    print(f"{_k:5s} {_ws // machine.MiB} MiB, one thread, now: {_r['value']['median']:.1f} GB/s")
+del _s
+if "read_plateaus" in summary:
+    for _th in sorted(summary["read_plateaus"]):
+        print(f"{_th} thread(s): " + ", ".join(
+            f"{lv} read {summary['read_plateaus'][_th][lv]:.1f} / triad "
+            f"{summary['triad_plateaus'][_th][lv]:.1f} GB/s" for lv in ch1.LEVELS))
+else:
+    print("this record predates the read-only stream: measure chapter 1 again to see its plateaus")
+
 # %%
 n = data["settings"]["gemm_naive_n"]
 ch1.roofline_figure([(f"naive {n}³ product", ch1.naive_gemm_intensity(n),

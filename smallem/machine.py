@@ -27,7 +27,8 @@ from .timing import measure, quick_mode
 RECORD = "ch1.machine"
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 STREAM_KERNELS = {  # name: (arrays touched, bytes moved per element as STREAM counts them)
-    "copy": (2, 16), "scale": (2, 16), "add": (3, 24), "triad": (3, 24)}
+    "copy": (2, 16), "scale": (2, 16), "add": (3, 24), "triad": (3, 24),
+    "read": (1, 8)}  # a sum of one array: a decoder's traffic (it reads weights, writes little)
 
 
 
@@ -196,21 +197,31 @@ def amx_kinds(level: str | None = None) -> tuple[str, ...]:
 # ---------------------------------------------------------------- the memory staircase
 
 def stream_kernel(kernel: str, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None,
-                  scalar: float = 3.0, reps: int = 1, threads: int = 1) -> None:
-    """Run one STREAM kernel in place on float64 arrays: a = b, s*b, b+c or b+s*c."""
+                  scalar: float = 3.0, reps: int = 1, threads: int = 1) -> float | None:
+    """Run one STREAM kernel in place on float64 arrays: a = b, s*b, b+c or b+s*c; or
+    "read", which stores nothing into ``a`` and returns the sum of ``b`` over the ``reps``
+    passes (each thread's slice summed in its own order)."""
     if kernel not in STREAM_KERNELS:
         raise ValueError(f"kernel: expected one of {list(STREAM_KERNELS)}, got {kernel!r}")
     checks.array(a, "a", np.float64, ndim=1, writable=True)
-    checks.array(b, "b", np.float64, shape=a.shape)
+    if kernel == "read":  # b alone, of any length
+        checks.array(b, "b", np.float64, ndim=1)
+    else:
+        checks.array(b, "b", np.float64, shape=a.shape)
     if STREAM_KERNELS[kernel][0] == 3:
         if c is None:
             raise ValueError(f"c: the {kernel} kernel reads a third array")
         checks.array(c, "c", np.float64, shape=a.shape)
-    n = checks.positive_int(a.size, "len(a)", limit=2**62)
+    n = checks.positive_int((b if kernel == "read" else a).size, "len(b)" if kernel == "read"
+                            else "len(a)", limit=2**62)
     reps = checks.positive_int(reps, "reps")
     threads = checks.positive_int(threads, "threads", limit=4096)
     ffi, lib = build.load("stream")
     pa, pb = ffi.from_buffer("double[]", a), ffi.from_buffer("double[]", b)
+    if kernel == "read":
+        out = np.zeros(8 * threads)  # a line per thread
+        lib.stream_read(pb, ffi.from_buffer("double[]", out), n, reps, threads)
+        return float(out[::8].sum())
     if kernel == "copy":
         lib.stream_copy(pa, pb, n, reps, threads)
     elif kernel == "scale":
@@ -238,11 +249,16 @@ class Stream:
         # are shifted by 17 and 34 lines: large arrays otherwise start at the same offset in a
         # 4 KiB page, so a[i], b[i] and c[i] would share their low 12 address bits and the
         # core would mistake loads for dependents of earlier stores ("4K aliasing").
-        self.a, self.b, self.c = (_line_aligned(n, skip) for skip in (0, 17 * 8, 34 * 8))
-        lib.stream_init(*(ffi.from_buffer("double[]", x) for x in (self.a, self.b, self.c)),
+        # b is twice as long: the read kernel spends the whole working set on it alone
+        self.a, self.b, self.c = (_line_aligned(m, skip)
+                                  for m, skip in ((n, 0), (2 * n, 17 * 8), (n, 34 * 8)))
+        lib.stream_init(*(ffi.from_buffer("double[]", x) for x in (self.a, self.b[:n], self.c)),
                         n, threads)
+        self.b[n:] = 2.0
 
     def run(self, kernel: str, n: int, reps: int, threads: int):
+        if kernel == "read":  # one array of n: b alone
+            return stream_kernel(kernel, self.a[:1], self.b[:n], None, 3.0, reps, threads)
         stream_kernel(kernel, self.a[:n], self.b[:n], self.c[:n], 3.0, reps, threads)
 
 

@@ -83,9 +83,14 @@ def _calls_per_sample(fn, min_sample: float) -> int:
 MIN_ROUNDS = 5  # the fewest rounds in which a one-sided sign test at 5 % can say anything
 
 
+FAR = 4.0  # a peer this many times slower than what it is judged against is timed once
+WAKE_SKIP = 0.1  # seconds: a sample at least this long needs no untimed call after the pause
+
+
 def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
                         min_sample: float = 0.0, pause: float = 0.0,
-                        max_time: float | None = None, min_rounds: int = MIN_ROUNDS) -> dict:
+                        max_time: float | None = None, min_rounds: int = MIN_ROUNDS,
+                        far: dict | None = None, far_factor: float = FAR) -> dict:
     """Time several functions in turn: each round takes one sample of each.
 
     On a shared machine the speed drifts by tens of percent over seconds. Timing all
@@ -96,13 +101,18 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     threads must not take the cores of the next.
     After a pause the first call is not timed: it wakes threads that went to sleep during
     the pause (on a virtual machine, a halted virtual CPU: up to milliseconds), a cost no
-    caller that calls in a loop pays. Each function is warmed up and its calls per sample
+    caller that calls in a loop pays; where the contender's last sample lasted WAKE_SKIP or
+    more, those milliseconds are inside its noise and the untimed call is skipped. Each function is warmed up and its calls per sample
     counted after a pause too, not while the previous one's threads still spin.
     The order alternates: forwards in even rounds, backwards in odd ones, so that no
     contender always runs right after the same other one (its spinning threads, the cache
     state it leaves) or always first after the pause.
     Returns a :class:`Timing` per key. ``max_time`` stops after a round, once ``min_rounds``
     rounds are done (5: the fewest a one-sided sign test at 5 % can decide on).
+    ``far`` ({peer: the key it is judged against}) sizes a peer's rounds by need: a peer
+    whose first sample took more than ``far_factor`` times its reference's is timed no more,
+    and keeps that one sample (each round of the reference is then compared with it; its
+    noise, tens of percent, cannot move a ratio that large across a target below it).
     """
     calls = {}
     for k, fn in fns.items():
@@ -115,11 +125,17 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     start = time.perf_counter()
     keys = list(fns)
     for i in range(repeats):
+        if i == 1 and far:  # after the first round: drop the peers that far behind
+            keys = [k for k in keys if not (k in far and far[k] in out and out[k].seconds[0]
+                                            > far_factor * out[far[k]].seconds[0])]
         for k in (keys if i % 2 == 0 else keys[::-1]):
             fn = fns[k]
             if pause > 0:
                 time.sleep(pause)
-                fn()
+                # waking the threads costs at most milliseconds: inside a sample this long
+                # it is noise, and the untimed call would double the round's time
+                if not out[k].seconds or out[k].seconds[-1] * calls[k] < WAKE_SKIP:
+                    fn()
             t0 = time.perf_counter()
             for _ in range(calls[k]):
                 fn()

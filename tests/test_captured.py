@@ -179,3 +179,37 @@ def test_a_level_is_where_the_measured_plateau_ran(name):
             assert ch1.level_of(facts, ext[lv]["last"], th) == (lv, ext[lv]["bw"]), (th, lv)
             assert ext[lv]["first"] <= ext[lv]["last"] < ext[reached[reached.index(lv) + 1]]["first"]
         assert ch1.level_of(facts, 2 * ext["DRAM"]["first"], th)[0] == "DRAM"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_bounds_come_from_the_read_only_stream_where_it_was_measured(name):
+    """With read-only points in chapter 1's record, its staircase is found like the triad's,
+    ch1.read_stream names it, and chapter 4's bounds are its bandwidths; a record from before
+    it falls back to the triad, and asking such a record for the read staircase is an error."""
+    import copy
+
+    from smallem.book.ch4 import reading as ch4r
+
+    rec = copy.deepcopy(captured.load(name).record("ch1.machine"))
+    old = ch1.summary(rec)
+    if "read_spans" not in old:  # the record predates the read stream: the triad stands
+        assert ch1.read_stream(old) == "triad" and ch4r.stream_name(old) == "triad"
+        with pytest.raises(ValueError, match="read"):
+            ch1.level_of(old, 1e6, 1, "read")
+        big = 4 * old["triad_spans"][old["cores"]]["DRAM"]["first"]
+        assert ch4r.bandwidth_bound(old, big, old["cores"])[1] == \
+            pytest.approx(1e9 * old["triad_plateaus"][old["cores"]]["DRAM"])
+        # the same record with read points: each triad point again, 1.3 times as fast
+        for r in [r for r in rec["results"] if r["params"].get("kernel") == "triad"]:
+            r = copy.deepcopy(r)
+            r["params"]["kernel"] = "read"
+            r["value"] = {k: 1.3 * v if isinstance(v, float) else v for k, v in r["value"].items()}
+            rec["results"].append(r)
+    facts = ch1.summary(rec)
+    assert ch1.read_stream(facts) == "read" and ch4r.stream_name(facts) == "read-only stream"
+    for th, ext in facts["read_spans"].items():
+        big = 4 * ext["DRAM"]["first"]
+        level, bw = ch1.level_of(facts, big, th, "read")
+        assert level == "DRAM" and bw == ext["DRAM"]["bw"]
+        assert ch4r.bandwidth_bound(facts, big, th) == ("DRAM", pytest.approx(1e9 * bw))
+        assert bw != facts["triad_plateaus"][th]["DRAM"]  # not the triad's

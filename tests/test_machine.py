@@ -80,7 +80,13 @@ def test_stream_kernels_match_numpy(level, rng, kernel, n, threads):
     a = np.zeros(n)
     b = rng.standard_normal(n)
     c = rng.standard_normal(n)
-    machine.stream_kernel(kernel, a, b, c, scalar=3.0, reps=2, threads=threads)
+    got = machine.stream_kernel(kernel, a, b, c, scalar=3.0, reps=2, threads=threads)
+    if kernel == "read":  # the sum of both passes, in float64 against the float64 sum
+        assert not a.any(), "the read kernel stored into a"
+        err = abs(got - 2 * b.astype(np.float64).sum())
+        assert err <= 1e-12 * 2 * np.abs(b).sum() + 1e-300, (got, 2 * b.sum())
+        return
+    assert got is None
     expected = {"copy": b, "scale": 3.0 * b, "add": b + c, "triad": b + 3.0 * c}[kernel]
     checks.assert_close(a, expected, k=2, name=kernel)
 
@@ -90,9 +96,13 @@ def test_stream_arrays_are_first_touched_then_run(level, threads):
     s = machine.Stream(3 * 1024 + 40, threads)  # not a whole number of lines per thread
     assert s.a.ctypes.data % 64 == 0 and s.b.ctypes.data % 64 == s.c.ctypes.data % 64 == 0
     assert np.isfinite(s.b).all() and np.isfinite(s.c).all()
-    b, c = s.b.copy(), s.c.copy()
-    s.run("triad", s.a.size, 1, threads)
+    n = s.a.size
+    assert s.b.size == 2 * n  # the read kernel's one array spends the whole working set
+    b, c = s.b[:n].copy(), s.c.copy()
+    s.run("triad", n, 1, threads)
     checks.assert_close(s.a, b + 3.0 * c, k=2, name="triad over the whole arrays")
+    total = s.run("read", 2 * n, 3, threads)
+    assert abs(total - 3 * s.b.sum()) <= 1e-12 * 3 * np.abs(s.b).sum()
 
 
 def test_stream_kernel_rejects_bad_input():
@@ -107,6 +117,8 @@ def test_stream_kernel_rejects_bad_input():
         ro = np.zeros(8)
         ro.flags.writeable = False
         machine.stream_kernel("copy", ro, b)
+    with pytest.raises(TypeError, match="b: expected dtype float64"):
+        machine.stream_kernel("read", a, b.astype(np.float32))
     with pytest.raises(ValueError, match="third array"):
         machine.stream_kernel("triad", a, b)
     with pytest.raises(ValueError, match="kernel"):
@@ -256,6 +268,51 @@ def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
     calls.clear()
     out = timing.measure_interleaved(fns, repeats=4, warmup=0)
     assert calls == ["a", "b", "b", "a"] * 2 and len(out["b"].seconds) == 4
+
+
+def test_a_peer_far_behind_is_timed_once(monkeypatch):
+    from smallem import timing
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    cost = {"ours": 1.0, "slow": 10.0, "close": 3.0}  # seconds a call
+    calls = []
+
+    def fn(k):
+        def call():
+            calls.append(k)
+            now[0] += cost[k]
+        return call
+
+    fns = {k: fn(k) for k in cost}
+    far = {"slow": "ours", "close": "ours"}
+    out = timing.measure_interleaved(fns, repeats=7, warmup=1, far=far, far_factor=4.0)
+    # 10 s against 1 s: decided after its first round; 3 s is not far enough behind
+    assert len(out["slow"].seconds) == 1 and out["slow"].seconds == [10.0]
+    assert len(out["ours"].seconds) == len(out["close"].seconds) == 7
+    assert calls.count("slow") == 2  # the warm-up and its one sample
+    # without `far`, every round times every contender
+    out = timing.measure_interleaved(fns, repeats=7, warmup=1)
+    assert all(len(t.seconds) == 7 for t in out.values())
+
+
+def test_a_long_sample_needs_no_wake_up_call(monkeypatch):
+    from smallem import timing
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(timing.time, "sleep", lambda s: None)
+    cost = {"long": 2 * timing.WAKE_SKIP, "short": timing.WAKE_SKIP / 10}
+    calls = []
+
+    def fn(k):
+        def call():
+            calls.append(k)
+            now[0] += cost[k]
+        return call
+
+    timing.measure_interleaved({k: fn(k) for k in cost}, repeats=3, warmup=1, pause=0.5)
+    # the long one: a warm-up, then one timed call a round, an untimed one before the first
+    # sample only; the short one: an untimed call after every pause
+    assert calls.count("long") == 1 + 1 + 3 and calls.count("short") == 1 + 2 * 3
 
 
 def test_measure_interleaved_stops_early_only_after_enough_rounds(monkeypatch):

@@ -87,3 +87,12 @@ def test_a_peer_ahead_in_some_rounds_is_not_matched():
     assert not v.met and v.ahead == 5 and v.rounds == 7 and "7 needed" in v.text()
     assert compare.against(ours, _result([100.0] * 6), 1.0).text().startswith("not decided")
     assert compare.against(_result([100.0] * 7), theirs, 1.0).met
+
+
+def test_a_peer_timed_once_is_compared_with_every_round():
+    # a peer far behind keeps one sample (timing.FAR): each of our rounds is judged against it
+    theirs = _result([10.0])
+    assert compare.against(_result([100.0] * 7), theirs, 1.0).met
+    v = compare.against(_result([100.0] * 6 + [9.0]), theirs, 1.0)
+    assert not v.met and v.ahead == 6 and v.rounds == 7  # a round below it still counts
+    assert not compare.against(_result([100.0] * 7), theirs, 12.0).met

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..timing import measure_interleaved
+from ..timing import FAR, WAKE_SKIP, measure_interleaved
 from .figures import fmt
 
 
@@ -161,6 +161,8 @@ def against(ours: dict, theirs: dict, target: float, scale: float = 1.0) -> Verd
     """Ours against theirs (two results timed in the same rounds) at ``target`` times their
     rate; ``scale`` multiplies our side (a per-token rate on another unit, say)."""
     a, b = per_round_rates(ours), per_round_rates(theirs)
+    if len(b) == 1 < len(a):  # a peer timed once, far behind (timing.FAR): every round against it
+        b = b * len(a)
     ratios = [scale * x / y for x, y in zip(a, b)] if len(a) == len(b) else []
     return judge(ratios, scale * ours["value"]["median"] / theirs["value"]["median"], target)
 
@@ -219,4 +221,5 @@ def method_values() -> dict:
             "how.parity_margin": f"{PARITY_MARGIN:g}",
             "how.target_needs": listing([f"{needed_above(n)} of {n}" for n in (5, 7, 9)
                                          if needed_above(n)], "none"),
-            "how.target_fewest": str(next(n for n in range(1, 64) if needed_above(n)))}
+            "how.target_fewest": str(next(n for n in range(1, 64) if needed_above(n))),
+            "how.wake_skip_ms": f"{1000 * WAKE_SKIP:.0f} ms", "how.far": f"{FAR:g}"}

@@ -79,7 +79,7 @@ def stream_sizes(quick: bool, caches: dict | None = None, memory: int | None = N
     caches = caches or machine_info.caches()
     memory = machine_info.memory_bytes() if memory is None else memory
     want = 64 * MiB if quick else max(GiB, 4 * caches["L3_bytes"] * caches["L3_instances"])
-    room = memory / 4 / 1.5 if memory and not quick else math.inf  # Stream's arrays: 1.5 x
+    room = memory / 4 / 2 if memory and not quick else math.inf  # Stream's arrays: 2 x
     sizes = [4 * KiB]
     while sizes[-1] < want and (2 * sizes[-1] <= room or sizes[-1] < 64 * MiB):
         sizes.append(2 * sizes[-1])

@@ -17,6 +17,7 @@ from .measuring import AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, RECORD, SCAL
 
 LEVELS = ("L1", "L2", "L3", "DRAM")
 DISTINCT = 1.15  # two neighbouring plateaus are distinct when one is this much faster
+STAIR_KERNELS = ("triad", "read")  # the staircases levels are read from: every write, none
 
 
 def level_sizes(caches: dict, threads: int) -> dict:
@@ -146,11 +147,17 @@ def summary(rec: dict) -> dict:
     caches = rec["machine"]["caches"]
     peak = {(r["params"]["kind"], r["params"]["threads"]): r
             for r in records.results(rec, "peak")}
-    stairs, extents = {}, {}
-    for th in s["threads"]:
-        pts = records.results(rec, "stream", kernel="triad", threads=th)
-        extents[th] = spans(pts, caches, th)
-        stairs[th] = {lv: span["bw"] for lv, span in extents[th].items()}
+    found = {}  # kernel -> (plateaus, spans) per thread count, for the triad and the read
+    for kernel in STAIR_KERNELS:
+        stairs, extents = {}, {}
+        for th in s["threads"]:
+            pts = records.results(rec, "stream", kernel=kernel, threads=th)
+            if pts:
+                extents[th] = spans(pts, caches, th)
+                stairs[th] = {lv: span["bw"] for lv, span in extents[th].items()}
+        if extents:
+            found[kernel] = stairs, extents
+    stairs, extents = found["triad"]
     clock_mul = records.results(rec, "clock_mul")
     out = {
         "cores": cores,
@@ -161,6 +168,9 @@ def summary(rec: dict) -> dict:
         "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
         "triad_plateaus": stairs,
         "triad_spans": extents,
+        # the read-only stream, where the record has it (records before it: absent)
+        **{f"{k}_{what}": v[i] for k, v in found.items() if k != "triad"
+           for i, what in enumerate(("plateaus", "spans"))},
         "numpy_copy": records.value(rec, "numpy_copy"),
         "naive_gops": records.value(rec, "gemm_naive"),
         "naive_n": s["gemm_naive_n"],
@@ -173,14 +183,24 @@ def summary(rec: dict) -> dict:
     return out
 
 
-def level_of(facts: dict, nbytes: float, threads: int) -> tuple[str, float]:
+def read_stream(facts: dict) -> str:
+    """The stream a kernel that reads much and writes little (a decoder's weights) is bound
+    by: "read" where chapter 1's record has the read-only stream, else "triad"."""
+    return "read" if "read_spans" in facts else "triad"
+
+
+def level_of(facts: dict, nbytes: float, threads: int,
+             stream: str = "triad") -> tuple[str, float]:
     """(the level of the measured staircase that holds a working set of ``nbytes`` on
-    ``threads`` threads, its triad bandwidth in GB/s): the first level whose plateau, as
-    chapter 1 measured it at that many threads (or the most threads measured), still ran at
-    that size, that is whose largest working set inside its stretch is at least ``nbytes``;
-    DRAM beyond the last. The cache sizes the OS reports do not decide it: a VM's share of an
-    L3, or a victim cache, moves the end of a plateau away from the nominal size."""
-    ext = facts["triad_spans"]
+    ``threads`` threads, its bandwidth in GB/s): the first level whose plateau, as
+    chapter 1 measured it with ``stream`` ("triad" or "read", see :func:`read_stream`) at
+    that many threads (or the most threads measured), still ran at that size, that is whose
+    largest working set inside its stretch is at least ``nbytes``; DRAM beyond the last. The
+    cache sizes the OS reports do not decide it: a VM's share of an L3, or a victim cache,
+    moves the end of a plateau away from the nominal size."""
+    if f"{stream}_spans" not in facts:
+        raise ValueError(f"stream: chapter 1's record has no {stream!r} staircase")
+    ext = facts[f"{stream}_spans"]
     th = threads if threads in ext else max(ext)
     for lv in LEVELS[:-1]:
         span = ext[th][lv]
@@ -351,14 +371,18 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
              for k in AMX_KINDS if (k, 1) in sm["peak"]]
     top = rec["settings"]["stream_sizes"][-1]
 
-    def bandwidth(th, level):
-        bw = sm["triad_plateaus"][th][level]
+    def bandwidth(th, level, kernel="triad"):
+        bw = sm[f"{kernel}_plateaus"][th][level]
         return (f"not reached (largest working set {f(top / MiB)} MiB)" if math.isnan(bw)
                 else f(bw, "GB/s"))
 
     for level in LEVELS:
         rows.append([f"{level} bandwidth (triad)", bandwidth(1, level), bandwidth(cores, level)]
                     + none)
+    if "read_plateaus" in sm:
+        for level in LEVELS:
+            rows.append([f"{level} bandwidth (read only)", bandwidth(1, level, "read"),
+                         bandwidth(cores, level, "read")] + none)
     rows.append([f"numpy copy, {f(rec['settings']['stream_sizes'][-1] / GiB)} GiB",
                  f(sm["numpy_copy"], "GB/s"), ""] + none)
     n = sm["naive_n"]
@@ -431,6 +455,13 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     for th_ in (1, cores):
         for level in LEVELS:
             values[f"ch1.{level.lower()}_{'core' if th_ == 1 else 'all'}"] = bandwidth(th_, level)
+            values[f"ch1.{level.lower()}_read_{'core' if th_ == 1 else 'all'}"] = (
+                bandwidth(th_, level, "read") if "read_plateaus" in sm
+                else "not measured (a record from before the read-only stream)")
+    for th_ in (1, cores):  # the read-only stream against the triad's counted bytes
+        values[f"ch1.dram_read_vs_triad_{'core' if th_ == 1 else 'all'}"] = (
+            f(sm["read_plateaus"][th_]["DRAM"] / sm["triad_plateaus"][th_]["DRAM"])
+            if "read_plateaus" in sm else "n/a")
     return rows, values
 
 

@@ -41,10 +41,13 @@ def _steps(dec, tokens):
 
 def _rounds(cases: dict, rounds: int) -> dict:
     """Each case is (setup, timed): every round calls each case's setup untimed, then
-    times its timed call; cases take turns within a round (see "How we measure")."""
+    times its timed call; cases take turns within a round, forwards in even rounds and
+    backwards in odd ones (see "How we measure")."""
     out = {k: Timing() for k in cases}
-    for _ in range(rounds):
-        for k, (setup, timed) in cases.items():
+    keys = list(cases)
+    for i in range(rounds):
+        for k in (keys if i % 2 == 0 else keys[::-1]):  # the order alternates, as everywhere
+            setup, timed = cases[k]
             time.sleep(PAUSE)  # the last case's threads (OpenBLAS, PyTorch) go to sleep
             setup()
             t0 = time.perf_counter()
@@ -67,7 +70,7 @@ def _prefill_case(dec, prompt):
     return (dec.reset, lambda: dec.prefill(prompt))
 
 
-LLAMA_REPS = 3  # llama-bench repetitions per round, of which the last is kept: steady state
+LLAMA_REPS = 2  # llama-bench repetitions per round, of which the last is kept: steady state
 
 
 def _llama_cases(tools, path: Path, threads, feed_n, prompt_n, key, cases):
@@ -198,7 +201,7 @@ def plateau_ends(threads: int) -> dict:
     facts = ch1.facts()
     if facts is None:
         return {}
-    ext = facts["triad_spans"]
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]  # the stream a decoder's weights are read at
     return {lv: span["last"] for lv, span in ext[threads if threads in ext else max(ext)].items()}
 
 
@@ -208,18 +211,40 @@ def study_config(d: int) -> Config:
                   context=128)
 
 
+STUDY_TOKENS = 32      # tokens a round of the study decodes, at most ...
+STUDY_MIN_TOKENS = 8   # ... and at least
+STUDY_ROUND_S = 0.2    # seconds the int8 decoder's round should last, between the two
+
+
+def study_tokens(dec, top: int = STUDY_TOKENS) -> int:
+    """Tokens a round of the study decodes with ``dec``, sized by need: enough that the
+    all-core int8 decoder's round lasts STUDY_ROUND_S (well above the timer's and the
+    scheduler's noise; the slower cases' rounds last longer), from one untimed run of a few
+    tokens; between STUDY_MIN_TOKENS and ``top``. The big models need few: more would only
+    repeat what the first tokens measured."""
+    dec.reset()
+    dec.prefill(PROMPT)
+    t0 = time.perf_counter()
+    _steps(dec, FEED[:4])
+    per = (time.perf_counter() - t0) / 4
+    return int(min(top, max(STUDY_MIN_TOKENS, math.ceil(STUDY_ROUND_S / max(per, 1e-9)))))
+
+
 def measure_study(rec, threads, quick, tools, tmp: Path):
     fp = machine_info.fingerprint()
     widths = study_sizes(fp["caches"], threads, machine_info.memory_bytes(), quick,
                          plateau_ends(threads))
-    feed = FEED[:4] if quick else FEED[:32]
+    top = 4 if quick else STUDY_TOKENS
     rounds = 2 if quick else ROUNDS
+    tokens = {}
     for d in widths:
         cfg = study_config(d)
         model = GPT(cfg, "kernels", seed=0)
         cases = {"int8": decode.Decoder(model, "int8", threads),
                  "f32": decode.Decoder(model, "f32", threads),
                  "int8-1": decode.Decoder(model, "int8", 1)}
+        feed = FEED[:top if quick else study_tokens(cases["int8"], top)]
+        tokens[d] = len(feed)
         bytes_ = {k: dec.weight_bytes for k, dec in cases.items()}
         timed = {k: _decode_case(dec, feed) for k, dec in cases.items()}
         samples = None
@@ -229,15 +254,17 @@ def measure_study(rec, threads, quick, tools, tmp: Path):
         ts = _rounds(timed, rounds)
         for k, t in ts.items():
             if k in cases:
-                _add(rec, "study", t, len(feed), d=d, params=cfg.n_params(), kind=k,
+                _add(rec, "study", t, len(feed), d=d, params=cfg.n_params(), kind=k, decoded=len(feed),
                      weight_bytes=bytes_[k], threads=int(cases[k].threads),
                      par_min_bytes=cases[k].par_min_bytes)
         if samples:
-            _add_llama(rec, samples, study_d=d, params=cfg.n_params())
+            _add_llama(rec, samples, study_d=d, params=cfg.n_params(), decoded=len(feed))
             path.unlink()
         del cases, timed, model
     rec.data["settings"]["study"] = {"widths": widths, "layers": STUDY_LAYERS,
-                                     "decode_tokens": len(feed), "rounds": rounds}
+                                     "decode_tokens": max(tokens.values()),
+                                     "tokens": {str(d): n for d, n in tokens.items()},
+                                     "round_seconds": STUDY_ROUND_S, "rounds": rounds}
 
 
 def measure_fork_join(rec, threads, quick):

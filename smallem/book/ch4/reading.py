@@ -9,13 +9,13 @@ import numpy as np
 from ... import build, decode, quant
 from .. import ch1, compare, figures, records, reference
 from ...model import CONFIGS, get_config
-from .measuring import (PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS, STUDY_TOP,
-                        matrix_params, study_config)
+from .measuring import (PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
+                        STUDY_MIN_TOKENS, STUDY_TOKENS, STUDY_TOP, matrix_params, study_config)
 
 f = figures.fmt
 L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
 DRAM_VS_LLAMA = 1.0   # ... weights several times larger than the L3
-DRAM_TRIAD = 0.8      # ... there, weight bytes per second against chapter 1's DRAM triad
+DRAM_SHARE = 0.8      # ... there, weight bytes per second against chapter 1's DRAM read stream
 PP_VS_LLAMA = 1.0     # prompt processing (the ladder's prompt) against llama.cpp's pp
 INT8_VS_F32 = 2.5     # int8 decode against our f32 decode, beyond the L3
 QUALITY = 0.01        # int8's validation bits per byte within 1 % of f32's
@@ -23,7 +23,7 @@ QUALITY = 0.01        # int8's validation bits per byte within 1 % of f32's
 
 def target_values() -> dict:
     return {"ch4.target_l3_is": f"{L3_VS_LLAMA:g} times", "ch4.target_dram_is": f"{DRAM_VS_LLAMA:g} times",
-            "ch4.target_triad_is": f"{100 * DRAM_TRIAD:.0f} %", "ch4.target_pp_is": f"{PP_VS_LLAMA:g} times",
+            "ch4.target_dram_share_is": f"{100 * DRAM_SHARE:.0f} %", "ch4.target_pp_is": f"{PP_VS_LLAMA:g} times",
             "ch4.target_int8_is": f"{INT8_VS_F32:g} times", "ch4.target_quality_is": f"{100 * QUALITY:g} %"}
 
 
@@ -33,12 +33,23 @@ def _verdict(ours, theirs, target: float) -> str:
     return compare.against(ours, theirs, target).text()
 
 
+STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
+
+
+def stream_name(facts) -> str:
+    """What the decode bounds are read from, for prose: chapter 1's read-only stream (a
+    decoder reads its weights and writes almost nothing), or, in a record from before it,
+    the triad."""
+    return STREAM_NAMES[ch1.read_stream(facts)] if facts else STREAM_NAMES["read"]
+
+
 def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
     """(the level of chapter 1's measured staircase that holds ``weight_bytes`` of weights at
-    ``threads``, its triad bandwidth there in bytes/s): :func:`ch1.level_of`."""
+    ``threads``, its bandwidth there in bytes/s), from the read-only stream where the record
+    has it (:func:`ch1.level_of`, :func:`ch1.read_stream`)."""
     if facts is None:
         return "n/a", math.nan
-    level, gbs = ch1.level_of(facts, weight_bytes, threads)
+    level, gbs = ch1.level_of(facts, weight_bytes, threads, ch1.read_stream(facts))
     return level, gbs * 1e9
 
 
@@ -236,6 +247,13 @@ def _study(rec, facts, values):
         return []
     widths = rec["settings"]["study"]["widths"]
     by = {(r["params"]["d"], r["params"]["kind"]): r for r in pts}
+    st = rec["settings"]["study"]
+    per = [by[d, "int8"]["params"].get("decoded", st["decode_tokens"]) for d in widths]
+    values["ch4.study_tokens"] = (f"{per[0]} tokens a round" if min(per) == max(per) else
+                                  f"from {max(per)} tokens a round on the smallest models to "
+                                  f"{min(per)} on the largest")
+    values["ch4.study_round"] = (f"{f(1000 * st['round_seconds'])} ms" if "round_seconds" in st
+                                 else "n/a (an older record: a fixed count)")
     lla = {r["params"]["study_d"]: r for r in records.results(rec, "llama_tg") if "study_d" in r["params"]}
     import matplotlib.pyplot as plt
 
@@ -259,7 +277,7 @@ def _study(rec, facts, values):
                 color="tab:green", label="llama.cpp Q8_0, all cores")
     th = rec["settings"]["threads"]
     # where the measured plateaus end (chapter 1's staircase at these threads), in bytes
-    ext = facts["triad_spans"] if facts else {}
+    ext = facts[f"{ch1.read_stream(facts)}_spans"] if facts else {}
     ends = ({lv: span["last"] for lv, span in ext[th if th in ext else max(ext)].items()
              if span["last"] == span["last"]} if ext else {})
     ax.set_xscale("log")
@@ -320,9 +338,10 @@ def _study(rec, facts, values):
     values["ch4.big_bw"] = f(bw / 1e9, "GB/s")
     values["ch4.big_share"] = f"{100 * gbs / bw:.0f} %" if bw == bw else "n/a"
     if level == "DRAM":
-        out.append(f"weight bytes per second on that model against chapter 1's DRAM triad: "
-                   + compare.against_bound(b8, bw / b8["params"]["weight_bytes"], DRAM_TRIAD)
-                   .text(f"{100 * gbs / bw:.0f} %, target {100 * DRAM_TRIAD:.0f} %"))
+        out.append(f"weight bytes per second on that model against chapter 1's DRAM "
+                   f"{stream_name(facts)}: "
+                   + compare.against_bound(b8, bw / b8["params"]["weight_bytes"], DRAM_SHARE)
+                   .text(f"{100 * gbs / bw:.0f} %, target {100 * DRAM_SHARE:.0f} %"))
     else:
         out.append(f"the largest model's int8 weights ({values['ch4.big_int8_mib']}) still fit "
                    f"the {level} here: the DRAM target could not be measured")
@@ -373,7 +392,8 @@ def _small_threaded(rec, d: int, r) -> tuple[str, bool]:
     cfg = study_config(d)
     hidden, vocab = cfg.mlp_hidden, cfg.vocab
     products = max(d * 3 * d, d * d, d * hidden, hidden * d, d * vocab)  # int8: a byte each
-    positions = len(PROMPT) + rec["settings"]["study"].get("decode_tokens", 0)
+    positions = len(PROMPT) + r["params"].get("decoded",
+                                              rec["settings"]["study"].get("decode_tokens", 0))
     biggest = max(products, 8 * positions * d)
     if biggest < par_min:
         return (f"no region of a token reaches the threshold (the largest reads "
@@ -465,8 +485,11 @@ def report(rec_dir) -> dict:
     for key in ("ch4.vs_llama_l3", "ch4.vs_llama_ladder", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured
     values["ch4.rungs"] = str(len(decode.RUNGS))
+    values["ch4.study_tokens"] = values["ch4.study_round"] = "not measured"
+    values["ch4.study_token_range"] = f"at least {STUDY_MIN_TOKENS}, at most {STUDY_TOKENS}"
     values["ch4.int8_instruction"] = "not measured"  # the record's rung 3 says, below
     facts = ch1.facts(rec_dir)
+    values["ch4.stream"] = stream_name(facts)
     targets = []
     if records.exists(RECORD, rec_dir):
         rec = records.load(RECORD, rec_dir)
