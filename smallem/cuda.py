@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checks, quant
+from . import checks, ladder, quant
 from .build import ROOT
 
 KERNELS_DIR = Path(os.environ.get("SMALLEM_CUDA_KERNELS", ROOT / "kernels_cuda"))
@@ -268,17 +268,19 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True)
-class Rung:
-    """One step of chapter 2's GPU ladder: a kernel of gemm.cu and how to launch it."""
-    number: int
-    name: str
-    func: str
-    dtype: str          # "f32" or "bf16" (inputs; outputs are always f32)
-    threads: tuple      # block shape
-    tile: tuple         # (rows of C, columns of C) one block computes
-    rows_on_x: bool     # grid x walks the rows of C (only the naive rung)
-    title: str
-    smem: int = 0       # dynamic shared memory per block, bytes
+class Rung(ladder.Rung):
+    """One step of chapter 2's GPU ladder (:class:`smallem.ladder.Rung`): a kernel of gemm.cu
+    and how to launch it."""
+    func: str = ""
+    dtype: str = "f32"            # "f32" or "bf16" (inputs; outputs are always f32)
+    threads: tuple = ()           # block shape
+    tile: tuple = ()              # (rows of C, columns of C) one block computes
+    rows_on_x: bool = False       # grid x walks the rows of C (only the naive rung)
+    smem: int = 0                 # dynamic shared memory per block, bytes
+
+    @property
+    def number(self) -> int:  # the records' name for its place
+        return self.index
 
     def grid(self, M: int, N: int) -> tuple:
         gx, gy = (_cdiv(M, self.tile[0]), _cdiv(N, self.tile[1])) if self.rows_on_x else \
@@ -288,27 +290,36 @@ class Rung:
         return (gx, gy)
 
 
-GPU_LADDER = [
-    Rung(0, "naive", "sgemm_naive", "f32", (32, 8), (32, 8), True,
-         "naive: one thread per element, a warp reads 32 rows of A"),
-    Rung(1, "coalesced", "sgemm_coalesced", "f32", (32, 8), (8, 32), False,
-         "coalesced: a warp reads one 128-byte row of B"),
-    Rung(2, "smem", "sgemm_smem", "f32", (32, 32), (32, 32), False,
-         "shared-memory tiles, 32 x 32"),
-    Rung(3, "block1d", "sgemm_block1d", "f32", (512,), (64, 64), False,
-         "1-D register blocking: 8 elements a thread"),
-    Rung(4, "block2d", "sgemm_block2d", "f32", (256,), (128, 128), False,
-         "2-D register blocking: 8 x 8 elements a thread"),
-    Rung(5, "vec", "sgemm_vec", "f32", (256,), (128, 128), False,
-         "16-byte loads and stores"),
-    Rung(6, "prefetch", "sgemm_prefetch", "f32", (256,), (128, 128), False,
-         "next tile's loads in flight during the products, two buffers"),
-    Rung(7, "wmma", "hgemm_wmma", "bf16", (256,), (128, 128), False,
-         "bf16 on the tensor cores (wmma), f32 sums"),
-    Rung(8, "wmma_async", "hgemm_async", "bf16", (256,), (128, 128), False,
-         "bf16 wmma fed by cp.async, 3 tiles in flight", smem=61440),
-]
-RUNGS = {r.name: r for r in GPU_LADDER}
+def _gpu_where(marker: str, name: str) -> ladder.Where:
+    """Where a GPU rung is: its section of gemm.cu, the page's GPU section, the notebook's
+    GPU cell, the test of every rung on the CPU's emulation of CUDA."""
+    return ladder.Where(kernel=f"kernels_cuda/gemm.cu:{marker}",
+                        page="chapters/2-matmul.md:## The GPU beside it",
+                        notebook='notebooks/02_matmul.py:gpu.notebook_section("ch2")',
+                        test=f"tests/test_cuda_emu.py::test_rung_on_cpu[{name}]")
+
+
+GPU_LADDER = ladder.Ladder("chapter 2's GPU product", [
+    Rung(0, "naive", "naive: one thread per element, a warp reads 32 rows of A", func="sgemm_naive", dtype="f32", threads=(32, 8),
+         tile=(32, 8), rows_on_x=True, where=_gpu_where("naive", "naive")),
+    Rung(1, "coalesced", "coalesced: a warp reads one 128-byte row of B", func="sgemm_coalesced", dtype="f32", threads=(32, 8),
+         tile=(8, 32), rows_on_x=False, where=_gpu_where("coalesced", "coalesced")),
+    Rung(2, "smem", "shared-memory tiles, 32 x 32", func="sgemm_smem", dtype="f32", threads=(32, 32),
+         tile=(32, 32), rows_on_x=False, where=_gpu_where("smem", "smem")),
+    Rung(3, "block1d", "1-D register blocking: 8 elements a thread", func="sgemm_block1d", dtype="f32", threads=(512,),
+         tile=(64, 64), rows_on_x=False, where=_gpu_where("block1d", "block1d")),
+    Rung(4, "block2d", "2-D register blocking: 8 x 8 elements a thread", func="sgemm_block2d", dtype="f32", threads=(256,),
+         tile=(128, 128), rows_on_x=False, where=_gpu_where("block2d", "block2d")),
+    Rung(5, "vec", "16-byte loads and stores", func="sgemm_vec", dtype="f32", threads=(256,),
+         tile=(128, 128), rows_on_x=False, where=_gpu_where("vec", "vec")),
+    Rung(6, "prefetch", "next tile's loads in flight during the products, two buffers", func="sgemm_prefetch", dtype="f32", threads=(256,),
+         tile=(128, 128), rows_on_x=False, where=_gpu_where("prefetch", "prefetch")),
+    Rung(7, "wmma", "bf16 on the tensor cores (wmma), f32 sums", func="hgemm_wmma", dtype="bf16", threads=(256,),
+         tile=(128, 128), rows_on_x=False, where=_gpu_where("wmma", "wmma")),
+    Rung(8, "wmma_async", "bf16 wmma fed by cp.async, 3 tiles in flight", func="hgemm_async", dtype="bf16", threads=(256,),
+         tile=(128, 128), rows_on_x=False, smem=61440, where=_gpu_where("async", "wmma_async")),
+])
+RUNGS = GPU_LADDER  # by name: RUNGS["vec"]
 FINAL_F32 = "prefetch"
 FINAL_BF16 = "wmma_async"
 # the final kernels for A B^T and A^T B (same tiles and launch as their A B kernel)

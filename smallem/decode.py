@@ -28,6 +28,7 @@ import numpy as np
 
 from . import build, checkpoint, checks
 from . import pool as _pool
+from .ladder import Ladder, Rung, Where
 from .model import GPT, get_config
 from .ops import LN_EPS, rope_tables
 from .quant import Packed
@@ -408,15 +409,32 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # The ladder: (rung, what it adds, decoder factory). Every rung decodes the same model.
-RUNGS = (
-    (0, "no cache: the whole prefix again per token", lambda m, t: NoCache(m)),
-    (1, "KV cache; prompt through the GEMM, tokens in numpy", lambda m, t: NumpyCache(m)),
-    (2, "one C call per token, f32 tiles", lambda m, t: Decoder(m, "f32", 1, prefill="gemm")),
-    (3, "int8 weights", lambda m, t: Decoder(m, "int8", 1, prefill="gemm")),
-    (4, "threads on the pool", lambda m, t: Decoder(m, "int8", t, prefill="gemm")),
-    (5, "prompt path chosen by measurement: int8 call or f32 GEMM",
-     lambda m, t: Decoder(m, "int8", t, prefill="auto")),
-)
+def _where(kernel: str | None, rung: int, test: str) -> Where:
+    """Where chapter 4's rung ``rung`` is: its code, its paragraph of the page, the notebook's
+    cell of the ladder, its test."""
+    return Where(kernel, f"chapters/4-generation.md:**Rung {rung}, ",
+                 "notebooks/04_generation.py:# ## The ladder, with llama.cpp and PyTorch",
+                 f"tests/test_decode.py::{test}")
+
+
+RUNGS = Ladder("chapter 4's decoders", [
+    Rung(0, "no_cache", "no cache: the whole prefix again per token",
+         run=lambda m, t: NoCache(m), where=_where(None, 0, "test_rungs_are_the_ladder")),
+    Rung(1, "kv_cache", "KV cache; prompt through the GEMM, tokens in numpy",
+         run=lambda m, t: NumpyCache(m),
+         where=_where("smallem/decode.py:numpy_step", 1, "test_kv_cache_decode_equals_full_recompute")),
+    Rung(2, "c_call", "one C call per token, f32 tiles",
+         run=lambda m, t: Decoder(m, "f32", 1, prefill="gemm"),
+         where=_where("kernels_c/decode.c:f32_block", 2, "test_kv_cache_decode_equals_full_recompute")),
+    Rung(3, "int8", "int8 weights", run=lambda m, t: Decoder(m, "int8", 1, prefill="gemm"),
+         where=_where("kernels_c/decode.c:q8_block", 3, "test_int8_decode_follows_f32")),
+    Rung(4, "threads", "threads on the pool",
+         run=lambda m, t: Decoder(m, "int8", t, prefill="gemm"),
+         where=_where("kernels_c/decode.c:matmul", 4, "test_threshold_for_threads")),
+    Rung(5, "prompt_path", "prompt path chosen by measurement: int8 call or f32 GEMM",
+         run=lambda m, t: Decoder(m, "int8", t, prefill="auto"),
+         where=_where(None, 5, "test_the_measured_prompt_path_gives_the_same_logits")),
+])
 
 
 def int8_instruction(level: str | None = None) -> str:
@@ -426,17 +444,20 @@ def int8_instruction(level: str | None = None) -> str:
     return ffi.string(lib.sm_int8_instruction()).decode()
 
 
-def rung_label(i: int, level: str | None = None) -> str:
-    """Rung ``i``'s label, with the int8 instruction that runs here from rung 3 on."""
-    what = RUNGS[i][1]
-    return f"{what}, {int8_instruction(level)}" if i == 3 else what
+def rung_label(i, level: str | None = None) -> str:
+    """Rung ``i``'s label (``i`` its place or name), with the int8 instruction that runs here
+    on the int8 rung."""
+    r = RUNGS[i]
+    return f"{r.what}, {int8_instruction(level)}" if r.name == "int8" else r.what
 
 
-def rung_decoder(i: int, model: GPT, threads=None):
-    for j, _, make in RUNGS:
-        if j == i:
-            return make(model, threads)
-    raise ValueError(f"decode rung {i!r}: expected one of {[j for j, _, _ in RUNGS]}")
+def rung_decoder(i, model: GPT, threads=None):
+    """Rung ``i``'s decoder of ``model`` (``i`` its place or its name)."""
+    if isinstance(i, str) and i in RUNGS or isinstance(i, int) and not isinstance(i, bool) \
+            and 0 <= i < len(RUNGS):
+        return RUNGS[i].run(model, threads)
+    raise ValueError(f"decode rung {i!r}: expected one of {list(range(len(RUNGS)))} or "
+                     f"{', '.join(RUNGS.names())}")
 
 
 # ================================================================ sampling

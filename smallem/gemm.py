@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import build, checks, isa, machine, machine_info, pool
+from . import build, checks, isa, ladder, machine, machine_info, pool
 from .quant import bf16_to_f32, f32_to_bf16  # noqa: F401 (the bf16 format, gemm's names too)
 
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
@@ -363,37 +363,43 @@ def _out(out, name, shape):
 # ---------------------------------------------------------------- the ladder
 
 @dataclass(frozen=True)
-class Rung:
-    index: int
-    name: str          # C function: gemm_<name>, or gemm_<name>_ex when blocked
-    label: str
-    what: str          # one line for tables
-    threaded: bool     # uses all cores
-    blocked: bool      # takes mc/kc/nc
-    packed: bool       # takes a packing buffer
-    slow: bool         # measured at one size only, few repeats
+class Rung(ladder.Rung):
+    """A rung of chapter 2's ladder (:class:`smallem.ladder.Rung`): C = A B by one C function."""
+    label: str = ""            # "2 cache blocking": the rung as tables and figures name it
+    threaded: bool = False     # uses all cores
+    blocked: bool = False      # takes mc/kc/nc; its C function is gemm_<name>_ex
+    packed: bool = False       # takes a packing buffer
+    slow: bool = False         # measured at one size only, few repeats
 
     def __call__(self, a, b, out=None, *, threads=None, blocks=None, level=None):
         """C = A B with this rung. Same signature for every rung."""
         return run_rung(self, a, b, out, threads=threads, blocks=blocks, level=level)
 
 
-LADDER = [
-    #    index, C name, label, what; threaded, blocked, packed, slow
-    Rung(0, "naive", "0 naive (i,j,k)", "textbook loops; B walked down a column",
-         False, False, False, True),
-    Rung(1, "loop_order", "1 loop order (i,k,j)", "inner loop streams rows; vectorised",
-         False, False, False, True),
-    Rung(2, "blocked", "2 cache blocking", "jc, pc, ic loops: NC, KC, MC blocks",
-         False, True, False, True),
-    Rung(3, "registers", "3 micro-kernel", "MR x NR tile in registers over KC",
-         False, True, False, True),
-    Rung(4, "packed", "4 packing", "A and B packed into panels; zero-padded edges",
-         False, True, True, False),
-    Rung(5, "threads", "5 threads",
-         "all cores, tiles of C shared out in shrinking runs; tiles along C's rows",
-         True, True, True, False),
-]
+def _where(i: int, heading: str, name: str) -> ladder.Where:
+    """Where chapter 2's rung ``i`` is: its section of gemm.c, of the page, the notebook's
+    cell that runs every rung, the test of every rung against numpy."""
+    return ladder.Where(kernel=f"kernels_c/gemm.c:{name}",
+                        page=f"chapters/2-matmul.md:## Rung {i}: {heading}",
+                        notebook="notebooks/02_matmul.py:for rung in gemm.LADDER:",
+                        test=f"tests/test_gemm.py::test_rung_against_numpy[{name}]")
+
+
+LADDER = ladder.Ladder("chapter 2's product", [
+    Rung(0, "naive", "textbook loops; B walked down a column", label="0 naive (i,j,k)",
+         slow=True, where=_where(0, "three loops", "naive")),
+    Rung(1, "loop_order", "inner loop streams rows; vectorised", label="1 loop order (i,k,j)",
+         slow=True, where=_where(1, "the order of the loops", "loop_order")),
+    Rung(2, "blocked", "jc, pc, ic loops: NC, KC, MC blocks", label="2 cache blocking",
+         blocked=True, slow=True, where=_where(2, "cache blocks", "blocked")),
+    Rung(3, "registers", "MR x NR tile in registers over KC", label="3 micro-kernel",
+         blocked=True, slow=True, where=_where(3, "the micro-kernel, in registers", "registers")),
+    Rung(4, "packed", "A and B packed into panels; zero-padded edges", label="4 packing",
+         blocked=True, packed=True, where=_where(4, "packing", "packed")),
+    Rung(5, "threads", "all cores, tiles of C shared out in shrinking runs; tiles along C's rows",
+         label="5 threads", threaded=True, blocked=True, packed=True,
+         where=_where(5, "threads", "threads")),
+])
 
 
 def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=None):

@@ -11,15 +11,17 @@ checkpoints and samples).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from . import checkpoint, data
-from .model import CONFIGS, GPT, get_config
+from .model import BACKENDS, CONFIGS, GPT, get_config
 from .timing import measure
 
 LN2 = math.log(2.0)
@@ -216,13 +218,95 @@ class Muon:
 OPTIMIZERS = ("adamw", "muon")
 
 
+def _option(help: str, kind: str | None = None, *, how: bool = False, cli: bool = True,
+            **more):
+    """A TrainSettings field's description for the command line (the commands layer makes
+    the option from it): its help, the kind of its values ("count" from 1, "positive", "int",
+    "flag", "choice" of ``choices``), whether it says how a run is computed
+    rather than what it computes (``how``: a resumed run takes it from the command line, not
+    from the checkpoint), and whether the command line offers it at all."""
+    return {"help": help, "kind": kind, "how": how, "cli": cli, **more}
+
+
+# --8<-- [start:settings]
+@dataclass(frozen=True)
+class TrainSettings:
+    """Every option of a training run, defined once. :class:`Trainer` takes it (or its fields
+    as keywords), its :meth:`Trainer.settings` and checkpoints write it, :meth:`Trainer.resume`
+    reads it back, ``smallem train`` makes one option of each field, and
+    :func:`estimate_steps`, the distributed trainer and the book pass it on whole. A new
+    option is one field here and the code that uses it."""
+    batch_size: int | None = field(default=None, metadata=_option(
+        "sequences per step (default per config)", "count"))
+    seq_len: int | None = field(default=None, metadata=_option(
+        "tokens per sequence (default: the context)", "count"))
+    accumulate: int = field(default=1, metadata=_option(
+        "micro-batches of --batch-size sequences summed into each optimiser step (default 1)",
+        "count", metavar="A"))
+    steps: int = field(default=1000, metadata=_option(
+        "training steps (default 1000, or from --minutes)", "count", saved_as="total_steps",
+        unset=None))
+    seed: int = field(default=0, metadata=_option("the seed of the weights and the batches",
+                                                  "int"))
+    lr: float | None = field(default=None, metadata=_option(
+        "peak learning rate (default per config)", "positive"))
+    warmup: int | None = field(default=None, metadata=_option(
+        "steps of linear warm-up (default a tenth of the steps, at most 100)", "count",
+        cli=False))
+    weight_decay: float = field(default=0.1, metadata=_option("AdamW's weight decay", cli=False))
+    clip: float = field(default=1.0, metadata=_option("gradient norm clip", cli=False))
+    optimizer: str = field(default="adamw", metadata=_option(
+        "adamw, or muon for the blocks' matrices (AdamW for the rest)", "choice",
+        choices=OPTIMIZERS))
+    backend: str = field(default="kernels", metadata=_option(
+        "kernels, flash, fused, bf16 (the climb's rungs) or numpy", "choice",
+        choices=tuple(BACKENDS), how=True))
+    threads: int | None = field(default=None, metadata=_option(
+        "threads (default: every usable core)", "count", how=True))
+    pool: bool = field(default=False, metadata=_option(
+        "run the kernels on smallem's own thread pool, not OpenMP's runtime", "flag", how=True))
+    arena: bool = field(default=True, metadata=_option(
+        "one arena for every buffer of a step", how=True, cli=False))
+
+    def replace(self, **changes) -> "TrainSettings":
+        return dataclasses.replace(self, **changes)
+
+    def how(self) -> dict:
+        """The fields that say how the run is computed (backend, threads, pool, arena): what
+        a resumed run takes from its caller."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata["how"]}
+
+    @classmethod
+    def saved(cls, meta: dict, **how) -> "TrainSettings":
+        """The settings a checkpoint's ``meta`` was trained with (:meth:`Trainer.settings`
+        writes them), with ``how`` (the fields marked so: backend, threads, pool...) from
+        this run; a field the checkpoint lacks keeps its default."""
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.metadata["how"]:
+                continue
+            key = f.metadata.get("saved_as", f.name)
+            if key in meta:
+                kw[f.name] = meta[key]
+        return cls(**kw, **how)
+# --8<-- [end:settings]
+
+
 class Trainer:
     """One training run: model, optimiser, corpus, and where it is (``step``)."""
 
-    def __init__(self, config="s", *, corpus=None, batch_size=None, steps=1000, seed=0,
-                 backend="kernels", threads=None, lr=None, warmup=None, weight_decay=0.1,
-                 clip=1.0, seq_len=None, arena=True, optimizer="adamw", pool=False,
-                 accumulate=1):
+    def __init__(self, config="s", *, corpus=None, settings: TrainSettings | None = None,
+                 **options):
+        bad = set(options) - {f.name for f in dataclasses.fields(TrainSettings)}
+        if bad:
+            raise TypeError(f"Trainer: unknown option(s) {', '.join(sorted(bad))}; the options "
+                            f"are TrainSettings' fields")
+        self.options = (settings or TrainSettings()).replace(**options)
+        o = self.options
+        batch_size, seq_len, steps, seed, lr, warmup = (o.batch_size, o.seq_len, o.steps,
+                                                        o.seed, o.lr, o.warmup)
+        accumulate, optimizer = o.accumulate, o.optimizer
         self.config = get_config(config)
         d = DEFAULTS.get(self.config.name.removesuffix("-modern"), DEFAULTS["m"])
         self.corpus = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
@@ -242,14 +326,15 @@ class Trainer:
         self.max_lr = float(lr or d["lr"])
         default_warmup = max(1, min(100, self.total_steps // 10))
         self.warmup = int(warmup if warmup is not None else default_warmup)
-        self.model = GPT(self.config, backend, seed=self.seed, threads=threads, arena=arena,
-                         pool=pool)
+        self.model = GPT(self.config, o.backend, seed=self.seed, threads=o.threads,
+                         arena=o.arena, pool=o.pool)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, "
                              f"got {optimizer!r}")
-        self.opt = (Muon(self.model, base_lr=self.max_lr, weight_decay=weight_decay, clip=clip)
-                    if optimizer == "muon" else AdamW(self.model, weight_decay=weight_decay,
-                                                      clip=clip))
+        self.opt = (Muon(self.model, base_lr=self.max_lr, weight_decay=o.weight_decay,
+                         clip=o.clip)
+                    if optimizer == "muon" else AdamW(self.model, weight_decay=o.weight_decay,
+                                                      clip=o.clip))
         self.step = 0
 
     def settings(self) -> dict:
@@ -323,17 +408,18 @@ class Trainer:
         return checkpoint.save(folder, tensors, meta)
 
     @classmethod
-    def resume(cls, folder, *, corpus=None, backend="kernels", threads=None,
-               pool=False) -> "Trainer":
+    def resume(cls, folder, *, corpus=None, **how) -> "Trainer":
+        """The run saved in ``folder``, to go on with: what it computes from its checkpoint,
+        how (``how``: TrainSettings' fields so marked, backend, threads, pool) from the
+        caller."""
         tensors, meta = checkpoint.load(folder)
         where = Path(folder) / checkpoint.INDEX
         try:
             cfg = get_config(meta["config"])
-            t = cls(cfg, corpus=corpus, batch_size=meta["batch_size"], steps=meta["total_steps"],
-                    seed=meta["seed"], backend=backend, threads=threads, lr=meta["lr"],
-                    warmup=meta["warmup"], weight_decay=meta["weight_decay"], clip=meta["clip"],
-                    seq_len=meta["seq_len"], optimizer=meta.get("optimizer", "adamw"), pool=pool,
-                    accumulate=meta.get("accumulate", 1))
+            for key in ("batch_size", "total_steps", "seed", "lr", "warmup", "weight_decay",
+                        "clip", "seq_len"):
+                meta[key]  # a checkpoint of this format has each of them
+            t = cls(cfg, corpus=corpus, settings=TrainSettings.saved(meta, **how))
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.CheckpointError(f"{where}: missing or bad field {e}") from e
         want = meta["corpus"]["sha256"]
@@ -433,8 +519,10 @@ def list_configs() -> str:
     return "\n".join(lines)
 
 
-def estimate_steps(config, corpus, minutes, **kw) -> int:
-    """Steps that fit in ``minutes``, from the median of 4 steps of a throwaway model."""
-    probe = Trainer(config, corpus=corpus, steps=10, **kw)
+def estimate_steps(config, corpus, minutes, settings: TrainSettings | None = None,
+                   **kw) -> int:
+    """Steps that fit in ``minutes``, from the median of 4 steps of a throwaway model trained
+    with ``settings`` (and ``kw``, TrainSettings' fields)."""
+    probe = Trainer(config, corpus=corpus, settings=settings, **{**kw, "steps": 10})
     per_step = measure(probe.train_step, repeats=4, warmup=1).median
     return max(1, int(60 * minutes / per_step))

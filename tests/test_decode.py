@@ -185,10 +185,10 @@ def test_int8_decode_follows_f32(level, block):
 
 def test_rungs_are_the_ladder():
     m = _model()
-    assert [i for i, _, _ in decode.RUNGS] == list(range(len(decode.RUNGS)))
+    assert [r.index for r in decode.RUNGS] == list(range(len(decode.RUNGS)))
     toks = list(range(20))
     first = None
-    for i, _, _ in decode.RUNGS:
+    for i in range(len(decode.RUNGS)):
         dec = decode.rung_decoder(i, m, threads=2)
         dec.prefill(toks)
         logits = dec.step(7).copy()

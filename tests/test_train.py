@@ -187,9 +187,11 @@ def test_rungs_are_checked():
         rung_settings(-1)
     with pytest.raises(ValueError, match="0..7"):
         rung_settings(8)
-    with pytest.raises(TypeError, match="int"):
-        rung_settings("3")
-    assert rung_settings(7)["block"] == "modern"
+    with pytest.raises(KeyError, match="no rung '3'"):
+        rung_settings("3")  # a name, and no rung has it
+    with pytest.raises(TypeError, match="int or a rung's name"):
+        rung_settings(3.0)
+    assert rung_settings(7)["block"] == "modern" == rung_settings("modern")["block"]
 
 
 def test_optimizer_and_block_errors():
@@ -326,6 +328,42 @@ def test_cli_train_writes_log_checkpoint_and_resumes(text_corpus, tmp_path, caps
     assert "xl" in capsys.readouterr().out
 
 
+def test_every_train_setting_is_one_field_from_command_line_to_checkpoint(text_corpus, tmp_path):
+    """A TrainSettings field is the whole of an option: `smallem train` offers it (where its
+    field says so) and hands it to the Trainer, the Trainer's settings write what it computes
+    with, a resumed run reads those back and takes the run's `how` from its caller."""
+    import argparse
+    import dataclasses
+
+    from smallem.commands import train as cmd
+    from smallem.train import TrainSettings
+
+    p = argparse.ArgumentParser()
+    cmd.add_settings_arguments(p)
+    offered = {a.dest for a in p._actions if a.dest != "help"}
+    fields = dataclasses.fields(TrainSettings)
+    assert offered == {f.name for f in fields if f.metadata["cli"]}
+    args = p.parse_args(["--batch-size", "3", "--seq-len", "8", "--accumulate", "2",
+                         "--steps", "7", "--seed", "5", "--lr", "0.002", "--optimizer", "muon",
+                         "--backend", "numpy", "--threads", "1", "--pool"])
+    ts = cmd.settings_from(args)
+    assert (ts.batch_size, ts.seq_len, ts.accumulate, ts.steps, ts.seed, ts.lr, ts.optimizer,
+            ts.backend, ts.threads, ts.pool) == (3, 8, 2, 7, 5, 0.002, "muon", "numpy", 1, True)
+    assert cmd.settings_from(p.parse_args([])) == TrainSettings()  # nothing given: defaults
+    t = Trainer(TINY, corpus=text_corpus, settings=ts.replace(pool=False, warmup=2))
+    s = t.settings()
+    assert (s["batch_size"], s["seq_len"], s["accumulate"], s["total_steps"], s["seed"],
+            s["lr"], s["warmup"], s["optimizer"]) == (3, 8, 2, 7, 5, 0.002, 2, "muon")
+    t.train_step()
+    t.save(tmp_path / "run")
+    back = Trainer.resume(tmp_path / "run", corpus=text_corpus, backend="numpy")
+    assert {k: v for k, v in back.settings().items()} == s
+    # what the run computes came from the checkpoint, how it runs from the caller
+    assert back.options.how() == TrainSettings(backend="numpy").how()
+    with pytest.raises(TypeError, match="unknown option"):
+        Trainer(TINY, corpus=text_corpus, batch_sise=2)
+
+
 def test_bench_train_quick_and_figures(records_tmp):
     from smallem.book.ch3 import bench_train, report as make_figures
 
@@ -336,7 +374,7 @@ def test_bench_train_quick_and_figures(records_tmp):
     backends = {r["params"]["backend"] for r in records.results(step_rec.data, "step")}
     assert "numpy" in backends
     rungs = {r["params"]["rung"] for r in records.results(step_rec.data, "rung_step")}
-    assert rungs == {i for i, _, kw in RUNGS if kw["backend"] != "numpy"}
+    assert rungs == {r.index for r in RUNGS if r.run["backend"] != "numpy"}
     assert all(len(r["seconds"]["samples"]) == 2
                for r in records.results(step_rec.data, "rung_step"))
     attention = {r["params"]["attention"] for r in records.results(step_rec.data, "long_attention")}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -11,31 +12,48 @@ from .. import checkpoint, data
 from ..checks import printable
 from ..book.options import count, number
 from ..distributed import Distributed, DistributedTrainer
-from ..model import BACKENDS, CONFIGS
-from ..train import DEFAULTS, OPTIMIZERS, Trainer, estimate_steps, list_configs, train
+from ..model import CONFIGS
+from ..train import DEFAULTS, TrainSettings, Trainer, estimate_steps, list_configs, train
+
+
+KINDS = {"count": count(1), "positive": number(0, low_open=True), "int": int, None: float}
+
+
+def add_settings_arguments(p):
+    """One option for each field of TrainSettings that the command line offers, made from the
+    field: its name (``--batch-size``), its help, its kind of values, its default."""
+    for f in dataclasses.fields(TrainSettings):
+        m = f.metadata
+        if not m["cli"]:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if m["kind"] == "flag":
+            p.add_argument(flag, action="store_true", help=m["help"])
+            continue
+        kw = {"help": m["help"], "default": m.get("unset", f.default)}
+        if "metavar" in m:
+            kw["metavar"] = m["metavar"]
+        if m["kind"] == "choice":
+            kw["choices"] = list(m["choices"])
+        else:
+            kw["type"] = KINDS[m["kind"]]
+        p.add_argument(flag, **kw)
+
+
+def settings_from(args, **changes) -> TrainSettings:
+    """The TrainSettings the command line gave (an option left out: the field's default)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings)
+             if f.metadata["cli"] and getattr(args, f.name, None) is not None}
+    return TrainSettings(**{**given, **changes})
 
 
 def add_train_arguments(p):
     p.add_argument("--config", default="s", choices=list(CONFIGS), metavar="NAME",
                    help=f"model size: {', '.join(CONFIGS)} (default s)")
     p.add_argument("--corpus", help="UTF-8 text file or folder (default: the Python stdlib)")
-    p.add_argument("--batch-size", type=count(1), help="sequences per step (default per config)")
-    p.add_argument("--seq-len", type=count(1), help="tokens per sequence (default: the context)")
-    p.add_argument("--accumulate", type=count(1), default=1, metavar="A",
-                   help="micro-batches of --batch-size sequences summed into each optimiser "
-                        "step (default 1)")
-    p.add_argument("--steps", type=count(1), help="training steps (default 1000)")
+    add_settings_arguments(p)
     p.add_argument("--minutes", type=number(0, low_open=True),
                    help="time budget; without --steps, sets the step count from the first steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=number(0, low_open=True), help="peak learning rate (default per config)")
-    p.add_argument("--backend", default="kernels", choices=list(BACKENDS),
-                   help="kernels, flash, fused, bf16 (the climb's rungs) or numpy")
-    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
-                   help="adamw, or muon for the blocks' matrices (AdamW for the rest)")
-    p.add_argument("--pool", action="store_true",
-                   help="run the kernels on smallem's own thread pool, not OpenMP's runtime")
-    p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
     p.add_argument("--eval-every", type=count(1), default=100)
     p.add_argument("--log", help="JSON-lines log (default runs/<config>/log.jsonl)")
     p.add_argument("--checkpoint", help="checkpoint folder (default runs/<config>)")
@@ -62,24 +80,17 @@ def cmd_train(args) -> int:
     folder = Path(args.checkpoint or Path("runs") / args.config)
     log_path = args.log or folder / "log.jsonl"
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    ts = settings_from(args)
     if args.resume and checkpoint.exists(folder):
-        t = Trainer.resume(folder, corpus=args.corpus, backend=args.backend, threads=args.threads,
-                           pool=args.pool)
+        t = Trainer.resume(folder, corpus=args.corpus, **ts.how())
         print(f"resuming {folder} at step {t.step} of {t.total_steps}")
     else:
         if args.resume:
             print(f"no checkpoint in {folder}: starting from scratch")
         corpus = data.load_corpus(args.corpus)
-        steps = args.steps
-        if steps is None:
-            steps = 1000 if not args.minutes else estimate_steps(
-                args.config, corpus, args.minutes, batch_size=args.batch_size, seed=args.seed,
-                backend=args.backend, threads=args.threads, seq_len=args.seq_len,
-                optimizer=args.optimizer, pool=args.pool, accumulate=args.accumulate)
-        t = Trainer(args.config, corpus=corpus, batch_size=args.batch_size, steps=steps,
-                    seed=args.seed, backend=args.backend, threads=args.threads, lr=args.lr,
-                    seq_len=args.seq_len, optimizer=args.optimizer, pool=args.pool,
-                    accumulate=args.accumulate)
+        if args.steps is None and args.minutes:
+            ts = ts.replace(steps=estimate_steps(args.config, corpus, args.minutes, ts))
+        t = Trainer(args.config, corpus=corpus, settings=ts)
         print(f"config {t.config.name}: {t.config.n_params() / 1e6:.2f} M parameters, "
               f"{t.total_steps} steps of {t.accumulate * t.B} x {t.T} tokens; corpus {t.corpus.name} "
               f"({t.corpus.train.size / 1e6:.1f} MB train, sha256 {t.corpus.sha256[:12]})")
@@ -121,30 +132,23 @@ def _run(args, d: Distributed) -> int:
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     common = dict(dist=d, average_every=args.average_every)
+    ts = settings_from(args, threads=threads)
     if args.resume and checkpoint.exists(folder):
-        t = DistributedTrainer.resume(folder, corpus=args.corpus, backend=args.backend,
-                                      threads=threads, pool=args.pool, **common)
+        t = DistributedTrainer.resume(folder, corpus=args.corpus, **ts.how(), **common)
         if lead:
             print(f"resuming {folder} at step {t.step} of {t.total_steps} on {d.size} ranks")
     else:
         if args.resume and lead:
             print(f"no checkpoint in {folder}: starting from scratch")
         corpus = data.load_corpus(args.corpus)
-        steps = args.steps
-        if steps is None:  # every rank must run the same steps: rank 0's estimate for all
+        if args.steps is None:  # every rank must run the same steps: rank 0's estimate for all
             est = None
             if lead and args.minutes:
                 per = max(1, (args.batch_size or DEFAULTS.get(
                     args.config.removesuffix("-modern"), DEFAULTS["m"])["batch"]) // d.size)
-                est = estimate_steps(args.config, corpus, args.minutes, batch_size=per,
-                                      seed=args.seed, backend=args.backend, threads=threads,
-                                      seq_len=args.seq_len, optimizer=args.optimizer,
-                                      pool=args.pool)
-            steps = d.comm.bcast(est, root=0) or 1000
-        t = DistributedTrainer(args.config, corpus=corpus, batch_size=args.batch_size,
-                               steps=steps, seed=args.seed, backend=args.backend,
-                               threads=threads, lr=args.lr, seq_len=args.seq_len,
-                               optimizer=args.optimizer, pool=args.pool, **common)
+                est = estimate_steps(args.config, corpus, args.minutes, ts, batch_size=per)
+            ts = ts.replace(steps=d.comm.bcast(est, root=0) or ts.steps)
+        t = DistributedTrainer(args.config, corpus=corpus, settings=ts, **common)
         if lead:
             print(f"config {t.config.name}: {t.total_steps} steps of {t.B} x {t.T} tokens on "
                   f"{d.size} ranks of {threads} thread(s), "

@@ -99,7 +99,7 @@ def measure_numpy_copy(ws_bytes: int, repeats: int = 5) -> dict:
 
 def measure_naive_gemm(n: int, repeats: int = 3) -> dict:
     """Chapter 2's rung 0 on one thread: the starting point of the climb."""
-    naive = LADDER[0]
+    naive = LADDER["naive"]
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)

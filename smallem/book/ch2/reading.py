@@ -184,7 +184,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                  "—", "—", f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
                  f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
     final = records.value(rec, "rung", rung=len(LADDER) - 1, M=n)
-    naive = records.value(rec, "rung", rung=0, M=n)
+    naive = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
     values = {
         "ch2.n": str(n),
         "ch2.threads": str(cores),

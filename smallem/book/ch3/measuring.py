@@ -17,6 +17,7 @@ import dataclasses
 
 from ...model import GPT, FlashOps, FusedOps, KernelOps, AttnCache, get_config
 from ...timing import Timing, measure, measure_interleaved, quick_mode
+from ...ladder import Ladder, Rung, Where
 from ...train import Trainer, estimate_steps, newton_schulz_flops, train
 from .. import records
 from . import torch_child
@@ -27,29 +28,56 @@ RECORD_RUN = "ch3.train_run"
 # --8<-- [start:rungs]
 # The climb: each rung is the step of the rung before it with one more switch on: Trainer
 # arguments, and "block" for the model's block.
-RUNGS = (
-    (0, "the numpy reference", {"backend": "numpy"}),
-    (1, "kernels (f32), each step allocating its buffers", {"backend": "kernels",
-                                                            "arena": False}),
-    (2, "a thread pool of our own", {"backend": "kernels", "arena": False, "pool": True}),
-    (3, "one arena for every buffer", {"backend": "kernels", "pool": True}),
-    (4, "attention in tiles", {"backend": "flash", "pool": True}),
-    (5, "fused element-wise layers", {"backend": "fused", "pool": True}),
-    (6, "bf16 products", {"backend": "bf16", "pool": True}),
-    (7, "the modern block, Muon", {"backend": "bf16", "pool": True, "block": "modern",
-                                   "optimizer": "muon"}),
-)
+NB = "notebooks/03_training.py:# ## The climb, rung by rung"  # the cell that shows them all
+RUNGS = Ladder("chapter 3's climb", [
+    Rung(0, "numpy", "the numpy reference", run={"backend": "numpy"},
+         where=Where("smallem/ops.py:numpy_linear",
+                     "chapters/3-training.md:## One training step, three ways", NB,
+                     "tests/test_model.py::test_numpy_and_kernels_agree_after_one_step")),
+    Rung(1, "kernels", "kernels (f32), each step allocating its buffers",
+         run={"backend": "kernels", "arena": False},
+         where=Where("smallem/ops.py:kernel_linear", "chapters/3-training.md:## The climb", NB,
+                     "tests/test_model.py::test_a_step_allocating_per_call_gives_the_arenas_numbers")),
+    Rung(2, "pool", "a thread pool of our own",
+         run={"backend": "kernels", "arena": False, "pool": True},
+         where=Where("kernels_c/pool.c:pool_fork_join", "chapters/3-training.md:### Threads that wait",
+                     NB, "tests/test_pool.py::test_a_step_on_the_pool_gives_openmps_bits")),
+    Rung(3, "arena", "one arena for every buffer", run={"backend": "kernels", "pool": True},
+         where=Where(None, "chapters/3-training.md:### One arena for every buffer", NB,
+                     "tests/test_model.py::test_workspace_is_one_arena_of_the_size_the_config_gives")),
+    Rung(4, "tiles", "attention in tiles", run={"backend": "flash", "pool": True},
+         where=Where("kernels_c/layers/flash.c:flash_forward",
+                     "chapters/3-training.md:### Attention without the $T \\times T$ matrix", NB,
+                     "tests/test_model.py::test_flash_attention_against_the_reference")),
+    Rung(5, "fused", "fused element-wise layers", run={"backend": "fused", "pool": True},
+         where=Where("kernels_c/layers/fused.c:bias_gelu",
+                     "chapters/3-training.md:### Fused element-wise layers", NB,
+                     "tests/test_model.py::test_fused_kernels_match_their_compositions")),
+    Rung(6, "bf16", "bf16 products", run={"backend": "bf16", "pool": True},
+         where=Where("smallem/ops.py:bf16_products", "chapters/3-training.md:### bf16 products",
+                     NB, "tests/test_model.py::test_bf16_step_matches_the_rounded_reference")),
+    Rung(7, "modern", "the modern block, Muon",
+         run={"backend": "bf16", "pool": True, "block": "modern", "optimizer": "muon"},
+         where=Where("kernels_c/layers/modern.c:rmsnorm",
+                     "chapters/3-training.md:### The modern block, and Muon", NB,
+                     "tests/test_train.py::test_muon_matches_its_definition")),
+])
 # --8<-- [end:rungs]
 
 
+AT = {r.name: r.index for r in RUNGS}  # each rung's place, by its name: what records keep
+
+
 def rung_settings(i) -> dict:
-    """Rung ``i``'s switches (a copy), or a clear error for a rung that is not one."""
+    """Rung ``i``'s switches (a copy; ``i`` its place or its name), or a clear error for a
+    rung that is not one."""
+    if isinstance(i, str):
+        return dict(RUNGS[i].run)
     if isinstance(i, bool) or not isinstance(i, int):
-        raise TypeError(f"rung: expected an int, got {i!r}")
-    found = {j: kw for j, _, kw in RUNGS}
-    if i not in found:
-        raise ValueError(f"rung: expected one of {min(found)}..{max(found)}, got {i}")
-    return dict(found[i])
+        raise TypeError(f"rung: expected an int or a rung's name, got {i!r}")
+    if not 0 <= i < len(RUNGS):
+        raise ValueError(f"rung: expected one of 0..{len(RUNGS) - 1}, got {i}")
+    return dict(RUNGS[i].run)
 
 
 def rung_config(cfg, kw: dict):
@@ -67,7 +95,7 @@ def rung_trainer(i, cfg, **trainer_kw) -> Trainer:
     return Trainer(c, **trainer_kw, **kw)
 
 
-F32_TOP = 5  # the last f32 rung: the one the chapter's f32 target is about
+F32_TOP = AT["fused"]  # the last f32 rung: the one the chapter's f32 target is about
 
 
 def _torch_step(cfg, B, T, threads, corpus, autocast):
@@ -179,7 +207,7 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
 
     time.sleep(0.5)
     trainers = {i: rung_trainer(i, cfg, corpus=corpus, batch_size=B, steps=100, threads=threads)
-                for i, _, kw in RUNGS if kw["backend"] != "numpy"}
+                for i, kw in ((r.index, r.run) for r in RUNGS) if kw["backend"] != "numpy"}
     fns = {i: t.train_step for i, t in trainers.items()}
     children = {}
     for peer in PEERS:  # PyTorch in the same rounds, in a process of its own, where installed
@@ -221,7 +249,7 @@ def muon_accumulate(cfg, B: int, T: int, margin: float) -> int:
     within the margin from n = equiv (1 - margin) / margin. Half again that many tokens
     leaves room for the block's own differences (SwiGLU's third matrix, Muon's
     element-wise passes)."""
-    c = rung_config(cfg, rung_settings(7))
+    c = rung_config(cfg, rung_settings("modern"))
     equiv = newton_schulz_flops(c) / c.flops_per_token()
     return max(1, math.ceil(1.5 * equiv * (1 - margin) / margin / (B * T)))
 # --8<-- [end:accumulate]
@@ -234,7 +262,7 @@ def _measure_accumulated(rec, trainers, A, B, T, quick):
     warm already (the first sample also touches the gradient sum's buffer for the first
     time: one gradient's worth of pages against A steps' work); each is set back to one
     micro-batch after."""
-    pair = {i: trainers[i] for i in (6, 7) if i in trainers}
+    pair = {i: trainers[i] for i in (AT["bf16"], AT["modern"]) if i in trainers}
     for t in pair.values():
         t.accumulate = A
     try:
@@ -253,7 +281,7 @@ ACCUMULATED_ROUNDS = 5  # steps of ~10^4 tokens: 5 of 5 is the fewest rounds a o
 MODERN_MARGIN = 0.15    # the modern bf16 step with Muon, at most this much slower than GPT-2's
 ROUNDS = 7  # a target is met by 7 of 7 rounds (one-sided sign test, p = 1/128); 6 of 7 is not
 PEERS = ("torch", "torch-bf16")  # PyTorch eager, in f32 and with bf16 autocast
-PEER_AGAINST = {"torch": F32_TOP, "torch-bf16": 6}  # the rung each peer's target judges
+PEER_AGAINST = {"torch": F32_TOP, "torch-bf16": AT["bf16"]}  # the rung each peer's target judges
 
 
 # each fused kernel's op, as the profile counts its calls
@@ -377,7 +405,7 @@ def _measure_fork_join(rec, threads, quick):
 
 # The training runs of config s, each for the same wall-clock budget: GPT-2 in f32 (rung
 # 5) and in bf16 (rung 6), and the modern block in bf16 with Muon (rung 7).
-RUNS = (("f32", 5), ("bf16", 6), ("modern", 7))
+RUNS = (("f32", AT["fused"]), ("bf16", AT["bf16"]), ("modern", AT["modern"]))
 RUN_MINUTES = 1.0  # of training each run (evaluations not counted): the curves, not a model to keep
 
 
@@ -427,7 +455,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         "numpy": np.__version__, "torch": _torch_version(),
         "flash_tile": layers.flash_tile(cfg.head_dim), "bf16_path": gemm.bf16_path(),
         "spin_ns": pool.SPIN_NS,
-        "rungs": [[i, what, kw] for i, what, kw in RUNGS]})
+        "rungs": [[r.index, r.what, r.run] for r in RUNGS]})
     # OpenBLAS's and PyTorch's worker threads spin for a while after their last call: a
     # pause keeps them from competing with the next measurement for the cores.
     time.sleep(0.5)
@@ -442,7 +470,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
     time.sleep(0.5)
     trainers = _measure_climb(step_rec, cfg, B, threads, quick, corpus)
     # where the time goes: before the climb's f32 kernels, after them, after bf16, at the top
-    for i in sorted({3, F32_TOP, 6, max(trainers)} & set(trainers)):
+    for i in sorted({AT["arena"], F32_TOP, AT["bf16"], max(trainers)} & set(trainers)):
         calls: dict = {}
         prof = profile_step(trainers[i], steps=1 if quick else 2, calls=calls)
         for op, sec in prof.items():
@@ -482,7 +510,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
 
 
 def rung_label(i: int) -> str:
-    return next(what for j, what, _ in RUNGS if j == i)
+    return RUNGS[i].what
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_gops: float | None) -> float:

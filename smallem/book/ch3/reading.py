@@ -7,11 +7,12 @@ import math
 import numpy as np
 
 from ... import layers
+from ...gemm import LADDER
 from ...model import CONFIGS, Workspace, get_config
 from ...train import LN2, newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
 from .measuring import (F32_TOP, FUSED, FUSED_OPS, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN,
-                        RECORD_STEP, RUNGS, mfu, rung_label)
+                        RECORD_STEP, RUNGS, AT, mfu, rung_label)
 
 f = figures.fmt
 F32_MFU_TARGET = 0.75    # the f32 step after rung 5, against chapter 1's f32 probe
@@ -78,8 +79,8 @@ def _step_table(rec, rec_dir, rungs, values):
     peak = _peak(rec_dir, "f32", s["threads"])
     fpt = s["flops_per_token"]
     found = {r["params"]["backend"]: r for r in records.results(rec, "step")}
-    if 3 in rungs:
-        found["kernels"] = rungs[3]
+    if AT["arena"] in rungs:
+        found["kernels"] = rungs[AT["arena"]]
     label = {"numpy": "numpy reference", "kernels": "smallem kernels",
              "torch": "PyTorch eager (CPU, f32)", "torch-bf16": "PyTorch eager, bf16 autocast"}
     rows, toks = [], {}
@@ -186,8 +187,9 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
     if records.exists("ch2.gemm", rec_dir):
         g = records.load("ch2.gemm", rec_dir)
         n = g["settings"]["n_ladder"]
-        for i, name, params, who in ((0, "numpy", {"threads": th}, "numpy's"),
-                                     (1, "rung", {"rung": 5}, "our")):
+        for i, name, params, who in ((AT["numpy"], "numpy", {"threads": th}, "numpy's"),
+                                     (AT["kernels"], "rung", {"rung": LADDER["threads"].index},
+                                      "our")):
             found = records.results(g, name, M=n, **params)
             if found:
                 out[i] = (found[0]["value"]["median"] * 1e9 / fpt,
@@ -204,7 +206,7 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
           if r["params"]["what"] in ("pool", "OpenMP")}
     regions = s.get("regions_per_step")
     if regions and {"pool", "openmp"} <= set(fj):
-        less(2, regions * (fj["openmp"] - fj["pool"]) * 1e-6,
+        less(AT["pool"], regions * (fj["openmp"] - fj["pool"]) * 1e-6,
              f"{regions} regions × {f(fj['openmp'] - fj['pool'], 'µs')} saved")
     facts = ch1.facts(rec_dir)
     if facts:
@@ -212,33 +214,33 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
         if c is not None:
             nbytes = 4 * Workspace.floats(c, s["batch_size"], s["seq_len"], True)
             dram = ch1.level_of(facts, float("inf"), th)[1]
-            less(3, nbytes / (dram * 1e9), f"{f(nbytes / 2**20, 'MiB')} zeroed at {f(dram, 'GB/s')}")
-    prof3 = _profile(rec, 3)
+            less(AT["arena"], nbytes / (dram * 1e9), f"{f(nbytes / 2**20, 'MiB')} zeroed at {f(dram, 'GB/s')}")
+    prof3 = _profile(rec, AT["arena"])
     L, T, C = cfg["n_layer"], s["seq_len"], cfg["d_model"]
     att_flops = 12 * L * T * T * C * s["batch_size"]
     if prof3.get("attention"):
         rate = att_flops / prof3["attention"]
-        less(4, att_flops / 2 / rate, f"half of attention's {f(att_flops / 1e9, 'GFLOP')} at "
+        less(AT["tiles"], att_flops / 2 / rate, f"half of attention's {f(att_flops / 1e9, 'GFLOP')} at "
              f"{f(rate / 1e9, 'GFLOP/s')}")
     fused = fused_saving(rec)
     if fused:
         saved, calls = fused
-        less(5, saved, f"{calls} fused calls, {f(1e3 * saved, 'ms')} saved")
+        less(AT["fused"], saved, f"{calls} fused calls, {f(1e3 * saved, 'ms')} saved")
     peaks = _peaks(rec, rec_dir, th)
     prof5 = _profile(rec, F32_TOP)
     if prof5 and peaks["f32"] and peaks["bf16"] and F32_TOP in sec:
         mm = prof5.get("matrix products (+ bias)", 0.0)
         ratio = peaks["bf16"] / peaks["f32"]
-        less(6, mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()),
+        less(AT["bf16"], mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()),
              f"products at the {peaks['bf16_kind']}/f32 peak ratio, {f(ratio)}×")
-    if 6 in toks:
+    if AT["bf16"] in toks:
         c = get_config("xl-modern") if "xl-modern" in CONFIGS else None
-        rung7 = records.results(rec, "rung_step", rung=7)
+        rung7 = records.results(rec, "rung_step", rung=AT["modern"])
         if rung7:
             c = get_config(rung7[0]["params"].get("config", "xl-modern"))
         if c is not None:
             equiv = newton_schulz_flops(c) / c.flops_per_token()
-            out[7] = (toks[6] * n_tok / (n_tok + equiv),
+            out[AT["modern"]] = (toks[AT["bf16"]] * n_tok / (n_tok + equiv),
                       f"Newton–Schulz = {f(equiv)} tokens' training per step")
     return out
 
@@ -249,10 +251,10 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     peaks = _peaks(rec, rec_dir, th)
     toks = {i: r["value"]["median"] for i, r in rungs.items()}
     if "numpy" in step_toks:
-        toks[0] = step_toks["numpy"]
+        toks[AT["numpy"]] = step_toks["numpy"]
     pred = predicted(rec, rec_dir, toks)
     rows, before = [], None
-    for i, what, kw in RUNGS:
+    for i, what, kw in ((r.index, r.what, r.run) for r in RUNGS):
         if i not in toks:
             rows.append([str(i), what, "not measured", "—", "—", "—", "—", "—"])
             continue
@@ -302,9 +304,9 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     values["ch3.climb_top"] = rung_label(top)
     values["ch3.climb_top_toks"] = f(toks[top], "tokens/s")
     if 0 in toks:
-        values["ch3.climb_vs_numpy"] = f(toks[top] / toks[0]) + "×"
+        values["ch3.climb_vs_numpy"] = f(toks[top] / toks[AT["numpy"]]) + "×"
     if 7 in rungs:
-        values["ch3.rung7_toks"] = f(toks[7], "tokens/s")
+        values["ch3.rung7_toks"] = f(toks[AT["modern"]], "tokens/s")
     for i, j in ((2, 1), (3, 2), (5, 4), (6, 5), (7, 6)):  # 4 against 3: "tiles_vs_matrices"
         if i in rungs and j in rungs:
             values[f"ch3.rung{i}_vs_{j}"] = compare.versus(rungs[i], rungs[j])
@@ -323,8 +325,8 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
                                                     f"against {F32_TORCH_TARGET}×")
         else:
             values["ch3.target_f32_torch"] = "not measured: PyTorch is not installed here"
-    if 6 in rungs and F32_TOP in rungs:
-        v = compare.against(rungs[6], rungs[F32_TOP], BF16_TARGET)
+    if AT["bf16"] in rungs and F32_TOP in rungs:
+        v = compare.against(rungs[AT["bf16"]], rungs[F32_TOP], BF16_TARGET)
         fast = s.get("bf16_path") in ("native", "amx")
         values["ch3.bf16_ratio"] = f(v.ratio) + "×"
         values["ch3.bf16_path"] = s.get("bf16_path", "unknown")
@@ -332,19 +334,19 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
             v.text(f"{f(v.ratio)}× our f32 step, against {BF16_TARGET}×") if fast else
             f"does not apply: this CPU's bf16 products are widened to f32 ({f(v.ratio)}×)")
         if 7 in rungs:
-            c = get_config(rungs[7]["params"].get("config", "xl-modern"))
+            c = get_config(rungs[AT["modern"]]["params"].get("config", "xl-modern"))
             equiv = newton_schulz_flops(c) / c.flops_per_token()
             values["ch3.muon_equiv_tokens"] = f(equiv)
             # at equal speed, a step of n tokens with Muon takes (n + equiv) / n of one without
             values["ch3.muon_target_tokens"] = f(equiv * (1 - MODERN_MARGIN) / MODERN_MARGIN)
-            v = compare.against(rungs[7], rungs[6], 1 - MODERN_MARGIN)
+            v = compare.against(rungs[AT["modern"]], rungs[AT["bf16"]], 1 - MODERN_MARGIN)
             values["ch3.modern_ratio"] = _pct(v.ratio)
             values["ch3.target_modern"] = v.text(
                 f"{_pct(v.ratio)} of the GPT-2 bf16 step's speed at the climb's batch, against "
                 f"{100 * (1 - MODERN_MARGIN):.0f}%")
             _accumulated_values(rec, values)
         if "torch-bf16" in steps:
-            v = compare.against(rungs[6], steps["torch-bf16"], 1.0)
+            v = compare.against(rungs[AT["bf16"]], steps["torch-bf16"], 1.0)
             values["ch3.target_bf16_torch"] = v.text(f"{f(v.ratio)}× PyTorch's bf16 autocast")
         else:
             values["ch3.target_bf16_torch"] = "not measured: PyTorch is not installed here"
@@ -354,12 +356,12 @@ def _accumulated_values(rec, values):
     """Rungs 6 and 7 at the optimiser step of several micro-batches: the target's measure
     where the record has it (the climb's own batch stands otherwise, said so)."""
     acc = {r["params"]["rung"]: r for r in records.results(rec, "accumulated_step")}
-    if not {6, 7} <= set(acc):
+    if not {AT["bf16"], AT["modern"]} <= set(acc):
         values["ch3.accumulated"] = ("not measured in this record (it predates the "
                                      "accumulated steps)")
         return
     A, n = acc[7]["params"]["accumulate"], acc[7]["params"]["tokens"]
-    gpt2, modern = (f(acc[i]["value"]["median"], "tokens/s") for i in (6, 7))
+    gpt2, modern = (f(acc[i]["value"]["median"], "tokens/s") for i in (AT["bf16"], AT["modern"]))
     v = compare.against(acc[7], acc[6], 1 - MODERN_MARGIN)
     values["ch3.target_modern"] = v.text(
         f"{_pct(v.ratio)} of the GPT-2 bf16 step's speed at {f(n)} tokens per optimiser step, "
@@ -390,7 +392,7 @@ def _bounds(rec, rec_dir, step_toks, values):
         at = prof.get("attention", 0.0)
         bound = total / (mm / ratio + total - mm)
         with_attention = total / ((mm + at) / ratio + total - mm - at)
-        mm6 = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=6)
+        mm6 = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=AT["bf16"])
                   if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
         if mm6:  # the products' own gain from rung 5 to rung 6, in the two profiles
             values["ch3.bf16_products_gain"] = f(mm / mm6) + "×"
@@ -426,7 +428,7 @@ def _arena_values(rec, rec_dir, rungs, values):
     plateaus = facts["triad_plateaus"]
     bw = (plateaus.get(s["threads"]) or plateaus[max(plateaus)]).get("DRAM")
     seconds = nbytes / (bw * 1e9)
-    values["ch3.arena_zeroing"] = (f"{f(1e3 * seconds, 'ms')}, {_pct(seconds / rungs[2]['seconds']['median'])} "
+    values["ch3.arena_zeroing"] = (f"{f(1e3 * seconds, 'ms')}, {_pct(seconds / rungs[AT['pool']]['seconds']['median'])} "
                                    f"of rung 2's step")
 
 
@@ -483,7 +485,7 @@ def _climb_figure(toks, s):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    built = [(i, what) for i, what, kw in RUNGS if i in toks]
+    built = [(r.index, r.what) for r in RUNGS if r.index in toks]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(built) + 1.2))
     ys = np.arange(len(built))[::-1]
     ax.barh(ys, [toks[i] for i, _ in built], color=["tab:grey"] + ["tab:blue"] * (len(built) - 1))
@@ -595,10 +597,10 @@ def _fused_table(rec, rec_dir, rungs, values):
         return
     saving = fused_saving(rec)
     if 4 in rungs and saving:  # what the fused kernels alone would save rung 4's step
-        predicted = saving[0] / rungs[4]["seconds"]["median"]
+        predicted = saving[0] / rungs[AT["tiles"]]["seconds"]["median"]
         values["ch3.fused_predicted"] = _pct(predicted)
         if 5 in rungs:  # the gain against the prediction, as a word for the sentence
-            gain = rungs[5]["value"]["median"] / rungs[4]["value"]["median"] - 1
+            gain = rungs[AT["fused"]]["value"]["median"] / rungs[AT["tiles"]]["value"]["median"] - 1
             values["ch3.fused_vs_gain"] = (
                 "far less than" if predicted < gain / 2 else
                 "far more than" if predicted > 2 * gain else "close to")
@@ -651,7 +653,7 @@ def _roofline(rec, rec_dir, values):
     W = 4 * C  # the MLP's first product, N x C x 4C: the step's typical product
     intensity = 2.0 * N * C * W / (4.0 * (N * C + C * W + N * W))
     product_flops = (s["flops_per_token"] - 12 * cfg["n_layer"] * C * s["seq_len"]) * N
-    for rung in (3, 6):
+    for rung in (AT["arena"], AT["bf16"]):
         t = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=rung)
                 if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
         if t:
@@ -755,10 +757,11 @@ def report(rec_dir) -> dict:
         _roofline(rec, rec_dir, values)
         _long_attention_values(rec, values)
         if 3 in rungs and 4 in rungs:  # the section on tiles quotes its rung
-            values["ch3.matrices_toks"] = f(rungs[3]["value"]["median"], "tokens/s")
-            values["ch3.tiles_toks"] = f(rungs[4]["value"]["median"], "tokens/s")
-            values["ch3.tiles_vs_matrices"] = compare.versus(rungs[4], rungs[3])
-            values["ch3.tiles_rounds"] = str(rungs[4]["seconds"]["n"])
+            arena, tiles = rungs[AT["arena"]], rungs[AT["tiles"]]
+            values["ch3.matrices_toks"] = f(arena["value"]["median"], "tokens/s")
+            values["ch3.tiles_toks"] = f(tiles["value"]["median"], "tokens/s")
+            values["ch3.tiles_vs_matrices"] = compare.versus(tiles, arena)
+            values["ch3.tiles_rounds"] = str(tiles["seconds"]["n"])
     if records.exists(RECORD_RUN, rec_dir):
         _run_figure_and_values(records.load(RECORD_RUN, rec_dir), values)
     return values

@@ -110,7 +110,7 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
     feed = FEED[:8] if quick else FEED[:64]
     long = [int(b) for b in np.resize(np.frombuffer(bytes(PROMPT + FEED), np.uint8), cfg.context)]
     rounds = 2 if quick else ROUNDS
-    decs = {i: decode.rung_decoder(i, model, threads) for i, _, _ in decode.RUNGS}
+    decs = {r.index: decode.rung_decoder(r.index, model, threads) for r in decode.RUNGS}
     decs["f32-threads"] = decode.Decoder(model, "f32", threads)  # f32 at rung 4, to compare
     # rung 0 recomputes the prefix per token: timed alone, one round, on fewer tokens
     t0 = _rounds({0: _decode_case(decs[0], feed[:8])}, 1)[0]
@@ -159,7 +159,7 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
                                       "decode_tokens": len(feed), "prefill_tokens": len(long),
                                       "rounds": rounds, "rung0_tokens": len(feed[:8]),
                                       "llama_reps": LLAMA_REPS,
-                                      "rungs": [[i, decode.rung_label(i)] for i, _, _ in decode.RUNGS],
+                                      "rungs": [[r.index, decode.rung_label(r.index)] for r in decode.RUNGS],
                                       "int8_instruction": decode.int8_instruction()}
 
 

@@ -13,6 +13,7 @@ from .measuring import (PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_L
                         STUDY_MIN_TOKENS, STUDY_TOKENS, STUDY_TOP, matrix_params, study_config)
 
 f = figures.fmt
+AT = {r.name: r.index for r in decode.RUNGS}  # each rung's place, by its name: what records keep
 L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
 DRAM_VS_LLAMA = 1.0   # ... weights several times larger than the L3
 DRAM_SHARE = 0.8      # ... there, weight bytes per second against chapter 1's DRAM read stream
@@ -57,10 +58,11 @@ def _prompt_bound(facts, p, rung: int, weights: int):
     """(tokens/s, what) the compute bound allows a prompt record ``p``: two operations per
     weight per token at chapter 1's peak on its threads, f32 for the GEMM prompt, int8 for
     rung 5's; None without the records it needs. Rung 0 has no prompt of its own."""
-    if facts is None or p is None or rung == 0:
+    if facts is None or p is None or rung == AT["no_cache"]:
         return None
     # rung 5 takes the path its decoder measured faster (older records: the int8 call)
-    kind = "int8" if rung >= 5 and p["params"].get("prefill_path", "c") == "c" else "f32"
+    kind = ("int8" if rung >= AT["prompt_path"] and p["params"].get("prefill_path", "c") == "c"
+            else "f32")
     # rungs 1-4 send the prompt through the f32 GEMM, on every core whatever the decoder's
     # threads; rung 5 through the decoder's own call, on its threads
     th = p["params"].get("threads", facts["cores"]) if kind == "int8" else facts["cores"]
@@ -97,7 +99,7 @@ def _ladder(rec, facts, values):
         level, bw = bandwidth_bound(facts, wb, th) if wb else ("n/a", math.nan)
         share = r["value"]["median"] * wb / bw if wb else math.nan
         pp = _prompt_bound(facts, p, i, weights)
-        if i == 0 and facts is not None and weights:
+        if i == AT["no_cache"] and facts is not None and weights:
             # no cache: each token runs its whole prefix through the products again
             prefix = s["prompt"] + s["rung0_tokens"] / 2
             peak = facts["peak"][("f32", facts["cores"])]
@@ -108,13 +110,13 @@ def _ladder(rec, facts, values):
                      compare.versus(r, prev) if prev else "—",
                      compare.size(wb / 1024) if wb else "—",
                      f"{f(bw, 'tokens/s')}: {100 * share:.0f} % of it (the prefix at the "
-                     f"f32 peak)" if i == 0 and share == share else
+                     f"f32 peak)" if i == AT["no_cache"] and share == share else
                      f"{f(bw / wb, 'tokens/s')}: {100 * share:.0f} % of it ({level})"
                      if share == share else "—",
                      f(p["value"]["median"], "tokens/s") if p else "—",
                      f"{f(pp[0], 'tokens/s')} ({pp[1]}): {100 * p['value']['median'] / pp[0]:.0f} %"
                      if pp else "—"])
-        if pp and i == 5:  # the int8 prompt, which the page discusses
+        if pp and i == AT["prompt_path"]:  # the int8 prompt, which the page discusses
             values[f"ch4.rung{i}_prompt_of_bound"] = f"{100 * p['value']['median'] / pp[0]:.0f} %"
         prev = r
         values[f"ch4.rung{i}_toks"] = f(r["value"]["median"], "tokens/s")
@@ -152,7 +154,7 @@ def _ladder(rec, facts, values):
                                              "decode predicted: weights ÷ bandwidth",
                                              "prompt", "prompt predicted: compute bound"], note)
     values["ch4.ladder_config"] = cfg
-    p5 = _one(rec, "prefill", rung=5)
+    p5 = _one(rec, "prefill", rung=AT["prompt_path"])
     path = {"c": "the int8 call", "gemm": "the f32 GEMM"}
     values["ch4.rung5_prompt_path"] = (
         f"{path[p5['params']['prefill_path']]} (measured faster at "
@@ -165,20 +167,20 @@ def _ladder(rec, facts, values):
                                 if facts else "n/a (no chapter-1 record)")
     c = s["config"]
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
-    r4 = _one(rec, "decode", rung=4)
+    r4 = _one(rec, "decode", rung=AT["threads"])
     values["ch4.sync_factor"] = str(decode.Decoder.SYNC_SHARE)
     values["ch4.par_min"] = (compare.size(r4["params"]["par_min_bytes"] / 1024)
                              if r4 and "par_min_bytes" in r4["params"] else "n/a (not recorded)")
-    w8, w32 = _one(rec, "decode", rung=3), _one(rec, "decode", rung=2)
+    w8, w32 = _one(rec, "decode", rung=AT["int8"]), _one(rec, "decode", rung=AT["c_call"])
     if w8 and w32:
         values["ch4.weights_f32"] = compare.size(w32["params"]["weight_bytes"] / 1024)
         values["ch4.weights_int8"] = compare.size(w8["params"]["weight_bytes"] / 1024)
     values["ch4.prompt_tokens"] = str(s["prefill_tokens"])
     values["ch4.decode_tokens"] = str(s["decode_tokens"])
-    r3, r4 = _one(rec, "decode", rung=3), _one(rec, "decode", rung=4)
+    r3, r4 = _one(rec, "decode", rung=AT["int8"]), _one(rec, "decode", rung=AT["threads"])
     if r3 and r4:
         _threads_rounds(r4, r3, values)
-    r0, top = _one(rec, "decode", rung=0), _one(rec, "decode", rung=max(i for i, _ in s["rungs"]))
+    r0, top = _one(rec, "decode", rung=AT["no_cache"]), _one(rec, "decode", rung=max(i for i, _ in s["rungs"]))
     if r0 and top:
         values["ch4.climb"] = f"{f(_ratio(top, r0))} times"
 
