@@ -169,6 +169,19 @@ def test_files_a_reader_can_take_in(path):
     assert lines <= limit, f"{path.relative_to(ROOT)}: {lines} lines (at most {limit})"
 
 
+BOOK_FUNCTION_LINES = 80  # a book function a reader can hold at once, docstring included
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "book").rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE / "book")))
+def test_no_book_function_is_longer_than_a_reader_can_hold(path):
+    tree = ast.parse(path.read_text())
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > BOOK_FUNCTION_LINES]
+    assert not long, f"{path.relative_to(ROOT)}: {', '.join(long)}"
+
+
 def quoted_text() -> str:
     pages = sorted((ROOT / "chapters").glob("*.md")) + sorted((ROOT / "notebooks").glob("*.py"))
     return "\n".join(p.read_text() for p in pages)

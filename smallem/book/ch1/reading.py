@@ -344,9 +344,21 @@ def staircase_figure(rec: dict, name: str = "ch1_staircase"):
 def table_rows(rec: dict) -> tuple[list[list], dict]:
     """The chapter-1 table and the values the prose quotes."""
     sm = summary(rec)
+    return _table(rec, sm), _values(rec, sm)
+
+
+def _bandwidth_text(sm: dict, top: int, th: int, level: str, kernel: str = "triad") -> str:
+    """A plateau's bandwidth for the table and the prose, or that it was not reached."""
+    f = figures.fmt
+    bw = sm[f"{kernel}_plateaus"][th][level]
+    return (f"not reached (largest working set {f(top / MiB)} MiB)" if math.isnan(bw)
+            else f(bw, "GB/s"))
+
+
+def _table(rec: dict, sm: dict) -> list[list]:
+    """The chapter-1 table's rows: clocks, peaks, plateaus, numpy's copy, the naive product."""
     cores = sm["cores"]
     th = sm["theory"]
-    caches = rec["machine"]["caches"]
     f = figures.fmt
 
     def peak_row(kind, what):
@@ -371,10 +383,9 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
              for k in AMX_KINDS if (k, 1) in sm["peak"]]
     top = rec["settings"]["stream_sizes"][-1]
 
+
     def bandwidth(th, level, kernel="triad"):
-        bw = sm[f"{kernel}_plateaus"][th][level]
-        return (f"not reached (largest working set {f(top / MiB)} MiB)" if math.isnan(bw)
-                else f(bw, "GB/s"))
+        return _bandwidth_text(sm, top, th, level, kernel)
 
     for level in LEVELS:
         rows.append([f"{level} bandwidth (triad)", bandwidth(1, level), bandwidth(cores, level)]
@@ -388,6 +399,21 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     n = sm["naive_n"]
     rows.append([f"Naive {n}³ product, one thread", f(sm["naive_gops"], "Gop/s"), "",
                  f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"), ""])
+    return rows
+
+
+def _values(rec: dict, sm: dict) -> dict:
+    """The values chapter 1's page quotes."""
+    cores = sm["cores"]
+    th = sm["theory"]
+    caches = rec["machine"]["caches"]
+    f = figures.fmt
+    top = rec["settings"]["stream_sizes"][-1]
+    n = sm["naive_n"]
+
+    def bandwidth(th, level, kernel="triad"):
+        return _bandwidth_text(sm, top, th, level, kernel)
+
     # numpy's copy: one array into another, the two together the largest working set
     copy = records.results(rec, "numpy_copy")
     copy_bytes = copy[0]["params"].get("bytes", top) if copy else top
@@ -452,17 +478,28 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
         values[f"ch1.{kind}_fastest"] = paths[-1][0]
         values[f"ch1.{kind}_fastest_all"] = f(paths[-1][2], "Gop/s")
         values[f"ch1.{kind}_fastest_vs_f32"] = f(paths[-1][2] / sm["peak"]["f32", cores])
-    for th_ in (1, cores):
+    values.update(_plateau_values(sm, top))
+    return values
+
+
+def _plateau_values(sm: dict, top: int) -> dict:
+    """Each level's triad and read-only plateau on one core and on all, and the read
+    stream against the triad's counted bytes from DRAM."""
+    f = figures.fmt
+    values = {}
+    for th in (1, sm["cores"]):
+        who = "core" if th == 1 else "all"
         for level in LEVELS:
-            values[f"ch1.{level.lower()}_{'core' if th_ == 1 else 'all'}"] = bandwidth(th_, level)
-            values[f"ch1.{level.lower()}_read_{'core' if th_ == 1 else 'all'}"] = (
-                bandwidth(th_, level, "read") if "read_plateaus" in sm
+            values[f"ch1.{level.lower()}_{who}"] = _bandwidth_text(sm, top, th, level)
+            values[f"ch1.{level.lower()}_read_{who}"] = (
+                _bandwidth_text(sm, top, th, level, "read") if "read_plateaus" in sm
                 else "not measured (a record from before the read-only stream)")
-    for th_ in (1, cores):  # the read-only stream against the triad's counted bytes
-        values[f"ch1.dram_read_vs_triad_{'core' if th_ == 1 else 'all'}"] = (
-            f(sm["read_plateaus"][th_]["DRAM"] / sm["triad_plateaus"][th_]["DRAM"])
+        values[f"ch1.dram_read_vs_triad_{who}"] = (
+            f(sm["read_plateaus"][th]["DRAM"] / sm["triad_plateaus"][th]["DRAM"])
             if "read_plateaus" in sm else "n/a")
-    return rows, values
+    return values
+
+
 
 
 def table_markdown(rec: dict) -> str:

@@ -187,21 +187,8 @@ def run_bf16(quick: bool | None = None) -> records.Record:
 
 
 
-def run(quick: bool | None = None, progress: bool = True) -> records.Record:
-    """Measure the ladder, the sweep, the model shapes, bf16 and the pool; one record."""
-    from tqdm import tqdm
-
-    quick = quick_mode() if quick is None else quick
-    cores = checks.threads(None)
-    level = isa.selected()
-    ffi, lib, mr, nr, *_ = kernels(level)
-    blocks, ladder = default_blocks(level), ladder_blocks(level)
-    n_ladder = 128 if quick else 1024
-    sweep = [32, 64, 128, 256] if quick else [64, 128, 256, 512, 1024, 2048, 4096]
-    shapes = model_shapes()
-    if quick:  # the same products, every size divided by 16
-        shapes = [dict(s, M=s["M"] // 16, K=s["K"] // 16, N=s["N"] // 16) for s in shapes]
-    rec = records.Record(RECORD, settings={
+def _new_record(quick, cores, level, mr, nr, blocks, ladder, n_ladder, sweep) -> records.Record:
+    return records.Record(RECORD, settings={
         "quick": quick, "threads": cores, "isa": level, "mr": mr, "nr": nr,
         "blocks": blocks, "blocks_ladder": ladder, "blocks_rows": order_blocks("rows", level),
         "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
@@ -211,22 +198,20 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS",
                                                "SMALLEM_GEMM_ORDER", "SMALLEM_BF16")}})
-    rng = np.random.default_rng(0)
-    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 1 + 1 + 2 + 1
-    bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
 
-    def step(what):
-        bar.set_postfix_str(what)
-        bar.update(1)
 
+def _measure_peak(rec, cores, quick) -> None:
     peaks, warnings = ch1.measure_peaks(sorted({1, cores}), kinds=("f32",),
-                                            pause=0.2 if quick else 2.0)
+                                        pause=0.2 if quick else 2.0)
     peak = peaks["f32", cores]
     rec.add("peak_f32", "Gop/s", peak["value"], seconds=peak["seconds"], threads=cores)
     for w in warnings:
         rec.warn(w)
-    step("f32 peak")
-    n = n_ladder
+
+
+def _measure_ladder(rec, n, cores, quick, rng, step) -> None:
+    """The slow rungs timed alone at one size; the fast ones in turn with numpy at their
+    thread count (and, on one core, the final GEMM against OpenBLAS's)."""
     a, b, c = _square(n, rng)
     for rung in LADDER:
         if rung.slow:
@@ -234,7 +219,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
                     kernel=rung.name, M=n, N=n, K=n, threads=1)
             step(rung.name)
-    for th in sorted({1, cores}):  # the fast rungs in turn with numpy at their thread count
+    for th in sorted({1, cores}):
         fns = {"numpy": lambda: np.matmul(a, b, out=c)}
         fast = [r for r in LADDER if not r.slow and (cores if r.threaded else 1) == th]
         for rung in fast:
@@ -254,45 +239,52 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             rec.add("rung", "Gop/s", r["value"], seconds=r["seconds"], rung=rung.index,
                     kernel=rung.name, M=n, N=n, K=n, threads=th)
             step(rung.name)
-    step("numpy")
-    # Each block-size sweep runs where its block matters. M_C: rung 4 on one core, whose
-    # tiles go down the columns and so re-read the whole A block from L2 for each one
-    # (rung 5 reads each A sliver for one row of tiles only).
+
+
+def _measure_mc_sweep(rec, mr, ladder, quick, rng) -> None:
+    """M_C: rung 4 on one core, whose tiles go down the columns and so re-read the whole A
+    block from L2 for each one (rung 5 reads each A sliver for one row of tiles only); the
+    A block in more or fewer of the L2's ways."""
     n_mc = 128 if quick else 2048
     a, b, c = _square(n_mc, rng)
-    packed = next(r for r in LADDER if r.name == "packed")
+    packed = LADDER["packed"]
     g2 = cache_geometry()["L2"]
     way2 = g2["bytes"] // g2["ways"]
     mcs = {}
     for ways in sorted({1, 2, g2["ways"] // 4, l2_ways_for_a(g2["ways"]), g2["ways"] - 2} - {0}):
         mcs[ways] = max(mr, ways * way2 // (ladder["kc"] * 4) // mr * mr)
     res = compare.paired({w: (lambda mc=mc: packed(a, b, c, blocks={"mc": mc}, threads=1))
-                    for w, mc in mcs.items()}, n_mc, n_mc, n_mc, quick=quick, pause=0.0)
+                          for w, mc in mcs.items()}, n_mc, n_mc, n_mc, quick=quick, pause=0.0)
     for ways, mc in mcs.items():
         rec.add("mc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], mc=mc,
                 kc=ladder["kc"], l2_ways=ways, n=n_mc, threads=1, rung=packed.name)
-    step("MC sweep")
-    # K_C: the final GEMM on all cores in rung 5's order, with a C too large for the L3, so
-    # that every K_C slice is a pass over C in DRAM; A's sliver, the one rung 5 keeps in L1,
-    # in more or fewer of its ways.
+
+
+def _measure_kc_sweep(rec, mr, cores, quick, rng) -> None:
+    """K_C: the final GEMM on all cores in rung 5's order, with a C too large for the L3, so
+    that every K_C slice is a pass over C in DRAM; A's sliver, the one rung 5 keeps in L1, in
+    more or fewer of its ways."""
     n_kc = 128 if quick else 4096
     a, b, c = _square(n_kc, rng)
     g1 = cache_geometry()["L1d"]
     way1 = g1["bytes"] // g1["ways"]
     kcs = {ways: ways * way1 // (mr * 4) for ways in range(max(1, g1["ways"] // 4), g1["ways"] + 1)}
     res = compare.paired({w: (lambda kc=kc: matmul(a, b, out=c, blocks={"kc": kc, "order": "rows"}))
-                    for w, kc in kcs.items()}, n_kc, n_kc, n_kc, quick=quick, pause=0.0)
+                          for w, kc in kcs.items()}, n_kc, n_kc, n_kc, quick=quick, pause=0.0)
     for ways, kc in kcs.items():
         rec.add("kc_sweep", "Gop/s", res[ways]["value"], seconds=res[ways]["seconds"], kc=kc,
                 l1_ways=ways, sliver="A", n=n_kc, threads=cores)
-    step("KC sweep")
-    del a, b, c
+
+
+def _measure_sweep(rec, sweep, cores, quick, rng, step) -> None:
+    """The final GEMM against numpy over square sizes, with the FMA probe timed between the
+    samples at the largest size up to 2048 (what the cores gave meanwhile)."""
     beside = max(x for x in sweep if x <= 2048)
     for s in sweep:
         a, b, c = _square(s, rng)
         fns = {"smallem": lambda: matmul(a, b, out=c), "numpy": lambda: np.matmul(a, b, out=c)}
         work = {}
-        if s == beside:  # the FMA probe between the samples: what the cores gave meanwhile
+        if s == beside:
             fns["peak"], work["peak"] = peak_probe("f32", cores)
         with compare.numpy_pinned(cores):
             res = compare.paired(fns, s, s, s, quick=quick, work=work)
@@ -303,7 +295,10 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
             rec.add("peak_beside", "Gop/s", res["peak"]["value"], seconds=res["peak"]["seconds"],
                     kind="f32", n=s, threads=cores)
         step(f"sweep {s}")
-    # What a call costs before any arithmetic: a 1 x 1 product through each library.
+
+
+def _measure_call(rec, cores, quick, rng) -> None:
+    """What a call costs before any arithmetic: a 1 x 1 product through each library."""
     a, b, c = _square(1, rng)
     with compare.numpy_pinned(cores):
         ts = measure_interleaved({"smallem": lambda: matmul(a, b, out=c),
@@ -313,7 +308,10 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     for impl, t in ts.items():
         secs = {k: v * 1e6 for k, v in t.stats().items() if k != "n"}
         rec.add("call", "µs", {**secs, "n": t.stats()["n"]}, impl=impl, M=1, N=1, K=1)
-    del a, b, c
+
+
+def _measure_shapes(rec, shapes, cores, quick, rng, step) -> None:
+    """The model's products (with their transposes) against numpy, and their phases."""
     for sh in shapes:
         M, K, N, ta, tb = sh["M"], sh["K"], sh["N"], sh["ta"], sh["tb"]
         a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
@@ -322,13 +320,63 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         opa, opb = (a.T if ta else a), (b.T if tb else b)
         with compare.numpy_pinned(cores):
             res = compare.paired({"smallem": lambda: matmul(a, b, trans_a=ta, trans_b=tb, out=c),
-                            "numpy": lambda: np.matmul(opa, opb, out=c)}, M, N, K, quick=quick)
+                                  "numpy": lambda: np.matmul(opa, opb, out=c)}, M, N, K,
+                                 quick=quick)
         params = dict(label=sh["label"], M=M, N=N, K=K, trans_a=ta, trans_b=tb, threads=cores)
         for impl, r in res.items():
             rec.add("shape", "Gop/s", r["value"], seconds=r["seconds"], impl=impl, **params)
         _measure_phases(rec, a, b, c, params, quick)
         step(sh["label"])
-    del a, b, c
+
+
+def _measure_pool(rec, lib, cores, level, quick) -> None:
+    """An empty parallel region against creating and joining the threads, and the team's
+    thread ids on three calls."""
+    reps = 50 if quick else 2000
+    for name, fn in (("empty_region", lambda: lib.gemm_empty_regions(reps, cores)),
+                     ("spawn_join", lambda: lib.gemm_spawn_join(reps // 10, cores))):
+        t = measure(fn, repeats=5, warmup=1)
+        per = reps if name == "empty_region" else reps // 10
+        secs = {k: v / per * 1e6 for k, v in t.stats().items() if k != "n"}
+        rec.add("pool", "µs", {**secs, "n": t.stats()["n"]}, what=name, threads=cores)
+    rec.data["settings"]["pool_ids"] = [pool_ids(cores, level) for _ in range(3)]
+
+
+def run(quick: bool | None = None, progress: bool = True) -> records.Record:
+    """Measure the ladder, the sweep, the model shapes, bf16 and the pool; one record."""
+    from tqdm import tqdm
+
+    quick = quick_mode() if quick is None else quick
+    cores = checks.threads(None)
+    level = isa.selected()
+    ffi, lib, mr, nr, *_ = kernels(level)
+    blocks, ladder = default_blocks(level), ladder_blocks(level)
+    n_ladder = 128 if quick else 1024
+    sweep = [32, 64, 128, 256] if quick else [64, 128, 256, 512, 1024, 2048, 4096]
+    shapes = model_shapes()
+    if quick:  # the same products, every size divided by 16
+        shapes = [dict(s, M=s["M"] // 16, K=s["K"] // 16, N=s["N"] // 16) for s in shapes]
+    rec = _new_record(quick, cores, level, mr, nr, blocks, ladder, n_ladder, sweep)
+    rng = np.random.default_rng(0)
+    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 1 + 1 + 2 + 1
+    bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
+
+    def step(what):
+        bar.set_postfix_str(what)
+        bar.update(1)
+
+    _measure_peak(rec, cores, quick)
+    step("f32 peak")
+    _measure_ladder(rec, n_ladder, cores, quick, rng, step)
+    step("numpy")
+    # each block-size sweep runs where its block matters
+    _measure_mc_sweep(rec, mr, ladder, quick, rng)
+    step("MC sweep")
+    _measure_kc_sweep(rec, mr, cores, quick, rng)
+    step("KC sweep")
+    _measure_sweep(rec, sweep, cores, quick, rng, step)
+    _measure_call(rec, cores, quick, rng)
+    _measure_shapes(rec, shapes, cores, quick, rng, step)
     _measure_whole_b(rec, lib, shapes, blocks, cores, quick, rng)
     step("all of B at once")
     _measure_orders(rec, cores, quick, rng)
@@ -338,15 +386,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     first = shapes[0]
     _measure_dtypes(rec, [(n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])],
                     cores, quick, rng, step)
-    reps = 50 if quick else 2000
-    for name, fn in (("empty_region", lambda: lib.gemm_empty_regions(reps, cores)),
-                     ("spawn_join", lambda: lib.gemm_spawn_join(reps // 10, cores))):
-        t = measure(fn, repeats=5, warmup=1)
-        per = reps if name == "empty_region" else reps // 10
-        secs = {k: v / per * 1e6 for k, v in t.stats().items() if k != "n"}
-        rec.add("pool", "µs", {**secs, "n": t.stats()["n"]}, what=name, threads=cores)
-    ids = [pool_ids(cores, level) for _ in range(3)]
-    rec.data["settings"]["pool_ids"] = ids
+    _measure_pool(rec, lib, cores, level, quick)
     step("thread pool")
     bar.close()
     return rec

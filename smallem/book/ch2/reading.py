@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-from ... import build
 from ...gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
                      THREAD_MIN_OPS, cache_geometry, l2_ways_for_a)
 from .. import ch1, compare, figures, records, reference
 from .measuring import BF16_RECORD, RECORD
+from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
 from .order import order_values
 
 
@@ -147,6 +146,8 @@ def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
 
 
 def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
+    """Chapter 2's ladder table (numpy, each rung with its gain and its prediction, the
+    peak) and the values the page quotes."""
     f = figures.fmt
     s = rec["settings"]
     n = s["n_ladder"]
@@ -156,14 +157,59 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
     pred = predicted(rec, ch1.facts(rec_dir))
+    rows, gains = _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one)
+    final = records.value(rec, "rung", rung=LADDER["threads"].index, M=n)
+    naive = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
+    values = {
+        "ch2.n": str(n),
+        "ch2.threads": str(cores),
+        "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
+        "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
+        "ch2.kc5": str(s["blocks_rows"]["kc"]), "ch2.nc5": str(s["blocks_rows"]["nc"]),
+        "ch2.widest_n": str(max(s["sweep"])),
+        "ch2.peak": f(peak, "Gop/s"),
+        "ch2.peak_source": peak_src,
+        "ch2.final_gops": f(final, "Gop/s"),
+        "ch2.final_pct_peak": f"{100 * final / peak:.0f} %",
+        "ch2.final_vs_numpy": f"{100 * final / numpy_all:.0f} %",
+        "ch2.final_vs_numpy_test": compare.versus(
+            records.results(rec, "rung", rung=LADDER["threads"].index, M=n)[0],
+            records.results(rec, "numpy", threads=cores, M=n)[0]),
+        "ch2.naive_gops": f(naive, "Gop/s"),
+        "ch2.climb": f(final / naive),
+        "ch2.machine": figures.machine_line(rec),
+        "ch2.samples": str(records.results(rec, "rung", rung=LADDER["threads"].index)[0]["value"]["n"]),
+        "ch2.blas": _blas_line(rec),
+    }
+    for rung in LADDER:
+        g = records.value(rec, "rung", rung=rung.index, M=n)
+        values[f"ch2.rung{rung.index}_gops"] = f(g, "Gop/s")
+        if 0 < rung.index < len(LADDER) - 1:  # rung 5's gain is the page's one-core comparison
+            values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
+    values["ch2.rung2_verdict"] = blocking_verdict(gains[LADDER["blocked"].index])
+    for i, (gops, why) in pred.items():
+        g = records.value(rec, "rung", rung=i, M=n)
+        values[f"ch2.rung{i}_of_predicted"] = f"{100 * g / gops:.0f} %"
+    for i in range(len(LADDER)):
+        values.setdefault(f"ch2.rung{i}_of_predicted", "n/a")
+    values.update(_block_values(s, n))
+    packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
+    values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
+    values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
+    return rows, values
+
+
+def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
+    """The ladder table's rows, and each rung's gain over the one before (by place)."""
+    f = figures.fmt
     rows = [[f"numpy (OpenBLAS), {cores} threads", f(numpy_all, "Gop/s"),
              f"{100 * numpy_all / peak:.0f} %", "", "—", "—", "—", "—"]]
     if cores != 1:
         rows.append([f"numpy (OpenBLAS), 1 thread", f(numpy_one, "Gop/s"),
                      f"{100 * numpy_one / peak:.0f} %", "", "—", "—", "—", "—"])
     prev = None
-    ref = {0: reference.CH2_GEMM_1024_NAIVE_GOPS,
-           len(LADDER) - 1: reference.CH2_GEMM_1024_FINAL_GOPS}
+    ref = {LADDER["naive"].index: reference.CH2_GEMM_1024_NAIVE_GOPS,
+           LADDER["threads"].index: reference.CH2_GEMM_1024_FINAL_GOPS}
     gains = {}
     for rung in LADDER:
         g = records.value(rec, "rung", rung=rung.index, M=n)
@@ -183,40 +229,14 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     rows.append([f"f32 FMA peak, {cores} cores ({peak_src})", f(peak, "Gop/s"), "100 %", "",
                  "—", "—", f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
                  f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
-    final = records.value(rec, "rung", rung=len(LADDER) - 1, M=n)
-    naive = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
-    values = {
-        "ch2.n": str(n),
-        "ch2.threads": str(cores),
-        "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
-        "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
-        "ch2.kc5": str(s["blocks_rows"]["kc"]), "ch2.nc5": str(s["blocks_rows"]["nc"]),
-        "ch2.widest_n": str(max(s["sweep"])),
-        "ch2.peak": f(peak, "Gop/s"),
-        "ch2.peak_source": peak_src,
-        "ch2.final_gops": f(final, "Gop/s"),
-        "ch2.final_pct_peak": f"{100 * final / peak:.0f} %",
-        "ch2.final_vs_numpy": f"{100 * final / numpy_all:.0f} %",
-        "ch2.final_vs_numpy_test": compare.versus(
-            records.results(rec, "rung", rung=len(LADDER) - 1, M=n)[0],
-            records.results(rec, "numpy", threads=cores, M=n)[0]),
-        "ch2.naive_gops": f(naive, "Gop/s"),
-        "ch2.climb": f(final / naive),
-        "ch2.machine": figures.machine_line(rec),
-        "ch2.samples": str(records.results(rec, "rung", rung=len(LADDER) - 1)[0]["value"]["n"]),
-        "ch2.blas": _blas_line(rec),
-    }
-    for rung in LADDER:
-        g = records.value(rec, "rung", rung=rung.index, M=n)
-        values[f"ch2.rung{rung.index}_gops"] = f(g, "Gop/s")
-        if 0 < rung.index < len(LADDER) - 1:  # rung 5's gain is the page's one-core comparison
-            values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
-    values["ch2.rung2_verdict"] = blocking_verdict(gains[2])
-    for i, (gops, why) in pred.items():
-        g = records.value(rec, "rung", rung=i, M=n)
-        values[f"ch2.rung{i}_of_predicted"] = f"{100 * g / gops:.0f} %"
-    for i in range(len(LADDER)):
-        values.setdefault(f"ch2.rung{i}_of_predicted", "n/a")
+    return rows, gains
+
+
+def _block_values(s: dict, n: int) -> dict:
+    """The micro-kernel's registers and the blocks' sizes against the caches, for the page."""
+    f = figures.fmt
+    values = {}
+    ladder = s["blocks_ladder"]
     g = s["cache_geometry"]
     mr, nr, b = s["mr"], s["nr"], ladder
     vec, regs = REGISTER_FILE[s["isa"]]
@@ -250,10 +270,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.b_row_bytes": f"{nr * 4} bytes",
         "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
     })
-    packed = records.value(rec, "rung", rung=len(LADDER) - 2, M=n)
-    values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
-    values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
-    return rows, values
+    return values
 
 
 
@@ -591,36 +608,6 @@ def chapter1_links(rec: dict, rec_dir) -> dict:
     l3 = sm["triad_plateaus"][1]["L3"]
     # rung 1 reads one 4-byte float of B from L3 per multiply-add (2 operations)
     return {"ch2.l3_core_bw": f(l3, "GB/s"), "ch2.rung1_l3_bound": f(l3 * 2 / 4, "Gop/s")}
-
-
-
-# each rung's code sits between markers named for it in kernels_c/gemm.c (its C name)
-RUNG_SECTIONS = [rung.name for rung in LADDER]
-
-
-
-def snippet(name: str, path: Path | None = None) -> list[str]:
-    """The lines between ``--8<-- [start:name]`` and ``[end:name]`` in kernels_c/gemm.c."""
-    path = path or build.KERNELS_DIR / "gemm.c"
-    lines = path.read_text().splitlines()
-    start = next(i for i, l in enumerate(lines) if f"[start:{name}]" in l)
-    end = next(i for i, l in enumerate(lines) if f"[end:{name}]" in l)
-    return lines[start + 1:end]
-
-
-
-def write_rung_diffs() -> list[Path]:
-    """figures/tables/ch2_diff_<a>_<b>.md: what each rung changes, from the real source."""
-    import difflib
-
-    out = []
-    for old, new in zip(RUNG_SECTIONS, RUNG_SECTIONS[1:]):
-        diff = difflib.unified_diff(snippet(old), snippet(new), f"gemm.c: {old}", f"gemm.c: {new}",
-                                    n=2, lineterm="")
-        path = figures.tables_dir() / f"ch2_diff_{old}_{new}.md"
-        path.write_text("```diff\n" + "\n".join(diff) + "\n```\n")
-        out.append(path)
-    return out
 
 
 

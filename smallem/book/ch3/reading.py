@@ -161,6 +161,23 @@ def fused_saving(rec) -> tuple[float, int] | None:
             sum(calls.values()))
 
 
+def _predicted_from_products(rec_dir, th: int, fpt: float) -> dict[int, tuple[float, str]]:
+    """Rungs 0 and 1: every FLOP of the step at chapter 2's product rate, numpy's and ours,
+    on as many threads; {} without chapter 2's record."""
+    out = {}
+    if records.exists("ch2.gemm", rec_dir):
+        g = records.load("ch2.gemm", rec_dir)
+        n = g["settings"]["n_ladder"]
+        for i, name, params, who in ((AT["numpy"], "numpy", {"threads": th}, "numpy's"),
+                                     (AT["kernels"], "rung", {"rung": LADDER["threads"].index},
+                                      "our")):
+            found = records.results(g, name, M=n, **params)
+            if found:
+                out[i] = (found[0]["value"]["median"] * 1e9 / fpt,
+                          f"every FLOP at {who} {n}³ product rate")
+    return out
+
+
 def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
     """What this machine's own measurements predict for each rung of the climb, in tokens/s,
     and the arithmetic behind it: rung -> (tokens/s, how). From rung 2 on, each prediction
@@ -183,17 +200,7 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
     s = rec["settings"]
     th, fpt, cfg = s["threads"], s["flops_per_token"], s["config"]
     n_tok = s["batch_size"] * s["seq_len"]
-    out = {}
-    if records.exists("ch2.gemm", rec_dir):
-        g = records.load("ch2.gemm", rec_dir)
-        n = g["settings"]["n_ladder"]
-        for i, name, params, who in ((AT["numpy"], "numpy", {"threads": th}, "numpy's"),
-                                     (AT["kernels"], "rung", {"rung": LADDER["threads"].index},
-                                      "our")):
-            found = records.results(g, name, M=n, **params)
-            if found:
-                out[i] = (found[0]["value"]["median"] * 1e9 / fpt,
-                          f"every FLOP at {who} {n}³ product rate")
+    out = _predicted_from_products(rec_dir, th, fpt)
     sec = {i: 1.0 / t for i, t in toks.items()}  # seconds per token
 
     def less(i, saved_s, how):  # rung i-1's measured step less ``saved_s`` per step
@@ -246,6 +253,8 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
 
 
 def _rungs_table(rec, rec_dir, rungs, step_toks, values):
+    """The climb's table (each rung against the one before and its prediction, the
+    reference), its figure, its headline and its targets."""
     s = rec["settings"]
     fpt, th = s["flops_per_token"], s["threads"]
     peaks = _peaks(rec, rec_dir, th)
@@ -253,31 +262,7 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     if "numpy" in step_toks:
         toks[AT["numpy"]] = step_toks["numpy"]
     pred = predicted(rec, rec_dir, toks)
-    rows, before = [], None
-    for i, what, kw in ((r.index, r.what, r.run) for r in RUNGS):
-        if i not in toks:
-            rows.append([str(i), what, "not measured", "—", "—", "—", "—", "—"])
-            continue
-        if before is None:
-            against = "—"
-        elif i in rungs and before in rungs:
-            against = compare.versus(rungs[i], rungs[before])
-        else:  # the numpy reference is timed on its own: a ratio, no rounds
-            against = f(toks[i] / toks[before]) + "× (timed apart)"
-        kind = "bf16" if kw["backend"] == "bf16" else "f32"
-        fpt_i = rungs[i]["params"].get("flops_per_token", fpt) if i in rungs else fpt
-        switches = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "backend")
-        rows.append([str(i), f"{what} (`{kw['backend']}`{', ' + switches if switches else ''})",
-                     f(toks[i], "tokens/s"), against,
-                     f"{f(pred[i][0], 'tokens/s')} ({pred[i][1]})" if i in pred else
-                     "not predicted (a measurement it needs is not in the records)",
-                     f"{100 * toks[i] / pred[i][0]:.0f} %" if i in pred else "—",
-                     _pct(mfu(toks[i], fpt_i, peaks["f32"])),
-                     _pct(mfu(toks[i], fpt_i, peaks[kind]))
-                     + f" of {peaks['bf16_kind'] if kind == 'bf16' else kind}"])
-        values[f"ch3.rung{i}_of_predicted"] = (f"{100 * toks[i] / pred[i][0]:.0f} %"
-                                               if i in pred else "n/a")
-        before = i
+    rows = _rung_rows(rungs, toks, pred, peaks, fpt, values)
     ref = reference
     rows.append(["ref.", f"the reference series, xl GPT-2 step ({ref.CITE}, {ref.MACHINE})",
                  f"{ref.CH3_XL_STEP_BEFORE_TOKS} → {f(ref.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
@@ -303,13 +288,53 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     top = max(same, key=toks.get)
     values["ch3.climb_top"] = rung_label(top)
     values["ch3.climb_top_toks"] = f(toks[top], "tokens/s")
-    if 0 in toks:
+    if AT["numpy"] in toks:
         values["ch3.climb_vs_numpy"] = f(toks[top] / toks[AT["numpy"]]) + "×"
-    if 7 in rungs:
+    if AT["modern"] in rungs:
         values["ch3.rung7_toks"] = f(toks[AT["modern"]], "tokens/s")
-    for i, j in ((2, 1), (3, 2), (5, 4), (6, 5), (7, 6)):  # 4 against 3: "tiles_vs_matrices"
+    # each rung against the one before (tiles against the arena: "tiles_vs_matrices")
+    for i, j in ((r.index, r.index - 1) for r in RUNGS[AT["pool"]:] if r.name != "tiles"):
         if i in rungs and j in rungs:
             values[f"ch3.rung{i}_vs_{j}"] = compare.versus(rungs[i], rungs[j])
+    _climb_targets(rec, rungs, toks, peaks, values)
+
+
+def _rung_rows(rungs, toks, pred, peaks, fpt, values) -> list[list[str]]:
+    """A row per rung: what it switches on, its speed against the rung before, its
+    prediction, its MFU against the f32 peak and against its own precision's."""
+    rows, before = [], None
+    for i, what, kw in ((r.index, r.what, r.run) for r in RUNGS):
+        if i not in toks:
+            rows.append([str(i), what, "not measured", "—", "—", "—", "—", "—"])
+            continue
+        if before is None:
+            against = "—"
+        elif i in rungs and before in rungs:
+            against = compare.versus(rungs[i], rungs[before])
+        else:  # the numpy reference is timed on its own: a ratio, no rounds
+            against = f(toks[i] / toks[before]) + "× (timed apart)"
+        kind = "bf16" if kw["backend"] == "bf16" else "f32"
+        fpt_i = rungs[i]["params"].get("flops_per_token", fpt) if i in rungs else fpt
+        switches = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "backend")
+        rows.append([str(i), f"{what} (`{kw['backend']}`{', ' + switches if switches else ''})",
+                     f(toks[i], "tokens/s"), against,
+                     f"{f(pred[i][0], 'tokens/s')} ({pred[i][1]})" if i in pred else
+                     "not predicted (a measurement it needs is not in the records)",
+                     f"{100 * toks[i] / pred[i][0]:.0f} %" if i in pred else "—",
+                     _pct(mfu(toks[i], fpt_i, peaks["f32"])),
+                     _pct(mfu(toks[i], fpt_i, peaks[kind]))
+                     + f" of {peaks['bf16_kind'] if kind == 'bf16' else kind}"])
+        values[f"ch3.rung{i}_of_predicted"] = (f"{100 * toks[i] / pred[i][0]:.0f} %"
+                                               if i in pred else "n/a")
+        before = i
+    return rows
+
+
+def _climb_targets(rec, rungs, toks, peaks, values) -> None:
+    """The climb's targets: the f32 rung's MFU and its ratio to PyTorch, bf16 against f32
+    and against PyTorch's autocast, the modern block with Muon against GPT-2's."""
+    s = rec["settings"]
+    fpt = s["flops_per_token"]
     steps = {r["params"]["backend"]: r for r in records.results(rec, "step")}
     if F32_TOP in rungs:
         m = mfu(toks[F32_TOP], fpt, peaks["f32"])
@@ -333,7 +358,7 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         values["ch3.target_bf16"] = (
             v.text(f"{f(v.ratio)}× our f32 step, against {BF16_TARGET}×") if fast else
             f"does not apply: this CPU's bf16 products are widened to f32 ({f(v.ratio)}×)")
-        if 7 in rungs:
+        if AT["modern"] in rungs:
             c = get_config(rungs[AT["modern"]]["params"].get("config", "xl-modern"))
             equiv = newton_schulz_flops(c) / c.flops_per_token()
             values["ch3.muon_equiv_tokens"] = f(equiv)

@@ -83,11 +83,33 @@ def _ratio(a, b) -> float:
 
 
 def _ladder(rec, facts, values):
+    """Chapter 4's ladder table (our rungs, then the peers and the reference) and its values."""
     s = rec["settings"]["ladder"]
     cfg = s["config"]["name"]
-    rung3 = dict(s["rungs"]).get(3, "")
+    rung3 = dict(s["rungs"]).get(AT["int8"], "")
     values["ch4.int8_instruction"] = s.get("int8_instruction") or rung3.partition(", ")[2] or "n/a"
     weights = matrix_params(get_config(cfg)) if cfg in CONFIGS else 0
+    rows = _rung_rows(rec, facts, s, weights, values) + _peer_rows(rec)
+    missing = rec["settings"].get("missing") or {}
+    note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
+            f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
+            f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
+            f"from position 0. {figures.machine_line(rec)}."
+            + ("" if rec["settings"].get("llama_cpp") else " llama.cpp: not measured.")
+            + (f" llama-bench: {rec['settings']['llama_cpp']['flags_why']}."
+               if (rec["settings"].get("llama_cpp") or {}).get("flags_why") else "")
+            + "".join(f" {k}: not measured ({v})." for k, v in missing.items()))
+    figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
+                                             "rung before", "weights per token",
+                                             "decode predicted: weights ÷ bandwidth",
+                                             "prompt", "prompt predicted: compute bound"], note)
+    _ladder_values(rec, facts, s, cfg, values)
+
+
+def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
+    """A row per rung: its decode against the rung before and against its bound (weights
+    over the bandwidth of their level; rung 0's prefix at the f32 peak), its prompt against
+    its compute bound."""
     rows, prev = [], None
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
@@ -120,6 +142,12 @@ def _ladder(rec, facts, values):
             values[f"ch4.rung{i}_prompt_of_bound"] = f"{100 * p['value']['median'] / pp[0]:.0f} %"
         prev = r
         values[f"ch4.rung{i}_toks"] = f(r["value"]["median"], "tokens/s")
+    return rows
+
+
+def _peer_rows(rec) -> list[list[str]]:
+    """f32 on rung 4's threads, llama.cpp, PyTorch, and the reference series."""
+    rows = []
     r32 = _one(rec, "decode", case="f32-threads")
     if r32:
         rows.append(["", "f32 with rung 4's threads (for comparison)",
@@ -140,19 +168,10 @@ def _ladder(rec, facts, values):
     rows.append(["ref.", f"the reference series, one sequence ({reference.CITE}, "
                  f"{reference.MACHINE})", f"{reference.CH4_GEN_BEFORE_TOKS} → "
                  f"{f(reference.CH4_GEN_AFTER_TOKS)} tokens/s", "—", "—", "—", "—", "—"])
-    missing = rec["settings"].get("missing") or {}
-    note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
-            f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
-            f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
-            f"from position 0. {figures.machine_line(rec)}."
-            + ("" if rec["settings"].get("llama_cpp") else " llama.cpp: not measured.")
-            + (f" llama-bench: {rec['settings']['llama_cpp']['flags_why']}."
-               if (rec["settings"].get("llama_cpp") or {}).get("flags_why") else "")
-            + "".join(f" {k}: not measured ({v})." for k, v in missing.items()))
-    figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
-                                             "rung before", "weights per token",
-                                             "decode predicted: weights ÷ bandwidth",
-                                             "prompt", "prompt predicted: compute bound"], note)
+    return rows
+
+
+def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.ladder_config"] = cfg
     p5 = _one(rec, "prefill", rung=AT["prompt_path"])
     path = {"c": "the int8 call", "gemm": "the f32 GEMM"}
@@ -244,6 +263,8 @@ def _targets(rec, values, rec_dir=None):
 
 
 def _study(rec, facts, values):
+    """The L3 study: its figure, and the targets and values of the models in the L3, beyond
+    it, and the smallest."""
     pts = records.results(rec, "study")
     if not pts:
         return []
@@ -257,6 +278,15 @@ def _study(rec, facts, values):
     values["ch4.study_round"] = (f"{f(1000 * st['round_seconds'])} ms" if "round_seconds" in st
                                  else "n/a (an older record: a fixed count)")
     lla = {r["params"]["study_d"]: r for r in records.results(rec, "llama_tg") if "study_d" in r["params"]}
+    _study_figure(rec, facts, widths, by, lla)
+    out = _study_l3(facts, widths, by, lla, values)
+    out += _study_big(facts, widths[-1], by, lla, values)
+    _study_small(rec, facts, widths[0], by, values)
+    return out
+
+
+def _study_figure(rec, facts, widths, by, lla):
+    """Decode speed against model size, with each level's bound and where the plateaus end."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -297,6 +327,12 @@ def _study(rec, facts, values):
     ax.legend(fontsize=7)
     ax.set_title("Decode speed against model size")
     figures.save(fig, "ch4_l3")
+
+
+def _study_l3(facts, widths, by, lla, values) -> list[str]:
+    """The largest model whose int8 weights sit in the measured L3 plateau, against
+    llama.cpp (unless the ladder's model was there), and of those the largest whose f32
+    weights no longer do: int8 against f32 there."""
     def level(r):
         return bandwidth_bound(facts, r["params"]["weight_bytes"], r["params"]["threads"])[0]
 
@@ -325,7 +361,13 @@ def _study(rec, facts, values):
     else:
         values["ch4.mid_params"] = "no model of the study"
         values["ch4.mid_int8_vs_f32"] = "n/a"
-    big = widths[-1]
+    return out
+
+
+def _study_big(facts, big, by, lla, values) -> list[str]:
+    """The largest model: int8 against f32, its weights' bytes per second against the
+    bound of their level, and against llama.cpp."""
+    out = []
     b8, b32 = by[big, "int8"], by[big, "f32"]
     x = _ratio(b8, b32)
     out.append(f"int8 against our f32 on the largest model ({f(b8['params']['params'] / 1e6, 'M')} "
@@ -352,7 +394,12 @@ def _study(rec, facts, values):
         values["ch4.vs_llama_big"] = f"{f(x)} times"
         out.append(f"int8 decode on that model against llama.cpp's Q8_0: "
                    + _verdict(b8, lla[big], DRAM_VS_LLAMA))
-    small = widths[0]
+    return out
+
+
+def _study_small(rec, facts, small, by, values) -> None:
+    """The smallest model on one core and on all: its fixed cost per token, the fork-joins
+    of the regions that go to the team, and the prediction from both."""
     s1, s2 = by[small, "int8-1"], by[small, "int8"]
     values["ch4.small_params"] = f(s1["params"]["params"] / 1e6, "M parameters")
     values["ch4.small_one_core"] = f(s1["value"]["median"], "tokens/s")
@@ -381,7 +428,6 @@ def _study(rec, facts, values):
         values["ch4.small_fixed_us"] = f(1e6 * fixed, "µs")
         values["ch4.small_predicted"] = f(pred, "tokens/s")
         values["ch4.small_of_predicted"] = f"{100 * s2['value']['median'] / pred:.0f} %"
-    return out
 
 
 def _small_threaded(rec, d: int, r) -> tuple[str, bool]:
