@@ -37,9 +37,8 @@ DTYPES = ("f32", "int8")
 
 
 def _lib(threads):
-    if _pool.on_pool(threads):
-        return _pool.load("decode")
-    return build.load("decode")
+    """decode.c's module for ``threads`` (a count or a Team): its pool variant on the pool."""
+    return _pool.team(threads).module("decode")
 
 
 def load_model(folder, backend: str = "kernels", threads=None) -> GPT:
@@ -199,8 +198,9 @@ class Decoder:
         self.model, self.config = model, model.config
         c = self.config
         self.dtype, self.prefill_mode = dtype, prefill
-        self.threads = _pool.threads(threads, pool) if pool else checks.threads(threads)
-        self.ffi, self.lib = ffi, lib = _lib(self.threads)
+        self.team = _pool.team(threads, pool)  # the runtime its calls run on
+        self.threads = self.team.n
+        self.ffi, self.lib = ffi, lib = _lib(self.team)
         P, modern = model.params, c.block == "modern"
         f32 = lambda a: np.ascontiguousarray(a, np.float32)  # noqa: E731
         self._keep = []  # every array a C pointer points at
@@ -378,8 +378,9 @@ def matmul(pk: Packed, x: np.ndarray, threads=1, pool: bool = False, y=None,
         raise ValueError(f"x: expected float32 (rows, {pk.K}), got {x.dtype}{x.shape}")
     x = np.ascontiguousarray(x)
     rows = x.shape[0]
-    threads = _pool.threads(threads, pool) if pool else checks.threads(threads)
-    ffi, lib = _lib(threads)
+    team = _pool.team(threads, pool)
+    threads = team.n
+    ffi, lib = _lib(team)
     if y is None:
         y = np.zeros((rows, pk.N), np.float32)
     elif y.shape != (rows, pk.N) or y.dtype != np.float32 or not y.flags.c_contiguous:

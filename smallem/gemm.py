@@ -448,7 +448,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
         for x, name in ((a, "a"), (b, "b")):
             if _overlap(out, x):
                 raise ValueError(f"out overlaps {name}: the result would overwrite its own input")
-    nthreads = auto_threads(M, N, K) if threads is None else checks.threads(threads)
+    nthreads = auto_threads(M, N, K) if threads is None else pool.team(threads).n
     if M == 0 or N == 0:
         return out
     if K == 0:  # an empty sum: C = beta C

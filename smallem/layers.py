@@ -20,11 +20,10 @@ from . import checks
 
 
 def _lib(threads=None):
-    """layers.c's module; its pool variant (smallem.pool) when ``threads`` asks for it."""
-    from . import build, pool
-    if pool.on_pool(threads):
-        return pool.load("layers")
-    return build.load("layers")
+    """layers.c's module for ``threads`` (a count or a :class:`smallem.pool.Team`): its pool
+    variant where the team is on the pool."""
+    from . import pool
+    return pool.team(threads).module("layers")
 
 
 def _fp(ffi, x):
@@ -36,7 +35,9 @@ def _ip(ffi, x):
 
 
 def _threads(n):
-    return int(checks.threads(n))
+    """The count of threads a call runs on (``n`` a count, None or a Team)."""
+    from . import pool
+    return pool.team(n).n
 
 
 def _f32(x, name, shape=None, writable=False):
@@ -507,17 +508,16 @@ class BatchedGemm:
     """
 
     def __init__(self, threads=None):
-        from . import build, gemm, pool
+        from . import gemm, pool
 
-        on_pool = pool.on_pool(threads)
-        gffi, glib = pool.load("gemm") if on_pool else build.load("gemm")
+        self.team = pool.team(threads)
+        gffi, glib = self.team.module("gemm")
         fn = getattr(glib, "gemm_f32", None)
         if fn is None or gffi.typeof(fn).cname != GEMM_F32_TYPE:
             raise RuntimeError("kernels_c/gemm.c has no gemm_f32 with the expected prototype")
         self.addr = int(gffi.cast("uintptr_t", gffi.addressof(glib, "gemm_f32")))
         self.config = gemm.default_config()  # (order, mc, kc, nc)
         self.glib = glib
-        self.threads = pool.threads(threads, on_pool)
         self.work = np.zeros(0, np.float32)
 
     def __call__(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0):
@@ -536,12 +536,13 @@ class BatchedGemm:
             return out
         order, mc, kc, nc = self.config
         per = int(self.glib.gemm_work_floats(N, K, mc, kc, nc, 1))
-        if self.work.size < per * self.threads:
-            self.work = np.zeros(per * self.threads, np.float32)
-        ffi, lib = _lib(self.threads)
+        n = self.team.n
+        if self.work.size < per * n:
+            self.work = np.zeros(per * n, np.float32)
+        ffi, lib = _lib(self.team)
         lib.batched_gemm(ffi.cast("void *", self.addr), len(a), int(trans_a), int(trans_b), M, N,
                          K, float(alpha), _fp(ffi, a), a[0].size, a.shape[2], _fp(ffi, b),
                          b[0].size, b.shape[2], 0.0, _fp(ffi, out), out[0].size, N, order, mc, kc, nc,
-                         _fp(ffi, self.work), per, self.threads)
+                         _fp(ffi, self.work), per, n)
         return out
 

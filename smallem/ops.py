@@ -424,7 +424,7 @@ class KernelFused:
         layers.bias_gelu_forward(u, b, g, self.threads)
 
     def gelu_backward_bias(self, u, dy, dx, db):
-        partial = _scratch(self, "_partial", int(self.threads) * u.shape[1])  # threads' sums
+        partial = _scratch(self, "_partial", self.threads.n * u.shape[1])  # threads' sums
         layers.gelu_backward_bias(u, dy, dx, db, self.threads, work=partial)
 
     def residual_layernorm(self, x, t, bias, mid, w, b, out, mean, rstd):
@@ -526,13 +526,13 @@ class KernelBf16Products:
     def _bf16(self, x, slot):  # x rounded into this ops object's scratch
         buf = _scratch(self, f"_bf16_{slot}", x.size, np.uint16)
         return layers.to_bf16(x, buf[:x.size].reshape(x.shape),
-                              type(self.threads)(1) if x.size < (1 << 16) else self.threads)
+                              self.threads.one() if x.size < (1 << 16) else self.threads)
 
     def matmul(self, a, b, **kw):
         from .gemm import matmul_bf16
         k = b.shape[1] if kw.get("trans_b") else b.shape[0]
         small = a.size * (b.size // max(k, 1)) < (1 << 19)
-        kw["threads"] = type(self.threads)(1) if small else self.threads
+        kw["threads"] = self.threads.one() if small else self.threads
         return matmul_bf16(self._bf16(a, 0), self._bf16(b, 1), **kw)
 # --8<-- [end:bf16_products]
 
@@ -558,13 +558,13 @@ class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
     name = "kernels"
 
     def __init__(self, threads=None, pool=False):
-        from . import build
         from . import pool as own_pool
         from .gemm import matmul
-        # with pool=True every kernel runs on smallem's own thread pool (rung 2), not OpenMP's
-        self.threads = own_pool.threads(threads, pool)
+        # the team every kernel of this ops object runs on: with pool=True smallem's own
+        # thread pool (rung 2), not OpenMP's runtime
+        self.threads = own_pool.team(threads, pool)
         self._matmul = matmul
-        own_pool.load("layers") if pool else build.load("layers")  # now, not in a timed step
+        self.threads.module("layers")  # built and loaded now, not in a timed step
         try:
             self.bmm = layers.BatchedGemm(self.threads)
         except RuntimeError:  # a GEMM without gemm_f32: loop over the slices in Python
@@ -575,7 +575,7 @@ class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
         kernels_c/layers.c decides for the other kernels)."""
         k = b.shape[1] if kw.get("trans_b") else b.shape[0]
         madds = a.size * (b.size // max(k, 1))  # (M K) (N) = M N K multiply-adds
-        kw["threads"] = type(self.threads)(1) if madds < (1 << 19) else self.threads
+        kw["threads"] = self.threads.one() if madds < (1 << 19) else self.threads
         return self._matmul(a, b, **kw)
 
     def _bmm_python(self, a, b, out, *, trans_a=False, trans_b=False):

@@ -3,8 +3,9 @@
 The step's kernels are OpenMP code. Built as ``layers_pool`` and ``gemm_pool`` (the same
 sources with ``SM_POOL``), the OpenMP runtime calls that GCC makes for their pragmas go to
 this pool instead of libgomp; :func:`load` builds such a module and attaches it to the
-pool. A kernel call runs there when its ``threads`` argument is a :class:`PoolThreads`
-(an int that says so), as the ops object of a model built with ``pool=True`` passes.
+pool. A kernel call runs there when its ``threads`` argument is a :class:`Team` on the pool,
+as the ops object of a model built with ``pool=True`` passes; a plain count is a team on
+OpenMP's runtime.
 
 :func:`run` runs a Python function on the pool's threads (the tests' way in);
 :func:`fork_join_seconds` and :func:`barrier_seconds` time the pool against OpenMP's
@@ -15,24 +16,48 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 
 from . import build, checks
 
 
-class PoolThreads(int):
-    """A thread count whose kernels run on smallem's pool rather than OpenMP's."""
+@dataclass(frozen=True)
+class Team:
+    """The threads a kernel call runs on, made once and passed down: how many (``n``) and
+    on which runtime (``pool``: smallem's own pool, else OpenMP's). It is not a number: a
+    count it stands for is ``team.n``, so no call can drop the runtime on the way down."""
+    n: int
+    pool: bool = False
 
-    pool = True
+    def __post_init__(self):
+        object.__setattr__(self, "n", checks.threads(self.n))
+        if not isinstance(self.pool, bool):
+            raise TypeError(f"pool: expected True or False, got {self.pool!r}")
+
+    @property
+    def runtime(self) -> str:
+        return "pool" if self.pool else "openmp"
+
+    def module(self, name: str, level: str | None = None):
+        """(ffi, lib) of kernel module ``name`` for this team: its pool variant on the pool."""
+        return load(name, level) if self.pool else build.load(name, level)
+
+    def one(self) -> "Team":
+        """One thread on the same runtime (a call too small to share out)."""
+        return Team(1, self.pool)
 
 
-def threads(n=None, pool: bool = True) -> int:
-    """``n`` threads (default: every usable core), as a :class:`PoolThreads` if ``pool``."""
-    n = checks.threads(n)
-    return PoolThreads(n) if pool else n
+def team(threads=None, pool: bool = False) -> Team:
+    """The team a caller's ``threads`` stands for: a :class:`Team` as it is (on the pool too
+    where ``pool``), a count (None: every usable core) on OpenMP's runtime, or on the pool
+    where ``pool``."""
+    if isinstance(threads, Team):
+        return Team(threads.n, True) if pool and not threads.pool else threads
+    return Team(checks.threads(threads), bool(pool))
 
 
 def on_pool(threads) -> bool:
-    return bool(getattr(threads, "pool", False))
+    return isinstance(threads, Team) and threads.pool
 
 
 def lib():

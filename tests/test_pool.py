@@ -129,7 +129,7 @@ def test_two_callers_at_once(rng):
     def work(out):
         try:
             for _ in range(50):
-                layers.gelu_forward(x, out, pool.threads(2))
+                layers.gelu_forward(x, out, pool.team(2, pool=True))
         except Exception as e:  # noqa: BLE001
             errors.append(e)
     ts = [threading.Thread(target=work, args=(o,)) for o in outs]
@@ -139,3 +139,24 @@ def test_two_callers_at_once(rng):
         t.join(timeout=120)
     assert not errors and not any(t.is_alive() for t in ts)
     assert all(np.array_equal(o, want) for o in outs)
+
+
+def test_a_team_carries_its_runtime_and_is_not_a_number():
+    """The runtime travels with the count: a Team is made once and passed down, and nothing
+    that wants a number can take one and drop the pool on the way (PoolThreads, an int with
+    a flag, was stripped that way)."""
+    from smallem import checks, layers
+
+    t = pool.team(2, pool=True)
+    assert (t.n, t.pool, t.runtime) == (2, True, "pool") and t.one() == pool.Team(1, True)
+    assert pool.team(t) is t and pool.team(pool.Team(2), pool=True) == t
+    assert pool.team(3) == pool.Team(3, False) and not pool.on_pool(3)
+    with pytest.raises(TypeError, match="expected an int"):
+        checks.threads(t)
+    with pytest.raises(TypeError):
+        t * 2
+    # the module a call loads follows the team: the pool variant on the pool
+    assert layers._lib(t) == pool.load("layers") and layers._lib(2) != pool.load("layers")
+    assert layers._threads(t) == 2
+    with pytest.raises(TypeError, match="pool"):
+        pool.Team(2, pool="yes")
