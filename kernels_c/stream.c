@@ -118,8 +118,9 @@ void stream_add(double *a, const double *b, const double *c, long long n, int re
 /* --8<-- [start:read] */
 /* One thread's read of its slice, `reps` times, into READ_LANES running sums.
  * The sums are independent, so the adds overlap: an add takes about 4 cycles and
- * two can start each cycle, so 8 vectors of sums keep the adders busy and the
- * two loads a cycle that an L1 serves (8 zmm on AVX-512, 8 ymm otherwise). The
+ * two can start each cycle, so at least 8 vectors of sums are needed to keep the
+ * adders busy and the two loads a cycle that an L1 serves: 16 zmm on AVX-512
+ * (half its 32 registers, for slack), 8 ymm otherwise (half of AVX2's 16). The
  * sums carry over from pass to pass, so no pass can be optimised away. */
 #if defined(__AVX512F__)
 #define READ_LANES 128

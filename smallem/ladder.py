@@ -64,7 +64,12 @@ class Ladder(tuple):
         return super().__getitem__(key)
 
     def __contains__(self, key) -> bool:
-        return key in self._by_name if isinstance(key, str) else super().__contains__(key)
+        """A rung's name, a place in the ladder (an int, as records keep it), or a rung."""
+        if isinstance(key, str):
+            return key in self._by_name
+        if isinstance(key, int) and not isinstance(key, bool):
+            return 0 <= key < len(self)
+        return super().__contains__(key)
 
     def names(self) -> list[str]:
         return list(self._by_name)

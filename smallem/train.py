@@ -416,9 +416,11 @@ class Trainer:
         where = Path(folder) / checkpoint.INDEX
         try:
             cfg = get_config(meta["config"])
-            for key in ("batch_size", "total_steps", "seed", "lr", "warmup", "weight_decay",
-                        "clip", "seq_len"):
-                meta[key]  # a checkpoint of this format has each of them
+            # a checkpoint of this format has each of them (optimizer and accumulate came later)
+            missing = [k for k in ("batch_size", "total_steps", "seed", "lr", "warmup",
+                                   "weight_decay", "clip", "seq_len") if k not in meta]
+            if missing:
+                raise KeyError(missing[0])
             t = cls(cfg, corpus=corpus, settings=TrainSettings.saved(meta, **how))
         except (KeyError, TypeError, ValueError) as e:
             raise checkpoint.CheckpointError(f"{where}: missing or bad field {e}") from e

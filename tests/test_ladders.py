@@ -63,6 +63,8 @@ def test_the_ladder_type_refuses_a_broken_ladder():
         ladder.Ladder("x", [a, ladder.Rung(1, "a", "again")])
     lad = ladder.Ladder("x", [a, b])
     assert lad["b"] is b and lad[0] is a and list(lad) == [a, b] and lad.names() == ["a", "b"]
+    assert "a" in lad and 1 in lad and b in lad  # a name, a place, a rung
+    assert "c" not in lad and 2 not in lad and -1 not in lad and True not in lad
 
 
 def test_rungs_are_reached_by_name_in_the_library():

@@ -270,12 +270,13 @@ def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
     assert calls == ["a", "b", "b", "a"] * 2 and len(out["b"].seconds) == 4
 
 
-def test_a_peer_far_behind_is_timed_once(monkeypatch):
+def _clocked_calls(monkeypatch, cost: dict):
+    """Contenders whose calls take ``cost[k]`` seconds on a fake clock (no sleeping), and the
+    log of the calls made."""
     from smallem import timing
-    now = [0.0]
+    now, calls = [0.0], []
     monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
-    cost = {"ours": 1.0, "slow": 10.0, "close": 3.0}  # seconds a call
-    calls = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: None)
 
     def fn(k):
         def call():
@@ -283,7 +284,12 @@ def test_a_peer_far_behind_is_timed_once(monkeypatch):
             now[0] += cost[k]
         return call
 
-    fns = {k: fn(k) for k in cost}
+    return {k: fn(k) for k in cost}, calls
+
+
+def test_a_peer_far_behind_is_timed_once(monkeypatch):
+    from smallem import timing
+    fns, calls = _clocked_calls(monkeypatch, {"ours": 1.0, "slow": 10.0, "close": 3.0})
     far = {"slow": "ours", "close": "ours"}
     out = timing.measure_interleaved(fns, repeats=7, warmup=1, far=far, far_factor=4.0)
     # 10 s against 1 s: decided after its first round; 3 s is not far enough behind
@@ -297,19 +303,9 @@ def test_a_peer_far_behind_is_timed_once(monkeypatch):
 
 def test_a_long_sample_needs_no_wake_up_call(monkeypatch):
     from smallem import timing
-    now = [0.0]
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(timing.time, "sleep", lambda s: None)
-    cost = {"long": 2 * timing.WAKE_SKIP, "short": timing.WAKE_SKIP / 10}
-    calls = []
-
-    def fn(k):
-        def call():
-            calls.append(k)
-            now[0] += cost[k]
-        return call
-
-    timing.measure_interleaved({k: fn(k) for k in cost}, repeats=3, warmup=1, pause=0.5)
+    fns, calls = _clocked_calls(monkeypatch, {"long": 2 * timing.WAKE_SKIP,
+                                              "short": timing.WAKE_SKIP / 10})
+    timing.measure_interleaved(fns, repeats=3, warmup=1, pause=0.5)
     # the long one: a warm-up, then one timed call a round, an untimed one before the first
     # sample only; the short one: an untimed call after every pause
     assert calls.count("long") == 1 + 1 + 3 and calls.count("short") == 1 + 2 * 3
