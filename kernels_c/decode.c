@@ -45,6 +45,7 @@
 #include <time.h>
 #include "common.h"
 #include "vexp.h"
+#include "rows.h"
 #include "decode.h"
 
 #define TILE 16
@@ -401,67 +402,34 @@ static void norm_rows(const float *x, const float *w, const float *b, float *out
 {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * C;
-        float *o = out + (size_t)r * C, mean = 0.0f, var = 0.0f;
-        if (!rms) {
-            #pragma omp simd reduction(+:mean)
-            for (int c = 0; c < C; c++) mean += xr[c];
-            mean /= C;
-        }
-        #pragma omp simd reduction(+:var)
-        for (int c = 0; c < C; c++) var += (xr[c] - mean) * (xr[c] - mean);
-        const float rstd = 1.0f / sqrtf(var / C + SM_LN_EPS);
-        #pragma omp simd
-        for (int c = 0; c < C; c++) o[c] = (xr[c] - mean) * rstd * w[c] + (b ? b[c] : 0.0f);
+        norm_row(xr, rms ? 0.0f : row_sum(xr, C) / C, w, b, out + (size_t)r * C, C, SM_LN_EPS);
     }
 }
 
-/* GPT-2's tanh GELU as x sigmoid(2u) (as in layers.c), in place; or SwiGLU's
- * g = silu(a) b from u = [a | b], each row 2h wide. */
+/* GPT-2's tanh GELU, in place, or SwiGLU's g = silu(a) b from u = [a | b], each row 2h
+ * wide: rows.h's chunks, the training step's arithmetic. */
 static void activation(float *u, float *g, int rows, int h, int swiglu)
 {
-    float e[256];
     for (int r = 0; r < rows; r++) {
         const float *a = u + (size_t)r * (swiglu ? 2 * h : h), *bb = a + h;
         float *o = g + (size_t)r * h;
-        for (int i0 = 0; i0 < h; i0 += 256) {
-            const int n = h - i0 < 256 ? h - i0 : 256;
-            if (swiglu) {
-                #pragma omp simd
-                for (int i = 0; i < n; i++) e[i] = -a[i0 + i];
-            } else {
-                #pragma omp simd
-                for (int i = 0; i < n; i++) {
-                    const float x = a[i0 + i];
-                    e[i] = 2.0f * SM_GELU_K * (x + SM_GELU_A * x * x * x);
-                }
-            }
-            exp_inplace(e, n);
-            if (swiglu) {
-                #pragma omp simd
-                for (int i = 0; i < n; i++) o[i0 + i] = a[i0 + i] / (1.0f + e[i]) * bb[i0 + i];
-            } else {
-                #pragma omp simd
-                for (int i = 0; i < n; i++) o[i0 + i] = a[i0 + i] * (e[i] / (1.0f + e[i]));
-            }
+        for (int i0 = 0; i0 < h; i0 += CHUNK) {
+            const int n = h - i0 < CHUNK ? h - i0 : CHUNK;
+            if (swiglu)
+                swiglu_chunk(a + i0, bb + i0, o + i0, n);
+            else
+                gelu_chunk(a + i0, o + i0, n);
         }
     }
 }
 
-/* RoPE on a row's q and k (the first 2d floats of its qkv row) at position p, pairs
- * (2i, 2i+1) of each head turned by p theta_i, as kernels_c/layers/modern.c does. */
+/* RoPE on a row's q and k (the first 2d floats of its qkv row) at position p: each head
+ * turned by rows.h's rope_head, as the training step's kernels_c/layers/modern.c does. */
 static void rope_row(const sm_model *m, float *qk, int p)
 {
     const int hd = m->d / m->n_head, half = hd / 2;
     const float *c = m->rope_cos + (size_t)p * half, *s = m->rope_sin + (size_t)p * half;
-    for (int h = 0; h < 2 * m->n_head; h++) {
-        float *x = qk + (size_t)h * hd;
-        #pragma omp simd
-        for (int i = 0; i < half; i++) {
-            const float a = x[2 * i], b = x[2 * i + 1];
-            x[2 * i] = a * c[i] - b * s[i];
-            x[2 * i + 1] = a * s[i] + b * c[i];
-        }
-    }
+    for (int h = 0; h < 2 * m->n_head; h++) rope_head(qk + (size_t)h * hd, c, s, half, 1.0f);
 }
 
 /* --8<-- [start:attend] */

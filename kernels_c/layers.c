@@ -25,6 +25,7 @@
 #define TEAM(work) ((work) >= PAR_MIN ? nthreads : 1)
 
 #include "vexp.h"
+#include "rows.h"
 
 
 void vec_exp(float *x, long long n) { exp_inplace(x, n); }
@@ -37,13 +38,6 @@ static inline float row_max(const float *x, int n)
     return m;
 }
 
-static inline float row_sum(const float *x, int n)
-{
-    float s = 0.0f;
-    #pragma omp simd reduction(+:s)
-    for (int i = 0; i < n; i++) s += x[i];
-    return s;
-}
 
 /* ------------------------------------------------------------------ bias, residual */
 void add_bias(float *y, const float *b, int N, int C, int nthreads)
@@ -141,9 +135,8 @@ int embedding_backward(const int *idx, const float *dout, float *dwte, float *dw
 
 /* ------------------------------------------------------------------ LayerNorm */
 /* --8<-- [start:layernorm] */
-/* y = (x - mean) * rstd * w + b over each row of C floats. Two passes over the
- * row (mean, then variance of the centred values) rather than E[x^2] - mean^2,
- * which cancels catastrophically when the mean is large. mean and rstd are
+/* y = (x - mean) * rstd * w + b over each row of C floats: the row's mean, then
+ * rows.h's norm_row (the variance of the centred values, and y). mean and rstd are
  * kept for the backward pass: 8 bytes per token instead of recomputing. */
 void layernorm_forward(const float *x, const float *w, const float *b, float *out,
                        float *mean, float *rstd, int N, int C, int nthreads)
@@ -151,15 +144,9 @@ void layernorm_forward(const float *x, const float *w, const float *b, float *ou
     #pragma omp parallel for schedule(static) num_threads(TEAM((long long)N * C))
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
-        float *yr = out + (size_t)n * C;
-        float m = row_sum(xr, C) / C, var = 0.0f;
-        #pragma omp simd reduction(+:var)
-        for (int c = 0; c < C; c++) var += (xr[c] - m) * (xr[c] - m);
-        float rs = 1.0f / sqrtf(var / C + SM_LN_EPS);
-        #pragma omp simd
-        for (int c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+        const float m = row_sum(xr, C) / C;
         mean[n] = m;
-        rstd[n] = rs;
+        rstd[n] = norm_row(xr, m, w, b, out + (size_t)n * C, C, SM_LN_EPS);
     }
 }
 /* --8<-- [end:layernorm] */
@@ -221,26 +208,16 @@ void layernorm_backward(const float *dy, const float *x, const float *w, const f
 
 /* ------------------------------------------------------------------ GELU */
 /* --8<-- [start:gelu] */
-/* GPT-2's tanh GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3),
- * rewritten as x * sigmoid(2u) = x * (e / (1 + e)), e = exp(2u): one exp and one
- * division per float instead of a libm tanhf call. Work goes in chunks of 256
- * floats (1 KiB, stays in L1) so that the exp pass is vectorised. */
-#define CHUNK 256
-
+/* GPT-2's tanh GELU (rows.h's gelu_chunk: one exp and one division per float) over
+ * n floats, a chunk of 256 (1 KiB, in L1) at a time so that the exp pass is vectorised;
+ * threads take chunks. */
 void gelu_forward(const float *x, float *out, long long n, int nthreads)
 {
     long long chunks = (n + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static) num_threads(TEAM(8 * n))
     for (long long ch = 0; ch < chunks; ch++) {
         long long i0 = ch * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
-        float e[CHUNK];
-        const float *xc = x + i0;
-        #pragma omp simd
-        for (int i = 0; i < len; i++)
-            e[i] = 2.0f * SM_GELU_K * (xc[i] + SM_GELU_A * xc[i] * xc[i] * xc[i]);
-        exp_inplace(e, len);
-        #pragma omp simd
-        for (int i = 0; i < len; i++) out[i0 + i] = xc[i] * (e[i] / (1.0f + e[i]));
+        gelu_chunk(x + i0, out + i0, (int)len);
     }
 }
 /* --8<-- [end:gelu] */
@@ -255,8 +232,7 @@ void gelu_backward(const float *x, const float *dy, float *dx, long long n, int 
         float e[CHUNK];
         const float *xc = x + i0;
         #pragma omp simd
-        for (int i = 0; i < len; i++)
-            e[i] = 2.0f * SM_GELU_K * (xc[i] + SM_GELU_A * xc[i] * xc[i] * xc[i]);
+        for (int i = 0; i < len; i++) e[i] = gelu_arg(xc[i]);
         exp_inplace(e, len);
         #pragma omp simd
         for (int i = 0; i < len; i++) {

@@ -24,11 +24,11 @@ void bias_gelu_forward(float *u, const float *b, float *g, int N, int C, int nth
             for (int i = 0; i < len; i++) {
                 const float x = ur[c0 + i] + b[c0 + i];
                 ur[c0 + i] = x;
-                e[i] = 2.0f * SM_GELU_K * (x + SM_GELU_A * x * x * x);
+                e[i] = gelu_arg(x);
             }
             exp_inplace(e, len);
             #pragma omp simd
-            for (int i = 0; i < len; i++) gr[c0 + i] = ur[c0 + i] * (e[i] / (1.0f + e[i]));
+            for (int i = 0; i < len; i++) gr[c0 + i] = gelu_of(ur[c0 + i], e[i]);
         }
     }
 }
@@ -62,9 +62,7 @@ void gelu_backward_bias(const float *x, const float *dy, float *dx, float *db, f
                 const int len = MIN(CHUNK, C - c0);
                 float e[CHUNK];
                 #pragma omp simd
-                for (int i = 0; i < len; i++)
-                    e[i] = 2.0f * SM_GELU_K * (xr[c0 + i] + SM_GELU_A * xr[c0 + i] * xr[c0 + i] *
-                                            xr[c0 + i]);
+                for (int i = 0; i < len; i++) e[i] = gelu_arg(xr[c0 + i]);
                 exp_inplace(e, len);
                 #pragma omp simd
                 for (int i = 0; i < len; i++) {
@@ -100,7 +98,7 @@ void residual_layernorm(const float *x, const float *t, const float *bias, float
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C, *tr = t + (size_t)n * C;
         float *mr = mid + (size_t)n * C, *yr = out + (size_t)n * C;
-        float s = 0.0f, var = 0.0f;
+        float s = 0.0f;
         #pragma omp simd reduction(+:s)
         for (int c = 0; c < C; c++) {
             const float v = xr[c] + (tr[c] + bias[c]); /* add_bias, then the add */
@@ -108,13 +106,8 @@ void residual_layernorm(const float *x, const float *t, const float *bias, float
             s += v;
         }
         const float m = s / C;
-        #pragma omp simd reduction(+:var)
-        for (int c = 0; c < C; c++) var += (mr[c] - m) * (mr[c] - m);
-        const float rs = 1.0f / sqrtf(var / C + SM_LN_EPS);
-        #pragma omp simd
-        for (int c = 0; c < C; c++) yr[c] = (mr[c] - m) * rs * w[c] + b[c];
         mean[n] = m;
-        rstd[n] = rs;
+        rstd[n] = norm_row(mr, m, w, b, yr, C, SM_LN_EPS);
     }
 }
 /* --8<-- [end:residual_layernorm] */

@@ -6,23 +6,14 @@
 
 /* --8<-- [start:rmsnorm] */
 /* y = x * rstd * w over each row of C floats, rstd = 1 / sqrt(mean(x^2) + eps): LayerNorm
- * without the mean and without the shift, one reduction per row instead of two. rstd is
- * kept for the backward. */
+ * without the mean and without the shift, one reduction per row instead of two (rows.h's
+ * norm_row with m = 0). rstd is kept for the backward. */
 void rmsnorm_forward(const float *x, const float *w, float *out, float *rstd, int N, int C,
                      int nthreads)
 {
     #pragma omp parallel for schedule(static) num_threads(TEAM((long long)N * C))
-    for (int n = 0; n < N; n++) {
-        const float *xr = x + (size_t)n * C;
-        float *yr = out + (size_t)n * C;
-        float ss = 0.0f;
-        #pragma omp simd reduction(+:ss)
-        for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
-        const float rs = 1.0f / sqrtf(ss / C + SM_LN_EPS);
-        #pragma omp simd
-        for (int c = 0; c < C; c++) yr[c] = xr[c] * rs * w[c];
-        rstd[n] = rs;
-    }
+    for (int n = 0; n < N; n++)
+        rstd[n] = norm_row(x + (size_t)n * C, 0.0f, w, NULL, out + (size_t)n * C, C, SM_LN_EPS);
 }
 /* --8<-- [end:rmsnorm] */
 
@@ -78,16 +69,8 @@ void rope(float *q, float *k, const float *cos_t, const float *sin_t, int BH, in
     for (long long row = 0; row < (long long)BH * T; row++) {
         const int t = (int)(row % T);
         const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
-        float *x[2] = {q + row * hd, k + row * hd};
-        for (int m = 0; m < 2; m++) {
-            float *p = x[m];
-            #pragma omp simd
-            for (int i = 0; i < half; i++) {
-                const float a = p[2 * i], b = p[2 * i + 1], si = sign * s[i];
-                p[2 * i] = a * c[i] - b * si;
-                p[2 * i + 1] = a * si + b * c[i];
-            }
-        }
+        rope_head(q + row * hd, c, s, half, sign);
+        rope_head(k + row * hd, c, s, half, sign);
     }
 }
 /* --8<-- [end:rope] */
@@ -102,15 +85,8 @@ void swiglu_forward(const float *u, float *g, int N, int h, int nthreads)
     for (int n = 0; n < N; n++) {
         const float *a = u + (size_t)n * 2 * h, *b = a + h;
         float *gr = g + (size_t)n * h;
-        for (int c0 = 0; c0 < h; c0 += CHUNK) {
-            const int len = MIN(CHUNK, h - c0);
-            float e[CHUNK];
-            #pragma omp simd
-            for (int i = 0; i < len; i++) e[i] = -a[c0 + i];
-            exp_inplace(e, len);
-            #pragma omp simd
-            for (int i = 0; i < len; i++) gr[c0 + i] = a[c0 + i] / (1.0f + e[i]) * b[c0 + i];
-        }
+        for (int c0 = 0; c0 < h; c0 += CHUNK)
+            swiglu_chunk(a + c0, b + c0, gr + c0, MIN(CHUNK, h - c0));
     }
 }
 /* --8<-- [end:swiglu] */
