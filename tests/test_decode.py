@@ -331,12 +331,19 @@ def test_decoder_bad_input():
     assert QBLOCK == 32
 
 
-def test_threshold_for_threads():
+def test_threshold_for_threads(monkeypatch):
     """Products smaller than the threshold run on one thread; the threshold is derived."""
     m = _model()
     d = decode.Decoder(m, "int8", 2)
     assert d.par_min_bytes > 0
     assert decode.Decoder(m, "int8", 1).par_min_bytes == 0
+    # derived from the team's fork-join: free meetings share everything, and meetings that
+    # cost a second each keep every product of this model on one thread
+    monkeypatch.setattr(decode._pool, "fork_join_seconds", lambda *a: 0.0)
+    assert decode.Decoder(m, "int8", 2).par_min_bytes == 0
+    monkeypatch.setattr(decode._pool, "fork_join_seconds", lambda *a: 1.0)
+    assert decode.Decoder(m, "int8", 2).par_min_bytes > max(pk.nbytes for pk in d.mats)
+    monkeypatch.undo()
     serial = decode.Decoder(m, "int8", 2, par_min_bytes=1 << 40)
     toks = list(range(30))
     assert_close(serial.all_logits(toks), decode.Decoder(m, "int8", 2, par_min_bytes=0)

@@ -61,7 +61,12 @@ def test_fma_probe_matches_numpy_model(level, threads):
 def test_peak_probes_count_operations(level, kind, monkeypatch):
     monkeypatch.setenv("SMALLEM_QUICK", "1")
     r = machine.measure_peak(kind, 1, repeats=1)
-    assert r["value"]["median"] > 0.1  # Gop/s: any CPU does better than that
+    _, gop = machine.peak_probe(kind, 1)
+    # the rate is the probe's own count of operations over the sample's seconds
+    assert r["value"]["median"] * r["seconds"]["median"] == pytest.approx(gop, rel=1e-9)
+    # and a count a core could do: more than 0.1 Gop/s, and no more than 256 operations a
+    # cycle (int8 VNNI's two 512-bit pipes: 2 x 64 multiply-adds) at 6 GHz
+    assert 0.1 < r["value"]["median"] < 256 * 6.0, r["value"]
 
 
 def test_peak_probe_rejects_bad_arguments():
