@@ -90,7 +90,8 @@ WAKE_SKIP = 0.1  # seconds: a sample at least this long needs no untimed call af
 def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
                         min_sample: float = 0.0, pause: float = 0.0,
                         max_time: float | None = None, min_rounds: int = MIN_ROUNDS,
-                        far: dict | None = None, far_factor: float = FAR) -> dict:
+                        far: dict | None = None, far_factor: float = FAR,
+                        setup: dict | None = None) -> dict:
     """Time several functions in turn: each round takes one sample of each.
 
     On a shared machine the speed drifts by tens of percent over seconds. Timing all
@@ -113,14 +114,21 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     whose first sample took more than ``far_factor`` times its reference's is timed no more,
     and keeps that one sample (each round of the reference is then compared with it; its
     noise, tens of percent, cannot move a ratio that large across a target below it).
+    ``setup`` ({key: a function}) is called untimed before each call of that key's function,
+    warm-up included: for a call that changes what it works on (a decoder's cache), the
+    setup puts it back. Such a key takes one call a sample, and its setup, which runs on the
+    same threads just before the sample, stands in for the untimed wake-up call.
     """
+    setup = setup or {}
     calls = {}
     for k, fn in fns.items():
         if pause > 0:
             time.sleep(pause)
         for _ in range(warmup):
+            if k in setup:
+                setup[k]()
             fn()
-        calls[k] = _calls_per_sample(fn, min_sample)
+        calls[k] = 1 if k in setup else _calls_per_sample(fn, min_sample)
     out = {k: Timing() for k in fns}
     start = time.perf_counter()
     keys = list(fns)
@@ -134,8 +142,11 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
                 time.sleep(pause)
                 # waking the threads costs at most milliseconds: inside a sample this long
                 # it is noise, and the untimed call would double the round's time
-                if not out[k].seconds or out[k].seconds[-1] * calls[k] < WAKE_SKIP:
+                if k not in setup and (not out[k].seconds
+                                       or out[k].seconds[-1] * calls[k] < WAKE_SKIP):
                     fn()
+            if k in setup:
+                setup[k]()
             t0 = time.perf_counter()
             for _ in range(calls[k]):
                 fn()

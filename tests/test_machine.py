@@ -275,6 +275,25 @@ def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
     assert calls == ["a", "b", "b", "a"] * 2 and len(out["b"].seconds) == 4
 
 
+def test_a_setup_puts_back_what_each_timed_call_changes(monkeypatch):
+    """Chapter 4's cases (reset the cache, then decode) in the shared harness: the setup runs
+    untimed before every call of its contender, warm-up included, and stands in for the
+    wake-up call; its time is not in the sample."""
+    fns, calls = _clocked_calls(monkeypatch, {"decode": 1.0, "reset": 5.0, "peer": 2.0})
+    out = timing_module().measure_interleaved(
+        {"decode": fns["decode"], "peer": fns["peer"]}, setup={"decode": fns["reset"]},
+        repeats=2, warmup=1, pause=0.1)
+    assert calls == (["reset", "decode", "peer"]                      # warm-ups
+                     + ["reset", "decode", "peer", "peer"]            # round 1, forwards
+                     + ["peer", "reset", "decode"])  # round 2, backwards: a 2 s sample wakes itself
+    assert out["decode"].seconds == [1.0, 1.0] and out["peer"].seconds == [2.0, 2.0]
+
+
+def timing_module():
+    from smallem import timing
+    return timing
+
+
 def _clocked_calls(monkeypatch, cost: dict):
     """Contenders whose calls take ``cost[k]`` seconds on a fake clock (no sleeping), and the
     log of the calls made."""

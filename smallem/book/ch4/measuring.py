@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import checks, data, decode, gguf_export, machine_info, pool
+from ... import checks, data, decode, gguf_export, machine_info, pool, timing
 from ...build import ROOT
 from ...model import GPT, Config, get_config
 from ...timing import Timing, quick_mode
@@ -40,20 +40,12 @@ def _steps(dec, tokens):
 
 
 def _rounds(cases: dict, rounds: int) -> dict:
-    """Each case is (setup, timed): every round calls each case's setup untimed, then
-    times its timed call; cases take turns within a round, forwards in even rounds and
-    backwards in odd ones (see "How we measure")."""
-    out = {k: Timing() for k in cases}
-    keys = list(cases)
-    for i in range(rounds):
-        for k in (keys if i % 2 == 0 else keys[::-1]):  # the order alternates, as everywhere
-            setup, timed = cases[k]
-            time.sleep(PAUSE)  # the last case's threads (OpenBLAS, PyTorch) go to sleep
-            setup()
-            t0 = time.perf_counter()
-            timed()
-            out[k].seconds.append(time.perf_counter() - t0)
-    return out
+    """Each case is (setup, timed): the shared harness (timing.measure_interleaved) calls
+    each case's setup untimed before its timed call, a pause before each, the cases in
+    turn, forwards in even rounds and backwards in odd ones (see "How we measure")."""
+    return timing.measure_interleaved({k: timed for k, (_, timed) in cases.items()},
+                                      setup={k: setup for k, (setup, _) in cases.items()},
+                                      repeats=rounds, warmup=0, pause=PAUSE)
 
 
 def _add(rec, name, timing: Timing, tokens: int, **params):
