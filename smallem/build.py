@@ -44,12 +44,13 @@ BASE_FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wall", "-Wno-unused-function",
 
 
 @functools.lru_cache(maxsize=None)
-def header_constant(name: str, header: str = "common.h") -> float:
-    """The value of ``#define NAME value`` in a kernel header (kernels_c/common.h): the
-    constants the C kernels and the numpy references share, defined once, in the C."""
+def header_constant(name: str, header: str = "common.h", folder: Path | None = None) -> float:
+    """The value of ``#define NAME value`` in a kernel source (by default kernels_c/common.h;
+    ``folder`` another kernels folder, such as kernels_cuda): the constants the kernels and
+    the Python beside them share, defined once, in the kernel's source."""
     import re
 
-    text = (KERNELS_DIR / header).read_text()
+    text = ((folder or KERNELS_DIR) / header).read_text()
     found = re.search(rf"^#define {re.escape(name)}\s+([-+0-9.eE]+)f?\b", text, re.M)
     if not found:
         raise BuildError(f"{header} defines no numeric {name}")

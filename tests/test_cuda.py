@@ -114,6 +114,29 @@ def test_tables_from_a_record(records_tmp):
         assert gpu.notebook_section("ch1")["name"] == gpu.CH1
 
 
+def test_probe_flop_comes_from_the_probe_source(tmp_path, monkeypatch):
+    """The FLOP a launch of the compute probes does is counted from the constants their
+    CUDA source defines (no copy of them in Python): a source with other constants counts
+    other FLOP."""
+    from smallem.book import gpu
+    src = cuda.source_path("probes").read_text()
+    fma = gpu.measuring.probe_flop("fma_f32", 10, 3, 256)
+    mma = gpu.measuring.probe_flop("mma_bf16", 10, 3, 256)
+    for name, new in (("FMA_CHAINS", 3), ("FMA_UNROLL", 5), ("MMA_CHAINS", 7)):
+        assert f"#define {name} " in src
+        src = "\n".join(f"#define {name} {new}" if line.startswith(f"#define {name} ") else line
+                        for line in src.splitlines())
+    (tmp_path / "probes.cu").write_text(src)
+    monkeypatch.setattr(cuda, "KERNELS_DIR", tmp_path)
+    assert gpu.measuring.probe_flop("fma_f32", 10, 3, 256) == 2 * 3 * 5 * 10 * 3 * 256
+    assert gpu.measuring.probe_flop("mma_bf16", 10, 3, 256) == 2 * 16**3 * 7 * 10 * 3 * 256 / 32
+    monkeypatch.undo()
+    assert (fma, mma) == (gpu.measuring.probe_flop("fma_f32", 10, 3, 256),
+                          gpu.measuring.probe_flop("mma_bf16", 10, 3, 256))
+    with pytest.raises(ValueError, match="kernel"):
+        gpu.measuring.probe_flop("copy", 1, 1, 1)
+
+
 def test_bf16_bits_round_to_nearest_even():
     x = np.array([1.0, -2.5, 1.0 + 2**-8, 1.0 + 3 * 2**-8, np.inf, 0.0, 3.0e38], np.float32)
     bits = cuda.bf16_bits(x)

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ... import cuda, machine_info
+from ... import build, cuda, machine_info
 from ...timing import Timing, quick_mode
 from .. import figures, records
 
@@ -46,27 +46,38 @@ def machine() -> dict:
 
 # ---------------------------------------------------------------- chapter 1 probes
 
+def probe_flop(kernel: str, iters: int, blocks: int, threads: int) -> float:
+    """FLOP one launch of a compute probe does, from the constants in its own source
+    (kernels_cuda/probes.cu): "fma_f32", 2 FLOP an FMA, FMA_CHAINS x FMA_UNROLL of them a
+    thread and iteration; "mma_bf16", MMA_CHAINS products of 16 x 16 x 16 (2 x 16^3 FLOP)
+    a warp and iteration."""
+    const = lambda name: build.header_constant(name, "probes.cu", cuda.KERNELS_DIR)  # noqa: E731
+    if kernel == "fma_f32":
+        return 2.0 * const("FMA_CHAINS") * const("FMA_UNROLL") * iters * blocks * threads
+    if kernel == "mma_bf16":
+        return 2.0 * 16**3 * const("MMA_CHAINS") * iters * blocks * threads / 32
+    raise ValueError(f"kernel: expected 'fma_f32' or 'mma_bf16', got {kernel!r}")
+
+
+def _peak(kernel: str, blocks_per_sm: int, iters: int, *args) -> tuple[Timing, float]:
+    """(timing, FLOP per call) of a compute probe on blocks_per_sm blocks of 256 threads
+    per SM, launched as kernel(out, iters, *args)."""
+    cp = cuda.require()
+    blocks, threads = cuda.device_info()["sms"] * blocks_per_sm, 256
+    out = cp.empty(blocks * threads, dtype=cp.float32)
+    k = cuda.kernel("probes", kernel)
+    t = gpu_measure(lambda: k((blocks,), (threads,), (out, np.int32(iters), *args)))
+    return t, probe_flop(kernel, iters, blocks, threads)
+
+
 def fma_peak(iters: int) -> tuple[Timing, float]:
     """(timing, FLOP per call) of the f32 FMA probe filling every SM."""
-    cp = cuda.require()
-    sms = cuda.device_info()["sms"]
-    blocks, threads = sms * 8, 256
-    out = cp.empty(blocks * threads, dtype=cp.float32)
-    k = cuda.kernel("probes", "fma_f32")
-    t = gpu_measure(lambda: k((blocks,), (threads,),
-                              (out, np.int32(iters), np.float32(0.999), np.float32(1e-3))))
-    return t, 2.0 * 8 * 16 * iters * blocks * threads  # FMA_CHAINS=8, FMA_UNROLL=16
+    return _peak("fma_f32", 8, iters, np.float32(0.999), np.float32(1e-3))
 
 
 def mma_peak(iters: int) -> tuple[Timing, float]:
     """(timing, FLOP per call) of the bf16 tensor-core probe."""
-    cp = cuda.require()
-    sms = cuda.device_info()["sms"]
-    blocks, threads = sms * 4, 256
-    out = cp.empty(blocks * threads, dtype=cp.float32)
-    k = cuda.kernel("probes", "mma_bf16")
-    t = gpu_measure(lambda: k((blocks,), (threads,), (out, np.int32(iters), np.uint32(12345))))
-    return t, 8192.0 * 4 * iters * blocks * threads / 32  # MMA_CHAINS=4, one mma = 8192 FLOP
+    return _peak("mma_bf16", 4, iters, np.uint32(12345))
 
 
 def read_bandwidth(x, ws_bytes: int, total_bytes: int) -> tuple[Timing, float]:
