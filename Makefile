@@ -64,13 +64,15 @@ simde:
 	  || echo "could not install libsimde-dev: the emulated AVX-512 tests will be skipped"; \
 	fi
 
-# llama.cpp, chapter 4's peer (never a dependency): llama-bench and llama-simple built from the
-# source the llama-cpp-python sdist bundles, into build/llama.cpp/bin/. Needs the network once
+# llama.cpp, chapter 4's peer (never a dependency): llama-bench, llama-simple and llama-quantize
+# built from the source the llama-cpp-python sdist bundles, into build/llama.cpp/bin/; the
+# sdist's tokenizer test files (models/ggml-vocab-*) stay beside it for the tokenizer tests. Needs the network once
 # (pip download) and cmake; a few minutes on two cores. `make book` uses it when it is there.
 LLAMA_CPP_PYTHON ?= 0.3.36
 LLAMA_DIR := build/llama.cpp
 llama: setup
-	@if [ -x $(LLAMA_DIR)/bin/llama-bench ] && [ -x $(LLAMA_DIR)/bin/llama-simple ]; then \
+	@if [ -x $(LLAMA_DIR)/bin/llama-bench ] && [ -x $(LLAMA_DIR)/bin/llama-simple ] \
+	    && [ -x $(LLAMA_DIR)/bin/llama-quantize ]; then \
 	  echo "llama.cpp already built in $(LLAMA_DIR)/bin"; \
 	else \
 	  mkdir -p $(LLAMA_DIR) && \
@@ -80,9 +82,11 @@ llama: setup
 	  cmake -S $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp -B $(LLAMA_DIR)/cmake \
 	    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
 	    -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >$(LLAMA_DIR)/cmake.log && \
-	  cmake --build $(LLAMA_DIR)/cmake -j --target llama-bench llama-simple >$(LLAMA_DIR)/build.log && \
+	  cmake --build $(LLAMA_DIR)/cmake -j --target llama-bench llama-simple llama-quantize \
+	    >$(LLAMA_DIR)/build.log && \
 	  mkdir -p $(LLAMA_DIR)/bin && \
-	  cp $(LLAMA_DIR)/cmake/bin/llama-bench $(LLAMA_DIR)/cmake/bin/llama-simple $(LLAMA_DIR)/bin/ && \
+	  cp $(LLAMA_DIR)/cmake/bin/llama-bench $(LLAMA_DIR)/cmake/bin/llama-simple \
+	    $(LLAMA_DIR)/cmake/bin/llama-quantize $(LLAMA_DIR)/bin/ && \
 	  echo "built llama.cpp into $(LLAMA_DIR)/bin"; \
 	fi
 

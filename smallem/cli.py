@@ -4,6 +4,7 @@
     smallem train ...                  chapter 3: train a GPT on the CPU
     smallem generate ...               chapter 4: text from a checkpoint
     smallem export --gguf FILE ...     chapter 4: the model in llama.cpp's format
+    smallem run MODEL.gguf ...         others' models: a llama-family GGUF file
     smallem measure [--list]           every chapter's measurement, in book order (`make book`)
     smallem figures                    regenerate figures and tables from records
     smallem machine | gemm | ...       one chapter's measurement (see `smallem --help`)
@@ -18,7 +19,7 @@ import argparse
 import os
 import sys
 
-from .commands import book as book_cmds, build, export, generate, train
+from .commands import book as book_cmds, build, export, generate, run, train
 
 
 # name -> (function, add_arguments, help): the library's commands; the book adds its own
@@ -29,6 +30,8 @@ COMMANDS = {
                  "chapter 4: generate text from a checkpoint, streaming the bytes"),
     "export": (export.cmd_export, export.add_export_arguments,
                "chapter 4: write a model as GGUF (llama.cpp's format), f32 or Q8_0"),
+    "run": (run.cmd_run, run.add_run_arguments,
+            "others' models: generate from a llama-family GGUF file (--info describes it)"),
     "measure": (book_cmds.cmd_measure, book_cmds.add_measure_arguments,
                 "run every chapter's measurement, in book order (what `make book` does)"),
     "figures": (book_cmds.cmd_figures, None, "regenerate figures and tables from records"),

@@ -1,0 +1,96 @@
+"""`smallem run MODEL.gguf`: other people's models (a llama-family GGUF file), streamed
+through :mod:`smallem.gguf_model`; ``--info`` describes the file; ``--chat`` keeps a
+conversation at the terminal through the file's chat template."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ..book.options import count, number
+from ..decode import Sampler
+from .generate import Terminal
+
+
+def add_run_arguments(p):
+    p.add_argument("model", help="a GGUF file (llama, qwen2 or qwen3)")
+    p.add_argument("--info", action="store_true",
+                   help="describe the file (architecture, sizes, types, tokenizer) and stop")
+    p.add_argument("--prompt", default="", help="the text to continue (UTF-8)")
+    p.add_argument("--chat", action="store_true",
+                   help="a conversation through the file's chat template (--prompt: the first turn)")
+    p.add_argument("--tokens", type=count(0), default=128, help="tokens to generate (default 128)")
+    p.add_argument("--context", type=count(1), help="cap the context (default: the file's)")
+    p.add_argument("--temperature", type=number(0), default=0.8, help="0: greedy (default 0.8)")
+    p.add_argument("--top-k", type=count(0), default=40, help="keep the k most likely (0: all)")
+    p.add_argument("--top-p", type=number(0, 1, low_open=True), default=0.95,
+                   help="nucleus: keep mass p, in (0, 1] (default 0.95)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
+
+
+def info_lines(mf, tk) -> list[str]:
+    h = mf.hyper
+    mix = ", ".join(f"{t} {n} tensors {b / 2**20:.1f} MiB"
+                    for t, (n, b) in sorted(mf.type_mix().items(), key=lambda kv: -kv[1][1]))
+    return [
+        f"file:         {mf.path}",
+        f"architecture: {h.arch.name} (RoPE {h.arch.rope}, q/k/v biases {h.arch.qkv_bias}, "
+        f"q/k norms {h.arch.qk_norm})",
+        f"sizes:        d {h.d}, {h.n_layer} blocks, {h.n_head} heads of {h.head_dim} "
+        f"({h.n_kv_head} key/value heads), MLP {h.hidden}, vocabulary {h.vocab}, context "
+        f"{h.context}, output {'tied to the embedding' if h.tied else 'its own'}",
+        f"RoPE:         base {h.rope_base:g} over {h.rope_dim} features"
+        + (", llama 3 frequency factors" if "rope_freqs.weight" in mf.tensors else ""),
+        f"types:        {mix}",
+        f"tokenizer:    {tk.model}" + (f" (pre-tokenizer {tk.pre})" if tk.model == "gpt2" else "")
+        + f", BOS {tk.bos} {'added' if tk.add_bos else 'not added'}, EOS {tk.eos}",
+        f"a token reads {mf.weight_bytes_per_token / 2**20:.1f} MiB of weights",
+    ]
+
+
+def cmd_run(args) -> int:
+    from .. import gguf_file, gguf_model
+
+    mf = gguf_file.open_model(args.model)
+    if args.context:
+        import dataclasses
+        mf.hyper = dataclasses.replace(mf.hyper, context=min(args.context, mf.hyper.context))
+    run = gguf_model.Runner(mf)
+    if args.info:
+        print("\n".join(info_lines(mf, run.tk)))
+        return 0
+    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed, mf.hyper.vocab)
+    out = sys.stdout.buffer if not sys.stdout.isatty() else Terminal(sys.stdout)
+    if not args.chat:
+        ids = run.tk.encode(args.prompt)
+        return _stream(run, ids, args.tokens, sampler, out, False)
+    messages, first = [], True
+    turn = args.prompt
+    while True:
+        if not turn:
+            try:
+                turn = input("> ")
+            except EOFError:
+                return 0
+        messages.append({"role": "user", "content": turn})
+        text = gguf_model.chat_prompt(mf, run.tk, messages)
+        ids = run.tk.encode(text, add_special=False, parse_special=True)
+        pieces = []
+        _stream(run, ids, args.tokens, sampler, out, False, pieces)
+        messages.append({"role": "assistant", "content": b"".join(pieces).decode("utf-8", "replace")})
+        print(file=sys.stderr)
+        turn, first = "", False
+
+
+def _stream(run, ids, tokens, sampler, out, keep, pieces=None) -> int:
+    start, n = time.perf_counter(), 0
+    for piece in run.generate(ids, tokens, sampler, keep_cache=keep):
+        out.write(piece)
+        out.flush()
+        if pieces is not None:
+            pieces.append(piece)
+        n += 1
+    secs = time.perf_counter() - start
+    print(f"\n[{len(ids)} prompt tokens, {n} generated in {secs:.2f} s]", file=sys.stderr)
+    return 0

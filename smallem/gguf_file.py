@@ -1,0 +1,311 @@
+"""Other people's models: a llama-family GGUF file read with the ``gguf`` package.
+
+:func:`open_model` maps the file (``gguf.GGUFReader``: the metadata, the tensor table and
+each tensor's bytes as a view of the mapping, no copy of a quantised weight), then checks
+everything the forward will rely on before it runs: the architecture is one of
+:data:`ARCHS`, the keys it needs are there, every tensor it reads exists with the shape the
+metadata implies, in a type :data:`TYPES` knows, and lies inside the file. Whatever is
+wrong comes back as one :class:`GGUFError` naming the file and the fault, never as a
+traceback from deep inside the reader, nor as a read past the mapping later.
+
+An architecture is a small table of differences over one forward (:class:`Arch`): where
+llama.cpp's ``llama``, ``qwen2`` and ``qwen3`` differ is the rotary pairing, biases on q, k
+and v, and an RMSNorm over each head's q and k. GGUF counts a tensor's dimensions innermost
+first (``ne``); a matrix of ``ne = [n_in, n_out]`` is stored as ``n_out`` rows of ``n_in``
+weights, which is the order a product of one activation row by it reads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class GGUFError(ValueError):
+    """A GGUF file this code cannot run, with the reason in one line."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    """How one architecture differs from llama's forward."""
+    name: str
+    rope: str = "norm"        # pairs (2i, 2i+1): llama.cpp's "normal"; "neox": (i, i + half)
+    qkv_bias: bool = False    # q, k and v products have biases (qwen2)
+    qk_norm: bool = False     # an RMSNorm over each head's q and k before RoPE (qwen3)
+
+
+ARCHS = {
+    "llama": Arch("llama"),
+    "qwen2": Arch("qwen2", rope="neox", qkv_bias=True),
+    "qwen3": Arch("qwen3", rope="neox", qk_norm=True),
+}
+
+# the tensor types a product can read, with (weights per block, bytes per block)
+TYPES = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18),
+         "Q4_K": (256, 144), "Q6_K": (256, 210)}
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """The shapes and constants of the forward, from the file's metadata."""
+    arch: Arch
+    d: int              # embedding width
+    n_layer: int
+    n_head: int
+    n_kv_head: int      # GQA: each key/value head serves n_head / n_kv_head query heads
+    head_dim: int       # of q and k
+    v_dim: int          # of v
+    hidden: int         # the MLP's inner width
+    vocab: int
+    context: int
+    eps: float          # RMSNorm's
+    rope_base: float
+    rope_dim: int       # features of a head that turn (the rest pass through)
+    tied: bool          # no output.weight: the head is token_embd
+
+    @property
+    def group(self) -> int:
+        return self.n_head // self.n_kv_head
+
+
+@dataclass
+class Tensor:
+    """One tensor of the file: its type name, ``ne`` (innermost first) and its bytes, a view
+    of the file's mapping."""
+    name: str
+    type: str
+    ne: tuple
+    data: np.ndarray = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def dequantize(self) -> np.ndarray:
+        """float32, shaped (ne[-1], ..., ne[0]): the ``gguf`` package's reference dequantiser."""
+        import gguf
+
+        qt = gguf.GGMLQuantizationType[self.type]
+        if self.type == "F32":
+            out = np.asarray(self.data, np.float32)
+        elif self.type == "F16":
+            out = np.asarray(self.data).view(np.float16).astype(np.float32)
+        else:
+            out = gguf.quants.dequantize(np.asarray(self.data), qt).astype(np.float32)
+        return out.reshape(tuple(reversed(self.ne)))
+
+
+@dataclass
+class ModelFile:
+    path: Path
+    hyper: Hyper
+    meta: dict          # every metadata key -> its value (arrays of more than 64 left out)
+    tensors: dict       # name -> Tensor
+    tokenizer: dict     # the tokenizer.ggml.* keys, arrays whole
+    reader: object = field(repr=False, default=None)
+
+    def tensor(self, name: str) -> Tensor:
+        return self.tensors[name]
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes one decode step reads: every block's matrices and the head (one embedding
+        row besides, which is nothing)."""
+        h = self.hyper
+        names = [n for n in self.tensors if n.startswith("blk.") and n.endswith(".weight")
+                 and self.tensors[n].data.ndim == 2]
+        head = self.tensors["token_embd.weight" if h.tied else "output.weight"]
+        return sum(self.tensors[n].nbytes for n in names) + head.nbytes
+
+    def type_mix(self) -> dict:
+        """{type: (tensors, bytes)} over the whole file."""
+        out: dict = {}
+        for t in self.tensors.values():
+            n, b = out.get(t.type, (0, 0))
+            out[t.type] = (n + 1, b + t.nbytes)
+        return out
+
+
+def _fail(path, what: str):
+    raise GGUFError(f"{path}: {what}")
+
+
+def _read(path: Path):
+    import gguf
+
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        _fail(path, f"cannot be read ({e.strerror or e})")
+    if magic != b"GGUF":
+        _fail(path, "not a GGUF file (it does not begin with the bytes 'GGUF')")
+    try:
+        return gguf.GGUFReader(str(path), "r")
+    except Exception as e:  # noqa: BLE001 - the reader raises whatever its parse hits
+        _fail(path, f"damaged or truncated GGUF file ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else 'no detail'})")
+
+
+def _value(f):
+    """A scalar field's value, a string field's text, or an array field's list."""
+    import gguf
+
+    t = f.types
+    if not t:
+        return None
+    if t[0] == gguf.GGUFValueType.ARRAY:
+        return f.contents()
+    return f.contents()
+
+
+def _fields(path, reader) -> tuple[dict, dict]:
+    import gguf
+
+    meta, tok = {}, {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            if key.startswith("tokenizer.ggml."):
+                tok[key[len("tokenizer.ggml."):]] = _value(f)
+            elif f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.data) > 64:
+                continue
+            else:
+                meta[key] = _value(f)
+        except (UnicodeDecodeError, IndexError, ValueError) as e:
+            _fail(path, f"metadata key {key!r} cannot be read ({type(e).__name__})")
+    return meta, tok
+
+
+def _need(path, meta, key, kind=int, default=None):
+    if key not in meta:
+        if default is not None:
+            return default
+        _fail(path, f"metadata key {key!r} is missing")
+    v = meta[key]
+    if kind is int and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+        _fail(path, f"metadata key {key!r} is {v!r}, expected a positive integer")
+    if kind is float and not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+        _fail(path, f"metadata key {key!r} is {v!r}, expected a positive number")
+    return kind(v)
+
+
+def _hyper(path, meta, tok, tensors) -> Hyper:
+    name = meta.get("general.architecture")
+    if not isinstance(name, str):
+        _fail(path, "metadata key 'general.architecture' is missing")
+    if name not in ARCHS:
+        _fail(path, f"architecture {name!r} is not supported (supported: {', '.join(ARCHS)})")
+    a = name + "."
+    d = _need(path, meta, a + "embedding_length")
+    n_head = _need(path, meta, a + "attention.head_count")
+    n_kv = _need(path, meta, a + "attention.head_count_kv", default=n_head)
+    if n_head % n_kv:
+        _fail(path, f"{n_head} query heads cannot share {n_kv} key/value heads evenly")
+    hd = _need(path, meta, a + "attention.key_length", default=d // n_head)
+    vocab = len(tok["tokens"]) if isinstance(tok.get("tokens"), list) else None
+    if vocab is None:
+        _fail(path, "metadata key 'tokenizer.ggml.tokens' is missing")
+    rope_dim = _need(path, meta, a + "rope.dimension_count", default=hd)
+    if rope_dim > hd or rope_dim % 2:
+        _fail(path, f"rope.dimension_count {rope_dim} does not fit a head of {hd}")
+    return Hyper(arch=ARCHS[name], d=d, n_layer=_need(path, meta, a + "block_count"),
+                 n_head=n_head, n_kv_head=n_kv, head_dim=hd,
+                 v_dim=_need(path, meta, a + "attention.value_length", default=hd),
+                 hidden=_need(path, meta, a + "feed_forward_length"), vocab=vocab,
+                 context=_need(path, meta, a + "context_length"),
+                 eps=_need(path, meta, a + "attention.layer_norm_rms_epsilon", float),
+                 rope_base=_need(path, meta, a + "rope.freq_base", float, default=10000.0),
+                 rope_dim=rope_dim, tied="output.weight" not in tensors)
+
+
+def expected_shapes(h: Hyper) -> dict:
+    """{tensor name: ne} of every tensor the forward reads (``rope_freqs.weight`` and the
+    output matrix only where the file has them)."""
+    d, q, kv, v = h.d, h.n_head * h.head_dim, h.n_kv_head * h.head_dim, h.n_kv_head * h.v_dim
+    out = {"token_embd.weight": (d, h.vocab), "output_norm.weight": (d,)}
+    if not h.tied:
+        out["output.weight"] = (d, h.vocab)
+    for i in range(h.n_layer):
+        b = f"blk.{i}."
+        out.update({b + "attn_norm.weight": (d,), b + "attn_q.weight": (d, q),
+                    b + "attn_k.weight": (d, kv), b + "attn_v.weight": (d, v),
+                    b + "attn_output.weight": (h.n_head * h.v_dim, d),
+                    b + "ffn_norm.weight": (d,), b + "ffn_gate.weight": (d, h.hidden),
+                    b + "ffn_up.weight": (d, h.hidden), b + "ffn_down.weight": (h.hidden, d)})
+        if h.arch.qkv_bias:
+            out.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (v,)})
+        if h.arch.qk_norm:
+            out.update({b + "attn_q_norm.weight": (h.head_dim,),
+                        b + "attn_k_norm.weight": (h.head_dim,)})
+    return out
+
+
+def _tensors(path, reader) -> dict:
+    import gguf
+
+    size = os.path.getsize(path)
+    out = {}
+    for t in reader.tensors:
+        try:
+            tname = gguf.GGMLQuantizationType(int(t.tensor_type)).name
+        except ValueError:
+            tname = f"type {int(t.tensor_type)}"
+        ne = tuple(int(x) for x in t.shape)
+        n = int(np.prod(ne)) if ne else 0
+        if tname in TYPES:
+            per, nbytes = TYPES[tname]
+            if ne[0] % per:
+                _fail(path, f"tensor {t.name!r}: rows of {ne[0]} do not fill {tname}'s "
+                            f"blocks of {per}")
+            want = n // per * nbytes
+        else:
+            want = None
+        end = int(t.data_offset) + (want if want is not None else int(t.n_bytes))
+        if end > size:
+            _fail(path, f"tensor {t.name!r} ends at byte {end}, past the end of the file "
+                        f"({size} bytes): the file is truncated")
+        if want is not None and t.data.nbytes != want:
+            _fail(path, f"tensor {t.name!r} has {t.data.nbytes} bytes, {tname} {list(ne)} "
+                        f"needs {want}")
+        if t.name in out:
+            _fail(path, f"tensor {t.name!r} appears twice")
+        out[t.name] = Tensor(t.name, tname, ne, t.data)
+    return out
+
+
+def read_metadata(path) -> tuple[dict, dict]:
+    """(metadata, tokenizer keys) of a GGUF file, tensors unread: enough for a vocabulary
+    file such as llama.cpp's ggml-vocab-*.gguf."""
+    path = Path(path)
+    return _fields(path, _read(path))
+
+
+def open_model(path) -> ModelFile:
+    """Read and check a GGUF file of a supported architecture (see the module docstring)."""
+    path = Path(path)
+    reader = _read(path)
+    meta, tok = _fields(path, reader)
+    tensors = _tensors(path, reader)
+    h = _hyper(path, meta, tok, tensors)
+    for name, ne in expected_shapes(h).items():
+        t = tensors.get(name)
+        if t is None:
+            _fail(path, f"tensor {name!r} is missing")
+        if t.ne != ne:
+            _fail(path, f"tensor {name!r} has shape {list(t.ne)}, the metadata implies {list(ne)}")
+        if t.type not in TYPES:
+            _fail(path, f"tensor {name!r} is {t.type}, which is not supported "
+                        f"(supported: {', '.join(TYPES)})")
+        if len(ne) == 1 and t.type != "F32":
+            _fail(path, f"tensor {name!r} is {t.type}; norms and biases must be F32")
+    if "rope_freqs.weight" in tensors:
+        t = tensors["rope_freqs.weight"]
+        if t.ne != (h.rope_dim // 2,) or t.type != "F32":
+            _fail(path, f"tensor 'rope_freqs.weight' is {t.type} {list(t.ne)}, expected F32 "
+                        f"[{h.rope_dim // 2}]")
+    return ModelFile(path, h, meta, tensors, tok, reader)

@@ -1,0 +1,186 @@
+"""The forward of a llama-family GGUF model (:mod:`smallem.gguf_file`), one token at a time
+against a KV cache: the numpy reference every faster path is checked against.
+
+One forward serves every architecture in :data:`smallem.gguf_file.ARCHS`; each difference
+is a switch read from the file's :class:`~smallem.gguf_file.Arch`:
+
+    x = token_embd[t]
+    per block:  h = RMSNorm(x) * attn_norm
+                q, k, v = h Wq (+ bq), h Wk (+ bk), h Wv (+ bv)       qwen2: the biases
+                q, k = RMSNorm per head * q_norm, k_norm              qwen3
+                q, k = RoPE(q, k, position)     pairs (2i, 2i+1) ("norm") or (i, i + half)
+                att = softmax(q k^T / sqrt(hd)) v, each key/value head shared by
+                      n_head / n_kv_head query heads (GQA)
+                x += att Wo
+                h = RMSNorm(x) * ffn_norm;  x += (silu(h Wg) * (h Wu)) Wd
+    logits = (RMSNorm(x) * output_norm) W_out     (W_out = token_embd where the file has none)
+
+The angle of pair i at position p is p * base^(-2i / rope_dim), divided by
+``rope_freqs[i]`` where the file has that tensor (llama 3's frequency scaling, which
+llama.cpp's converter stores there). ``dtype`` float64 is the oracle; float32 runs the same
+arithmetic at the precision of the kernels. Each matrix is dequantised by the ``gguf``
+package when a product needs it and dropped after: slow, never a copy of the model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gguf_file import ModelFile
+
+
+def rope_angles(h, positions, freqs=None) -> np.ndarray:
+    """(len(positions), rope_dim / 2) angles, in float64."""
+    i = np.arange(0, h.rope_dim, 2, dtype=np.float64)
+    theta = h.rope_base ** (-i / h.rope_dim)
+    if freqs is not None:
+        theta = theta / np.asarray(freqs, np.float64)
+    return np.asarray(positions, np.float64)[:, None] * theta[None, :]
+
+
+def rope(x, angles, style: str):
+    """x (n, heads, hd) turned in place by angles (n, r/2) over its first r features."""
+    r = angles.shape[1] * 2
+    c, s = np.cos(angles)[:, None, :].astype(x.dtype), np.sin(angles)[:, None, :].astype(x.dtype)
+    if style == "norm":
+        a, b = x[..., 0:r:2].copy(), x[..., 1:r:2].copy()
+        x[..., 0:r:2], x[..., 1:r:2] = a * c - b * s, a * s + b * c
+    else:  # neox: the first half of the turned features with the second half
+        a, b = x[..., :r // 2].copy(), x[..., r // 2:r].copy()
+        x[..., :r // 2], x[..., r // 2:r] = a * c - b * s, a * s + b * c
+    return x
+
+
+def rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+class Reference:
+    """The forward in numpy at ``dtype``, with its own KV cache."""
+
+    def __init__(self, mf: ModelFile, dtype=np.float64):
+        self.mf, self.h, self.dtype = mf, mf.hyper, np.dtype(dtype)
+        self._vec = {}
+        self.freqs = (mf.tensors["rope_freqs.weight"].dequantize()
+                      if "rope_freqs.weight" in mf.tensors else None)
+        self.reset()
+
+    def reset(self):
+        h = self.h
+        self.k = np.zeros((h.n_layer, h.context, h.n_kv_head, h.head_dim), self.dtype)
+        self.v = np.zeros((h.n_layer, h.context, h.n_kv_head, h.v_dim), self.dtype)
+        self.pos = 0
+
+    def vec(self, name):
+        if name not in self._vec:
+            self._vec[name] = self.mf.tensors[name].dequantize().astype(self.dtype)
+        return self._vec[name]
+
+    def mat(self, name, x):
+        """x (n, n_in) times the file's matrix ``name`` (n_out rows of n_in): (n, n_out)."""
+        return x @ self.mf.tensors[name].dequantize().astype(self.dtype).T
+
+    def forward(self, tokens, all_logits: bool = False) -> np.ndarray:
+        h, a = self.h, self.h.arch
+        tokens = np.asarray(tokens, np.int64)
+        n, p0 = len(tokens), self.pos
+        if n == 0 or p0 + n > h.context:
+            raise ValueError(f"tokens: {n} at position {p0} do not fit a context of {h.context}")
+        if tokens.min() < 0 or tokens.max() >= h.vocab:
+            raise ValueError(f"tokens: ids outside [0, {h.vocab})")
+        emb = self.mf.tensors["token_embd.weight"]
+        x = emb.dequantize()[tokens].astype(self.dtype)
+        ang = rope_angles(h, np.arange(p0, p0 + n), self.freqs)
+        mask = np.triu(np.full((n, p0 + n), -np.inf), k=p0 + 1)
+        for i in range(h.n_layer):
+            b = f"blk.{i}."
+            t = rms(x, self.vec(b + "attn_norm.weight"), h.eps)
+            q, k, v = (self.mat(b + f"attn_{c}.weight", t) for c in "qkv")
+            if a.qkv_bias:
+                q, k, v = q + self.vec(b + "attn_q.bias"), k + self.vec(b + "attn_k.bias"), \
+                    v + self.vec(b + "attn_v.bias")
+            q = q.reshape(n, h.n_head, h.head_dim)
+            k = k.reshape(n, h.n_kv_head, h.head_dim)
+            v = v.reshape(n, h.n_kv_head, h.v_dim)
+            if a.qk_norm:
+                q = rms(q, self.vec(b + "attn_q_norm.weight"), h.eps)
+                k = rms(k, self.vec(b + "attn_k_norm.weight"), h.eps)
+            rope(q, ang, a.rope)
+            rope(k, ang, a.rope)
+            self.k[i, p0:p0 + n], self.v[i, p0:p0 + n] = k, v
+            K = np.repeat(self.k[i, :p0 + n], h.group, axis=1)   # (T, n_head, hd)
+            V = np.repeat(self.v[i, :p0 + n], h.group, axis=1)
+            s = np.einsum("nhd,thd->hnt", q, K) / np.sqrt(h.head_dim) + mask
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            att = np.einsum("hnt,thd->nhd", s, V).reshape(n, h.n_head * h.v_dim)
+            x = x + self.mat(b + "attn_output.weight", att)
+            t = rms(x, self.vec(b + "ffn_norm.weight"), h.eps)
+            g, u = self.mat(b + "ffn_gate.weight", t), self.mat(b + "ffn_up.weight", t)
+            x = x + self.mat(b + "ffn_down.weight", g / (1 + np.exp(-g)) * u)
+        self.pos += n
+        x = x if all_logits else x[-1:]
+        x = rms(x, self.vec("output_norm.weight"), h.eps)
+        out = self.mat("token_embd.weight" if h.tied else "output.weight", x)
+        return out if all_logits else out[0]
+
+
+def eog_ids(tk) -> set:
+    """The tokens that end a generation: the file's EOS and end-of-turn, where it names them."""
+    return {t for t in (tk.eos, tk.eot) if t is not None}
+
+
+def chat_prompt(mf: ModelFile, tk, messages: list) -> str:
+    """The conversation as the file's ``tokenizer.chat_template`` (Jinja) writes it, ending
+    where the assistant's answer begins, as the transformers library renders it."""
+    template = mf.meta.get("tokenizer.chat_template")
+    if not isinstance(template, str):
+        raise ValueError(f"{mf.path}: the file has no tokenizer.chat_template; --chat needs one")
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise ValueError(f"{mf.path}: the chat template refused the conversation: {msg}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        tpl = env.from_string(template)
+        return tpl.render(messages=messages, add_generation_prompt=True,
+                          bos_token=tk.tokens[tk.bos] if tk.bos is not None else "",
+                          eos_token=tk.tokens[tk.eos] if tk.eos is not None else "")
+    except jinja2.TemplateError as e:
+        raise ValueError(f"{mf.path}: the chat template cannot be rendered ({e})") from None
+
+
+class Runner:
+    """A file's model and tokenizer, generating: prompt ids in, token pieces (bytes) out."""
+
+    def __init__(self, mf: ModelFile, dtype=np.float32):
+        from .gguf_tokenizer import from_model_file
+
+        self.mf, self.tk = mf, from_model_file(mf)
+        self.model = Reference(mf, dtype)
+
+    def generate(self, ids: list, tokens: int, sampler, keep_cache: bool = False):
+        """Yields the bytes of each new token after ``ids`` (which continue the cache when
+        ``keep_cache``), stopping at an end-of-generation token or the context's end."""
+        if not keep_cache:
+            self.model.reset()
+        h = self.mf.hyper
+        if not ids:
+            raise ValueError("the prompt is empty and the tokenizer adds no BOS: nothing to "
+                             "continue")
+        if self.model.pos + len(ids) > h.context:
+            raise ValueError(f"the prompt's {len(ids)} tokens do not fit the context of "
+                             f"{h.context} after {self.model.pos}")
+        logits = self.model.forward(ids)
+        stop = eog_ids(self.tk)
+        for _ in range(tokens):
+            t = sampler(logits)
+            if t in stop:
+                return
+            yield self.tk.piece(t, special=False)
+            if self.model.pos >= h.context:
+                return
+            logits = self.model.forward([t])
