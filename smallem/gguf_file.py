@@ -152,14 +152,7 @@ def _read(path: Path):
 
 def _value(f):
     """A scalar field's value, a string field's text, or an array field's list."""
-    import gguf
-
-    t = f.types
-    if not t:
-        return None
-    if t[0] == gguf.GGUFValueType.ARRAY:
-        return f.contents()
-    return f.contents()
+    return f.contents() if f.types else None
 
 
 def _fields(path, reader) -> tuple[dict, dict]:

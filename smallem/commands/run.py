@@ -26,7 +26,6 @@ def add_run_arguments(p):
     p.add_argument("--top-p", type=number(0, 1, low_open=True), default=0.95,
                    help="nucleus: keep mass p, in (0, 1] (default 0.95)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
 
 
 def info_lines(mf, tk) -> list[str]:
@@ -65,7 +64,7 @@ def cmd_run(args) -> int:
     if not args.chat:
         ids = run.tk.encode(args.prompt)
         return _stream(run, ids, args.tokens, sampler, out, False)
-    messages, first = [], True
+    messages = []
     turn = args.prompt
     while True:
         if not turn:
@@ -80,7 +79,7 @@ def cmd_run(args) -> int:
         _stream(run, ids, args.tokens, sampler, out, False, pieces)
         messages.append({"role": "assistant", "content": b"".join(pieces).decode("utf-8", "replace")})
         print(file=sys.stderr)
-        turn, first = "", False
+        turn = ""
 
 
 def _stream(run, ids, tokens, sampler, out, keep, pieces=None) -> int:
