@@ -113,7 +113,7 @@ def openmp_flags(cc: str) -> tuple[list[str], list[str]]:
 # A module named <name>_pool is <name>.c built with SM_POOL: its OpenMP pragmas run on
 # smallem's own thread pool (kernels_c/pool.c, through kernels_c/pool_shim.h), not libgomp.
 POOL_SUFFIX = "_pool"
-POOL_VARIANTS = ("layers", "gemm", "decode")
+POOL_VARIANTS = ("layers", "gemm", "decode", "gguf")
 
 
 def _base(name: str) -> tuple[str, bool]:

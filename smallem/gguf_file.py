@@ -44,8 +44,9 @@ ARCHS = {
 }
 
 # the tensor types a product can read, with (weights per block, bytes per block)
+# (Q5_0 is in Q4_K_M files whose rows are not a multiple of 256: llama-quantize's fallback)
 TYPES = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18),
-         "Q4_K": (256, 144), "Q6_K": (256, 210)}
+         "Q5_0": (32, 22), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 
 
 @dataclass(frozen=True)

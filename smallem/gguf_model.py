@@ -20,6 +20,10 @@ The angle of pair i at position p is p * base^(-2i / rope_dim), divided by
 llama.cpp's converter stores there). ``dtype`` float64 is the oracle; float32 runs the same
 arithmetic at the precision of the kernels. Each matrix is dequantised by the ``gguf``
 package when a product needs it and dropped after: slow, never a copy of the model.
+
+``like_llama`` makes it the oracle of what the C forward (:mod:`smallem.gguf_run`) and
+llama.cpp compute: each product's activation rounded first as llama.cpp rounds it for the
+weights' type (:func:`round_activation`), and the keys and values kept in f16.
 """
 
 from __future__ import annotations
@@ -51,15 +55,59 @@ def rope(x, angles, style: str):
     return x
 
 
+# the type llama.cpp rounds a product's activation row to, by the weights' type
+ACTIVATION = {"F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_0": "Q8_0", "Q5_0": "Q8_0",
+              "Q4_K": "Q8_K", "Q6_K": "Q8_K"}
+
+
+def round_activation(weight_type: str, x) -> np.ndarray:
+    """The values (float64) of x (..., K) rounded as llama.cpp rounds an activation before a
+    product with ``weight_type`` weights, in float32 arithmetic as its x86 code does:
+    F16/BF16 round to nearest even; Q8_0 blocks of 32 with d = f16(max|x| / 127) and
+    q = rint(x * (127 / max|x|)); Q8_K blocks of 256 with s = -127 / x_m (x_m the first value
+    of largest magnitude), q = min(127, rint(s x)) and d = 1 / s. F32 weights: x itself."""
+    kind = ACTIVATION.get(weight_type)
+    x = np.asarray(x, np.float32)
+    if kind is None:
+        return x.astype(np.float64)
+    if kind == "F16":
+        return x.astype(np.float16).astype(np.float64)
+    if kind == "BF16":
+        u = x.view(np.uint32).astype(np.uint64)
+        r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32)
+        return r.view(np.float32).astype(np.float64)
+    n = 32 if kind == "Q8_0" else 256
+    b = x.reshape(*x.shape[:-1], x.shape[-1] // n, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if kind == "Q8_0":
+            amax = np.abs(b).max(axis=-1, keepdims=True)
+            d = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
+            inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+            q = np.rint(b * inv)
+        else:
+            i = np.abs(b).argmax(axis=-1)[..., None]
+            vmax = np.take_along_axis(b, i, axis=-1)
+            s = np.where(vmax != 0, np.float32(-127) / vmax, np.float32(0)).astype(np.float32)
+            q = np.minimum(np.rint(s * b), 127)
+            d = np.where(s != 0, np.float32(1) / s, np.float32(0)).astype(np.float32).astype(np.float64)
+    return (d * q.astype(np.float64)).reshape(x.shape)
+
+
 def rms(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
 class Reference:
-    """The forward in numpy at ``dtype``, with its own KV cache."""
+    """The forward in numpy at ``dtype``, with its own KV cache. ``like_llama``: each product's
+    activation rounded as llama.cpp rounds it for the weight's type (:func:`round_activation`)
+    and the cache in f16; ``cache16`` alone: the f16 cache without the rounded activations
+    (what chapter 2's GEMM path computes)."""
 
-    def __init__(self, mf: ModelFile, dtype=np.float64):
+    def __init__(self, mf: ModelFile, dtype=np.float64, like_llama: bool = False,
+                 cache16: bool | None = None):
         self.mf, self.h, self.dtype = mf, mf.hyper, np.dtype(dtype)
+        self.like_llama = like_llama
+        self.cache16 = like_llama if cache16 is None else cache16
         self._vec = {}
         self.freqs = (mf.tensors["rope_freqs.weight"].dequantize()
                       if "rope_freqs.weight" in mf.tensors else None)
@@ -78,7 +126,10 @@ class Reference:
 
     def mat(self, name, x):
         """x (n, n_in) times the file's matrix ``name`` (n_out rows of n_in): (n, n_out)."""
-        return x @ self.mf.tensors[name].dequantize().astype(self.dtype).T
+        t = self.mf.tensors[name]
+        if self.like_llama:
+            x = round_activation(t.type, x).astype(self.dtype)
+        return x @ t.dequantize().astype(self.dtype).T
 
     def forward(self, tokens, all_logits: bool = False) -> np.ndarray:
         h, a = self.h, self.h.arch
@@ -107,6 +158,8 @@ class Reference:
                 k = rms(k, self.vec(b + "attn_k_norm.weight"), h.eps)
             rope(q, ang, a.rope)
             rope(k, ang, a.rope)
+            if self.cache16:  # the cache in f16, as llama.cpp's (and the C forward's)
+                k, v = (a.astype(np.float16).astype(self.dtype) for a in (k, v))
             self.k[i, p0:p0 + n], self.v[i, p0:p0 + n] = k, v
             K = np.repeat(self.k[i, :p0 + n], h.group, axis=1)   # (T, n_head, hd)
             V = np.repeat(self.v[i, :p0 + n], h.group, axis=1)
@@ -154,26 +207,36 @@ def chat_prompt(mf: ModelFile, tk, messages: list) -> str:
 
 
 class Runner:
-    """A file's model and tokenizer, generating: prompt ids in, token pieces (bytes) out."""
+    """A file's model and tokenizer, generating: prompt ids in, token pieces (bytes) out.
+    ``model`` "c": the C forward (:class:`smallem.gguf_run.Forward`, ``threads`` and
+    ``context`` go to it); "reference": the numpy forward, float32."""
 
-    def __init__(self, mf: ModelFile, dtype=np.float32):
+    def __init__(self, mf: ModelFile, threads=None, context=None, model: str = "c"):
         from .gguf_tokenizer import from_model_file
 
+        if model not in ("c", "reference"):
+            raise ValueError(f"model: expected 'c' or 'reference', got {model!r}")
         self.mf, self.tk = mf, from_model_file(mf)
-        self.model = Reference(mf, dtype)
+        if model == "c":
+            from .gguf_run import Forward
+
+            self.model = Forward(mf, threads=threads, context=context)
+            self.context = self.model.context
+        else:
+            self.model = Reference(mf, np.float32)
+            self.context = mf.hyper.context
 
     def generate(self, ids: list, tokens: int, sampler, keep_cache: bool = False):
         """Yields the bytes of each new token after ``ids`` (which continue the cache when
         ``keep_cache``), stopping at an end-of-generation token or the context's end."""
         if not keep_cache:
             self.model.reset()
-        h = self.mf.hyper
         if not ids:
             raise ValueError("the prompt is empty and the tokenizer adds no BOS: nothing to "
                              "continue")
-        if self.model.pos + len(ids) > h.context:
+        if self.model.pos + len(ids) > self.context:
             raise ValueError(f"the prompt's {len(ids)} tokens do not fit the context of "
-                             f"{h.context} after {self.model.pos}")
+                             f"{self.context} after {self.model.pos}")
         logits = self.model.forward(ids)
         stop = eog_ids(self.tk)
         for _ in range(tokens):
@@ -181,6 +244,6 @@ class Runner:
             if t in stop:
                 return
             yield self.tk.piece(t, special=False)
-            if self.model.pos >= h.context:
+            if self.model.pos >= self.context:
                 return
             logits = self.model.forward([t])

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import gguf_models
-from smallem import decode, gguf_export, gguf_file, gguf_model, gguf_tokenizer
+from smallem import decode, gguf_export, gguf_file, gguf_model, gguf_run, gguf_tokenizer
 from smallem.book.ch4 import llama
 from smallem.gguf_file import GGUFError
 from smallem.model import GPT, Config
@@ -180,7 +180,8 @@ MIN_COMPARED = 8
 
 
 def _compare_with_llama_simple(path, tie, n=32):
-    """Our greedy tokens against llama-simple's on the same file, for the one of PROMPTS
+    """Our greedy tokens (the C forward's, what `smallem run` gives) against llama-simple's
+    on the same file, for the one of PROMPTS
     (fixed, so the choice is deterministic) whose tokens go furthest before a near-tie."""
     simple = _tool("llama-simple")
     mf = gguf_file.open_model(path)
@@ -188,7 +189,7 @@ def _compare_with_llama_simple(path, tie, n=32):
     best = None
     for prompt in PROMPTS:
         ids = tk.encode(prompt)
-        ours, margins = _greedy(gguf_model.Reference(mf), tk, ids, n)
+        ours, margins = _greedy(gguf_run.Forward(mf, threads=2), tk, ids, n)
         first_tie = next((i for i, m in enumerate(margins) if m < tie), len(margins))
         if best is None or first_tie > best[0]:
             best = (first_tie, prompt, ids, ours, margins)

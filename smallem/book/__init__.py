@@ -27,6 +27,7 @@ CHAPTERS = (
     "ch3",   # training a GPT on the CPU
     "ch4",   # generating without the GPU
     "mpi",   # the appendix: beyond one machine, data-parallel training on MPI
+    "others",  # appendix B: others' models (GGUF files) beside llama.cpp
 )
 
 

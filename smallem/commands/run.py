@@ -1,5 +1,5 @@
 """`smallem run MODEL.gguf`: other people's models (a llama-family GGUF file), streamed
-through :mod:`smallem.gguf_model`; ``--info`` describes the file; ``--chat`` keeps a
+through the C forward (:mod:`smallem.gguf_run`); ``--info`` describes the file; ``--chat`` keeps a
 conversation at the terminal through the file's chat template."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import time
 
 from ..book.options import count, number
 from ..decode import Sampler
+from ..gguf_run import DEFAULT_CONTEXT
 from .generate import Terminal
 
 
@@ -20,7 +21,10 @@ def add_run_arguments(p):
     p.add_argument("--chat", action="store_true",
                    help="a conversation through the file's chat template (--prompt: the first turn)")
     p.add_argument("--tokens", type=count(0), default=128, help="tokens to generate (default 128)")
-    p.add_argument("--context", type=count(1), help="cap the context (default: the file's)")
+    p.add_argument("--context", type=count(1),
+                   help="positions the cache holds (default: the file's context, at most "
+                        f"{DEFAULT_CONTEXT})")
+    p.add_argument("--threads", type=count(1), help="threads (default: every core)")
     p.add_argument("--temperature", type=number(0), default=0.8, help="0: greedy (default 0.8)")
     p.add_argument("--top-k", type=count(0), default=40, help="keep the k most likely (0: all)")
     p.add_argument("--top-p", type=number(0, 1, low_open=True), default=0.95,
@@ -51,14 +55,13 @@ def info_lines(mf, tk) -> list[str]:
 def cmd_run(args) -> int:
     from .. import gguf_file, gguf_model
 
+    from ..gguf_tokenizer import from_model_file
+
     mf = gguf_file.open_model(args.model)
-    if args.context:
-        import dataclasses
-        mf.hyper = dataclasses.replace(mf.hyper, context=min(args.context, mf.hyper.context))
-    run = gguf_model.Runner(mf)
     if args.info:
-        print("\n".join(info_lines(mf, run.tk)))
+        print("\n".join(info_lines(mf, from_model_file(mf))))
         return 0
+    run = gguf_model.Runner(mf, threads=args.threads, context=args.context)
     sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed, mf.hyper.vocab)
     out = sys.stdout.buffer if not sys.stdout.isatty() else Terminal(sys.stdout)
     if not args.chat:

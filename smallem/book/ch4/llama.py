@@ -1,7 +1,7 @@
 """llama.cpp beside us: where its tools are, and running them on a GGUF file we exported.
 
 llama.cpp is a peer, never a dependency. ``make llama`` builds ``llama-bench`` and
-``llama-simple`` from the source that the ``llama-cpp-python`` sdist bundles, into
+``llama-simple`` (and ``llama-quantize``) from the source that the ``llama-cpp-python`` sdist bundles, into
 ``build/llama.cpp/bin/``; ``SMALLEM_LLAMA_BENCH`` may point at any other ``llama-bench``
 (``llama-simple`` is looked for beside it). Without either, the chapter says it was not
 measured.
@@ -22,13 +22,15 @@ BUILT = ROOT / "build" / "llama.cpp" / "bin"
 
 
 def find() -> dict | None:
-    """{"bench": path, "simple": path or None, "from": where it was found}, or None."""
+    """{"bench": path, "simple": path or None, "quantize": path or None, "from": where it
+    was found}, or None."""
     named = os.environ.get(ENV)
     bench = Path(named) if named else BUILT / "llama-bench"
     if not (bench.is_file() and os.access(bench, os.X_OK)):
         return None
-    simple = bench.parent / "llama-simple"
+    simple, quantize = bench.parent / "llama-simple", bench.parent / "llama-quantize"
     return {"bench": str(bench), "simple": str(simple) if simple.is_file() else None,
+            "quantize": str(quantize) if quantize.is_file() else None,
             "from": f"${ENV}" if named else "make llama"}
 
 

@@ -1,0 +1,990 @@
+/* Others' models: the products and the forward of a llama-family GGUF file, reading each
+ * weight matrix in the file's own blocks, straight from the mapping (no repacked or
+ * dequantised copy of the model; smallem/gguf_run.py passes the tensors' addresses).
+ *
+ * A GGUF matrix of ne = [K, N] is N rows of K weights, each row a run of blocks. A decode
+ * step multiplies one activation row by every matrix, so it reads every weight once and
+ * does two operations with it: its time is the bytes of the blocks over the bandwidth of
+ * the level that holds them, and the arithmetic only has to keep up. It does so as llama.cpp
+ * does, which is also what makes the tokens comparable with llama.cpp's: the activation row is
+ * first rounded to the "vec_dot" type that llama.cpp pairs with the weights' type, and each
+ * row's dot product is then exact integer sums per block, scaled in float:
+ *
+ *   weights        activation rounded to              one block's contribution
+ *   F32            F32 (none)                         w x
+ *   F16, BF16      F16, BF16 (round to nearest even)  w x, in f32
+ *   Q8_0 Q4_0 Q5_0 Q8_0: 32 int8 with an f16 scale    d_w d_x sum q_w q_x
+ *   Q4_K           Q8_K: 256 int8 with an f32 scale   d_x (d sum_j sc_j sum q q_x
+ *                  and the sums of each 16                 - dmin sum_j m_j sum q_x)
+ *   Q6_K           Q8_K                               d_x d sum_16 sc_16 sum (q - 32) q_x
+ *
+ * (Q8_0's activation: d = max|x| / 127 stored as f16, q = round-half-even(x 127 / max|x|),
+ * as llama.cpp's x86 code does; Q8_K's: scale -127 / x_m with x_m the value of largest
+ * magnitude, q = min(127, round-half-even), as its reference does, which every x86 build
+ * uses.) The integer sums go through one instruction, u8 x s8 -> four products added into
+ * an int32 lane: vpdpbusd where the CPU has VNNI (AVX512-VNNI on ymm or zmm, AVX-VNNI on
+ * ymm), else vpmaddubsw then vpmaddwd. Nibbles and 6-bit values are unsigned, so they go in
+ * as the u8 side directly; the subtracted offsets (-8 of Q4_0, -16 of Q5_0, -32 of Q6_K,
+ * Q4_K's mins) are handled as llama.cpp's formats intend: Q4_0/Q5_0 subtract before the
+ * product (a signed weight, whose sign moves onto the activation), Q6_K and Q4_K take the
+ * activation's block sums (Q8_K's bsums). The AVX-512 level multiplies two 32-weight blocks
+ * per zmm for Q8_0, Q4_0 and Q5_0; the K-quants' 256-weight blocks stay on ymm at every level
+ * (their scales change every 16 or 32 weights). Plain C does the same sums with ints.
+ *
+ * Threads split a product's rows (static: a thread reads the same slice of each matrix at
+ * every token); a matrix smaller than par_min_bytes stays on one core. A prompt of n rows
+ * runs each block of 4 weight rows against all n rounded activation rows while those 4
+ * rows are in L1: every weight is read from memory once per call, not once per token.
+ *
+ * The forward (sm_g_forward) is the one of smallem/gguf_model.py's Reference, with the
+ * architecture's switches as fields: RMSNorm, q/k/v (+ biases), per-head q/k RMSNorm,
+ * RoPE on the first rope_dim features of each head (pairs 2i, 2i+1, or i, i + half with
+ * neox), keys and values appended to an f16 cache [layer][position][kv head][feature] (as
+ * llama.cpp keeps them), attention per head with its kv head = head / (n_head / n_kv_head),
+ * SwiGLU, the output norm and the head.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include "common.h"
+#include "vexp.h"
+#include "rows.h"
+#include "gguf.h"
+
+#define INLINE static inline __attribute__((always_inline))
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_K = 15, T_Q4_K = 12,
+       T_Q6_K = 14, T_BF16 = 30 };
+
+typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_K;
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } blk_q8_K;
+_Static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q4_0) == 18 && sizeof(blk_q5_0) == 22 &&
+               sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210 && sizeof(blk_q8_K) == 292,
+               "GGUF block sizes");
+
+const char *sm_g_instruction(void)
+{
+#if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
+    return "vpdpbusd (AVX512-VNNI)";
+#elif defined(SM_AVX512)
+    return "vpmaddubsw (AVX-512)";
+#elif defined(SM_AVX2) && defined(SM_AVX_VNNI)
+    return "vpdpbusd (AVX-VNNI)";
+#elif defined(SM_AVX2)
+    return "vpmaddubsw (AVX2)";
+#else
+    return "plain C";
+#endif
+}
+
+int sm_g_supported(int type)
+{
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: case T_Q8_0: case T_Q4_0: case T_Q5_0: case T_Q4_K:
+    case T_Q6_K:
+        return 1;
+    }
+    return 0;
+}
+
+int sm_g_act_type(int type)
+{
+    switch (type) {
+    case T_F16: return T_F16;
+    case T_BF16: return T_BF16;
+    case T_Q8_0: case T_Q4_0: case T_Q5_0: return T_Q8_0;
+    case T_Q4_K: case T_Q6_K: return T_Q8_K;
+    }
+    return T_F32;
+}
+
+/* ------------------------------------------------------------------ halves */
+static inline float h2f(uint16_t h)
+{
+#if defined(SM_AVX2)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (e == 0) {
+        const float f = ldexpf((float)m, -24);
+        return sign ? -f : f;
+    }
+    v.u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
+    return v.f;
+#endif
+}
+
+/* float to f16, round to nearest even (what vcvtps2ph with imm 0 does) */
+static inline uint16_t f2h(float f)
+{
+#if defined(SM_AVX2)
+    return _cvtss_sh(f, 0);
+#else
+    union { float f; uint32_t u; } v = {f};
+    const uint32_t sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds past 65504 */
+    if (a < 0x38800000u) { /* a subnormal half (or zero): round a / 2^-24 to an integer */
+        union { uint32_t u; float f; } m = {a};
+        return (uint16_t)(sign | (uint32_t)nearbyintf(m.f * 16777216.0f));
+    }
+    const uint32_t r = a + 0x0fffu + ((a >> 13) & 1); /* round the 13 dropped bits to even */
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+#endif
+}
+
+static inline float bf2f(uint16_t b)
+{
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+
+static inline uint16_t f2bf(float f)
+{
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 64); /* quiet NaN */
+    return (uint16_t)((v.u + (0x7fffu + ((v.u >> 16) & 1))) >> 16);
+}
+
+/* ------------------------------------------------------------------ activations */
+static inline int nearest_even(float v) { return (int)nearbyintf(v); }
+
+long long sm_g_act_bytes(int type, int K)
+{
+    switch (sm_g_act_type(type)) {
+    case T_F16: case T_BF16: return 2LL * K;
+    case T_Q8_0: return (long long)(K / 32) * sizeof(blk_q8_0);
+    case T_Q8_K: return (long long)(K / 256) * sizeof(blk_q8_K);
+    }
+    return 4LL * K;
+}
+
+/* --8<-- [start:quantize] */
+/* One activation row of K floats in the form the weights' type pairs with. */
+void sm_g_quantize(int type, const float *x, int K, void *act)
+{
+    switch (sm_g_act_type(type)) {
+    case T_F32:
+        memcpy(act, x, sizeof(float) * (size_t)K);
+        break;
+    case T_F16: {
+        uint16_t *o = act;
+        for (int k = 0; k < K; k++) o[k] = f2h(x[k]);
+        break;
+    }
+    case T_BF16: {
+        uint16_t *o = act;
+        for (int k = 0; k < K; k++) o[k] = f2bf(x[k]);
+        break;
+    }
+    case T_Q8_0: {
+        blk_q8_0 *b = act;
+        for (int i = 0; i < K / 32; i++, x += 32) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+            b[i].d = f2h(amax / 127.0f);
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)nearest_even(x[j] * id);
+        }
+        break;
+    }
+    case T_Q8_K: {
+        blk_q8_K *b = act;
+        for (int i = 0; i < K / 256; i++, x += 256) {
+            float amax = 0.0f, vmax = 0.0f;
+            for (int j = 0; j < 256; j++)
+                if (fabsf(x[j]) > amax) amax = fabsf(x[j]), vmax = x[j];
+            if (amax == 0.0f) {
+                memset(&b[i], 0, sizeof b[i]);
+                continue;
+            }
+            const float is = -127.0f / vmax;
+            for (int j = 0; j < 256; j++) {
+                const int v = nearest_even(is * x[j]);
+                b[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+            }
+            for (int g = 0; g < 16; g++) {
+                int s = 0;
+                for (int j = 0; j < 16; j++) s += b[i].qs[16 * g + j];
+                b[i].bsums[g] = (int16_t)s;
+            }
+            b[i].d = 1.0f / is;
+        }
+        break;
+    }
+    }
+}
+/* --8<-- [end:quantize] */
+
+/* The values the rounded activation stands for (for the tests' float64 references). */
+void sm_g_act_values(int type, const void *act, int K, double *out)
+{
+    switch (sm_g_act_type(type)) {
+    case T_F32:
+        for (int k = 0; k < K; k++) out[k] = ((const float *)act)[k];
+        break;
+    case T_F16:
+        for (int k = 0; k < K; k++) out[k] = h2f(((const uint16_t *)act)[k]);
+        break;
+    case T_BF16:
+        for (int k = 0; k < K; k++) out[k] = bf2f(((const uint16_t *)act)[k]);
+        break;
+    case T_Q8_0:
+        for (int k = 0; k < K; k++) {
+            const blk_q8_0 *b = (const blk_q8_0 *)act + k / 32;
+            out[k] = (double)h2f(b->d) * b->qs[k % 32];
+        }
+        break;
+    case T_Q8_K:
+        for (int k = 0; k < K; k++) {
+            const blk_q8_K *b = (const blk_q8_K *)act + k / 256;
+            out[k] = (double)b->d * b->qs[k % 256];
+        }
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------ block helpers */
+/* Q4_K's 6-bit scale and min of sub-block j (of 8), packed in 12 bytes */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q6_K's 256 values, 0..63 (the -32 is applied by the caller), in the file's order */
+static inline void q6_values(const blk_q6_K *b, uint8_t *u)
+{
+    for (int n = 0; n < 2; n++) {
+        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+        uint8_t *y = u + 128 * n;
+        for (int l = 0; l < 32; l++) {
+            y[l] = (uint8_t)((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+            y[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+            y[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+            y[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+    }
+}
+
+/* One row of weights as floats (an embedding lookup; the tests' dequantisation). Compiled
+ * without fused multiply-adds, so that d sc q - dmin m rounds twice, as the gguf package's
+ * reference dequantiser does. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+void sm_g_row(const sm_gmat *w, int row, float *out)
+{
+    const uint8_t *p = w->w + (size_t)row * (size_t)w->row_bytes;
+    const int K = w->K;
+    switch (w->type) {
+    case T_F32: memcpy(out, p, sizeof(float) * (size_t)K); break;
+    case T_F16: for (int k = 0; k < K; k++) out[k] = h2f(((const uint16_t *)p)[k]); break;
+    case T_BF16: for (int k = 0; k < K; k++) out[k] = bf2f(((const uint16_t *)p)[k]); break;
+    case T_Q8_0:
+        for (int i = 0; i < K / 32; i++) {
+            const blk_q8_0 *b = (const blk_q8_0 *)p + i;
+            for (int j = 0; j < 32; j++) out[32 * i + j] = h2f(b->d) * b->qs[j];
+        }
+        break;
+    case T_Q4_0:
+        for (int i = 0; i < K / 32; i++) {
+            const blk_q4_0 *b = (const blk_q4_0 *)p + i;
+            const float d = h2f(b->d);
+            for (int j = 0; j < 16; j++) {
+                out[32 * i + j] = d * ((b->qs[j] & 0xF) - 8);
+                out[32 * i + j + 16] = d * ((b->qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    case T_Q5_0:
+        for (int i = 0; i < K / 32; i++) {
+            const blk_q5_0 *b = (const blk_q5_0 *)p + i;
+            uint32_t qh;
+            memcpy(&qh, b->qh, 4);
+            const float d = h2f(b->d);
+            for (int j = 0; j < 16; j++) {
+                const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+                out[32 * i + j] = d * (((b->qs[j] & 0xF) | h0) - 16);
+                out[32 * i + j + 16] = d * (((b->qs[j] >> 4) | h1) - 16);
+            }
+        }
+        break;
+    case T_Q4_K:
+        for (int i = 0; i < K / 256; i++) {
+            const blk_q4_K *b = (const blk_q4_K *)p + i;
+            const float d = h2f(b->d), dmin = h2f(b->dmin);
+            for (int c = 0; c < 4; c++) {
+                int s0, m0, s1, m1;
+                scale_min_k4(2 * c, b->scales, &s0, &m0);
+                scale_min_k4(2 * c + 1, b->scales, &s1, &m1);
+                float *y = out + 256 * i + 64 * c;
+                for (int l = 0; l < 32; l++) {
+                    y[l] = d * s0 * (b->qs[32 * c + l] & 0xF) - dmin * m0;
+                    y[l + 32] = d * s1 * (b->qs[32 * c + l] >> 4) - dmin * m1;
+                }
+            }
+        }
+        break;
+    case T_Q6_K:
+        for (int i = 0; i < K / 256; i++) {
+            const blk_q6_K *b = (const blk_q6_K *)p + i;
+            uint8_t u[256];
+            q6_values(b, u);
+            const float d = h2f(b->d);
+            for (int j = 0; j < 256; j++) out[256 * i + j] = d * b->scales[j / 16] * (u[j] - 32);
+        }
+        break;
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+/* Rows r0..r1 of the matrix as floats into out ((r1 - r0) x K), threads splitting the rows:
+ * the panels a prompt's GEMM multiplies (smallem/gguf_run.py). */
+void sm_g_rows(const sm_gmat *w, int r0, int r1, float *out, int nthreads)
+{
+    const int n = r1 - r0, nt = nthreads < n ? nthreads : (n > 0 ? n : 1);
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int r = r0; r < r1; r++) sm_g_row(w, r, out + (size_t)(r - r0) * w->K);
+}
+
+/* ------------------------------------------------------------------ vector helpers */
+#if defined(SM_AVX2)
+/* 8 int32 lanes, each the sum of 4 products of u8 u by s8 s (bytes 4i..4i+3) */
+INLINE __m256i dot_us(__m256i u, __m256i s)
+{
+#if defined(SM_AVX512_VNNI)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(SM_AVX_VNNI)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+/* the same for signed w by signed x: w's sign moves onto x */
+INLINE __m256i dot_ss(__m256i w, __m256i x)
+{
+    return dot_us(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+INLINE int hsum8i(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+/* 32 nibbles of a Q4_0/Q5_0 block: elements 0..15 (the low nibbles) then 16..31 */
+INLINE __m256i nibbles32(const uint8_t *qs)
+{
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+/* Q5_0's fifth bits: byte i is 0x10 where bit i of qh is set */
+INLINE __m256i fifth_bits(const uint8_t *qh4)
+{
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
+}
+#endif
+
+/* ------------------------------------------------------------------ one row's dot */
+/* --8<-- [start:dot_q8_0] */
+/* Q8_0, Q4_0 and Q5_0 weights by a Q8_0 activation: per block the signed weights (q - 8 and
+ * q - 16 for the 4- and 5-bit types) times the activation's int8, summed exactly, scaled by
+ * d_w d_x. */
+#define WEIGHTS_Q8_0(b) _mm256_loadu_si256((const __m256i *)(b)->qs)
+#define WEIGHTS_Q4_0(b) _mm256_sub_epi8(nibbles32((b)->qs), _mm256_set1_epi8(8))
+#define WEIGHTS_Q5_0(b) _mm256_sub_epi8(_mm256_or_si256(nibbles32((b)->qs), fifth_bits((b)->qh)), \
+                                        _mm256_set1_epi8(16))
+#if defined(SM_AVX512)
+/* two blocks a zmm: signed w by signed x as |w| by x with w's sign, lanes 0-7 one block's
+ * sums, 8-15 the other's */
+INLINE __m512i dot_ss2(__m256i w0, __m256i w1, __m256i x0, __m256i x1)
+{
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+    const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
+    const __m512i xs = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+    const __m512i u = _mm512_abs_epi8(w);
+#if defined(SM_AVX512_VNNI)
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xs);
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, xs), _mm512_set1_epi16(1));
+#endif
+}
+#define DOT32(NAME, BLK, WEIGHTS)                                                              \
+    static float NAME(const uint8_t *wp, const void *ap, int nb)                               \
+    {                                                                                          \
+        const BLK *w = (const BLK *)wp;                                                        \
+        const blk_q8_0 *a = ap;                                                                \
+        __m512 acc = _mm512_setzero_ps();                                                      \
+        int i = 0;                                                                             \
+        for (; i + 2 <= nb; i += 2) {                                                          \
+            const __m512i p = dot_ss2(WEIGHTS(&w[i]), WEIGHTS(&w[i + 1]),                      \
+                                      _mm256_loadu_si256((const __m256i *)a[i].qs),            \
+                                      _mm256_loadu_si256((const __m256i *)a[i + 1].qs));       \
+            const __m512 d = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(h2f(w[i].d) * h2f(a[i].d)), \
+                                                  _mm512_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d))); \
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);                              \
+        }                                                                                      \
+        float s = _mm512_reduce_add_ps(acc);                                                   \
+        for (; i < nb; i++) {                                                                  \
+            const __m256i p = dot_ss(WEIGHTS(&w[i]), _mm256_loadu_si256((const __m256i *)a[i].qs)); \
+            s += (float)hsum8i(p) * (h2f(w[i].d) * h2f(a[i].d));                               \
+        }                                                                                      \
+        return s;                                                                              \
+    }
+#elif defined(SM_AVX2)
+#define DOT32(NAME, BLK, WEIGHTS)                                                              \
+    static float NAME(const uint8_t *wp, const void *ap, int nb)                               \
+    {                                                                                          \
+        const BLK *w = (const BLK *)wp;                                                        \
+        const blk_q8_0 *a = ap;                                                                \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                         \
+        int i = 0;                                                                             \
+        for (; i + 2 <= nb; i += 2) {                                                          \
+            const __m256i p0 = dot_ss(WEIGHTS(&w[i]), _mm256_loadu_si256((const __m256i *)a[i].qs)); \
+            const __m256i p1 = dot_ss(WEIGHTS(&w[i + 1]),                                     \
+                                      _mm256_loadu_si256((const __m256i *)a[i + 1].qs));       \
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0); \
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1),                                     \
+                                   _mm256_set1_ps(h2f(w[i + 1].d) * h2f(a[i + 1].d)), acc1);   \
+        }                                                                                      \
+        if (i < nb) {                                                                          \
+            const __m256i p = dot_ss(WEIGHTS(&w[i]), _mm256_loadu_si256((const __m256i *)a[i].qs)); \
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(w[i].d) * h2f(a[i].d)), acc0); \
+        }                                                                                      \
+        return hsum8(_mm256_add_ps(acc0, acc1));                                               \
+    }
+#endif
+
+#if defined(SM_AVX2)
+DOT32(dot_q8_0, blk_q8_0, WEIGHTS_Q8_0)
+DOT32(dot_q4_0, blk_q4_0, WEIGHTS_Q4_0)
+DOT32(dot_q5_0, blk_q5_0, WEIGHTS_Q5_0)
+#else
+static float dot_q8_0(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q8_0 *w = (const blk_q8_0 *)wp, *a = ap;
+    float s = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        int si = 0;
+        for (int j = 0; j < 32; j++) si += w[i].qs[j] * a[i].qs[j];
+        s += (float)si * (h2f(w[i].d) * h2f(a[i].d));
+    }
+    return s;
+}
+static float dot_q4_0(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q4_0 *w = (const blk_q4_0 *)wp;
+    const blk_q8_0 *a = ap;
+    float s = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        int si = 0;
+        for (int j = 0; j < 16; j++)
+            si += ((w[i].qs[j] & 0xF) - 8) * a[i].qs[j] + ((w[i].qs[j] >> 4) - 8) * a[i].qs[j + 16];
+        s += (float)si * (h2f(w[i].d) * h2f(a[i].d));
+    }
+    return s;
+}
+static float dot_q5_0(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q5_0 *w = (const blk_q5_0 *)wp;
+    const blk_q8_0 *a = ap;
+    float s = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        uint32_t qh;
+        memcpy(&qh, w[i].qh, 4);
+        int si = 0;
+        for (int j = 0; j < 16; j++) {
+            const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            si += (((w[i].qs[j] & 0xF) | h0) - 16) * a[i].qs[j]
+                + (((w[i].qs[j] >> 4) | h1) - 16) * a[i].qs[j + 16];
+        }
+        s += (float)si * (h2f(w[i].d) * h2f(a[i].d));
+    }
+    return s;
+}
+#endif
+/* --8<-- [end:dot_q8_0] */
+
+/* --8<-- [start:dot_q4_k] */
+/* Q4_K's eight 6-bit scales and mins, from its 12 bytes as three words: bytes 0-3 hold the
+ * scales of sub-blocks 0-3 (low 6 bits) and the top 2 bits of scales 4-7, bytes 4-7 the same
+ * for the mins, bytes 8-11 the low 4 bits of scales 4-7 (low nibbles) and mins 4-7 (high). */
+static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
+{
+    uint32_t a, b, c, v[4];
+    memcpy(&a, q, 4);
+    memcpy(&b, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    v[0] = a & 0x3f3f3f3fu;
+    v[1] = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    v[2] = b & 0x3f3f3f3fu;
+    v[3] = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    memcpy(sc, v, 8);
+    memcpy(mn, v + 2, 8);
+}
+
+/* Q4_K by Q8_K: per 256 weights, eight sub-blocks of 32 with a 6-bit scale and min each;
+ * w = d sc q - dmin m, so the block is d_x (d sum_j sc_j sum q q_x - dmin sum_j m_j sum q_x),
+ * the second sum from the activation's bsums (two per sub-block). The nibbles (u8, at most
+ * 15) by the activation's int8 go through vpmaddubsw without saturating, and vpmaddwd by the
+ * sub-block's scale adds the pairs into int32 with the scale applied: two instructions per
+ * 32 weights. */
+static float dot_q4_k(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q4_K *w = (const blk_q4_K *)wp;
+    const blk_q8_K *a = ap;
+    float s = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        uint8_t sc[8], mn[8];
+        k4_scales(w[i].scales, sc, mn);
+        int sumi = 0, summ = 0;
+#if defined(SM_AVX2)
+        const __m128i bs = _mm_loadu_si128((const __m128i *)a[i].bsums);
+        const __m128i bs2 = _mm_loadu_si128((const __m128i *)(a[i].bsums + 8));
+        const __m128i pairs = _mm_hadd_epi16(bs, bs2); /* one sum per sub-block */
+        __m128i m = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), pairs);
+        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+        m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+        summ = _mm_cvtsi128_si32(m);
+        __m256i acc = _mm256_setzero_si256();
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        for (int c = 0; c < 4; c++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * c));
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(a[i].qs + 64 * c + 32));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0),
+                                                          _mm256_set1_epi16(sc[2 * c])));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1),
+                                                          _mm256_set1_epi16(sc[2 * c + 1])));
+        }
+        sumi = hsum8i(acc);
+#else
+        for (int j = 0; j < 8; j++) summ += mn[j] * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+        for (int c = 0; c < 4; c++) {
+            int s0 = 0, s1 = 0;
+            for (int l = 0; l < 32; l++) {
+                s0 += (w[i].qs[32 * c + l] & 0xF) * a[i].qs[64 * c + l];
+                s1 += (w[i].qs[32 * c + l] >> 4) * a[i].qs[64 * c + 32 + l];
+            }
+            sumi += sc[2 * c] * s0 + sc[2 * c + 1] * s1;
+        }
+#endif
+        s += a[i].d * (h2f(w[i].d) * (float)sumi - h2f(w[i].dmin) * (float)summ);
+    }
+    return s;
+}
+/* --8<-- [end:dot_q4_k] */
+
+/* --8<-- [start:dot_q6_k] */
+/* Q6_K by Q8_K: per 256 weights, 6-bit q (0..63, w = d sc (q - 32)) with an int8 scale per 16;
+ * the block is d_x d (sum_g sc_g sum q q_x - 32 sum_g sc_g bsum_g). q is at most 63, so
+ * vpmaddubsw does not saturate either; vpmaddwd applies the two groups' scales. */
+static float dot_q6_k(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q6_K *w = (const blk_q6_K *)wp;
+    const blk_q8_K *a = ap;
+    float s = 0.0f;
+    for (int i = 0; i < nb; i++) {
+        const int8_t *sc = w[i].scales;
+        int sumi = 0, off = 0;
+#if defined(SM_AVX2)
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        off = hsum8i(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a[i].bsums)));
+        __m256i acc = _mm256_setzero_si256();
+        const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *ql = w[i].ql + 64 * n, *qh = w[i].qh + 32 * n;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            const __m256i u[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
+            };
+            for (int c = 0; c < 4; c++) {
+                const int g = 8 * n + 2 * c; /* the 32 values' two groups of 16 */
+                const __m256i x = _mm256_loadu_si256((const __m256i *)(a[i].qs + 128 * n + 32 * c));
+                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], x), scv));
+            }
+        }
+        sumi = hsum8i(acc);
+#else
+        for (int g = 0; g < 16; g++) off += sc[g] * a[i].bsums[g];
+        uint8_t u[256];
+        q6_values(&w[i], u);
+        for (int g = 0; g < 16; g++) {
+            int sg = 0;
+            for (int j = 0; j < 16; j++) sg += u[16 * g + j] * a[i].qs[16 * g + j];
+            sumi += sc[g] * sg;
+        }
+#endif
+        s += a[i].d * h2f(w[i].d) * (float)(sumi - 32 * off);
+    }
+    return s;
+}
+/* --8<-- [end:dot_q6_k] */
+
+/* --8<-- [start:dot_float] */
+/* F32, F16 and BF16 weights by an activation of the same type: each pair in f32, multiplied
+ * and added in f32. */
+static float dot_f32(const uint8_t *wp, const void *ap, int K)
+{
+    const float *w = (const float *)wp, *x = ap;
+    float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (int k = 0; k < K; k++) s += w[k] * x[k];
+    return s;
+}
+static float dot_f16(const uint8_t *wp, const void *ap, int K)
+{
+    const uint16_t *w = (const uint16_t *)wp, *x = ap;
+    int k = 0;
+    float s = 0.0f;
+#if defined(SM_AVX2)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; k + 16 <= K; k += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k))),
+                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + k))), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k + 8))),
+                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + k + 8))), acc1);
+    }
+    s = hsum8(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; k < K; k++) s += h2f(w[k]) * h2f(x[k]);
+    return s;
+}
+static float dot_bf16(const uint8_t *wp, const void *ap, int K)
+{
+    const uint16_t *w = (const uint16_t *)wp, *x = ap;
+    int k = 0;
+    float s = 0.0f;
+#if defined(SM_AVX2)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+#define BF8(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+    for (; k + 16 <= K; k += 16) {
+        acc0 = _mm256_fmadd_ps(BF8(w + k), BF8(x + k), acc0);
+        acc1 = _mm256_fmadd_ps(BF8(w + k + 8), BF8(x + k + 8), acc1);
+    }
+#undef BF8
+    s = hsum8(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; k < K; k++) s += bf2f(w[k]) * bf2f(x[k]);
+    return s;
+}
+/* --8<-- [end:dot_float] */
+
+typedef float (*dot_fn)(const uint8_t *, const void *, int);
+
+/* the row's dot and its count argument (blocks, or weights for the float types) */
+static dot_fn dot_of(int type, int K, int *count)
+{
+    switch (type) {
+    case T_Q8_0: *count = K / 32; return dot_q8_0;
+    case T_Q4_0: *count = K / 32; return dot_q4_0;
+    case T_Q5_0: *count = K / 32; return dot_q5_0;
+    case T_Q4_K: *count = K / 256; return dot_q4_k;
+    case T_Q6_K: *count = K / 256; return dot_q6_k;
+    case T_F16: *count = K; return dot_f16;
+    case T_BF16: *count = K; return dot_bf16;
+    }
+    *count = K;
+    return dot_f32;
+}
+
+/* ------------------------------------------------------------------ products */
+#define RB 4 /* weight rows kept in L1 while every activation row passes them */
+
+/* y (rows, N) = act (rows, already rounded, ab bytes each) by w's rows j0..j1 */
+static void rows_span(const sm_gmat *w, const uint8_t *act, long long ab, int rows, float *y,
+                      int j0, int j1)
+{
+    int count;
+    const dot_fn dot = dot_of(w->type, w->K, &count);
+    for (int j = j0; j < j1; j += RB) {
+        const int nj = j1 - j < RB ? j1 - j : RB;
+        for (int r = 0; r < rows; r++)
+            for (int jj = 0; jj < nj; jj++)
+                y[(size_t)r * w->N + j + jj] =
+                    dot(w->w + (size_t)(j + jj) * (size_t)w->row_bytes, act + (size_t)r * ab, count);
+    }
+}
+
+static void product(const sm_gmat *w, const uint8_t *act, long long ab, int rows, float *y,
+                    int nthreads)
+{
+    const int chunks = (w->N + 15) / 16;
+    const int nt = nthreads < chunks ? nthreads : chunks;
+    if (nt <= 1) {
+        rows_span(w, act, ab, rows, y, 0, w->N);
+        return;
+    }
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        /* contiguous slices of 16-row chunks, one a thread */
+        const int c0 = (int)((long long)chunks * t / nt), c1 = (int)((long long)chunks * (t + 1) / nt);
+        const int j0 = 16 * c0, j1 = 16 * c1 < w->N ? 16 * c1 : w->N;
+        rows_span(w, act, ab, rows, y, j0, j1);
+    }
+}
+
+static void quantize_rows(int type, const float *x, int rows, int K, uint8_t *act)
+{
+    const long long ab = sm_g_act_bytes(type, K);
+    for (int r = 0; r < rows; r++) sm_g_quantize(type, x + (size_t)r * K, K, act + (size_t)r * ab);
+}
+
+/* y (rows, N) = x (rows, K) by the matrix: the rows rounded as the type wants, then the
+ * product (act is scratch of rows * sm_g_act_bytes bytes). */
+static void matmul_with(const sm_gmat *w, const float *x, int rows, float *y, uint8_t *act,
+                        int nthreads)
+{
+    quantize_rows(w->type, x, rows, w->K, act);
+    product(w, act, sm_g_act_bytes(w->type, w->K), rows, y, nthreads);
+}
+
+void sm_g_matmul(const sm_gmat *w, const float *x, int rows, float *y, int nthreads)
+{
+    const size_t bytes = (size_t)rows * (size_t)sm_g_act_bytes(w->type, w->K) + 64;
+    uint8_t *act = malloc(bytes);
+    if (!act) return;
+    matmul_with(w, x, rows, y, act, nthreads);
+    free(act);
+}
+
+/* ------------------------------------------------------------------ the forward */
+typedef struct {
+    float *x, *t, *q, *k, *v, *att, *g, *u, *scores;
+    uint8_t *act;
+} work_t;
+
+static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+static long long carve(const sm_gmodel *m, int n, work_t *w)
+{
+    const int qd = m->n_head * m->head_dim, kd = m->n_kv_head * m->head_dim,
+              vd = m->n_kv_head * m->v_dim, ad = m->n_head * m->v_dim;
+    const int kmax = max3(m->d, m->hidden, ad);
+    long long off = 0;
+    float *base = m->work;
+#define TAKE(field, count)                                         \
+    do {                                                           \
+        if (w) w->field = (void *)(base + off);                    \
+        off += ((long long)(count) + 15) / 16 * 16;                \
+    } while (0)
+    TAKE(x, (long long)n * m->d);
+    TAKE(t, (long long)n * m->d);
+    TAKE(q, (long long)n * qd);
+    TAKE(k, (long long)n * kd);
+    TAKE(v, (long long)n * vd);
+    TAKE(att, (long long)n * ad);
+    TAKE(g, (long long)n * m->hidden);
+    TAKE(u, (long long)n * m->hidden);
+    TAKE(scores, (long long)m->n_head * m->context);
+    TAKE(act, ((long long)n * 4 * kmax + 64) / 4); /* 4 bytes a weight covers every act type */
+#undef TAKE
+    return off;
+}
+
+long long sm_g_work_floats(const sm_gmodel *m, int n) { return carve(m, n, NULL); }
+
+static int team(const sm_gmodel *m, const sm_gmat *w, int nthreads)
+{
+    return (long long)w->N * w->row_bytes >= m->par_min_bytes ? nthreads : 1;
+}
+
+static void mm(const sm_gmodel *m, const sm_gmat *w, const float *x, int rows, float *y,
+               work_t *wk, int nthreads)
+{
+    matmul_with(w, x, rows, y, wk->act, team(m, w, nthreads));
+}
+
+static void rms_rows(const float *x, const float *w, float *y, int rows, int C, float eps)
+{
+    for (int r = 0; r < rows; r++) norm_row(x + (size_t)r * C, 0.0f, w, NULL, y + (size_t)r * C, C, eps);
+}
+
+/* one head's first rope_dim features turned by the angles of position p */
+static void rope(const sm_gmodel *m, float *h, int p)
+{
+    const int half = m->rope_dim / 2;
+    const float *c = m->rope_cos + (size_t)p * half, *s = m->rope_sin + (size_t)p * half;
+    if (!m->neox) {
+        rope_head(h, c, s, half, 1.0f);
+        return;
+    }
+    for (int i = 0; i < half; i++) {
+        const float a = h[i], b = h[i + half];
+        h[i] = a * c[i] - b * s[i];
+        h[i + half] = a * s[i] + b * c[i];
+    }
+}
+
+static void to_half(const float *x, uint16_t *o, int n)
+{
+    int i = 0;
+#if defined(SM_AVX2)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
+#endif
+    for (; i < n; i++) o[i] = f2h(x[i]);
+}
+
+/* --8<-- [start:attend] */
+/* Row r's query of head h against the cached keys 0..p of its kv head: scores, softmax, the
+ * weighted sum of the cached values, all in f32 from the f16 cache. */
+static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kvh, float *s,
+                        float *o)
+{
+    const int hd = m->head_dim, vd = m->v_dim, nkv = m->n_kv_head;
+    const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * vd;
+    const uint16_t *K = m->k_cache + (size_t)l * m->context * kstride + (size_t)kvh * hd;
+    const uint16_t *V = m->v_cache + (size_t)l * m->context * vstride + (size_t)kvh * vd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float mx = -INFINITY;
+    for (int t = 0; t <= p; t++) {
+        const uint16_t *kt = K + (size_t)t * kstride;
+        float d = 0.0f;
+        int i = 0;
+#if defined(SM_AVX2)
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= hd; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kt + i))), acc);
+        d = hsum8(acc);
+#endif
+        for (; i < hd; i++) d += q[i] * h2f(kt[i]);
+        s[t] = d * scale;
+        mx = s[t] > mx ? s[t] : mx;
+    }
+    for (int t = 0; t <= p; t++) s[t] -= mx;
+    exp_inplace(s, p + 1);
+    const float inv = 1.0f / row_sum(s, p + 1);
+    for (int i = 0; i < vd; i++) o[i] = 0.0f;
+    for (int t = 0; t <= p; t++) {
+        const uint16_t *vt = V + (size_t)t * vstride;
+        const float wt = s[t] * inv;
+        int i = 0;
+#if defined(SM_AVX2)
+        const __m256 wv = _mm256_set1_ps(wt);
+        for (; i + 8 <= vd; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vt + i))),
+                                                    _mm256_loadu_ps(o + i)));
+#endif
+        for (; i < vd; i++) o[i] += wt * h2f(vt[i]);
+    }
+}
+/* --8<-- [end:attend] */
+
+static void attention(const sm_gmodel *m, int l, work_t *w, int n, int pos, int nthreads)
+{
+    const int group = m->n_head / m->n_kv_head, nh = m->n_head;
+    for (int r = 0; r < n; r++) {
+        const int nt = nthreads < nh ? nthreads : nh;
+        /* a short context is not worth a fork-join */
+        const int par = (long long)(pos + r + 1) * nh * (m->head_dim + m->v_dim) >= 65536 ? nt : 1;
+        #pragma omp parallel for schedule(static) num_threads(par)
+        for (int h = 0; h < nh; h++)
+            attend_head(m, l, w->q + ((size_t)r * nh + h) * m->head_dim, pos + r, h / group,
+                        w->scores + (size_t)h * m->context,
+                        w->att + ((size_t)r * nh + h) * m->v_dim);
+    }
+}
+
+static void add_bias(float *y, const float *b, int rows, int N)
+{
+    if (!b) return;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < N; j++) y[(size_t)r * N + j] += b[j];
+}
+
+/* --8<-- [start:forward] */
+int sm_g_forward(const sm_gmodel *m, const int *tokens, int n, int pos, float *logits,
+                 int all_logits, int nthreads)
+{
+    if (n <= 0) return -1;
+    if (pos < 0 || pos + n > m->context) return -2;
+    if (carve(m, n, NULL) > m->work_floats) return -3;
+    for (int r = 0; r < n; r++)
+        if (tokens[r] < 0 || tokens[r] >= m->vocab) return -4;
+    work_t w;
+    carve(m, n, &w);
+    const int d = m->d, nh = m->n_head, nkv = m->n_kv_head, hd = m->head_dim, vd = m->v_dim;
+    for (int r = 0; r < n; r++) sm_g_row(&m->embd, tokens[r], w.x + (size_t)r * d);
+    for (int l = 0; l < m->n_layer; l++) {
+        const sm_glayer *L = &m->layers[l];
+        rms_rows(w.x, L->attn_norm, w.t, n, d, m->eps);
+        mm(m, &L->q, w.t, n, w.q, &w, nthreads);
+        mm(m, &L->k, w.t, n, w.k, &w, nthreads);
+        mm(m, &L->v, w.t, n, w.v, &w, nthreads);
+        add_bias(w.q, L->bq, n, nh * hd);
+        add_bias(w.k, L->bk, n, nkv * hd);
+        add_bias(w.v, L->bv, n, nkv * vd);
+        for (int r = 0; r < n; r++) {
+            for (int h = 0; h < nh; h++) {
+                float *qh = w.q + ((size_t)r * nh + h) * hd;
+                if (L->q_norm) norm_row(qh, 0.0f, L->q_norm, NULL, qh, hd, m->eps);
+                rope(m, qh, pos + r);
+            }
+            for (int h = 0; h < nkv; h++) {
+                float *kh = w.k + ((size_t)r * nkv + h) * hd;
+                if (L->k_norm) norm_row(kh, 0.0f, L->k_norm, NULL, kh, hd, m->eps);
+                rope(m, kh, pos + r);
+            }
+            const size_t at = (size_t)l * m->context + pos + r;
+            to_half(w.k + (size_t)r * nkv * hd, m->k_cache + at * nkv * hd, nkv * hd);
+            to_half(w.v + (size_t)r * nkv * vd, m->v_cache + at * nkv * vd, nkv * vd);
+        }
+        attention(m, l, &w, n, pos, nthreads);
+        mm(m, &L->o, w.att, n, w.t, &w, nthreads);
+        for (size_t i = 0; i < (size_t)n * d; i++) w.x[i] += w.t[i];
+        rms_rows(w.x, L->ffn_norm, w.t, n, d, m->eps);
+        mm(m, &L->gate, w.t, n, w.g, &w, nthreads);
+        mm(m, &L->up, w.t, n, w.u, &w, nthreads);
+        for (int r = 0; r < n; r++) {
+            float *g = w.g + (size_t)r * m->hidden, *u = w.u + (size_t)r * m->hidden;
+            for (int i0 = 0; i0 < m->hidden; i0 += CHUNK) {
+                const int c = m->hidden - i0 < CHUNK ? m->hidden - i0 : CHUNK;
+                swiglu_chunk(g + i0, u + i0, g + i0, c);
+            }
+        }
+        mm(m, &L->down, w.g, n, w.t, &w, nthreads);
+        for (size_t i = 0; i < (size_t)n * d; i++) w.x[i] += w.t[i];
+    }
+    const int first = all_logits ? 0 : n - 1, rows = all_logits ? n : 1;
+    rms_rows(w.x + (size_t)first * d, m->out_norm, w.t, rows, d, m->eps);
+    mm(m, &m->out, w.t, rows, logits, &w, nthreads);
+    return 0;
+}
+/* --8<-- [end:forward] */

@@ -1,0 +1,80 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Appendix B, the notebook: others' models
+#
+# This notebook shows the appendix's measurements: GGUF files at SmolLM2-135M's and
+# Qwen2.5-0.5B's shapes, decoded and prompted by smallem's C forward beside llama.cpp on the
+# same file. By default it reads this machine's record (`figures/records/others.decode.json`,
+# written by `smallem bench-others`) and measures only if it is missing. `SMALLEM_QUICK=1`
+# measures tiny models in seconds (that is how the test suite runs it); `SMALLEM_REMEASURE=1`
+# measures again in full. Without llama.cpp (`make llama`) only our side is measured, and
+# the K-quant file is not made.
+
+# %%
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from IPython.display import Markdown, display
+
+from smallem import gguf_file, gguf_model, gguf_run, machine_info
+from smallem.book import figures, others, records
+from smallem.book.others import files
+
+QUICK = os.environ.get("SMALLEM_QUICK") == "1"
+REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
+print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
+print("int8 products:", gguf_run.instruction())
+
+# %% [markdown]
+# ## One file, read and checked
+#
+# A tiny file of the llama architecture, written here with random weights: what `smallem run
+# --info` prints of it, then the C forward against the float64 oracle that rounds as it does.
+
+# %%
+tmp = Path(tempfile.mkdtemp())
+path = files.write_random(tmp / "tiny.gguf", files.SHAPES["tiny-llama"])
+mf = gguf_file.open_model(path)
+print(mf.hyper)
+ids = [1, 2, 3, 4, 5]
+c = gguf_run.Forward(mf, threads=1).forward(ids)
+ref = gguf_model.Reference(mf, np.float64, like_llama=True).forward(ids)
+print("largest difference over the logits' largest:", np.abs(c - ref).max() / np.abs(ref).max())
+
+# %% [markdown]
+# ## Measure, or read the record
+
+# %%
+if QUICK or REMEASURE or not records.exists(others.RECORD):
+    others.bench_others(quick=QUICK, progress=False).save()
+rec = records.load(others.RECORD)
+values = others.report(records.records_dir())
+print(figures.machine_line(rec))
+
+# %% [markdown]
+# ## Bytes per weight, and the bound they set
+
+# %%
+display(Markdown((figures.tables_dir() / "others_types.md").read_text()))
+
+# %% [markdown]
+# ## Decode and prompt, beside llama.cpp
+
+# %%
+display(Markdown((figures.tables_dir() / "others_speed.md").read_text()))
+for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
+    print(k, "| decode:", values[f"others.{k}.tg_vs_llama"], "| bound:",
+          values[f"others.{k}.tg_vs_bound"], "| prompt:", values[f"others.{k}.pp_vs_llama"])

@@ -1,0 +1,34 @@
+"""Appendix B, others' models: llama-family GGUF files (SmolLM2's and Qwen2.5's shapes, in
+llama.cpp's quantisations) run by the library's C forward beside llama.cpp on the same file.
+
+The engine is the library's :mod:`smallem.gguf_file`, :mod:`smallem.gguf_tokenizer`,
+:mod:`smallem.gguf_model` and :mod:`smallem.gguf_run` (``smallem run MODEL.gguf``).
+``files`` writes the files measured (random weights at real shapes), ``measuring`` runs the
+benchmark into the record, ``reading`` turns it into the page's tables and values, and this
+file holds what :mod:`smallem.book` asks of every chapter.
+"""
+
+from __future__ import annotations
+
+from .measuring import RECORD, bench_others  # noqa: F401
+from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
+from .. import options
+
+RECORDS = (RECORD,)
+
+
+def add_bench_others_arguments(p):
+    p.add_argument("--quick", action="store_true", help="tiny models, seconds (for tests)")
+    p.add_argument("--threads", type=options.count(1), help="threads (default: all cores)")
+
+
+def cmd_bench_others(args) -> int:
+    rec = bench_others(quick=args.quick or None, threads=args.threads)
+    print(f"wrote {rec.save()}")
+    return 0
+
+
+# what `smallem` offers for this chapter: name -> (function, add_arguments, help)
+COMMANDS = {"bench-others": (cmd_bench_others, add_bench_others_arguments,
+                             "appendix B: others' GGUF models beside llama.cpp, write the record")}
+MEASURE = "bench-others"  # the command `make book` runs

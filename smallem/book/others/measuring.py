@@ -1,0 +1,129 @@
+"""The appendix's measurements: others' models (GGUF files at real shapes) decoded and
+prompted by smallem's C forward beside llama.cpp on the same file and threads, in the same
+paired rounds (see "How we measure")."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ... import checks, gguf_file, gguf_run, timing
+from ...timing import Timing, quick_mode
+from .. import records
+from ..ch4 import llama
+from .files import SHAPES, quantise, write_random
+
+RECORD = "others.decode"
+# (shape, type): the issue's files; the quick mode's tiny ones
+CASES = (("qwen2.5-0.5b", "Q8_0"), ("qwen2.5-0.5b", "Q4_K_M"), ("smollm2-135m", "Q4_0"))
+QUICK_CASES = (("tiny-qwen2", "Q8_0"), ("tiny-llama", "Q4_0"))
+PROMPT = 16        # tokens in the cache before the timed decode steps (llama-bench's -d)
+FEED = 32          # decode steps timed per round (llama-bench's -n)
+PP = 512           # the prompt timed (llama-bench's pp512)
+ROUNDS = 5         # rounds: 5 of 5 is the fewest a one-sided sign test at 5 % can decide on
+PAUSE = 0.05
+LLAMA_REPS = 2     # llama-bench repetitions a round, the last kept (as chapter 4)
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 256, n)]
+
+
+def _rounds(cases: dict, rounds: int) -> dict:
+    return timing.measure_interleaved({k: c[1] for k, c in cases.items()},
+                                      setup={k: c[0] for k, c in cases.items()},
+                                      repeats=rounds, warmup=0, pause=PAUSE)
+
+
+def _add(rec, name, t: Timing, tokens: int, **params):
+    per = Timing([s / tokens for s in t.seconds])
+    rec.add(name, "tokens/s", per.rate(1.0), seconds={**per.stats(), "samples": per.seconds},
+            **params)
+
+
+def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, quick: bool):
+    mf = gguf_file.open_model(path)
+    feed, pp = (8, 64) if quick else (FEED, PP)
+    prompt_ids, feed_ids, pp_ids = _tokens(PROMPT, 1), _tokens(feed, 2), _tokens(pp, 3)
+    fw = gguf_run.Forward(mf, threads=threads, context=max(PROMPT + feed, pp))
+
+    def decode_setup():
+        fw.reset()
+        fw.forward(prompt_ids)
+
+    def decode():
+        for t in feed_ids:
+            fw.forward([t])
+
+    def prefill():
+        fw.forward(pp_ids)
+
+    cases = {"tg": (decode_setup, decode), "pp": (fw.reset, prefill)}
+    peer = {"tg": [], "pp": []}
+    if tools:
+        def llama_tg():
+            peer["tg"].append(llama.bench(tools, path, threads, gen=feed, depth=PROMPT,
+                                          reps=LLAMA_REPS)[-1])
+
+        def llama_pp():
+            peer["pp"].append(llama.bench(tools, path, threads, prompt=pp, reps=LLAMA_REPS)[-1])
+
+        cases["llama_tg"] = (lambda: None, llama_tg)
+        cases["llama_pp"] = (lambda: None, llama_pp)
+    ts = _rounds(cases, 2 if quick else ROUNDS)
+    mix = {t: b for t, (_, b) in mf.type_mix().items()}
+    params = {"model": shape, "type": qtype, "threads": threads,
+              "weight_bytes": mf.weight_bytes_per_token, "file_bytes": path.stat().st_size,
+              "params": int(sum(np.prod(t.ne) for t in mf.tensors.values())),
+              "type_bytes": mix}
+    _add(rec, "decode", ts["tg"], feed, **params, par_min_bytes=fw.par_min_bytes)
+    _add(rec, "prefill", ts["pp"], pp, **params)
+    for test, vals in peer.items():
+        if vals:
+            t = Timing([1.0 / v for v in vals])
+            rec.add("llama_" + test, "tokens/s", t.rate(1.0),
+                    seconds={**t.stats(), "samples": t.seconds}, **params)
+
+
+def bench_others(quick: bool | None = None, progress: bool = True, threads=None):
+    """The appendix's record: each case's decode and prompt, ours and llama.cpp's."""
+    quick = quick_mode() if quick is None else quick
+    threads = checks.threads(threads)
+    tools, why = llama.find(), None
+    if tools:  # one short run of each test on a tiny file: a peer that fails is left out
+        with tempfile.TemporaryDirectory() as tmp:
+            why = llama.usable(tools, write_random(Path(tmp) / "probe.gguf",
+                                                   SHAPES["tiny-llama"]), threads)
+        if why:
+            tools = None
+    rec = records.Record(RECORD, settings={
+        "quick": quick, "threads": threads, "prompt": PROMPT, "feed": 8 if quick else FEED,
+        "pp": 64 if quick else PP, "rounds": 2 if quick else ROUNDS, "llama_reps": LLAMA_REPS,
+        "instruction": gguf_run.instruction(), "rows_per_call": gguf_run.ROWS,
+        "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},
+        "llama_cpp": None if tools is None else {
+            "from": tools["from"], "version": llama.version(tools),
+            "flags": tools.get("flags", []), "flags_why": tools.get("flags_why", "")}})
+    missing = {}
+    if why or llama.find() is None:
+        missing["llama.cpp"] = why or "not found (`make llama`)"
+    with tempfile.TemporaryDirectory() as tmp:
+        made = {}
+        for shape, qtype in (QUICK_CASES if quick else CASES):
+            t0 = time.perf_counter()
+            if shape not in made:
+                made[shape] = write_random(Path(tmp) / f"{shape}-F16.gguf", SHAPES[shape])
+            path = quantise(made[shape], Path(tmp) / f"{shape}-{qtype}.gguf", qtype, tools)
+            if path is None:
+                missing[f"{shape} {qtype}"] = "needs llama-quantize (`make llama`)"
+                continue
+            measure_file(rec, path, shape, qtype, threads, tools, quick)
+            path.unlink()
+            if progress:
+                print(f"{shape} {qtype}: {time.perf_counter() - t0:.0f} s", flush=True)
+    if missing:
+        rec.data["settings"]["missing"] = missing
+    return rec

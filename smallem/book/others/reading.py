@@ -1,0 +1,129 @@
+"""The appendix's record read into its tables and values: each file's decode and prompt,
+ours beside llama.cpp's, the bound its bytes set at the level of memory that holds them,
+and each target's verdict."""
+
+from __future__ import annotations
+
+from ... import build
+from ...gguf_file import TYPES
+from .. import ch1, compare, figures, records
+from .measuring import CASES, RECORD
+
+f = figures.fmt
+MiB = 2 ** 20
+# the issue's targets: decode against llama.cpp and against the bound; the prompt's
+TARGETS = {"Q8_0": 1.0, "Q4_K_M": 1.0, "Q4_0": 1.2}
+BOUND_SHARE = 0.85
+PP_TARGET = 1.5
+FIELDS = ("mib", "level", "bound", "tg", "llama_tg", "tg_vs_llama", "tg_vs_bound", "pp",
+          "llama_pp", "pp_vs_llama")
+
+
+def slug(shape: str, qtype: str) -> str:
+    return f"{shape.split('-')[0].replace('.', '')}_{qtype.lower()}"
+
+
+def keys() -> list[str]:
+    return [f"others.{slug(s, t)}.{k}" for s, t in CASES for k in FIELDS]
+
+
+def _missing(note: str) -> dict:
+    figures.write_table("others_speed", [], ["(nothing measured)"], note)
+    figures.write_table("others_types", *types_table(None))
+    return {k: note for k in keys()} | {"others.instruction": note, "others.llama": note,
+                                        "others.rows": note, "others.rb": _rb()}
+
+
+def _rb() -> str:
+    """Weight rows a prompt's block keeps in L1, as kernels_c/gguf.c defines them."""
+    return str(int(build.header_constant("RB", "gguf.c")))
+
+
+def types_table(facts, weights: int | None = None):
+    """Each type's bytes per weight and, for ``weights`` parameters read per token, the
+    decode bound at each level of the memory chapter 1 measured."""
+    levels = ["L2", "L3", "DRAM"]
+    head = ["type", "weights a block", "bytes a block", "bits a weight"]
+    if facts and weights:
+        head += [f"bound in {lv} (tokens/s)" for lv in levels]
+    rows = []
+    for t, (per, nbytes) in TYPES.items():
+        row = [t, str(per), str(nbytes), f"{8 * nbytes / per:.2f}"]
+        if facts and weights:
+            th = facts["cores"]
+            for lv in levels:
+                bw = facts["triad_plateaus"][th if th in facts["triad_plateaus"] else max(facts["triad_plateaus"])][lv]
+                row.append(f(bw * 1e9 / (weights * nbytes / per)))
+        rows.append(row)
+    note = ("Bytes per weight are the formats' (ggml's block layouts). "
+            + (f"The bounds: {f(weights / 1e6)} million weights read per token at chapter 1's "
+               f"triad bandwidth of each level on every core." if facts and weights else
+               "No bounds: chapter 1's record is not here."))
+    return rows, head, note
+
+
+def _one(rec, name, **params):
+    found = records.results(rec, name, **params)
+    return found[0] if found else None
+
+
+def report(rec_dir=None) -> dict:
+    if not records.exists(RECORD, rec_dir):
+        return _missing("not measured here (no record others.decode: run `smallem bench-others`)")
+    rec = records.load(RECORD, rec_dir)
+    s = rec["settings"]
+    facts = ch1.facts(rec_dir)
+    th = s["threads"]
+    rows, values = [], {}
+    weights = None
+    for shape, qtype in CASES:
+        key = f"others.{slug(shape, qtype)}."
+        ours = _one(rec, "decode", model=shape, type=qtype)
+        if ours is None:
+            why = s.get("missing", {}).get(f"{shape} {qtype}", "not in this record")
+            values.update({key + k: f"not measured here ({why})" for k in FIELDS})
+            continue
+        p = ours["params"]
+        weights = weights or (p["params"] if qtype == "Q8_0" else None)
+        wb = p["weight_bytes"]
+        level, bw = ch1.level_of(facts, wb, th, "triad") if facts else ("n/a", float("nan"))
+        bound = bw * 1e9 / wb
+        pre = _one(rec, "prefill", model=shape, type=qtype)
+        lt, lp = (_one(rec, n, model=shape, type=qtype) for n in ("llama_tg", "llama_pp"))
+        tv = compare.against(ours, lt, TARGETS[qtype]) if lt else None
+        bv = compare.against_bound(ours, bound, BOUND_SHARE) if facts else None
+        pv = compare.against(pre, lp, PP_TARGET) if lp else None
+        no = "not measured (no llama.cpp)"
+        values.update({
+            key + "mib": f(wb / MiB, "MiB"), key + "level": level,
+            key + "bound": f(bound, "tokens/s"),
+            key + "tg": f(ours["value"]["median"], "tokens/s"),
+            key + "llama_tg": f(lt["value"]["median"], "tokens/s") if lt else no,
+            key + "tg_vs_llama": tv.text() if tv else no,
+            key + "tg_vs_bound": (bv.text(f"{100 * bv.ratio:.0f} % of the bound, target "
+                                          f"{100 * BOUND_SHARE:.0f} %") if bv else "no chapter 1 record"),
+            key + "pp": f(pre["value"]["median"], "tokens/s"),
+            key + "llama_pp": f(lp["value"]["median"], "tokens/s") if lp else no,
+            key + "pp_vs_llama": pv.text() if pv else no,
+        })
+        mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
+                        for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
+        rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level, f(bound),
+                     f(ours["value"]["median"]), f(lt["value"]["median"]) if lt else "—",
+                     f"{100 * ours['value']['median'] / bound:.0f} %",
+                     f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—"])
+    figures.write_table(
+        "others_speed", rows,
+        ["file", "MiB a token reads", "types (share of the file)", "level (chapter 1)",
+         "bound (tokens/s)", "decode, ours", "decode, llama.cpp", "ours ÷ bound",
+         f"prompt of {s['pp']}, ours", "prompt, llama.cpp"],
+        f"Tokens/s, medians of {s['rounds']} rounds in turn; decode: {s['feed']} tokens after "
+        f"{s['prompt']} cached; {th} threads. The bound: the bytes a token reads over chapter "
+        f"1's triad bandwidth of the level that holds them. {figures.machine_line(rec)}.")
+    figures.write_table("others_types", *types_table(facts, weights))
+    ll = s.get("llama_cpp")
+    values["others.instruction"] = s["instruction"]
+    values["others.rows"], values["others.rb"] = str(s["rows_per_call"]), _rb()
+    values["others.llama"] = (f"llama.cpp {ll['version']}" + (f" ({ll['flags_why']})" if ll.get("flags_why") else "")
+                              if ll else s.get("missing", {}).get("llama.cpp", "not found"))
+    return values

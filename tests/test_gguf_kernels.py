@@ -1,0 +1,259 @@
+"""Others' models in C (kernels_c/gguf.c through smallem.gguf_run): each tensor type's row
+decoding and product, on every ISA path, against the gguf package's dequantiser and float64;
+the activations rounded as llama.cpp rounds them; the C forward against the numpy oracle.
+
+The weights are random bytes in each type's block layout (every bit pattern of the packed
+values and scales occurs, -128 in Q8_0 included), with each block's f16 scales set to small
+finite values, so no block of any file can hold a pattern these tests did not meet.
+"""
+
+import numpy as np
+import pytest
+
+import gguf_models
+from smallem import gguf_file, gguf_model, gguf_run, isa
+from smallem.checks import assert_close
+from smallem.gguf_file import TYPES, Tensor
+
+# where each block's f16 scales lie (byte offsets), by type
+SCALES = {"Q8_0": [0], "Q4_0": [0], "Q5_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+
+
+def assert_product(y, a, w, name):
+    """y == a @ w.T within float32's rounding of the partial sums: the kernels (as llama.cpp's)
+    convert each lane's exact integer sum to float32 and add lanes of either sign, so the bound
+    scales with sum |a_k w_k|, not with |y|; one element off by one step of the weight's or the
+    activation's grid is larger than this bound by a factor of about sqrt(K)."""
+    ref = a @ w.T
+    scale = np.abs(a) @ np.abs(w).T
+    k = a.shape[1]
+    bound = 4 * 1.2e-7 * np.sqrt(k) * scale + 1e-30
+    err = np.abs(y.astype(np.float64) - ref)
+    assert y.shape == ref.shape, (name, y.shape, ref.shape)
+    assert (err <= bound).all(), (name, int((err > bound).sum()), float((err / bound).max()))
+
+
+def random_tensor(qtype, N, K, rng) -> Tensor:
+    per, nbytes = TYPES[qtype]
+    if qtype == "F32":
+        raw = rng.normal(0, 1, (N, K)).astype(np.float32)
+    elif qtype == "F16":
+        raw = rng.normal(0, 1, (N, K)).astype(np.float16)
+    elif qtype == "BF16":
+        # the file reader gives BF16 as bytes, two a value
+        raw = (rng.normal(0, 1, (N, K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        blocks = rng.integers(0, 256, (N * K // per, nbytes), dtype=np.uint8)
+        for off in SCALES[qtype]:
+            d = rng.uniform(0.002, 0.05, len(blocks)).astype(np.float16)
+            blocks[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+        raw = blocks.reshape(N, -1)
+    return Tensor("w", qtype, (K, N), np.ascontiguousarray(raw))
+
+
+def _ks(qtype):
+    per = TYPES[qtype][0]
+    if per == 1:
+        return [1, 7, 33, 100]
+    return [256, 512, 768] if per == 256 else [32, 64, 96, 288]
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_rows_decode_as_the_gguf_package_does(level, qtype, rng):
+    """sm_g_row (the embedding lookup) gives the gguf package's reference values, bit for bit."""
+    for K in _ks(qtype):
+        t = random_tensor(qtype, 5, K, rng)
+        want = t.dequantize()
+        for i in range(5):
+            got = gguf_run.row(t, i)
+            assert np.array_equal(got, want[i]), (qtype, K, i, np.abs(got - want[i]).max())
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_products_against_float64(level, qtype, rng):
+    """Each type's product, one row (decode) and many (a prompt: rows past the block of 4
+    weight rows, outputs past the threads' chunks of 16), on one and two threads: the
+    rounded activation's values by the dequantised weights, in float64."""
+    for K in _ks(qtype):
+        for rows, N in ((1, 1), (1, 17), (3, 33), (6, 40)):
+            t = random_tensor(qtype, N, K, rng)
+            x = rng.normal(0, 1, (rows, K)).astype(np.float32)
+            x[0, : min(K, 32)] = 0  # an all-zero block: scale 0
+            a = np.stack([gguf_run.quantize(qtype, r)[1] for r in x])
+            w = t.dequantize().astype(np.float64)
+            for threads in (1, 2):
+                y = gguf_run.matmul(t, x, threads=threads)
+                assert_product(y, a, w, f"{qtype} {rows}x{K}x{N} threads={threads}")
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_activations_round_as_llama_cpp_does(level, qtype, rng):
+    """The C rounding of an activation row equals the numpy statement of llama.cpp's
+    (gguf_model.round_activation) value for value, zeros, ties and extremes included."""
+    K = 512
+    x = rng.normal(0, 1, K).astype(np.float32)
+    x[:32] = 0
+    x[32:64] = np.float32(0.5) * np.arange(32)          # halves: ties for Q8_0's rounding
+    x[300] = -40.0                                       # a negative largest value for Q8_K
+    got = gguf_run.quantize(qtype, x)[1]
+    want = gguf_model.round_activation(qtype, x)
+    assert np.array_equal(got, want), (qtype, np.abs(got - want).max())
+    if gguf_model.ACTIVATION.get(qtype, "").startswith("Q8"):
+        n = 32 if gguf_model.ACTIVATION[qtype] == "Q8_0" else 256
+        step = np.abs(x.reshape(-1, n)).max(axis=1) / 127
+        # half a step, plus (Q8_0) the f16 rounding of the scale times the largest q
+        slack = 0.5 + (127 * 2.0 ** -11 if n == 32 else 0.0)
+        assert (np.abs(got - x).reshape(-1, n) <= slack * step[:, None] * 1.001 + 1e-7).all()
+
+
+PATHS = [("avx2", ""), ("avx2", "avx_vnni"), ("avx512", ""), ("avx512", "avx512_vnni")]
+
+
+@pytest.mark.parametrize("lvl,without", PATHS, ids=[f"{l}-without-{w or 'nothing'}" for l, w in PATHS])
+def test_every_int8_path(lvl, without, monkeypatch, rng):
+    """Each level with vpdpbusd (AVX-VNNI on ymm, AVX512-VNNI) and without it (vpmaddubsw),
+    for every integer type, against float64: a CPU with VNNI tests both paths."""
+    if not isa.supported(lvl):
+        pytest.skip(f"this CPU cannot run {lvl}")
+    ext = "avx_vnni" if lvl == "avx2" else "avx512_vnni"
+    has = ext in isa.cpu_flags()
+    if without and not has:
+        pytest.skip(f"this CPU has no {ext}: the other parameter runs vpmaddubsw already")
+    monkeypatch.setenv("SMALLEM_ISA", lvl)
+    monkeypatch.setenv(isa.WITHOUT_ENV, without)
+    vnni = has and not without
+    want = {("avx2", True): "vpdpbusd (AVX-VNNI)", ("avx2", False): "vpmaddubsw (AVX2)",
+            ("avx512", True): "vpdpbusd (AVX512-VNNI)",
+            ("avx512", False): "vpmaddubsw (AVX-512)"}[lvl, vnni]
+    assert gguf_run.instruction() == want
+    for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"):
+        K = 512
+        t = random_tensor(qtype, 19, K, rng)
+        x = rng.normal(0, 1, (2, K)).astype(np.float32)
+        a = np.stack([gguf_run.quantize(qtype, r)[1] for r in x])
+        assert_product(gguf_run.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
+                       f"{qtype} {lvl} without {without or 'nothing'}")
+
+
+def test_the_instruction_is_the_levels(level):
+    exts = isa.extensions(level)
+    want = {"generic": "plain C",
+            "avx2": "vpdpbusd (AVX-VNNI)" if "avx_vnni" in exts else "vpmaddubsw (AVX2)",
+            "avx512": ("vpdpbusd (AVX512-VNNI)" if "avx512_vnni" in exts
+                       else "vpmaddubsw (AVX-512)")}[level]
+    assert gguf_run.instruction(level) == want
+
+
+def test_bad_products_are_refused(rng):
+    t = random_tensor("Q8_0", 4, 64, rng)
+    with pytest.raises(ValueError, match="rows of 63"):
+        gguf_run.matmul(t, np.zeros((1, 63), np.float32))
+    with pytest.raises(ValueError, match="type: expected"):
+        gguf_run.quantize("Q2_K", np.zeros(256, np.float32))
+    with pytest.raises(ValueError, match="does not fill"):
+        gguf_run.quantize("Q4_K", np.zeros(32, np.float32))
+
+
+# ---------------------------------------------------------------- the forward
+
+def _quantised_copy(src, dst, qtype):
+    """The file at ``src`` with every 2-D weight in ``qtype`` (the gguf package's quantiser:
+    Q8_0, Q4_0, Q5_0, BF16, F16), norms and biases F32."""
+    import gguf
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        v, t = f.contents(), f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_array(k, v)
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_string(k, v)
+        elif t == gguf.GGUFValueType.FLOAT32:
+            w.add_float32(k, v)
+        elif t == gguf.GGUFValueType.BOOL:
+            w.add_bool(k, v)
+        else:
+            w.add_uint32(k, v)
+    qt = gguf.GGMLQuantizationType[qtype]
+    for t in r.tensors:
+        a = np.asarray(t.data)
+        if a.ndim == 2 and qtype != "F32":
+            w.add_tensor(t.name, gguf.quants.quantize(a, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(t.name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0"])
+@pytest.mark.parametrize("arch", list(gguf_file.ARCHS))
+def test_the_c_forward_gives_the_oracles_logits(tmp_path, level, arch, qtype):
+    """The C forward (a prompt in one call, then tokens one by one) against the float64
+    numpy forward that rounds as it does (activations before each product, the f16 cache)."""
+    src = gguf_models.write(tmp_path / "m.gguf", arch, None, d=64, hidden=96,
+                            head_dim=32 if arch == "qwen3" else None, rope_freqs=arch == "llama")
+    p = src if qtype == "F32" else _quantised_copy(src, tmp_path / f"{qtype}.gguf", qtype)
+    mf = gguf_file.open_model(p)
+    ref = gguf_model.Reference(mf, np.float64, like_llama=True)
+    fw = gguf_run.Forward(mf, threads=2, par_min_bytes=0)
+    ids = [1, 5, 9, 200, 3, 7, 100]
+    want = ref.forward(ids, all_logits=True)
+    got = fw.forward(ids, all_logits=True)
+    scale = np.abs(want).max()
+    # float32 sums against float64 ones (a few 1e-6 of the largest logit where nothing is
+    # rounded); a rounded activation may move by one step (an f16 ulp, an 8-bit step) where
+    # the two values land either side of a rounding boundary, and these random models
+    # (logits up to about 200) amplify one such step to a few 1e-4 of the scale for f16,
+    # about 1e-2 for the 8-bit types; a wrong block, scale or bit moves logits by tens of
+    # percent
+    tol = {"F32": 5e-5, "F16": 1e-3, "BF16": 1e-3}.get(qtype, 2e-2)
+    assert np.abs(got - want).max() <= tol * scale, np.abs(got - want).max() / scale
+    for t in (4, 11):
+        a, b = fw.forward([t]), ref.forward([t])
+        assert np.abs(a - b).max() <= tol * scale
+    assert fw.pos == ref.pos == len(ids) + 2
+
+
+def test_the_forward_refuses_what_does_not_fit(tmp_path):
+    mf = gguf_file.open_model(gguf_models.write(tmp_path / "m.gguf", "llama", None, context=16))
+    fw = gguf_run.Forward(mf, threads=1)
+    assert fw.context == 16
+    with pytest.raises(ValueError, match="ids outside"):
+        fw.forward([10**6])
+    with pytest.raises(ValueError, match="do not fit"):
+        fw.forward(list(range(17)))
+    with pytest.raises(ValueError, match="context"):
+        gguf_run.Forward(mf, context=17)
+    fw.forward(list(range(16)))
+    with pytest.raises(ValueError, match="do not fit"):
+        fw.forward([1])
+
+
+@pytest.mark.parametrize("arch", list(gguf_file.ARCHS))
+def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, arch):
+    """A prompt through chapter 2's GEMM (float32 activations, the weights dequantised a
+    panel at a time) gives the C path's logits up to the C path's activation rounding, and
+    leaves the same cache: the decode steps after it agree with those after the C path."""
+    src = gguf_models.write(tmp_path / "m.gguf", arch, None, d=64, hidden=96,
+                            head_dim=32 if arch == "qwen3" else None, rope_freqs=arch == "llama")
+    mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", "Q8_0"))
+    ids = list(range(3, 40))
+    c = gguf_run.Forward(mf, threads=2, par_min_bytes=0)
+    g = gguf_run.Forward(mf, threads=2, par_min_bytes=0)
+    ref = gguf_model.Reference(mf, np.float64, cache16=True)  # what the GEMM computes
+    a, b = c.forward(ids, all_logits=True, path="c"), g.forward(ids, all_logits=True, path="gemm")
+    want = ref.forward(ids, all_logits=True)
+    scale = np.abs(want).max()
+    assert np.abs(b - want).max() <= 2e-3 * scale        # f32 against float64, f16 cache
+    assert np.abs(a - b).max() <= 3e-2 * scale           # the C path's 8-bit activations
+    assert c.pos == g.pos == len(ids)
+    for t in (5, 6, 7):
+        x, y = c.forward([t]), g.forward([t])
+        assert np.abs(x - y).max() <= 3e-2 * scale
+    with pytest.raises(ValueError, match="path"):
+        c.forward([1], path="blas")
