@@ -864,7 +864,8 @@ static void to_half(const float *x, uint16_t *o, int n)
 
 /* --8<-- [start:attend] */
 /* Row r's query of head h against the cached keys 0..p of its kv head: scores, softmax, the
- * weighted sum of the cached values, all in f32 from the f16 cache. */
+ * weighted sum of the cached values, in f32 from the f16 cache. The query arrives rounded to
+ * f16 (as ggml rounds the operand an f16 matrix meets), in place by the caller. */
 static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kvh, float *s,
                         float *o)
 {
@@ -915,10 +916,13 @@ static void attention(const sm_gmodel *m, int l, work_t *w, int n, int pos, int 
         /* a short context is not worth a fork-join */
         const int par = (long long)(pos + r + 1) * nh * (m->head_dim + m->v_dim) >= 65536 ? nt : 1;
         #pragma omp parallel for schedule(static) num_threads(par)
-        for (int h = 0; h < nh; h++)
+        for (int h = 0; h < nh; h++) {
+            float *q = w->q + ((size_t)r * nh + h) * m->head_dim;
+            for (int i = 0; i < m->head_dim; i++) q[i] = h2f(f2h(q[i]));
             attend_head(m, l, w->q + ((size_t)r * nh + h) * m->head_dim, pos + r, h / group,
                         w->scores + (size_t)h * m->context,
                         w->att + ((size_t)r * nh + h) * m->v_dim);
+        }
     }
 }
 

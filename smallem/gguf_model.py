@@ -23,7 +23,9 @@ package when a product needs it and dropped after: slow, never a copy of the mod
 
 ``like_llama`` makes it the oracle of what the C forward (:mod:`smallem.gguf_run`) and
 llama.cpp compute: each product's activation rounded first as llama.cpp rounds it for the
-weights' type (:func:`round_activation`), and the keys and values kept in f16.
+weights' type (:func:`round_activation`), the keys and values kept in f16, and each query
+rounded to f16 before it meets the keys (ggml multiplies an f16 matrix by an f16 copy of the
+other operand, with or without flash attention).
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ class Reference:
             rope(k, ang, a.rope)
             if self.cache16:  # the cache in f16, as llama.cpp's (and the C forward's)
                 k, v = (a.astype(np.float16).astype(self.dtype) for a in (k, v))
+            if self.like_llama:  # the query meets f16 keys as f16 (ggml's vec_dot_type)
+                q = q.astype(np.float16).astype(self.dtype)
             self.k[i, p0:p0 + n], self.v[i, p0:p0 + n] = k, v
             K = np.repeat(self.k[i, :p0 + n], h.group, axis=1)   # (T, n_head, hd)
             V = np.repeat(self.v[i, :p0 + n], h.group, axis=1)

@@ -308,9 +308,8 @@ class Forward:
         self.pos += n
         rows = x if all_logits else x[-1:]
         rows = np.ascontiguousarray(rmsn(rows, vec("output_norm.weight")), np.float32)
-        out = np.zeros((rows.shape[0], h.vocab), np.float32)
-        fp = lambda arr: self.ffi.cast("float *", arr.ctypes.data)  # noqa: E731
-        self.lib.sm_g_matmul(self._gm("output"), fp(rows), rows.shape[0], fp(out), self.threads)
+        with threadpool_limits(1):
+            out = self._product("output", rows)  # float32 activations here too
         return out if all_logits else out[0]
 
     def _row(self, name, i):
