@@ -360,6 +360,20 @@ void sm_g_rows(const sm_gmat *w, int r0, int r1, float *out, int nthreads)
     for (int r = r0; r < r1; r++) sm_g_row(w, r, out + (size_t)(r - r0) * w->K);
 }
 
+/* The same rows rounded to bf16 (nearest even) for the bf16 GEMM; scratch holds K floats
+ * for each thread. */
+void sm_g_rows_bf16(const sm_gmat *w, int r0, int r1, uint16_t *out, float *scratch, int nthreads)
+{
+    const int n = r1 - r0, nt = nthreads < n ? nthreads : (n > 0 ? n : 1);
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int r = r0; r < r1; r++) {
+        float *row = scratch + (size_t)omp_get_thread_num() * w->K;
+        uint16_t *o = out + (size_t)(r - r0) * w->K;
+        sm_g_row(w, r, row);
+        for (int k = 0; k < w->K; k++) o[k] = f2bf(row[k]);
+    }
+}
+
 /* ------------------------------------------------------------------ vector helpers */
 #if defined(SM_AVX2)
 /* 8 int32 lanes, each the sum of 4 products of u8 u by s8 s (bytes 4i..4i+3) */

@@ -26,6 +26,7 @@ void sm_g_quantize(int type, const float *x, int K, void *act);
 void sm_g_act_values(int type, const void *act, int K, double *out);
 void sm_g_row(const sm_gmat *w, int row, float *out);
 void sm_g_rows(const sm_gmat *w, int r0, int r1, float *out, int nthreads);
+void sm_g_rows_bf16(const sm_gmat *w, int r0, int r1, uint16_t *out, float *scratch, int nthreads);
 void sm_g_matmul(const sm_gmat *w, const float *x, int rows, float *y, int nthreads);
 long long sm_g_work_floats(const sm_gmodel *m, int n);
 int sm_g_forward(const sm_gmodel *m, const int *tokens, int n, int pos, float *logits, int all_logits, int nthreads);

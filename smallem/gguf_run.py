@@ -91,6 +91,15 @@ def row(t: Tensor, i: int, level=None) -> np.ndarray:
     return out
 
 
+def default_prompt_dtype(level=None) -> str:
+    """The prompt GEMM's inputs: "bf16" where chapter 2 chose a bf16 path that beats its f32
+    GEMM on this machine (vdpbf16ps where its probe outruns the FMA, or AMX tiles), else
+    "f32" (a widened bf16 product is an f32 product with coarser inputs)."""
+    from . import gemm
+
+    return "bf16" if gemm.bf16_path(level) != "widen" else "f32"
+
+
 _ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
            -4: "a token id outside the vocabulary"}
 
@@ -101,12 +110,13 @@ class Forward:
     attention (None: every core), on chapter 3's pool where ``pool``; ``context`` the
     cache's positions (default: the file's, at most :data:`DEFAULT_CONTEXT`);
     ``par_min_bytes`` the size below which a matrix stays on one core (None: measured);
-    ``gemm_min_rows`` the prompt length from which the prompt goes through the GEMM."""
+    ``gemm_min_rows`` the prompt length from which the prompt goes through the GEMM, and
+    ``prompt_dtype`` that GEMM's inputs ("f32" or "bf16"; None: :func:`default_prompt_dtype`)."""
 
     SYNC_SHARE = 32  # as chapter 4's decoder: see smallem.decode.Decoder
 
     def __init__(self, mf: ModelFile, threads=None, pool: bool = True, context=None,
-                 par_min_bytes=None, level=None, gemm_min_rows=None):
+                 par_min_bytes=None, level=None, gemm_min_rows=None, prompt_dtype=None):
         h = self.h = mf.hyper
         self.mf, a = mf, h.arch
         self.team = _pool.team(threads, pool)
@@ -161,6 +171,14 @@ class Forward:
         self.pos = 0
         self.gemm_min_rows = ROWS if gemm_min_rows is None else int(gemm_min_rows)
         self._panel = None
+        self.prompt_dtype = prompt_dtype or default_prompt_dtype(level)
+        if self.prompt_dtype not in ("f32", "bf16"):
+            raise ValueError(f"prompt_dtype: expected 'f32' or 'bf16', got {prompt_dtype!r}")
+        self._bf16_path = None
+        if self.prompt_dtype == "bf16":
+            from . import gemm
+
+            self._bf16_path = gemm.bf16_path(level)
 
     def _par_min_bytes(self) -> int:
         """As chapter 4's decoder: the bytes one core streams in SYNC_SHARE fork-joins of
@@ -228,26 +246,43 @@ class Forward:
             return self.ffi.addressof(self._layers[int(L[1])], field)
         return self.ffi.addressof(self._m, "out")
 
-    def _product(self, name, x):
-        """x (n, K) by the matrix: its rows dequantised a panel at a time (a panel of
-        weights that fits half of one core's L2, where the GEMM's packing reads it back), each
-        panel one call of chapter 2's f32 GEMM."""
-        from . import gemm, machine_info
+    def _product(self, name, x, xb=None):
+        """x (n, K) by the matrix: its rows dequantised a panel at a time, each panel one call
+        of chapter 2's GEMM on this forward's team: in bf16 (weights and activations rounded
+        to bf16, products summed in f32; ``xb``: x in bf16 already) where ``prompt_dtype`` is
+        "bf16", else in f32. A panel has as many rows as the GEMM's own column block (nc,
+        from its cache model), so that cutting the matrix into panels adds no packing of x
+        the GEMM would not do anyway; the work is compute-bound, and writing the panel costs
+        a few per cent of multiplying it."""
+        from . import gemm
 
         g = self._gm(name)
         K, N = g.K, g.N
-        l2 = machine_info.caches().get("L2") or 1 << 20
-        rows = max(16, min(N, l2 // 2 // (4 * K)))
-        if self._panel is None or self._panel.size < rows * K:
-            self._panel = np.empty(rows * K, np.float32)
-        panel = self._panel[:rows * K].reshape(rows, K)
+        bf16 = self.prompt_dtype == "bf16"
+        size = 2 if bf16 else 4
+        rows = min(N, gemm.default_blocks()["nc"])
+        if self._panel is None or self._panel.nbytes < rows * K * size:
+            self._panel = np.empty(rows * K * size, np.uint8)
+        panel = self._panel[:rows * K * size].view(np.uint16 if bf16 else np.float32)
+        panel = panel.reshape(rows, K)
         out = np.empty((x.shape[0], N), np.float32)
-        pp = self.ffi.cast("float *", panel.ctypes.data)
+        if bf16:
+            x = self._bf16(x) if xb is None else xb
+            scratch = np.empty(self.threads * K, np.float32)
+            sp = self.ffi.cast("float *", scratch.ctypes.data)
+            pp = self.ffi.cast("uint16_t *", panel.ctypes.data)
+        else:
+            pp = self.ffi.cast("float *", panel.ctypes.data)
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
-            self.lib.sm_g_rows(g, r0, r1, pp, self.threads)
-            gemm.matmul(x, panel[:r1 - r0], trans_b=True, out=out[:, r0:r1],
-                        threads=self.threads)
+            if bf16:
+                self.lib.sm_g_rows_bf16(g, r0, r1, pp, sp, self.threads)
+                gemm.matmul_bf16(x, panel[:r1 - r0], trans_b=True, out=out[:, r0:r1],
+                                 threads=self.team, path=self._bf16_path)
+            else:
+                self.lib.sm_g_rows(g, r0, r1, pp, self.threads)
+                gemm.matmul(x, panel[:r1 - r0], trans_b=True, out=out[:, r0:r1],
+                            threads=self.team)
         return out
 
     def _forward_gemm(self, t, all_logits):
@@ -280,7 +315,8 @@ class Forward:
             for i in range(h.n_layer):
                 b = f"blk.{i}."
                 u = rmsn(x, vec(b + "attn_norm.weight"))
-                q, k, v = (self._product(b + f"attn_{c}.weight", u) for c in "qkv")
+                ub = self._bf16(u) if self.prompt_dtype == "bf16" else None
+                q, k, v = (self._product(b + f"attn_{c}.weight", u, ub) for c in "qkv")
                 if a.qkv_bias:
                     q += vec(b + "attn_q.bias")
                     k += vec(b + "attn_k.bias")
@@ -294,16 +330,11 @@ class Forward:
                 rope(q)
                 rope(k)
                 self.k[i, p0:p0 + n], self.v[i, p0:p0 + n] = k, v
-                Kc = self.k[i, :p0 + n].astype(np.float32).transpose(1, 2, 0)    # (kv, hd, T)
-                Vc = self.v[i, :p0 + n].astype(np.float32).transpose(1, 0, 2)    # (kv, T, vd)
-                qh = q.reshape(n, nkv, G, h.head_dim).transpose(1, 2, 0, 3)     # (kv, G, n, hd)
-                s = qh @ Kc[:, None] * np.float32(1 / np.sqrt(h.head_dim)) + mask
-                s = np.exp(s - s.max(axis=-1, keepdims=True))
-                s /= s.sum(axis=-1, keepdims=True)
-                att = (s @ Vc[:, None]).transpose(2, 0, 1, 3).reshape(n, h.n_head * h.v_dim)
+                att = self._attend(i, q, p0, n, mask)
                 x = x + self._product(b + "attn_output.weight", att)
                 u = rmsn(x, vec(b + "ffn_norm.weight"))
-                g, up = self._product(b + "ffn_gate.weight", u), self._product(b + "ffn_up.weight", u)
+                ub = self._bf16(u) if self.prompt_dtype == "bf16" else None
+                g, up = (self._product(b + f"ffn_{c}.weight", u, ub) for c in ("gate", "up"))
                 x = x + self._product(b + "ffn_down.weight", g / (1 + np.exp(-g)) * up)
         self.pos += n
         rows = x if all_logits else x[-1:]
@@ -311,6 +342,37 @@ class Forward:
         with threadpool_limits(1):
             out = self._product("output", rows)  # float32 activations here too
         return out if all_logits else out[0]
+
+    def _bf16(self, x):
+        from . import layers
+
+        x = np.ascontiguousarray(x, np.float32)
+        return layers.to_bf16(x, np.empty(x.shape, np.uint16), threads=self.team)
+
+    def _attend(self, i, q, p0, n, mask):
+        """The prompt rows' attention over layer i's cache (its f16 keys and values, as the
+        decode steps read them). From an empty cache, with keys and values of one width, it
+        is chapter 3's causal attention in tiles (layers.flash_forward, each kv head's keys
+        repeated for the heads that share them); a prompt that continues a cache takes the
+        scores in numpy."""
+        from . import layers
+
+        h = self.h
+        G, nkv, hd, vd = h.group, h.n_kv_head, h.head_dim, h.v_dim
+        Kc = self.k[i, :p0 + n].astype(np.float32)                         # (T, kv, hd)
+        Vc = self.v[i, :p0 + n].astype(np.float32)                         # (T, kv, vd)
+        if p0 == 0 and hd == vd:
+            qf = np.ascontiguousarray(q.transpose(1, 0, 2))                # (heads, n, hd)
+            kf, vf = (np.ascontiguousarray(np.repeat(c, G, axis=1).transpose(1, 0, 2))
+                      for c in (Kc, Vc))
+            o, lse = np.empty_like(qf), np.empty(qf.shape[:2], np.float32)
+            layers.flash_forward(qf, kf, vf, o, lse, 1 / np.sqrt(hd), threads=self.team)
+            return o.transpose(1, 0, 2).reshape(n, h.n_head * vd)
+        qh = q.reshape(n, nkv, G, hd).transpose(1, 2, 0, 3)                # (kv, G, n, hd)
+        s = qh @ Kc.transpose(1, 2, 0)[:, None] * np.float32(1 / np.sqrt(hd)) + mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        return (s @ Vc.transpose(1, 0, 2)[:, None]).transpose(2, 0, 1, 3).reshape(n, h.n_head * vd)
 
     def _row(self, name, i):
         out = np.empty(self.h.d, np.float32)

@@ -233,26 +233,35 @@ def test_the_forward_refuses_what_does_not_fit(tmp_path):
         fw.forward([1])
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("arch", list(gguf_file.ARCHS))
-def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, arch):
-    """A prompt through chapter 2's GEMM (float32 activations, the weights dequantised a
-    panel at a time) gives the C path's logits up to the C path's activation rounding, and
-    leaves the same cache: the decode steps after it agree with those after the C path."""
+def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, arch, dtype):
+    """A prompt through chapter 2's GEMM (float32 or bf16 inputs, the weights dequantised a
+    panel at a time) gives the float64 logits up to its inputs' rounding and the C path's up
+    to the C path's activation rounding, and leaves the same cache: the decode steps after it
+    agree with those after the C path."""
     src = gguf_models.write(tmp_path / "m.gguf", arch, None, d=64, hidden=96,
                             head_dim=32 if arch == "qwen3" else None, rope_freqs=arch == "llama")
     mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", "Q8_0"))
     ids = list(range(3, 40))
     c = gguf_run.Forward(mf, threads=2, par_min_bytes=0)
-    g = gguf_run.Forward(mf, threads=2, par_min_bytes=0)
+    g = gguf_run.Forward(mf, threads=2, par_min_bytes=0, prompt_dtype=dtype)
     ref = gguf_model.Reference(mf, np.float64, cache16=True)  # what the GEMM computes
     a, b = c.forward(ids, all_logits=True, path="c"), g.forward(ids, all_logits=True, path="gemm")
     want = ref.forward(ids, all_logits=True)
     scale = np.abs(want).max()
-    assert np.abs(b - want).max() <= 2e-3 * scale        # f32 against float64, f16 cache
+    # f32 against float64 with the f16 cache; bf16 inputs: 8-bit mantissas, as coarse as the
+    # C path's 8-bit activations
+    assert np.abs(b - want).max() <= (2e-3 if dtype == "f32" else 3e-2) * scale
     assert np.abs(a - b).max() <= 3e-2 * scale           # the C path's 8-bit activations
     assert c.pos == g.pos == len(ids)
     for t in (5, 6, 7):
         x, y = c.forward([t]), g.forward([t])
         assert np.abs(x - y).max() <= 3e-2 * scale
+    more = list(range(50, 60))   # a prompt that continues the cache: its scores in numpy
+    x, y = c.forward(more, all_logits=True, path="c"), g.forward(more, all_logits=True, path="gemm")
+    assert np.abs(x - y).max() <= 3e-2 * scale
     with pytest.raises(ValueError, match="path"):
         c.forward([1], path="blas")
+    with pytest.raises(ValueError, match="prompt_dtype"):
+        gguf_run.Forward(mf, prompt_dtype="f16")
