@@ -52,7 +52,8 @@
 
 #define INLINE static inline __attribute__((always_inline))
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_K = 15, T_Q4_K = 12,
-       T_Q6_K = 14, T_BF16 = 30 };
+       T_Q6_K = 14, T_BF16 = 30,
+       T_Q8_0X2 = 1000 /* ours, not ggml's: Q8_0 in pairs of blocks laid out for the nibbles */ };
 
 typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
 typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;
@@ -60,8 +61,17 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_K;
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } blk_q8_K;
+/* Two Q8_0 activation blocks a and b (the same values, rounded as Q8_0), laid out so that one
+ * zmm of 4-bit weights meets them without a shuffle: qs holds a[0..15] b[0..15] a[16..31]
+ * b[16..31] (the order in which the two weight blocks' low nibbles, then high nibbles, come
+ * out of one load); init puts minus each block's sum in the first of its int32 lanes (lanes
+ * 0-3 and 8-11 are a's, 4-7 and 12-15 b's), so that the integer product that starts from
+ * init shifted by 3 (Q4_0) or 4 (Q5_0) is sum (q - 8) x or sum (q - 16) x exactly; d is each
+ * lane's block scale as a float. */
+typedef struct { int8_t qs[64]; int32_t init[16]; float d[16]; } blk_q8_0x2;
 _Static_assert(sizeof(blk_q8_0) == 34 && sizeof(blk_q4_0) == 18 && sizeof(blk_q5_0) == 22 &&
-               sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210 && sizeof(blk_q8_K) == 292,
+               sizeof(blk_q4_K) == 144 && sizeof(blk_q6_K) == 210 && sizeof(blk_q8_K) == 292 &&
+               sizeof(blk_q8_0x2) == 192,
                "GGUF block sizes");
 
 const char *sm_g_instruction(void)
@@ -94,7 +104,12 @@ int sm_g_act_type(int type)
     switch (type) {
     case T_F16: return T_F16;
     case T_BF16: return T_BF16;
-    case T_Q8_0: case T_Q4_0: case T_Q5_0: return T_Q8_0;
+    case T_Q8_0: return T_Q8_0;
+#if defined(SM_AVX512)
+    case T_Q4_0: case T_Q5_0: return T_Q8_0X2;
+#else
+    case T_Q4_0: case T_Q5_0: return T_Q8_0;
+#endif
     case T_Q4_K: case T_Q6_K: return T_Q8_K;
     }
     return T_F32;
@@ -157,9 +172,29 @@ long long sm_g_act_bytes(int type, int K)
     switch (sm_g_act_type(type)) {
     case T_F16: case T_BF16: return 2LL * K;
     case T_Q8_0: return (long long)(K / 32) * sizeof(blk_q8_0);
+    case T_Q8_0X2: return (long long)((K / 32 + 1) / 2) * sizeof(blk_q8_0x2);
     case T_Q8_K: return (long long)(K / 256) * sizeof(blk_q8_K);
     }
     return 4LL * K;
+}
+
+/* Q8_0 blocks (nb of them) in pairs, as blk_q8_0x2 says; an odd last block pairs with zeros. */
+static void pair_q8_0(const blk_q8_0 *q, int nb, blk_q8_0x2 *o)
+{
+    for (int i = 0; i < nb; i += 2, o++) {
+        memset(o, 0, sizeof *o);
+        for (int h = 0; h < 2 && i + h < nb; h++) {
+            const blk_q8_0 *b = &q[i + h];
+            int sum = 0;
+            for (int j = 0; j < 16; j++) {
+                o->qs[16 * h + j] = b->qs[j];
+                o->qs[32 + 16 * h + j] = b->qs[16 + j];
+            }
+            for (int j = 0; j < 32; j++) sum += b->qs[j];
+            o->init[4 * h] = -sum;
+            for (int l = 0; l < 4; l++) o->d[4 * h + l] = o->d[8 + 4 * h + l] = h2f(b->d);
+        }
+    }
 }
 
 /* --8<-- [start:quantize] */
@@ -188,6 +223,16 @@ void sm_g_quantize(int type, const float *x, int K, void *act)
             b[i].d = f2h(amax / 127.0f);
             const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
             for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)nearest_even(x[j] * id);
+        }
+        break;
+    }
+    case T_Q8_0X2: {
+        blk_q8_0 tmp[2];
+        blk_q8_0x2 *o = act;
+        for (int i = 0; i < K / 32; i += 2, x += 64, o++) {
+            const int n = K / 32 - i < 2 ? K / 32 - i : 2;
+            sm_g_quantize(T_Q8_0, x, 32 * n, tmp);
+            pair_q8_0(tmp, n, o);
         }
         break;
     }
@@ -242,6 +287,13 @@ void sm_g_act_values(int type, const void *act, int K, double *out)
         for (int k = 0; k < K; k++) {
             const blk_q8_K *b = (const blk_q8_K *)act + k / 256;
             out[k] = (double)b->d * b->qs[k % 256];
+        }
+        break;
+    case T_Q8_0X2:
+        for (int k = 0; k < K; k++) {
+            const blk_q8_0x2 *b = (const blk_q8_0x2 *)act + k / 64;
+            const int h = (k / 32) % 2, j = k % 32;
+            out[k] = (double)b->d[4 * h] * b->qs[(j < 16 ? 0 : 32) + 16 * h + j % 16];
         }
         break;
     }
@@ -495,7 +547,77 @@ INLINE __m512i dot_ss2(__m256i w0, __m256i w1, __m256i x0, __m256i x1)
     }
 #endif
 
-#if defined(SM_AVX2)
+#if defined(SM_AVX512)
+/* Q4_0 and Q5_0 by the paired activation (blk_q8_0x2): the two blocks' 16 bytes of nibbles
+ * in one ymm, their low nibbles then their high ones in one zmm, unsigned, straight into
+ * vpdpbusd against the activation laid out to match, starting from the activation's block
+ * sums times -8 (-16): the offset costs one shift, not a subtraction and a sign per block.
+ * Q5_0's fifth bits are one 64-bit mask (the two blocks' qh words in the zmm's order) that
+ * adds 16 to the bytes it selects. The scale of each lane is the weights' f16 pair widened
+ * once times the activation's stored floats. */
+INLINE __m512i nibbles64(const uint8_t *q0, const uint8_t *q1)
+{
+    const __m256i b = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+        q1 ? _mm_loadu_si128((const __m128i *)q1) : _mm_setzero_si128(), 1);
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m)),
+                              _mm256_and_si256(_mm256_srli_epi16(b, 4), m), 1);
+}
+INLINE __m512 scales2(uint16_t d0, uint16_t d1)
+{
+    const __m256i h = _mm256_mask_blend_epi16(0xF0F0, _mm256_set1_epi16((short)d0),
+                                              _mm256_set1_epi16((short)d1));
+    return _mm512_cvtph_ps(h);
+}
+INLINE __m512i dot_u2(__m512i acc, __m512i u, __m512i x)
+{
+#if defined(SM_AVX512_VNNI)
+    return _mm512_dpbusd_epi32(acc, u, x);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
+#endif
+}
+/* --8<-- [start:dot_q4_0x2] */
+static float dot_q4_0(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q4_0 *w = (const blk_q4_0 *)wp;
+    const blk_q8_0x2 *a = ap;
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i += 2, a++) {
+        const int two = i + 1 < nb;
+        const __m512i u = nibbles64(w[i].qs, two ? w[i + 1].qs : NULL);
+        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a->init), 3);
+        const __m512i p = dot_u2(init, u, _mm512_loadu_si512(a->qs));
+        const __m512 d = _mm512_mul_ps(scales2(w[i].d, two ? w[i + 1].d : 0), _mm512_loadu_ps(a->d));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+/* --8<-- [end:dot_q4_0x2] */
+static float dot_q5_0(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q5_0 *w = (const blk_q5_0 *)wp;
+    const blk_q8_0x2 *a = ap;
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < nb; i += 2, a++) {
+        const int two = i + 1 < nb;
+        uint32_t h0, h1 = 0;
+        memcpy(&h0, w[i].qh, 4);
+        if (two) memcpy(&h1, w[i + 1].qh, 4);
+        const __mmask64 fifth = (__mmask64)((h0 & 0xffffu) | (uint64_t)(h1 & 0xffffu) << 16
+                                            | (uint64_t)(h0 >> 16) << 32 | (uint64_t)(h1 >> 16) << 48);
+        __m512i u = nibbles64(w[i].qs, two ? w[i + 1].qs : NULL);
+        u = _mm512_or_si512(u, _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(0x10)));
+        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a->init), 4);
+        const __m512i p = dot_u2(init, u, _mm512_loadu_si512(a->qs));
+        const __m512 d = _mm512_mul_ps(scales2(w[i].d, two ? w[i + 1].d : 0), _mm512_loadu_ps(a->d));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+DOT32(dot_q8_0, blk_q8_0, WEIGHTS_Q8_0)
+#elif defined(SM_AVX2)
 DOT32(dot_q8_0, blk_q8_0, WEIGHTS_Q8_0)
 DOT32(dot_q4_0, blk_q4_0, WEIGHTS_Q4_0)
 DOT32(dot_q5_0, blk_q5_0, WEIGHTS_Q5_0)
@@ -827,22 +949,61 @@ static long long carve(const sm_gmodel *m, int n, work_t *w)
     TAKE(g, (long long)n * m->hidden);
     TAKE(u, (long long)n * m->hidden);
     TAKE(scores, (long long)m->n_head * m->context);
-    TAKE(act, ((long long)n * 4 * kmax + 64) / 4); /* 4 bytes a weight covers every act type */
+    TAKE(act, ((long long)n * 24 * kmax + 768) / 4); /* three inputs of at most 8 bytes a
+                                                          weight (the paired Q8_0 takes 6) */
 #undef TAKE
     return off;
 }
 
 long long sm_g_work_floats(const sm_gmodel *m, int n) { return carve(m, n, NULL); }
 
-static int team(const sm_gmodel *m, const sm_gmat *w, int nthreads)
+/* --8<-- [start:products] */
+/* Up to three matrices that read the same input (q, k and v; gate and up) in one parallel
+ * region: each thread takes an equal share of their bytes, in runs of 16 rows, so a small
+ * matrix (k and v under grouped-query attention) does not leave a core idle while another
+ * works, and the team meets once, not once a matrix. Row j of matrix i starts at byte
+ * start_i + j row_bytes_i of the concatenation; a thread's share [P_t, P_t+1) of the bytes
+ * becomes the rows at_rows(P_t) .. at_rows(P_t+1) of each matrix, the same function at both
+ * ends, so the shares tile every matrix. The input is rounded once for each matrix's type.
+ * Together they stay on one core below par_min_bytes. */
+static int at_rows(const sm_gmat *w, long long start, long long P)
 {
-    return (long long)w->N * w->row_bytes >= m->par_min_bytes ? nthreads : 1;
+    const long long r = P <= start ? 0 : ((P - start) / w->row_bytes + 8) / 16 * 16;
+    return r < w->N ? (int)r : w->N;
 }
+
+static void products(const sm_gmodel *m, const sm_gmat *const *ws, float *const *ys, int count,
+                     const float *x, int rows, work_t *wk, int nthreads)
+{
+    const uint8_t *act[3];
+    long long ab[3], start[4] = {0};
+    uint8_t *a = wk->act;
+    for (int i = 0; i < count; i++) {
+        ab[i] = sm_g_act_bytes(ws[i]->type, ws[i]->K);
+        quantize_rows(ws[i]->type, x, rows, ws[i]->K, a);
+        act[i] = a;
+        a += (rows * ab[i] + 63) / 64 * 64;
+        start[i + 1] = start[i] + (long long)ws[i]->N * ws[i]->row_bytes;
+    }
+    const long long total = start[count];
+    const int nt = total >= m->par_min_bytes ? nthreads : 1;
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        const long long p0 = total * t / nt, p1 = total * (t + 1) / nt;
+        for (int i = 0; i < count; i++) {
+            const int j0 = at_rows(ws[i], start[i], p0), j1 = at_rows(ws[i], start[i], p1);
+            if (j1 > j0) rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1);
+        }
+    }
+}
+/* --8<-- [end:products] */
 
 static void mm(const sm_gmodel *m, const sm_gmat *w, const float *x, int rows, float *y,
                work_t *wk, int nthreads)
 {
-    matmul_with(w, x, rows, y, wk->act, team(m, w, nthreads));
+    const sm_gmat *ws[1] = {w};
+    float *ys[1] = {y};
+    products(m, ws, ys, 1, x, rows, wk, nthreads);
 }
 
 static void rms_rows(const float *x, const float *w, float *y, int rows, int C, float eps)
@@ -963,9 +1124,11 @@ int sm_g_forward(const sm_gmodel *m, const int *tokens, int n, int pos, float *l
     for (int l = 0; l < m->n_layer; l++) {
         const sm_glayer *L = &m->layers[l];
         rms_rows(w.x, L->attn_norm, w.t, n, d, m->eps);
-        mm(m, &L->q, w.t, n, w.q, &w, nthreads);
-        mm(m, &L->k, w.t, n, w.k, &w, nthreads);
-        mm(m, &L->v, w.t, n, w.v, &w, nthreads);
+        {
+            const sm_gmat *ws[3] = {&L->q, &L->k, &L->v};
+            float *ys[3] = {w.q, w.k, w.v};
+            products(m, ws, ys, 3, w.t, n, &w, nthreads);
+        }
         add_bias(w.q, L->bq, n, nh * hd);
         add_bias(w.k, L->bk, n, nkv * hd);
         add_bias(w.v, L->bv, n, nkv * vd);
@@ -988,8 +1151,11 @@ int sm_g_forward(const sm_gmodel *m, const int *tokens, int n, int pos, float *l
         mm(m, &L->o, w.att, n, w.t, &w, nthreads);
         for (size_t i = 0; i < (size_t)n * d; i++) w.x[i] += w.t[i];
         rms_rows(w.x, L->ffn_norm, w.t, n, d, m->eps);
-        mm(m, &L->gate, w.t, n, w.g, &w, nthreads);
-        mm(m, &L->up, w.t, n, w.u, &w, nthreads);
+        {
+            const sm_gmat *ws[2] = {&L->gate, &L->up};
+            float *ys[2] = {w.g, w.u};
+            products(m, ws, ys, 2, w.t, n, &w, nthreads);
+        }
         for (int r = 0; r < n; r++) {
             float *g = w.g + (size_t)r * m->hidden, *u = w.u + (size_t)r * m->hidden;
             for (int i0 = 0; i0 < m->hidden; i0 += CHUNK) {
