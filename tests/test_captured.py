@@ -84,7 +84,7 @@ def test_loop_order_and_blocks_are_what_the_machine_chose(name):
     # Zen 3 (AVX2's 6-row tile needs 2.4x the L3 bytes per FMA of AVX-512's 14 rows) and the
     # Xeon's mesh L3 cannot feed rung 5's order at HEADROOM; Zen 4's and Zen 5's can
     expected = {"amd-zen3-2c": "columns", "amd-zen4-2c": "rows", "amd-zen5-2c": "rows",
-                "intel-xeon-emr-2c": "columns"}
+                "intel-xeon-emr-2c": "columns", "intel-xeon-m167-2c": "columns"}
     assert order == expected[name], why
     if "order" in s:  # recorded with today's model: the same choice, the same blocks
         assert order == s["order"]
@@ -119,7 +119,7 @@ def test_bf16_path_is_what_the_machine_chose(name):
     got = gemm.choose_bf16_path(paths, m.feeds)
     assert got == m.record("ch2.gemm")["settings"]["bf16_path"]
     assert got == {"amd-zen3-2c": "widen", "amd-zen4-2c": "native", "amd-zen5-2c": "native",
-                   "intel-xeon-emr-2c": "amx"}[name]
+                   "intel-xeon-emr-2c": "amx", "intel-xeon-m167-2c": "amx"}[name]
 
 
 @pytest.mark.parametrize("name", NAMES)
