@@ -121,6 +121,16 @@ class ModelFile:
         head = self.tensors["token_embd.weight" if h.tied else "output.weight"]
         return sum(self.tensors[n].nbytes for n in names) + head.nbytes
 
+    @property
+    def products_per_token(self) -> int:
+        """Multiply-adds one token's products take: a weight each, over the same matrices
+        as :attr:`weight_bytes_per_token` (the attention's own products aside)."""
+        h = self.hyper
+        names = [n for n in self.tensors if n.startswith("blk.") and n.endswith(".weight")
+                 and self.tensors[n].data.ndim == 2]
+        names.append("token_embd.weight" if h.tied else "output.weight")
+        return sum(int(np.prod(self.tensors[n].ne)) for n in names)
+
     def type_mix(self) -> dict:
         """{type: (tensors, bytes)} over the whole file."""
         out: dict = {}

@@ -65,3 +65,55 @@ def test_the_appendix_reads_without_mpi(tmp_path, monkeypatch):
     mpi.bench_distributed(quick=True, progress=False).save(tmp_path)
     values = mpi.report(tmp_path)
     assert wanted <= set(values) and "no MPI" in values["mpi.ratio"]
+
+
+def _others_record(ours: float, peer: float, pp: float, peer_pp: float):
+    """An others.decode record of every case, each sample the rate given (tokens/s)."""
+    from smallem.book import others, records
+    from smallem.book.others import measuring
+
+    rec = records.Record(others.RECORD, settings={
+        "quick": False, "threads": 2, "prompt": 16, "feed": 32, "pp": 512, "rounds": 5,
+        "llama_reps": 2, "instruction": "test", "rows_per_call": 64,
+        "llama_cpp": {"from": "test", "version": "test", "flags": [], "flags_why": ""}})
+    for shape, qtype in measuring.CASES:
+        params = {"model": shape, "type": qtype, "threads": 2, "weight_bytes": 100 * 2 ** 20,
+                  "file_bytes": 110 * 2 ** 20, "params": 10 ** 8, "type_bytes": {qtype: 100}}
+        for name, rate in (("decode", ours), ("llama_tg", peer), ("prefill", pp),
+                           ("llama_pp", peer_pp)):
+            s = [1 / rate] * 5
+            extra = {"prompt_dtype": "f32", "products_per_token": 10 ** 8} if name == "prefill" else {}
+            rec.add(name, "tokens/s", {"median": rate, "min": rate, "max": rate, "n": 5},
+                    seconds={"median": 1 / rate, "samples": s}, **params, **extra)
+        rec.add("prompt_gemm", "Gop/s", {"median": 100.0, "min": 100.0, "max": 100.0, "n": 3},
+                **params, prompt_dtype="f32", shape=[512, 1, 1])
+    return rec
+
+
+def test_the_others_appendix_reads_every_value_its_page_quotes(tmp_path, monkeypatch):
+    """No record, a record of every case with its verdicts (one met, one missed), each
+    value the page quotes is there; the prompt bound is the GEMM's rate over two operations
+    a weight."""
+    import re
+    import shutil
+
+    from smallem.book import others, records
+
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
+    (tmp_path / "figures" / "tables").mkdir(parents=True)
+    page = (records.ROOT / "chapters" / "b-others.md").read_text()
+    wanted = set(re.findall(r"\{\{\s*(others\.[\w.]+)\s*\}\}", page))
+    values = others.report(tmp_path)
+    assert wanted <= set(values) and "not measured" in values["others.qwen25_q8_0.tg"]
+    shutil.copy(records.records_dir() / "ch1.machine.json", tmp_path)
+    _others_record(ours=50, peer=40, pp=100, peer_pp=90).save(tmp_path)
+    values = others.report(tmp_path)
+    assert wanted <= set(values)
+    assert values["others.qwen25_q8_0.tg_vs_llama"].startswith("met")      # 1.25 >= 1.0
+    assert values["others.qwen25_q8_0.pp_vs_llama"].startswith("missed")   # 1.11 < 1.5
+    assert values["others.smollm2_q4_0.tg_vs_llama"].startswith("met")     # 1.25 >= 1.2
+    assert values["others.qwen25_q8_0.pp_bound"].startswith("500")   # 100 Gop/s / 2e8 op
+    _others_record(ours=30, peer=40, pp=100, peer_pp=50).save(tmp_path)
+    values = others.report(tmp_path)
+    assert values["others.qwen25_q8_0.tg_vs_llama"].startswith("missed")
+    assert values["others.qwen25_q8_0.pp_vs_llama"].startswith("met")

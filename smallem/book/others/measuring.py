@@ -74,18 +74,47 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
         cases["llama_tg"] = (lambda: None, llama_tg)
         cases["llama_pp"] = (lambda: None, llama_pp)
     ts = _rounds(cases, 2 if quick else ROUNDS)
+    gemm_rate = prompt_gemm_rate(fw, pp)
     mix = {t: b for t, (_, b) in mf.type_mix().items()}
     params = {"model": shape, "type": qtype, "threads": threads,
               "weight_bytes": mf.weight_bytes_per_token, "file_bytes": path.stat().st_size,
               "params": int(sum(np.prod(t.ne) for t in mf.tensors.values())),
               "type_bytes": mix}
     _add(rec, "decode", ts["tg"], feed, **params, par_min_bytes=fw.par_min_bytes)
-    _add(rec, "prefill", ts["pp"], pp, **params)
+    _add(rec, "prefill", ts["pp"], pp, **params, prompt_dtype=fw.prompt_dtype,
+         products_per_token=mf.products_per_token)
+    rec.add("prompt_gemm", "Gop/s", gemm_rate, **params, prompt_dtype=fw.prompt_dtype,
+            shape=[pp, mf.hyper.hidden, mf.hyper.d])
     for test, vals in peer.items():
         if vals:
             t = Timing([1.0 / v for v in vals])
             rec.add("llama_" + test, "tokens/s", t.rate(1.0),
                     seconds={**t.stats(), "samples": t.seconds}, **params)
+
+
+def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
+    """The prompt's bound, measured: chapter 2's GEMM on the forward's team and dtype, at
+    the shape of the file's gate product (``rows`` tokens by the hidden width by d, the
+    largest of a block's products), ``reps`` calls in Gop/s. A prompt can go no faster than
+    its products at the best of them."""
+    from ... import gemm
+
+    h = fw.h
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((rows, h.d), np.float32)
+    b = rng.standard_normal((h.hidden, h.d), np.float32)
+    if fw.prompt_dtype == "bf16":
+        a, b = gemm.f32_to_bf16(a), gemm.f32_to_bf16(b)
+        call = lambda: gemm.matmul_bf16(a, b, trans_b=True, threads=fw.team)  # noqa: E731
+    else:
+        call = lambda: gemm.matmul(a, b, trans_b=True, threads=fw.team)  # noqa: E731
+    call()
+    t = Timing()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        t.seconds.append(time.perf_counter() - t0)
+    return t.rate(2.0 * rows * h.hidden * h.d / 1e9)
 
 
 def bench_others(quick: bool | None = None, progress: bool = True, threads=None):

@@ -16,7 +16,7 @@ TARGETS = {"Q8_0": 1.0, "Q4_K_M": 1.0, "Q4_0": 1.2}
 BOUND_SHARE = 0.85
 PP_TARGET = 1.5
 FIELDS = ("mib", "level", "bound", "tg", "llama_tg", "tg_vs_llama", "tg_vs_bound", "pp",
-          "llama_pp", "pp_vs_llama")
+          "llama_pp", "pp_vs_llama", "pp_bound", "gemm_rate", "pp_share")
 
 
 def slug(shape: str, qtype: str) -> str:
@@ -93,6 +93,10 @@ def report(rec_dir=None) -> dict:
         tv = compare.against(ours, lt, TARGETS[qtype]) if lt else None
         bv = compare.against_bound(ours, bound, BOUND_SHARE) if facts else None
         pv = compare.against(pre, lp, PP_TARGET) if lp else None
+        gm = _one(rec, "prompt_gemm", model=shape, type=qtype)
+        per_token = pre["params"].get("products_per_token")
+        pp_bound = (gm["value"]["max"] * 1e9 / (2 * per_token) if gm and per_token
+                    else float("nan"))
         no = "not measured (no llama.cpp)"
         values.update({
             key + "mib": f(wb / MiB, "MiB"), key + "level": level,
@@ -105,21 +109,29 @@ def report(rec_dir=None) -> dict:
             key + "pp": f(pre["value"]["median"], "tokens/s"),
             key + "llama_pp": f(lp["value"]["median"], "tokens/s") if lp else no,
             key + "pp_vs_llama": pv.text() if pv else no,
+            key + "pp_bound": f(pp_bound, "tokens/s") if gm else "not measured in this record",
+            key + "gemm_rate": (f(gm["value"]["max"], "Gop/s") + f" ({pre['params']['prompt_dtype']})"
+                                if gm else "not measured in this record"),
+            key + "pp_share": (f"{100 * pre['value']['median'] / pp_bound:.0f} %" if gm
+                               else "not measured in this record"),
         })
         mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
                         for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
         rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level, f(bound),
                      f(ours["value"]["median"]), f(lt["value"]["median"]) if lt else "—",
                      f"{100 * ours['value']['median'] / bound:.0f} %",
-                     f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—"])
+                     f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—",
+                     f(pp_bound) if gm else "—"])
     figures.write_table(
         "others_speed", rows,
         ["file", "MiB a token reads", "types (share of the file)", "level (chapter 1)",
          "bound (tokens/s)", "decode, ours", "decode, llama.cpp", "ours ÷ bound",
-         f"prompt of {s['pp']}, ours", "prompt, llama.cpp"],
+         f"prompt of {s['pp']}, ours", "prompt, llama.cpp", "prompt bound (tokens/s)"],
         f"Tokens/s, medians of {s['rounds']} rounds in turn; decode: {s['feed']} tokens after "
         f"{s['prompt']} cached; {th} threads. The bound: the bytes a token reads over chapter "
-        f"1's triad bandwidth of the level that holds them. {figures.machine_line(rec)}.")
+        f"1's triad bandwidth of the level that holds them. The prompt bound: chapter 2's GEMM "
+        f"at the file's gate shape, timed in the same run on the same threads and inputs, over "
+        f"two operations a weight a token. {figures.machine_line(rec)}.")
     figures.write_table("others_types", *types_table(facts, weights))
     ll = s.get("llama_cpp")
     values["others.instruction"] = s["instruction"]
