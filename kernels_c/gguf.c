@@ -218,11 +218,23 @@ void sm_g_quantize(int type, const float *x, int K, void *act)
     case T_Q8_0: {
         blk_q8_0 *b = act;
         for (int i = 0; i < K / 32; i++, x += 32) {
+#if defined(SM_AVX512)
+            /* the same arithmetic in vectors: |x| max, x id rounded to nearest even by the
+             * conversion (the default rounding mode, as nearbyintf), narrowed to bytes */
+            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+            b[i].d = f2h(amax / 127.0f);
+            const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+            _mm_storeu_si128((__m128i *)b[i].qs, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, id))));
+            _mm_storeu_si128((__m128i *)(b[i].qs + 16),
+                             _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, id))));
+#else
             float amax = 0.0f;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
             b[i].d = f2h(amax / 127.0f);
             const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
             for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)nearest_even(x[j] * id);
+#endif
         }
         break;
     }
@@ -980,10 +992,14 @@ static void products(const sm_gmodel *m, const sm_gmat *const *ws, float *const 
     uint8_t *a = wk->act;
     for (int i = 0; i < count; i++) {
         ab[i] = sm_g_act_bytes(ws[i]->type, ws[i]->K);
+        start[i + 1] = start[i] + (long long)ws[i]->N * ws[i]->row_bytes;
+        if (i > 0 && sm_g_act_type(ws[i]->type) == sm_g_act_type(ws[i - 1]->type)) {
+            act[i] = act[i - 1]; /* the same rounding of the same input: made once */
+            continue;
+        }
         quantize_rows(ws[i]->type, x, rows, ws[i]->K, a);
         act[i] = a;
         a += (rows * ab[i] + 63) / 64 * 64;
-        start[i + 1] = start[i] + (long long)ws[i]->N * ws[i]->row_bytes;
     }
     const long long total = start[count];
     const int nt = total >= m->par_min_bytes ? nthreads : 1;
