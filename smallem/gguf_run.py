@@ -225,7 +225,7 @@ class Forward:
             return self._forward_gemm(t, all_logits)
         if path != "c":
             raise ValueError(f"path: expected 'c' or 'gemm', got {path!r}")
-        out = np.zeros((n if all_logits else 1, self.h.vocab), np.float32)
+        out = np.empty((n if all_logits else 1, self.h.vocab), np.float32)  # C writes every row
         for s in range(0, n, ROWS):
             c = min(ROWS, n - s)
             dst = out[s:s + c] if all_logits else out
