@@ -591,41 +591,59 @@ INLINE __m512i dot_u2(__m512i acc, __m512i u, __m512i x)
 #endif
 }
 /* --8<-- [start:dot_q4_0x2] */
+/* one pair: TWO is 1 for blocks i and i + 1, 0 for a last block alone */
+#define STEP_Q4_0(TWO)                                                                         \
+    do {                                                                                       \
+        const __m512i u = nibbles64(w[i].qs, (TWO) ? w[i + 1].qs : NULL);                      \
+        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a->init), 3);                \
+        const __m512i p = dot_u2(init, u, _mm512_loadu_si512(a->qs));                          \
+        const __m512 d = _mm512_mul_ps(scales2(w[i].d, (TWO) ? w[i + 1].d : 0),                \
+                                       _mm512_loadu_ps(a->d));                                 \
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);                                  \
+    } while (0)
 static float dot_q4_0(const uint8_t *wp, const void *ap, int nb)
 {
     const blk_q4_0 *w = (const blk_q4_0 *)wp;
     const blk_q8_0x2 *a = ap;
     __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < nb; i += 2, a++) {
-        const int two = i + 1 < nb;
-        const __m512i u = nibbles64(w[i].qs, two ? w[i + 1].qs : NULL);
-        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a->init), 3);
-        const __m512i p = dot_u2(init, u, _mm512_loadu_si512(a->qs));
-        const __m512 d = _mm512_mul_ps(scales2(w[i].d, two ? w[i + 1].d : 0), _mm512_loadu_ps(a->d));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);
-    }
+    int i = 0;
+    for (; i + 2 <= nb; i += 2, a++) STEP_Q4_0(1);
+    if (i < nb) STEP_Q4_0(0);
     return _mm512_reduce_add_ps(acc);
 }
 /* --8<-- [end:dot_q4_0x2] */
+/* Q5_0's fifth bits of blocks i and i + 1 as a mask over the zmm's bytes: the two qh words
+ * side by side are the 16-bit groups (i low, i high, i+1 low, i+1 high); the zmm's order wants
+ * the middle two swapped (a delta swap), and a masked add of 16 sets them */
+INLINE __mmask64 fifth_mask(const uint8_t *qh0, const uint8_t *qh1)
+{
+    uint32_t h0, h1 = 0;
+    memcpy(&h0, qh0, 4);
+    if (qh1) memcpy(&h1, qh1, 4);
+    uint64_t m = h0 | (uint64_t)h1 << 32;
+    const uint64_t t = (m ^ (m >> 16)) & 0x00000000ffff0000ULL;
+    m ^= t ^ (t << 16);
+    return (__mmask64)m;
+}
+#define STEP_Q5_0(TWO)                                                                         \
+    do {                                                                                       \
+        __m512i u = nibbles64(w[i].qs, (TWO) ? w[i + 1].qs : NULL);                            \
+        u = _mm512_mask_add_epi8(u, fifth_mask(w[i].qh, (TWO) ? w[i + 1].qh : NULL), u,        \
+                                 _mm512_set1_epi8(0x10));                                      \
+        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a->init), 4);                \
+        const __m512i p = dot_u2(init, u, _mm512_loadu_si512(a->qs));                          \
+        const __m512 d = _mm512_mul_ps(scales2(w[i].d, (TWO) ? w[i + 1].d : 0),                \
+                                       _mm512_loadu_ps(a->d));                                 \
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);                                  \
+    } while (0)
 static float dot_q5_0(const uint8_t *wp, const void *ap, int nb)
 {
     const blk_q5_0 *w = (const blk_q5_0 *)wp;
     const blk_q8_0x2 *a = ap;
     __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < nb; i += 2, a++) {
-        const int two = i + 1 < nb;
-        uint32_t h0, h1 = 0;
-        memcpy(&h0, w[i].qh, 4);
-        if (two) memcpy(&h1, w[i + 1].qh, 4);
-        const __mmask64 fifth = (__mmask64)((h0 & 0xffffu) | (uint64_t)(h1 & 0xffffu) << 16
-                                            | (uint64_t)(h0 >> 16) << 32 | (uint64_t)(h1 >> 16) << 48);
-        __m512i u = nibbles64(w[i].qs, two ? w[i + 1].qs : NULL);
-        u = _mm512_or_si512(u, _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(0x10)));
-        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a->init), 4);
-        const __m512i p = dot_u2(init, u, _mm512_loadu_si512(a->qs));
-        const __m512 d = _mm512_mul_ps(scales2(w[i].d, two ? w[i + 1].d : 0), _mm512_loadu_ps(a->d));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);
-    }
+    int i = 0;
+    for (; i + 2 <= nb; i += 2, a++) STEP_Q5_0(1);
+    if (i < nb) STEP_Q5_0(0);
     return _mm512_reduce_add_ps(acc);
 }
 DOT32(dot_q8_0, blk_q8_0, WEIGHTS_Q8_0)
