@@ -227,6 +227,16 @@ def _hyper(path, meta, tok, tensors) -> Hyper:
                  rope_dim=rope_dim, tied="output.weight" not in tensors)
 
 
+def rope_angles(h: Hyper, positions, freqs=None) -> np.ndarray:
+    """(len(positions), rope_dim / 2) angles, in float64: position times
+    rope_base^(-2i / rope_dim), divided by ``freqs`` (llama 3's factors) where given."""
+    i = np.arange(0, h.rope_dim, 2, dtype=np.float64)
+    theta = h.rope_base ** (-i / h.rope_dim)
+    if freqs is not None:
+        theta = theta / np.asarray(freqs, np.float64)
+    return np.asarray(positions, np.float64)[:, None] * theta[None, :]
+
+
 def expected_shapes(h: Hyper) -> dict:
     """{tensor name: ne} of every tensor the forward reads (``rope_freqs.weight`` and the
     output matrix only where the file has them)."""

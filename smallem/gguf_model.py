@@ -32,16 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gguf_file import ModelFile
-
-
-def rope_angles(h, positions, freqs=None) -> np.ndarray:
-    """(len(positions), rope_dim / 2) angles, in float64."""
-    i = np.arange(0, h.rope_dim, 2, dtype=np.float64)
-    theta = h.rope_base ** (-i / h.rope_dim)
-    if freqs is not None:
-        theta = theta / np.asarray(freqs, np.float64)
-    return np.asarray(positions, np.float64)[:, None] * theta[None, :]
+from .gguf_file import ModelFile, rope_angles
 
 
 def rope(x, angles, style: str):

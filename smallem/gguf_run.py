@@ -15,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import build, checks, pool as _pool
-from .gguf_file import TYPES, ModelFile, Tensor
-from .gguf_model import rope_angles
+from .gguf_file import TYPES, ModelFile, Tensor, rope_angles
 
 ROWS = 64          # prompt rows per C call: each block of 4 weight rows meets all of them in L1
 DEFAULT_CONTEXT = 4096  # the cache's positions unless the caller asks for more (or fewer)
@@ -310,7 +309,7 @@ class Forward:
             return v
 
         mask = np.triu(np.full((n, p0 + n), -np.inf, np.float32), k=p0 + 1)
-        G, nkv = h.group, h.n_kv_head
+        nkv = h.n_kv_head
         with threadpool_limits(1):  # numpy's own threads would spin on the GEMM's cores
             for i in range(h.n_layer):
                 b = f"blk.{i}."

@@ -281,14 +281,23 @@ def measure_stream_point(s: Stream, kernel: str, ws_bytes: int, threads: int,
 FEEDS_VERSION = 1  # bump when feeds() measures differently: older files are measured again
 
 
-def feeds(level: str) -> dict:
+def feeds(level: str, refresh: bool = False) -> dict:
     """One core's f32 FMA and bf16 dot rates (Gop/s) and each core's share of the L3's triad
     bandwidth with every core reading (GB/s), for chapter 2's loop-order model and bf16
     path. Measured once per machine (the CPU, its caches, the usable cores, the ISA level)
-    and kept in the build cache, so every process here makes the same choices."""
+    and kept in the build cache, so every process here makes the same choices. ``refresh``
+    measures again and replaces what the cache kept: chapter 1's measurement does, so that
+    a book's choices come from a quiet machine, not from the first call of some earlier
+    process (which may have run beside a compiler)."""
     key = json.dumps([FEEDS_VERSION, machine_info.cpu_model(), machine_info.usable_cores(),
                       machine_info.caches(), level, sorted(isa.extensions(level))])
     path = build.cache_dir() / f"feeds_{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if refresh:
+        _feeds.cache_clear()
+        try:
+            os.remove(path)
+        except OSError:
+            pass
     return _feeds(str(path), level)
 
 

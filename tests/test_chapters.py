@@ -104,7 +104,7 @@ def test_the_others_appendix_reads_every_value_its_page_quotes(tmp_path, monkeyp
     page = (records.ROOT / "chapters" / "b-others.md").read_text()
     wanted = set(re.findall(r"\{\{\s*(others\.[\w.]+)\s*\}\}", page))
     values = others.report(tmp_path)
-    assert wanted <= set(values) and "not measured" in values["others.qwen25_q8_0.tg"]
+    assert wanted <= set(values) and "not measured" in values["others.qwen25_q8_0.tg_vs_llama"]
     shutil.copy(records.records_dir() / "ch1.machine.json", tmp_path)
     _others_record(ours=50, peer=40, pp=100, peer_pp=90).save(tmp_path)
     values = others.report(tmp_path)

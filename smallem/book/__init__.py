@@ -28,6 +28,7 @@ CHAPTERS = (
     "ch4",   # generating without the GPU
     "mpi",   # the appendix: beyond one machine, data-parallel training on MPI
     "others",  # appendix B: others' models (GGUF files) beside llama.cpp
+    "machines",  # appendix C: every captured machine side by side (reads, never measures)
 )
 
 

@@ -25,11 +25,17 @@ def tables_dir() -> Path:
     return path
 
 
+DRAW = True  # False: a reading run for its values only (smallem.book.machines) saves no figure
+
+
 def save(fig, name: str) -> list[Path]:
     """Save a matplotlib figure as ``figures/<name>.png`` and ``.svg``."""
     import matplotlib.pyplot as plt
 
     out = []
+    if not DRAW:
+        plt.close(fig)
+        return out
     for ext in ("png", "svg"):
         path = figures_dir() / f"{name}.{ext}"
         fig.savefig(path, dpi=130 if ext == "png" else None, bbox_inches="tight",

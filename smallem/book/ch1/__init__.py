@@ -32,9 +32,24 @@ from ...timing import quick_mode
 def add_machine_arguments(p):
     p.add_argument("--quick", action="store_true", help="tiny sizes, seconds not minutes")
     p.add_argument("--no-save", action="store_true", help="print the table, write no record")
+    p.add_argument("--save-to", metavar="DIR",
+                   help="measure nothing: capture this machine into DIR (tests/machines/<name>): "
+                        "its OS files and the records of the make book that ran here")
 
 
 def cmd_machine(args) -> int:
+    if args.save_to:
+        import sys
+
+        from ..capture import CaptureError, save_to
+        try:
+            dest, elsewhere = save_to(args.save_to)
+        except CaptureError as e:
+            print(f"smallem machine: error: {e}", file=sys.stderr)
+            return 2
+        print(f"captured this machine into {dest}"
+              + (f" (left out, measured elsewhere: {', '.join(elsewhere)})" if elsewhere else ""))
+        return 0
     quick = args.quick or quick_mode()
     rec = run(quick=quick)
     print("\n" + "\n".join(summary_lines(rec.data)))

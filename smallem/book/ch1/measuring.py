@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ... import build, isa, machine_info
+from ... import build, isa, machine, machine_info
 from ...gemm import LADDER
 from ...machine import (MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, Stream, amx_kinds,
                         measure_clock, measure_peak, measure_stream_point, native, settle,
@@ -187,4 +187,6 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     f32_core = records.value(rec.data, "peak", kind="f32", threads=1) * 1e9
     # the pipes belong to physical cores: SMT siblings share them
     rec.data["settings"]["theory"] = theoretical_peak(clock_hz, physical, level, f32_core)
+    if not quick:  # the GEMM's choices are made from this quiet run, not from an older cache
+        rec.data["settings"]["feeds"] = machine.feeds(level, refresh=True)
     return rec

@@ -25,7 +25,7 @@ FEED = 32          # decode steps timed per round (llama-bench's -n)
 PP = 512           # the prompt timed (llama-bench's pp512)
 ROUNDS = 5         # rounds: 5 of 5 is the fewest a one-sided sign test at 5 % can decide on
 PAUSE = 0.05
-LLAMA_REPS = 2     # llama-bench repetitions a round, the last kept (as chapter 4)
+LLAMA_REPS = 1     # llama-bench repetitions a round, after llama-bench's own warm-up run
 
 
 def _tokens(n: int, seed: int) -> list[int]:

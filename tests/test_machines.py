@@ -1,0 +1,126 @@
+"""Appendix C, across machines: its tables build from the committed records of every captured
+machine, a machine with partial records renders, the cells are the records' numbers, and
+`smallem machine --save-to` captures this machine only from its own full records."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from smallem.book import capture, ch1, figures, machines, records
+from smallem.book.machines import reading
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
+    return tmp_path
+
+
+def test_both_tables_build_from_the_committed_records(scratch):
+    values = machines.report(records.records_dir())
+    across = (figures.tables_dir() / "machines_across.md").read_text()
+    glance = (figures.tables_dir() / "machines_glance.md").read_text()
+    names = [d.name for d in reading.folders()]
+    assert len(names) >= 4 and "amd-zen3-2c" in names        # Zen 3's, from shared/machines
+    header = across.splitlines()[0]
+    for name in names:
+        assert name in header
+    assert "GPU: NVIDIA H200" in header                          # the GPU's column
+    assert across.count("\n| [") == len(reading.ROWS)
+    for key in ("machines.why_ch1", "machines.why_ch2", "machines.why_ch3", "machines.why_ch4"):
+        assert "times" in values[key], values[key]                # a computed ratio, not a stub
+    rows = [line for line in glance.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 8                                     # the header and eight rows
+    assert figures.fmt(1314, "Gop/s") in glance                   # the reference's, quoted
+
+
+def test_each_cell_is_its_machines_record(scratch):
+    """The f32 peak and the micro-kernel's tile in every column, recomputed here from that
+    machine's records by another route."""
+    for d in reading.folders():
+        col = reading.column(d)
+        facts = ch1.facts(d / "records")
+        assert col["ch1.f32_peak_all"] == figures.fmt(facts["peak"][("f32", facts["cores"])], "Gop/s")
+        s = records.load("ch2.gemm", d / "records")["settings"] if records.exists("ch2.gemm", d / "records") else {}
+        if "ch2" in col["_missing"]:     # a record today's reading cannot read says so
+            assert col["machines.tile"].startswith(f"not measured at {col['_commit']}")
+        elif "mr" in s:
+            assert col["machines.tile"] == f"{s['mr']} x {s['nr']}"
+        assert col["_commit"] == records.load("ch1.machine", d / "records")["commit"][:7]
+
+
+def test_a_machine_with_partial_records_says_what_it_lacks(scratch, monkeypatch):
+    src = reading.folders()[0]
+    root = scratch / "machines"
+    (root / "partial" / "records").mkdir(parents=True)
+    shutil.copy(src / "records" / "ch1.machine.json", root / "partial" / "records")
+    shutil.copy(src / "lscpu.txt", root / "partial")
+    monkeypatch.setattr(reading, "MACHINES", root)
+    values = machines.report(records.records_dir())
+    across = (figures.tables_dir() / "machines_across.md").read_text()
+    commit = records.load("ch1.machine", src / "records")["commit"][:7]
+    row = next(line for line in across.splitlines() if "1024³ product, last rung" in line)
+    assert f"not measured at {commit}" in row
+    row = next(line for line in across.splitlines() if "f32 peak, every core" in line)
+    assert "Gop/s" in row
+    assert "fewer than two machines" in values["machines.why_ch2"]
+
+
+def test_differences_are_ratios_of_the_columns():
+    def col(name, peak, fpc, clock):
+        return {"_header": f"{name}: cpu", "ch1.f32_peak_core": f"{peak} Gop/s",
+                "_values": {"ch1.flops_per_cycle": str(fpc), "ch1.clock_f32": f"{clock} GHz",
+                            "machines.fma": "2 x 256 bits"}}
+    out = reading.differences([col("a", 100, 32, 3.0), col("b", 200, 64, 3.0)])
+    assert "2.00 times" in out["machines.why_ch1"] and "predict 2.00 times" in out["machines.why_ch1"]
+    assert "the FMA width and the clock moves it most" in out["machines.why_ch1"]
+    out = reading.differences([col("a", 100, 32, 3.0), col("b", 300, 32, 3.0)])
+    assert "something else moves it more" in out["machines.why_ch1"]
+    assert reading.number("1\u202f429 tokens/s") == 1429.0
+
+
+def _records_like(tmp_path, folder="recs", **change):
+    """A records folder holding this book's chapter-1 record, changed as asked; and its
+    machine's fingerprint."""
+    rec_dir = tmp_path / folder
+    rec_dir.mkdir()
+    here = records.load("ch1.machine", records.records_dir())
+    here["machine"].update(change.pop("machine", {}))
+    here["settings"].update(change)
+    (rec_dir / "ch1.machine.json").write_text(json.dumps(here))
+    return rec_dir, dict(here["machine"])
+
+
+def test_capture_writes_the_os_files_and_this_machines_records(tmp_path):
+    rec_dir, fp = _records_like(tmp_path)
+    gpu = records.load("ch1.gpu", records.records_dir())       # a GPU's record: left out
+    (rec_dir / "ch1.gpu.json").write_text(json.dumps(gpu))
+    (tmp_path / "m" / "records").mkdir(parents=True)
+    (tmp_path / "m" / "records" / "stale.json").write_text("{}")  # an older run's: replaced
+    dest, elsewhere = capture.save_to(tmp_path / "m", rec_dir=rec_dir, here=fp)
+    assert elsewhere == ["ch1.gpu.json"]
+    assert sorted(p.name for p in (dest / "records").iterdir()) == ["ch1.machine.json"]
+    assert (dest / "caches.txt").read_text().startswith("index")
+    assert "processor" in (dest / "cpuinfo-cpu0.txt").read_text()
+    with pytest.raises(capture.CaptureError, match="not on this machine"):
+        capture.save_to(tmp_path / "n", rec_dir=rec_dir, here={**fp, "cores": fp["cores"] + 1})
+    quick_dir, fp2 = _records_like(tmp_path, "quick", quick=True)
+    with pytest.raises(capture.CaptureError, match="quick"):
+        capture.save_to(tmp_path / "o", rec_dir=quick_dir, here=fp2)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(capture.CaptureError, match="make book"):
+        capture.save_to(tmp_path / "p", rec_dir=tmp_path / "empty", here=fp2)
+
+
+def test_save_to_refuses_another_machines_records_in_one_line(tmp_path):
+    rec_dir, _ = _records_like(tmp_path, machine={"cpu": "another CPU"})
+    r = subprocess.run([sys.executable, "-m", "smallem", "machine", "--save-to", str(tmp_path / "m")],
+                       capture_output=True, text=True,
+                       env={**os.environ, "SMALLEM_RECORDS": str(rec_dir)})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "not on this machine" in r.stderr
+    assert not (tmp_path / "m" / "records" / "ch1.machine.json").exists()
