@@ -93,6 +93,7 @@ ROWS = (
     ("ch1", "clock under the f32 probe", "ch1.clock_f32", "1-cpu.md#measuring-the-clock"),
     ("ch1", "fastest bf16 path, every core", "machines.bf16_all", "1-cpu.md#narrower-numbers-bf16-and-int8"),
     ("ch1", "fastest int8 path, every core", "machines.int8_all", "1-cpu.md#narrower-numbers-bf16-and-int8"),
+    ("ch1", "L3 triad, one core", "ch1.l3_core", "1-cpu.md#the-memory-staircase"),
     ("ch1", "L3 triad, every core", "ch1.l3_all", "1-cpu.md#the-memory-staircase"),
     ("ch1", "DRAM read, every core", "ch1.dram_read_all", "1-cpu.md#the-memory-staircase"),
     ("ch1", "where L2 ends (one core's triad)", "machines.l2_end", "1-cpu.md#the-memory-staircase"),
@@ -102,6 +103,7 @@ ROWS = (
     ("ch2", "last rung's share of the peak", "ch2.final_pct_peak", "2-matmul.md#rung-5-threads"),
     ("ch2", "loop order the model chose", "ch2.order", "2-matmul.md#the-packages-gemm"),
     ("ch2", "micro-kernel (rows x columns)", "machines.tile", "2-matmul.md#rung-3-the-micro-kernel-in-registers"),
+    ("ch2", "blocks mc, kc, nc of that order", "machines.blocks", "2-matmul.md#block-sizes-from-the-caches-not-from-tuning"),
     ("ch2", "bf16 path chosen", "ch2.bf16_chosen", "2-matmul.md#bf16-inputs"),
     ("ch3", "xl step, kernels (f32)", "ch3.kernels_toks", "3-training.md#the-climb"),
     ("ch3", "xl step, top of the climb", "ch3.climb_top_toks", "3-training.md#the-climb"),
@@ -140,6 +142,9 @@ def _facts_values(rec_dir: Path) -> dict:
         s = records.load("ch2.gemm", rec_dir)["settings"]
         if "mr" in s:
             out["machines.tile"] = f"{s['mr']} x {s['nr']}"
+        b = s.get("blocks")
+        if isinstance(b, dict) and {"mc", "kc", "nc"} <= set(b):
+            out["machines.blocks"] = f"{b['mc']}, {b['kc']}, {b['nc']}"
     if records.exists("ch4.decode", rec_dir) and facts:
         rec = records.load("ch4.decode", rec_dir)
         rungs = sorted({r["params"]["rung"] for r in records.results(rec, "decode")
