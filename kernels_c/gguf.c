@@ -218,16 +218,29 @@ void sm_g_quantize(int type, const float *x, int K, void *act)
     case T_Q8_0: {
         blk_q8_0 *b = act;
         for (int i = 0; i < K / 32; i++, x += 32) {
-#if defined(SM_AVX512)
+#if defined(SM_AVX2)
             /* the same arithmetic in vectors: |x| max, x id rounded to nearest even by the
-             * conversion (the default rounding mode, as nearbyintf), narrowed to bytes */
-            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+             * conversion (the default rounding mode, as nearbyintf), packed to bytes (values
+             * within +-127, so the saturating packs are exact; the permute undoes their
+             * 128-bit lane order) */
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8),
+                         v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+            const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                           _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            const float amax = _mm_cvtss_f32(h);
             b[i].d = f2h(amax / 127.0f);
-            const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-            _mm_storeu_si128((__m128i *)b[i].qs, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, id))));
-            _mm_storeu_si128((__m128i *)(b[i].qs + 16),
-                             _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, id))));
+            const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+            const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, id)),
+                                                   _mm256_cvtps_epi32(_mm256_mul_ps(v1, id)));
+            const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, id)),
+                                                   _mm256_cvtps_epi32(_mm256_mul_ps(v3, id)));
+            const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23),
+                                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)b[i].qs, q);
 #else
             float amax = 0.0f;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));

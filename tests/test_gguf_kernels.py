@@ -235,7 +235,7 @@ def test_the_forward_refuses_what_does_not_fit(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("arch", list(gguf_file.ARCHS))
-def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, arch, dtype):
+def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, arch, dtype):
     """A prompt through chapter 2's GEMM (float32 or bf16 inputs, the weights dequantised a
     panel at a time) gives the float64 logits up to its inputs' rounding and the C path's up
     to the C path's activation rounding, and leaves the same cache: the decode steps after it
@@ -265,3 +265,22 @@ def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, arch, dty
         c.forward([1], path="blas")
     with pytest.raises(ValueError, match="prompt_dtype"):
         gguf_run.Forward(mf, prompt_dtype="f16")
+
+
+def test_every_type_is_supported_and_rounds_its_activation_as_llama_does(level):
+    """The C side multiplies every type the reader accepts and none other, and pairs each with
+    the activation type ggml's vec_dot_type names (on AVX-512, Q4_0 and Q5_0 take the
+    paired Q8_0 layout, which holds the same Q8_0 values)."""
+    from smallem import build
+    ffi, lib = build.load("gguf", level)
+    for name in TYPES:
+        assert lib.sm_g_supported(gguf_run.type_id(name)) == 1, name
+    for name in ("Q2_K", "Q3_K", "IQ4_NL"):
+        assert lib.sm_g_supported(gguf_run.type_id(name)) == 0, name
+    pairs = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_K": "Q8_K",
+             "Q6_K": "Q8_K"}
+    for w, a in pairs.items():
+        assert lib.sm_g_act_type(gguf_run.type_id(w)) == gguf_run.type_id(a), w
+    for w in ("Q4_0", "Q5_0"):
+        got = lib.sm_g_act_type(gguf_run.type_id(w))
+        assert got == (1000 if level == "avx512" else gguf_run.type_id("Q8_0")), w

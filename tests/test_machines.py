@@ -77,7 +77,7 @@ def test_differences_are_ratios_of_the_columns():
                             "machines.fma": "2 x 256 bits"}}
     out = reading.differences([col("a", 100, 32, 3.0), col("b", 200, 64, 3.0)])
     assert "2.00 times" in out["machines.why_ch1"] and "predict 2.00 times" in out["machines.why_ch1"]
-    assert "the FMA width and the clock moves it most" in out["machines.why_ch1"]
+    assert "the FMA width and the clock move it most" in out["machines.why_ch1"]
     out = reading.differences([col("a", 100, 32, 3.0), col("b", 300, 32, 3.0)])
     assert "something else moves it more" in out["machines.why_ch1"]
     assert reading.number("1\u202f429 tokens/s") == 1429.0

@@ -256,9 +256,10 @@ def moved_by(ratio: float, hw: float, hw_name: str, other_name: str) -> str:
     if not (ratio > 0 and hw > 0):
         return "the records do not say which factor moves it"
     rest = abs(math.log(ratio) - math.log(hw))
+    verb = "move" if " and " in hw_name else "moves"
     if rest <= abs(math.log(ratio)) / 2:
-        return f"{hw_name} moves it most"
-    return f"{other_name} moves it more than {hw_name} does"
+        return f"{hw_name} {verb} it most"
+    return f"{other_name} moves it more than {hw_name} {'do' if verb == 'move' else 'does'}"
 
 
 def differences(cols: list[dict]) -> dict:
