@@ -211,8 +211,11 @@ def _interrupt_a_build(cache, sig):
     slow_cc.chmod(0o755)
     env = dict(os.environ, SMALLEM_CACHE=str(cache), CC=str(slow_cc))
     env.pop("SMALLEM_SANITIZE", None)
+    # a shell's background job inherits SIGINT ignored, and Python then never turns Ctrl-C
+    # into KeyboardInterrupt: the child gets the default disposition back, as a terminal's has
     p = subprocess.Popen([sys.executable, "-c", _BUILD_GEMM], env=env, start_new_session=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     try:
         while not started.exists():
