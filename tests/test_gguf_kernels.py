@@ -157,37 +157,10 @@ def test_bad_products_are_refused(rng):
 # ---------------------------------------------------------------- the forward
 
 def _quantised_copy(src, dst, qtype):
-    """The file at ``src`` with every 2-D weight in ``qtype`` (the gguf package's quantiser:
-    Q8_0, Q4_0, Q5_0, BF16, F16), norms and biases F32."""
-    import gguf
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        v, t = f.contents(), f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            w.add_array(k, v)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_string(k, v)
-        elif t == gguf.GGUFValueType.FLOAT32:
-            w.add_float32(k, v)
-        elif t == gguf.GGUFValueType.BOOL:
-            w.add_bool(k, v)
-        else:
-            w.add_uint32(k, v)
-    qt = gguf.GGMLQuantizationType[qtype]
-    for t in r.tensors:
-        a = np.asarray(t.data)
-        if a.ndim == 2 and qtype != "F32":
-            w.add_tensor(t.name, gguf.quants.quantize(a, qt), raw_dtype=qt)
-        else:
-            w.add_tensor(t.name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    """The file at ``src`` with every 2-D weight in ``qtype``, by the gguf package's quantiser
+    (the appendix's fallback where llama-quantize is not built), norms and biases as they are."""
+    from smallem.book.others.files import quantise
+    return quantise(src, dst, qtype, None)
 
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0"])

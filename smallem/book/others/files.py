@@ -99,9 +99,13 @@ def write_random(path: Path, s: Shape, seed: int = 0) -> Path:
     return path
 
 
+PACKAGE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "BF16", "F16")  # what the gguf package can quantise
+
+
 def quantise(src: Path, dst: Path, qtype: str, tools: dict | None) -> Path | None:
-    """``src`` (F16) in ``qtype``: llama-quantize's where it is built, else the gguf
-    package's for Q8_0 and Q4_0, else None (the type is not made)."""
+    """``src`` in ``qtype``: llama-quantize's where it is built, else the gguf package's for
+    :data:`PACKAGE_TYPES`, else None (the type is not made). Norms and biases stay as they
+    are."""
     q = tools and tools.get("quantize")
     if q:
         r = subprocess.run([q, str(src), str(dst), qtype], capture_output=True, text=True,
@@ -109,7 +113,7 @@ def quantise(src: Path, dst: Path, qtype: str, tools: dict | None) -> Path | Non
         if r.returncode:
             raise RuntimeError(f"llama-quantize {qtype} failed: {r.stderr.strip()[-300:]}")
         return dst
-    if qtype not in ("Q8_0", "Q4_0"):
+    if qtype not in PACKAGE_TYPES:
         return None
     import gguf
 
