@@ -504,11 +504,18 @@ class Generator:
     Uses the top of the ladder (:class:`Decoder`, int8 or f32, threads on the pool).
     When the context is full, the last half of it is prefilled again and generation goes
     on: the model then sees the latest ``context / 2`` bytes, never more than its context.
+
+    ``prefill`` is the decoder's prompt path, "c" by default: the prompt goes through the
+    same call, in the same ``dtype``, as every token after it, so the same seed gives the
+    same text on a machine. "auto" (rung 5) picks the faster path by timing it when the
+    generator is made; the f32 GEMM's logits differ from the int8 call's, so with "auto" the
+    text may change from run to run with the clock.
     """
 
-    def __init__(self, model: GPT, *, dtype: str = "int8", threads=None, pool: bool = True):
+    def __init__(self, model: GPT, *, dtype: str = "int8", threads=None, pool: bool = True,
+                 prefill: str = "c"):
         self.model, self.config = model, model.config
-        self.decoder = Decoder(model, dtype, threads, pool, prefill="auto")
+        self.decoder = Decoder(model, dtype, threads, pool, prefill=prefill)
 
     @classmethod
     def from_checkpoint(cls, folder, **kw) -> "Generator":

@@ -23,6 +23,10 @@ def add_generate_arguments(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="int8", choices=DTYPES)
     p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
+    p.add_argument("--prefill", default="c", choices=("c", "gemm", "auto"),
+                   help="the prompt's path: c (default), the same call as each token, so a "
+                        "seed gives the same text; gemm, the f32 GEMM; auto, whichever is "
+                        "timed faster at start (the text can then change with the clock)")
     p.add_argument("--raw", action="store_true",
                    help="write the bytes as they are even to a terminal (a pipe or file always "
                         "gets them raw; a terminal gets control bytes and bad UTF-8 escaped)")
@@ -50,7 +54,7 @@ def cmd_generate(args) -> int:
     if bool(args.checkpoint) == bool(args.config):
         raise ValueError("give --checkpoint DIR or --config NAME (random weights), one of them")
     model = load_model(args.checkpoint) if args.checkpoint else GPT(args.config, seed=args.seed)
-    gen = Generator(model, dtype=args.dtype, threads=args.threads)
+    gen = Generator(model, dtype=args.dtype, threads=args.threads, prefill=args.prefill)
     pieces = gen.generate(args.prompt, args.tokens, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     out = sys.stdout.buffer if args.raw or not sys.stdout.isatty() else Terminal(sys.stdout)
