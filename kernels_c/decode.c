@@ -46,6 +46,7 @@
 #include "common.h"
 #include "vexp.h"
 #include "rows.h"
+#include "half.h"
 #include "decode.h"
 
 #define TILE 16
@@ -79,18 +80,6 @@ const char *sm_int8_instruction(void)
 }
 
 int sm_tile(void) { return TILE; }
-
-static inline float half_to_float(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    union { uint32_t u; float f; } v;
-    if (e == 0) {
-        const float f = ldexpf((float)m, -24); /* zero or subnormal */
-        return sign ? -f : f;
-    }
-    v.u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    return v.f;
-}
 
 /* --8<-- [start:quantize] */
 /* Each row of K floats to int8 with one scale: a = max|x| / 127, p = round(x / a);
@@ -325,7 +314,7 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
                     int32_t acc = 0;
                     for (int k = b * QBLOCK; k < (b + 1) * QBLOCK; k++)
                         acc += (int32_t)xr[k] * wt[((size_t)(k / 4) * ls + i) * 64 + l * 4 + k % 4];
-                    v[l] += (float)acc * half_to_float(st[((size_t)b * ss + i) * TILE + l]);
+                    v[l] += (float)acc * sm_f16_to_f32(st[((size_t)b * ss + i) * TILE + l]);
                 }
             for (int l = 0; l < TILE; l++) v[l] *= xs[r];
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);

@@ -48,6 +48,7 @@
 #include "common.h"
 #include "vexp.h"
 #include "rows.h"
+#include "half.h"
 #include "gguf.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -116,53 +117,10 @@ int sm_g_act_type(int type)
 }
 
 /* ------------------------------------------------------------------ halves */
-static inline float h2f(uint16_t h)
-{
-#if defined(SM_AVX2)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    union { uint32_t u; float f; } v;
-    if (e == 0) {
-        const float f = ldexpf((float)m, -24);
-        return sign ? -f : f;
-    }
-    v.u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    return v.f;
-#endif
-}
-
-/* float to f16, round to nearest even (what vcvtps2ph with imm 0 does) */
-static inline uint16_t f2h(float f)
-{
-#if defined(SM_AVX2)
-    return _cvtss_sh(f, 0);
-#else
-    union { float f; uint32_t u; } v = {f};
-    const uint32_t sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds past 65504 */
-    if (a < 0x38800000u) { /* a subnormal half (or zero): round a / 2^-24 to an integer */
-        union { uint32_t u; float f; } m = {a};
-        return (uint16_t)(sign | (uint32_t)nearbyintf(m.f * 16777216.0f));
-    }
-    const uint32_t r = a + 0x0fffu + ((a >> 13) & 1); /* round the 13 dropped bits to even */
-    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
-#endif
-}
-
-static inline float bf2f(uint16_t b)
-{
-    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
-    return v.f;
-}
-
-static inline uint16_t f2bf(float f)
-{
-    union { float f; uint32_t u; } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 64); /* quiet NaN */
-    return (uint16_t)((v.u + (0x7fffu + ((v.u >> 16) & 1))) >> 16);
-}
+#define h2f sm_f16_to_f32 /* kernels_c/half.h */
+#define f2h sm_f32_to_f16
+#define bf2f sm_bf16_to_f32
+#define f2bf sm_f32_to_bf16
 
 /* ------------------------------------------------------------------ activations */
 static inline int nearest_even(float v) { return (int)nearbyintf(v); }

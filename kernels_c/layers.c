@@ -26,6 +26,7 @@
 
 #include "vexp.h"
 #include "rows.h"
+#include "half.h"
 
 
 void vec_exp(float *x, long long n) { exp_inplace(x, n); }
@@ -355,21 +356,16 @@ void attn_softmax_backward(const float *p, float *dp, int BH, int T, float scale
 
 /* ------------------------------------------------------------------ bf16 */
 /* --8<-- [start:to_bf16] */
-/* f32 to bf16, rounded to nearest with ties to even: bf16 is the top half of an f32, so
- * add 0x7fff plus the lowest kept bit and keep the top 16 bits; a carry out of the
- * mantissa correctly rounds up into the exponent. A NaN would carry into infinity: it is
- * kept a (quiet) NaN instead. The same bits as smallem.gemm.f32_to_bf16. The training
- * step's rung 6 rounds both operands of every product this way before chapter 2's bf16
- * GEMM reads them. */
+/* f32 to bf16, rounded to nearest with ties to even (kernels_c/half.h: bf16 is the top half
+ * of an f32, so add 0x7fff plus the lowest kept bit and keep the top 16 bits; a NaN is kept
+ * a quiet NaN). The training step's rung 6 rounds both operands of every product this way
+ * before chapter 2's bf16 GEMM reads them; the loop is integer work on the bits, which the
+ * compiler vectorises. */
 void to_bf16(const float *x, uint16_t *out, long long n, int nthreads)
 {
     const uint32_t *u = (const uint32_t *)x;
     #pragma omp parallel for simd schedule(static) num_threads(TEAM(n))
-    for (long long i = 0; i < n; i++) {
-        const uint32_t v = u[i];
-        const int nan = (v & 0x7fffffffu) > 0x7f800000u;
-        out[i] = (uint16_t)(nan ? (v >> 16) | 0x0040u : (v + 0x7fffu + ((v >> 16) & 1u)) >> 16);
-    }
+    for (long long i = 0; i < n; i++) out[i] = sm_bits_to_bf16(u[i]);
 }
 /* --8<-- [end:to_bf16] */
 

@@ -5,6 +5,7 @@
  * Included by ../gemm.c after the ladder, before gemm/driver.c, not compiled alone.
  */
 #include "../amx.h"
+#include "../half.h"
 
 /* AMX (bf16 inputs only, see gemm_amx): with the AVX-512 build, on CPUs that have it. */
 #if defined(SM_AMX_BF16) && defined(SM_AVX512) && defined(SM_AVX512_BF16)
@@ -13,12 +14,6 @@
 #define AMX_KB 32 /* bf16 along k in one 64-byte tile row */
 #endif
 
-/* bf16 is the top half of an f32: widening is a 16-bit shift. */
-static inline float bf16_to_f32(uint16_t h)
-{
-    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-    return v.f;
-}
 
 /* The same packing for bf16 inputs, widened to f32 on the way: the micro-kernel
  * is the f32 one, and the widening costs O(mk + kn) per block, not O(mnk). */
@@ -30,10 +25,10 @@ static void pack_a_bf16(int mb, int kb, const uint16_t *a, size_t rs, size_t cs,
         for (int k = 0; k < kb; k++)
             if (mr == MR)
                 for (int r = 0; r < MR; r++)
-                    ap[(size_t)k * MR + r] = bf16_to_f32(p[r * rs + k * cs]);
+                    ap[(size_t)k * MR + r] = sm_bf16_to_f32(p[r * rs + k * cs]);
             else
                 for (int r = 0; r < MR; r++)
-                    ap[(size_t)k * MR + r] = r < mr ? bf16_to_f32(p[r * rs + k * cs]) : 0.0f;
+                    ap[(size_t)k * MR + r] = r < mr ? sm_bf16_to_f32(p[r * rs + k * cs]) : 0.0f;
     }
 }
 
@@ -41,10 +36,10 @@ static void pack_b_panel_bf16(int nr, int kb, const uint16_t *b, size_t rs, size
 {
     for (int k = 0; k < kb; k++)
         if (nr == NR)
-            for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = bf16_to_f32(b[k * rs + j * cs]);
+            for (int j = 0; j < NR; j++) bp[(size_t)k * NR + j] = sm_bf16_to_f32(b[k * rs + j * cs]);
         else
             for (int j = 0; j < NR; j++)
-                bp[(size_t)k * NR + j] = j < nr ? bf16_to_f32(b[k * rs + j * cs]) : 0.0f;
+                bp[(size_t)k * NR + j] = j < nr ? sm_bf16_to_f32(b[k * rs + j * cs]) : 0.0f;
 }
 
 #if defined(SM_AVX512) && defined(SM_AVX512_BF16)
