@@ -1045,7 +1045,8 @@ static void to_half(const float *x, uint16_t *o, int n)
 /* --8<-- [start:attend] */
 /* Row r's query of head h against the cached keys 0..p of its kv head: scores, softmax, the
  * weighted sum of the cached values, in f32 from the f16 cache. The query arrives rounded to
- * f16 (as ggml rounds the operand an f16 matrix meets), in place by the caller. */
+ * f16 (as ggml rounds the operand an f16 matrix meets), in place by the caller, and already
+ * scaled by 1/sqrt(hd) where the architecture scales it first (q_prescaled: phi3). */
 static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kvh, float *s,
                         float *o)
 {
@@ -1053,7 +1054,7 @@ static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kv
     const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * vd;
     const uint16_t *K = m->k_cache + (size_t)l * m->context * kstride + (size_t)kvh * hd;
     const uint16_t *V = m->v_cache + (size_t)l * m->context * vstride + (size_t)kvh * vd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = m->q_prescaled ? 1.0f : 1.0f / sqrtf((float)hd);
     float mx = -INFINITY;
     for (int t = 0; t <= p; t++) {
         const uint16_t *kt = K + (size_t)t * kstride;
@@ -1091,6 +1092,7 @@ static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kv
 static void attention(const sm_gmodel *m, int l, work_t *w, int n, int pos, int nthreads)
 {
     const int group = m->n_head / m->n_kv_head, nh = m->n_head;
+    const float qs = m->q_prescaled ? 1.0f / sqrtf((float)m->head_dim) : 1.0f;
     for (int r = 0; r < n; r++) {
         const int nt = nthreads < nh ? nthreads : nh;
         /* a short context is not worth a fork-join */
@@ -1098,7 +1100,7 @@ static void attention(const sm_gmodel *m, int l, work_t *w, int n, int pos, int 
         #pragma omp parallel for schedule(static) num_threads(par)
         for (int h = 0; h < nh; h++) {
             float *q = w->q + ((size_t)r * nh + h) * m->head_dim;
-            for (int i = 0; i < m->head_dim; i++) q[i] = h2f(f2h(q[i]));
+            for (int i = 0; i < m->head_dim; i++) q[i] = h2f(f2h(q[i] * qs));
             attend_head(m, l, w->q + ((size_t)r * nh + h) * m->head_dim, pos + r, h / group,
                         w->scores + (size_t)h * m->context,
                         w->att + ((size_t)r * nh + h) * m->v_dim);

@@ -8,7 +8,8 @@ typedef struct {
     sm_gmat q, k, v, o, gate, up, down;
 } sm_glayer;
 typedef struct {
-    int n_layer, d, n_head, n_kv_head, head_dim, v_dim, hidden, vocab, context, rope_dim, neox;
+    int n_layer, d, n_head, n_kv_head, head_dim, v_dim, hidden, vocab, context, rope_dim, neox,
+        q_prescaled;
     float eps;
     sm_gmat embd, out;
     const float *out_norm, *rope_cos, *rope_sin;

@@ -9,8 +9,11 @@ wrong comes back as one :class:`GGUFError` naming the file and the fault, never 
 traceback from deep inside the reader, nor as a read past the mapping later.
 
 An architecture is a small table of differences over one forward (:class:`Arch`): where
-llama.cpp's ``llama``, ``qwen2`` and ``qwen3`` differ is the rotary pairing, biases on q, k
-and v, and an RMSNorm over each head's q and k. GGUF counts a tensor's dimensions innermost
+llama.cpp's ``llama``, ``qwen2``, ``qwen3`` and ``phi3`` differ is the rotary pairing, biases
+on q, k and v, an RMSNorm over each head's q and k, matrices stored fused (phi3's q, k and v
+in one, its gate and up in another: :func:`open_model` splits them into views of their rows,
+so the forward reads the same names for every architecture) and where the query is scaled.
+GGUF counts a tensor's dimensions innermost
 first (``ne``); a matrix of ``ne = [n_in, n_out]`` is stored as ``n_out`` rows of ``n_in``
 weights, which is the order a product of one activation row by it reads.
 """
@@ -35,12 +38,17 @@ class Arch:
     rope: str = "norm"        # pairs (2i, 2i+1): llama.cpp's "normal"; "neox": (i, i + half)
     qkv_bias: bool = False    # q, k and v products have biases (qwen2)
     qk_norm: bool = False     # an RMSNorm over each head's q and k before RoPE (qwen3)
+    fused: bool = False       # q, k, v in one attn_qkv matrix, gate and up in one ffn_up of
+                              # twice the rows (phi3): split into row views when opened
+    q_prescaled: bool = False  # the query times 1/sqrt(head_dim) before it meets the keys,
+                               # the scores unscaled (phi3): the same sum, another f16 rounding
 
 
 ARCHS = {
     "llama": Arch("llama"),
     "qwen2": Arch("qwen2", rope="neox", qkv_bias=True),
     "qwen3": Arch("qwen3", rope="neox", qk_norm=True),
+    "phi3": Arch("phi3", rope="neox", fused=True, q_prescaled=True),
 }
 
 # the tensor types a product can read, with (weights per block, bytes per block)
@@ -246,11 +254,16 @@ def expected_shapes(h: Hyper) -> dict:
         out["output.weight"] = (d, h.vocab)
     for i in range(h.n_layer):
         b = f"blk.{i}."
-        out.update({b + "attn_norm.weight": (d,), b + "attn_q.weight": (d, q),
-                    b + "attn_k.weight": (d, kv), b + "attn_v.weight": (d, v),
+        if h.arch.fused:  # as the file stores them; open_model splits them
+            qkv = {b + "attn_qkv.weight": (d, q + kv + v)}
+            mlp = {b + "ffn_up.weight": (d, 2 * h.hidden)}
+        else:
+            qkv = {b + "attn_q.weight": (d, q), b + "attn_k.weight": (d, kv),
+                   b + "attn_v.weight": (d, v)}
+            mlp = {b + "ffn_gate.weight": (d, h.hidden), b + "ffn_up.weight": (d, h.hidden)}
+        out.update({b + "attn_norm.weight": (d,), **qkv,
                     b + "attn_output.weight": (h.n_head * h.v_dim, d),
-                    b + "ffn_norm.weight": (d,), b + "ffn_gate.weight": (d, h.hidden),
-                    b + "ffn_up.weight": (d, h.hidden), b + "ffn_down.weight": (h.hidden, d)})
+                    b + "ffn_norm.weight": (d,), **mlp, b + "ffn_down.weight": (h.hidden, d)})
         if h.arch.qkv_bias:
             out.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (v,)})
         if h.arch.qk_norm:
@@ -322,4 +335,31 @@ def open_model(path) -> ModelFile:
         if t.ne != (h.rope_dim // 2,) or t.type != "F32":
             _fail(path, f"tensor 'rope_freqs.weight' is {t.type} {list(t.ne)}, expected F32 "
                         f"[{h.rope_dim // 2}]")
+    long_rope = sorted(n for n in tensors if n.startswith("rope_factors_")
+                       or ".rope_factors_" in n)
+    if long_rope:  # phi3's 128k variants: other angles and a scaled attention, not built here
+        _fail(path, f"tensor {long_rope[0]!r}: long-context RoPE factors are not supported")
+    if h.arch.fused:
+        tensors = _split_fused(h, tensors)
     return ModelFile(path, h, meta, tensors, tok, reader)
+
+
+def _split_fused(h: Hyper, tensors: dict) -> dict:
+    """phi3's fused matrices as the separate ones the forward reads: attn_qkv's rows are q's,
+    then k's, then v's; ffn_up's are the gate's, then up's (ggml's swiglu takes silu of the
+    first half). A row is whole blocks of any type, so each part is a view of the mapping's
+    rows, no copy. The fused names leave the table, so no byte counts twice."""
+    out = dict(tensors)
+    q, kv, v = h.n_head * h.head_dim, h.n_kv_head * h.head_dim, h.n_kv_head * h.v_dim
+    for i in range(h.n_layer):
+        b = f"blk.{i}."
+        for fused, parts in (("attn_qkv", (("attn_q", q), ("attn_k", kv), ("attn_v", v))),
+                             ("ffn_up", (("ffn_gate", h.hidden), ("ffn_up", h.hidden)))):
+            t = out.pop(b + fused + ".weight")
+            rows = np.asarray(t.data).reshape(t.ne[1], -1)
+            r0 = 0
+            for name, n in parts:
+                out[b + name + ".weight"] = Tensor(b + name + ".weight", t.type, (t.ne[0], n),
+                                                   rows[r0:r0 + n])
+                r0 += n
+    return out

@@ -10,7 +10,7 @@ is a switch read from the file's :class:`~smallem.gguf_file.Arch`:
                 q, k = RMSNorm per head * q_norm, k_norm              qwen3
                 q, k = RoPE(q, k, position)     pairs (2i, 2i+1) ("norm") or (i, i + half)
                 att = softmax(q k^T / sqrt(hd)) v, each key/value head shared by
-                      n_head / n_kv_head query heads (GQA)
+                      n_head / n_kv_head query heads (GQA)      phi3: (q / sqrt(hd)) k^T
                 x += att Wo
                 h = RMSNorm(x) * ffn_norm;  x += (silu(h Wg) * (h Wu)) Wd
     logits = (RMSNorm(x) * output_norm) W_out     (W_out = token_embd where the file has none)
@@ -151,6 +151,11 @@ class Reference:
                 k = rms(k, self.vec(b + "attn_k_norm.weight"), h.eps)
             rope(q, ang, a.rope)
             rope(k, ang, a.rope)
+            scale = 1 / np.sqrt(h.head_dim)
+            if a.q_prescaled:  # phi3 (like llama.cpp: in float32, before the f16 rounding)
+                q = ((q.astype(np.float32) * np.float32(scale)).astype(self.dtype)
+                     if self.like_llama else q * self.dtype.type(scale))
+                scale = 1.0
             if self.cache16:  # the cache in f16, as llama.cpp's (and the C forward's)
                 k, v = (a.astype(np.float16).astype(self.dtype) for a in (k, v))
             if self.like_llama:  # the query meets f16 keys as f16 (ggml's vec_dot_type)
@@ -158,7 +163,7 @@ class Reference:
             self.k[i, p0:p0 + n], self.v[i, p0:p0 + n] = k, v
             K = np.repeat(self.k[i, :p0 + n], h.group, axis=1)   # (T, n_head, hd)
             V = np.repeat(self.v[i, :p0 + n], h.group, axis=1)
-            s = np.einsum("nhd,thd->hnt", q, K) / np.sqrt(h.head_dim) + mask
+            s = np.einsum("nhd,thd->hnt", q, K) * scale + mask
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
             att = np.einsum("hnt,thd->nhd", s, V).reshape(n, h.n_head * h.v_dim)

@@ -147,6 +147,7 @@ class Forward:
         m.n_layer, m.d, m.n_head, m.n_kv_head = h.n_layer, h.d, h.n_head, h.n_kv_head
         m.head_dim, m.v_dim, m.hidden, m.vocab = h.head_dim, h.v_dim, h.hidden, h.vocab
         m.context, m.rope_dim, m.neox, m.eps = self.context, h.rope_dim, int(a.rope == "neox"), h.eps
+        m.q_prescaled = int(a.q_prescaled)
         _fill(ffi, m.embd, T["token_embd.weight"])
         _fill(ffi, m.out, T["token_embd.weight" if h.tied else "output.weight"])
         m.out_norm = vec("output_norm.weight")
@@ -358,6 +359,9 @@ class Forward:
 
         h = self.h
         G, nkv, hd, vd = h.group, h.n_kv_head, h.head_dim, h.v_dim
+        scale = np.float32(1 / np.sqrt(hd))
+        if h.arch.q_prescaled:  # phi3: the query scaled first, the scores not
+            q, scale = q * scale, np.float32(1)
         Kc = self.k[i, :p0 + n].astype(np.float32)                         # (T, kv, hd)
         Vc = self.v[i, :p0 + n].astype(np.float32)                         # (T, kv, vd)
         if p0 == 0 and hd == vd:
@@ -365,10 +369,10 @@ class Forward:
             kf, vf = (np.ascontiguousarray(np.repeat(c, G, axis=1).transpose(1, 0, 2))
                       for c in (Kc, Vc))
             o, lse = np.empty_like(qf), np.empty(qf.shape[:2], np.float32)
-            layers.flash_forward(qf, kf, vf, o, lse, 1 / np.sqrt(hd), threads=self.team)
+            layers.flash_forward(qf, kf, vf, o, lse, float(scale), threads=self.team)
             return o.transpose(1, 0, 2).reshape(n, h.n_head * vd)
         qh = q.reshape(n, nkv, G, hd).transpose(1, 2, 0, 3)                # (kv, G, n, hd)
-        s = qh @ Kc.transpose(1, 2, 0)[:, None] * np.float32(1 / np.sqrt(hd)) + mask
+        s = qh @ Kc.transpose(1, 2, 0)[:, None] * scale + mask
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s /= s.sum(axis=-1, keepdims=True)
         return (s @ Vc.transpose(1, 0, 2)[:, None]).transpose(2, 0, 1, 3).reshape(n, h.n_head * vd)

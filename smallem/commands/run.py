@@ -14,7 +14,7 @@ from .generate import Terminal
 
 
 def add_run_arguments(p):
-    p.add_argument("model", help="a GGUF file (llama, qwen2 or qwen3)")
+    p.add_argument("model", help="a GGUF file (llama, qwen2, qwen3 or phi3)")
     p.add_argument("--info", action="store_true",
                    help="describe the file (architecture, sizes, types, tokenizer) and stop")
     p.add_argument("--prompt", default="", help="the text to continue (UTF-8)")
