@@ -923,7 +923,7 @@ void sm_g_matmul(const sm_gmat *w, const float *x, int rows, float *y, int nthre
 
 /* ------------------------------------------------------------------ the forward */
 typedef struct {
-    float *x, *t, *q, *k, *v, *att, *g, *u, *scores;
+    float *x, *t, *q, *k, *v, *att, *g, *u;
     uint8_t *act;
 } work_t;
 
@@ -949,7 +949,6 @@ static long long carve(const sm_gmodel *m, int n, work_t *w)
     TAKE(att, (long long)n * ad);
     TAKE(g, (long long)n * m->hidden);
     TAKE(u, (long long)n * m->hidden);
-    TAKE(scores, (long long)m->n_head * m->context);
     TAKE(act, ((long long)n * 24 * kmax + 768) / 4); /* three inputs of at most 8 bytes a
                                                           weight (the paired Q8_0 takes 6) */
 #undef TAKE
@@ -1043,21 +1042,28 @@ static void to_half(const float *x, uint16_t *o, int n)
 }
 
 /* --8<-- [start:attend] */
-/* Row r's query of head h against the cached keys 0..p of its kv head: scores, softmax, the
- * weighted sum of the cached values, in f32 from the f16 cache. The query arrives rounded to
- * f16 (as ggml rounds the operand an f16 matrix meets), in place by the caller, and already
- * scaled by 1/sqrt(hd) where the architecture scales it first (q_prescaled: phi3). */
-static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kvh, float *s,
-                        float *o)
+/* Row r's query of head h against the cached keys 0..p of its kv head, as ggml's CPU flash
+ * attention computes it (llama.cpp's default), so that the attention's output, and every
+ * activation rounded after it, is llama.cpp's: the keys in order, an online softmax (M the
+ * largest score so far, S the sum of exp(score - M)), and the weighted values summed in an
+ * f16 accumulator: each step is one f32 fused multiply-add rounded back to f16, and a new
+ * largest score first scales the accumulator by exp(M_old - M), rounded to f16 too. The sum
+ * is divided by S at the end, in f32. The query arrives rounded to f16 (as ggml rounds the
+ * operand an f16 matrix meets), in place by the caller, and already scaled by 1/sqrt(hd)
+ * where the architecture scales it first (q_prescaled: phi3). One expf a key, as ggml's. */
+static inline float round_f16(float x) { return h2f(f2h(x)); }
+
+static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kvh, float *o)
 {
     const int hd = m->head_dim, vd = m->v_dim, nkv = m->n_kv_head;
     const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * vd;
     const uint16_t *K = m->k_cache + (size_t)l * m->context * kstride + (size_t)kvh * hd;
     const uint16_t *V = m->v_cache + (size_t)l * m->context * vstride + (size_t)kvh * vd;
     const float scale = m->q_prescaled ? 1.0f : 1.0f / sqrtf((float)hd);
-    float mx = -INFINITY;
+    float M = -INFINITY, S = 0.0f;
+    for (int i = 0; i < vd; i++) o[i] = 0.0f; /* the accumulator: f16 values, kept in f32 */
     for (int t = 0; t <= p; t++) {
-        const uint16_t *kt = K + (size_t)t * kstride;
+        const uint16_t *kt = K + (size_t)t * kstride, *vt = V + (size_t)t * vstride;
         float d = 0.0f;
         int i = 0;
 #if defined(SM_AVX2)
@@ -1067,25 +1073,30 @@ static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kv
         d = hsum8(acc);
 #endif
         for (; i < hd; i++) d += q[i] * h2f(kt[i]);
-        s[t] = d * scale;
-        mx = s[t] > mx ? s[t] : mx;
-    }
-    for (int t = 0; t <= p; t++) s[t] -= mx;
-    exp_inplace(s, p + 1);
-    const float inv = 1.0f / row_sum(s, p + 1);
-    for (int i = 0; i < vd; i++) o[i] = 0.0f;
-    for (int t = 0; t <= p; t++) {
-        const uint16_t *vt = V + (size_t)t * vstride;
-        const float wt = s[t] * inv;
-        int i = 0;
+        const float sc = d * scale;
+        float ms = 1.0f, vs = 1.0f;
+        if (sc > M) { /* a new largest score: what is summed so far shrinks by exp(M_old - M) */
+            const float old = M;
+            M = sc;
+            ms = expf(old - M);
+            for (i = 0; i < vd; i++) o[i] = round_f16(o[i] * ms);
+        } else {
+            vs = expf(sc - M);
+        }
+        i = 0;
 #if defined(SM_AVX2)
-        const __m256 wv = _mm256_set1_ps(wt);
-        for (; i + 8 <= vd; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vt + i))),
-                                                    _mm256_loadu_ps(o + i)));
+        const __m256 wv = _mm256_set1_ps(vs);
+        for (; i + 8 <= vd; i += 8) {
+            const __m256 a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vt + i))), wv,
+                                             _mm256_loadu_ps(o + i));
+            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm256_cvtps_ph(a, 0)));
+        }
 #endif
-        for (; i < vd; i++) o[i] += wt * h2f(vt[i]);
+        for (; i < vd; i++) o[i] = round_f16(fmaf(h2f(vt[i]), vs, o[i]));
+        S = S * ms + vs;
     }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int i = 0; i < vd; i++) o[i] *= inv;
 }
 /* --8<-- [end:attend] */
 
@@ -1102,7 +1113,6 @@ static void attention(const sm_gmodel *m, int l, work_t *w, int n, int pos, int 
             float *q = w->q + ((size_t)r * nh + h) * m->head_dim;
             for (int i = 0; i < m->head_dim; i++) q[i] = h2f(f2h(q[i] * qs));
             attend_head(m, l, w->q + ((size_t)r * nh + h) * m->head_dim, pos + r, h / group,
-                        w->scores + (size_t)h * m->context,
                         w->att + ((size_t)r * nh + h) * m->v_dim);
         }
     }

@@ -23,9 +23,12 @@ package when a product needs it and dropped after: slow, never a copy of the mod
 
 ``like_llama`` makes it the oracle of what the C forward (:mod:`smallem.gguf_run`) and
 llama.cpp compute: each product's activation rounded first as llama.cpp rounds it for the
-weights' type (:func:`round_activation`), the keys and values kept in f16, and each query
+weights' type (:func:`round_activation`), the keys and values kept in f16, each query
 rounded to f16 before it meets the keys (ggml multiplies an f16 matrix by an f16 copy of the
-other operand, with or without flash attention).
+other operand), and the attention summed as ggml's CPU flash attention sums it, in an f16
+accumulator (:func:`flash_f16`). That last rounding is not small: about 1e-3 of the
+attention's output, enough to move many of the 8-bit roundings of the activations after it,
+so that without it the logits of a Q8_0 file part from llama.cpp's by a per cent.
 """
 
 from __future__ import annotations
@@ -84,6 +87,41 @@ def round_activation(weight_type: str, x) -> np.ndarray:
             q = np.minimum(np.rint(s * b), 127)
             d = np.where(s != 0, np.float32(1) / s, np.float32(0)).astype(np.float32).astype(np.float64)
     return (d * q.astype(np.float64)).reshape(x.shape)
+
+
+def flash_f16(q, K, V, scale, p0) -> np.ndarray:
+    """Attention as ggml's CPU flash attention computes it with an f16 cache (llama.cpp's
+    default): row r of q (n, heads, hd) sees keys 0..p0 + r of K (T, heads, hd), in order,
+    with an online softmax in float32 (M the largest score so far, S the sum of
+    exp(score - M)) and the values summed in an f16 accumulator, each step a float32 fused
+    multiply-add (exact here in float64, then rounded to float32) rounded to f16, a new
+    largest score first scaling the accumulator by exp(M_old - M), rounded to f16 too. The
+    accumulator over S at the end, in float32. Rows and heads at once; keys one at a time."""
+    n, H, _ = q.shape
+    T = K.shape[0]
+    q64, K64 = q.astype(np.float64), K.astype(np.float64)
+    V32 = V.astype(np.float32)
+    M = np.full((n, H), -np.inf, np.float32)
+    S = np.zeros((n, H), np.float32)
+    acc = np.zeros((n, H, V.shape[2]), np.float16)
+    last = p0 + np.arange(n)[:, None]                      # the last key row r sees
+    with np.errstate(invalid="ignore", over="ignore"):
+        for t in range(T):
+            live = np.broadcast_to(t <= last, (n, H))
+            sc = (np.einsum("nhd,hd->nh", q64, K64[t]).astype(np.float32)
+                  * np.float32(scale))
+            new = live & (sc > M)
+            ms = np.where(new, np.exp(M - sc, dtype=np.float32), np.float32(1))
+            vs = np.where(new, np.float32(1),
+                          np.where(live, np.exp(sc - M, dtype=np.float32), np.float32(0)))
+            M = np.where(new, sc, M)
+            acc = np.where(new[..., None], (acc.astype(np.float32) * ms[..., None]).astype(np.float16),
+                           acc)
+            step = (acc.astype(np.float64) + V32[t].astype(np.float64) * vs[..., None].astype(np.float64))
+            acc = np.where(live[..., None], step.astype(np.float32).astype(np.float16), acc)
+            S = np.where(live, S * ms + vs, S).astype(np.float32)
+    inv = np.where(S == 0, np.float32(0), np.float32(1) / S).astype(np.float32)
+    return (acc.astype(np.float32) * inv[..., None]).astype(np.float64)
 
 
 def rms(x, w, eps):
@@ -163,10 +201,13 @@ class Reference:
             self.k[i, p0:p0 + n], self.v[i, p0:p0 + n] = k, v
             K = np.repeat(self.k[i, :p0 + n], h.group, axis=1)   # (T, n_head, hd)
             V = np.repeat(self.v[i, :p0 + n], h.group, axis=1)
-            s = np.einsum("nhd,thd->hnt", q, K) * scale + mask
-            s = np.exp(s - s.max(axis=-1, keepdims=True))
-            s /= s.sum(axis=-1, keepdims=True)
-            att = np.einsum("hnt,thd->nhd", s, V).reshape(n, h.n_head * h.v_dim)
+            if self.like_llama:
+                att = flash_f16(q, K, V, scale, p0).reshape(n, h.n_head * h.v_dim)
+            else:
+                s = np.einsum("nhd,thd->hnt", q, K) * scale + mask
+                s = np.exp(s - s.max(axis=-1, keepdims=True))
+                s /= s.sum(axis=-1, keepdims=True)
+                att = np.einsum("hnt,thd->nhd", s, V).reshape(n, h.n_head * h.v_dim)
             x = x + self.mat(b + "attn_output.weight", att)
             t = rms(x, self.vec(b + "ffn_norm.weight"), h.eps)
             g, u = self.mat(b + "ffn_gate.weight", t), self.mat(b + "ffn_up.weight", t)

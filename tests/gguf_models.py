@@ -70,8 +70,9 @@ def _copy_tokenizer(w, src: Path | None):
 
 def write(path, arch="llama", vocab: str | None = None, d=64, n_layer=2, n_head=4, n_kv_head=2,
           head_dim=None, hidden=128, context=128, seed=0, std=0.3, rope_freqs=False,
-          base=10000.0, tied=False) -> Path:
-    """A model of ``arch`` with random weights, all F32, to ``path``."""
+          base=10000.0, tied=False, extra=None) -> Path:
+    """A model of ``arch`` with random weights, all F32, to ``path`` (``extra``: more tensors,
+    name -> float32 array)."""
     import gguf
 
     path = Path(path)
@@ -108,6 +109,8 @@ def write(path, arch="llama", vocab: str | None = None, d=64, n_layer=2, n_head=
         w.add_tensor(name, np.ascontiguousarray(x, np.float32))
     if rope_freqs:
         w.add_tensor("rope_freqs.weight", np.linspace(1, 8, hd // 2).astype(np.float32))
+    for name, x in (extra or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(x, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

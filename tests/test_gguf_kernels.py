@@ -178,12 +178,13 @@ def test_the_c_forward_gives_the_oracles_logits(tmp_path, level, arch, qtype):
     want = ref.forward(ids, all_logits=True)
     got = fw.forward(ids, all_logits=True)
     scale = np.abs(want).max()
-    # float32 sums against float64 ones; a rounded value (the query's f16 in every type, the
-    # activations' f16 or 8-bit steps in the others) may move by one step where the two land
-    # either side of a rounding boundary, and these random models (logits up to about 200)
-    # amplify one such step to a few 1e-4 of the scale for f16, about 1e-2 for the 8-bit
-    # types; a wrong block, scale or bit moves logits by tens of percent
-    tol = {"F32": 1e-3, "F16": 1e-3, "BF16": 1e-3}.get(qtype, 2e-2)
+    # float32 sums against float64 ones; a rounded value (the query's f16 and the attention's
+    # f16 accumulator in every type, the activations' f16 or 8-bit steps in the others) may
+    # move by one step where the two land either side of a rounding boundary, and these random
+    # models (logits up to about 200) amplify one such step to a few 1e-4 of the scale for
+    # f16, 1e-2 to 2e-2 for the 8-bit types; a wrong block, scale or bit moves logits by tens
+    # of percent
+    tol = {"F32": 1e-3, "F16": 1e-3, "BF16": 1e-3}.get(qtype, 3e-2)
     assert np.abs(got - want).max() <= tol * scale, np.abs(got - want).max() / scale
     for t in (4, 11):
         a, b = fw.forward([t]), ref.forward([t])

@@ -39,7 +39,8 @@ def info_lines(mf, tk) -> list[str]:
     return [
         f"file:         {mf.path}",
         f"architecture: {h.arch.name} (RoPE {h.arch.rope}, q/k/v biases {h.arch.qkv_bias}, "
-        f"q/k norms {h.arch.qk_norm})",
+        f"q/k norms {h.arch.qk_norm}, fused q/k/v and gate/up {h.arch.fused}, "
+        f"query scaled before the keys {h.arch.q_prescaled})",
         f"sizes:        d {h.d}, {h.n_layer} blocks, {h.n_head} heads of {h.head_dim} "
         f"({h.n_kv_head} key/value heads), MLP {h.hidden}, vocabulary {h.vocab}, context "
         f"{h.context}, output {'tied to the embedding' if h.tied else 'its own'}",
