@@ -290,6 +290,23 @@ def test_generate_from_a_checkpoint(tmp_path, block):
     assert r.stdout == b"".join(decode.Generator(m).generate(b"def", 12, seed=1))
 
 
+def test_a_seed_gives_the_same_text_whatever_the_clock_picks(monkeypatch):
+    """The generator's prompt takes the C call by default, so its text cannot depend on which
+    prompt path the "auto" timing would pick: with that choice forced to the f32 GEMM, the
+    default generator's bytes stay those of the C path, and an "auto" generator's change
+    (the test of the test: the two paths do give different text)."""
+    m = _model(spread=0.3)
+
+    def run(**kw):
+        return b"".join(decode.Generator(m, threads=1, **kw).generate(b"def f(x):", 24, seed=3))
+
+    c = run(prefill="c")
+    monkeypatch.setattr(decode.Decoder, "_choose_prefill",
+                        lambda self: self.prefill_choice.update({1: "gemm"}))
+    assert run() == c
+    assert run(prefill="auto") != c
+
+
 def test_generate_command_errors(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "smallem", "generate", *args],

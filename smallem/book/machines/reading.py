@@ -291,23 +291,20 @@ def differences(cols: list[dict]) -> dict:
             f"{chi['_values'].get('ch1.clock_f32', '?')} against "
             f"{clo['_values'].get('machines.fma', '?')} at {clo['_values'].get('ch1.clock_f32', '?')}): "
             f"{moved_by(r, hw, 'the FMA width and the clock', 'something else')}.")
-    e = ends("ch2.final_gops")
-    if e:
-        clo, chi, r, text = e
-        hw = val(chi, "ch1.f32_peak_all") / val(clo, "ch1.f32_peak_all")
-        out["machines.why_ch2"] = (
-            f"The 1024³ product's last rung {text}; their f32 peaks differ {hw:.2f} times, and "
-            f"they reach {clo['ch2.final_pct_peak']} and {chi['ch2.final_pct_peak']} of them "
-            f"(loop orders {clo['ch2.order']} and {chi['ch2.order']}): "
-            f"{moved_by(r, hw, 'the peak', 'the share of the peak reached')}.")
-    e = ends("ch3.kernels_toks")
-    if e:
-        clo, chi, r, text = e
-        hw = val(chi, "ch1.f32_peak_all") / val(clo, "ch1.f32_peak_all")
-        out["machines.why_ch3"] = (
-            f"The xl step on the f32 kernels {text}; their f32 peaks differ {hw:.2f} times and "
-            f"their steps reach {clo['ch3.kernels_mfu']} and {chi['ch3.kernels_mfu']} of them: "
-            f"{moved_by(r, hw, 'the peak', 'the share of the peak the step reaches')}.")
+    # chapters 2 and 3: a rate against the cores' f32 peak, and the share of it each reached
+    for ch, key, what, share, extra in (
+            ("ch2", "ch2.final_gops", "The 1024³ product's last rung", "ch2.final_pct_peak",
+             lambda lo, hi: f" (loop orders {lo['ch2.order']} and {hi['ch2.order']})"),
+            ("ch3", "ch3.kernels_toks", "The xl step on the f32 kernels", "ch3.kernels_mfu",
+             lambda lo, hi: "")):
+        e = ends(key)
+        if e:
+            clo, chi, r, text = e
+            hw = val(chi, "ch1.f32_peak_all") / val(clo, "ch1.f32_peak_all")
+            out[f"machines.why_{ch}"] = (
+                f"{what} {text}; their f32 peaks differ {hw:.2f} times, and they reach "
+                f"{clo[share]} and {chi[share]} of them{extra(clo, chi)}: "
+                f"{moved_by(r, hw, 'the peak', 'the share of the peak reached')}.")
     e = ends("machines.gen_top")
     if e:
         clo, chi, r, text = e
