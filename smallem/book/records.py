@@ -132,6 +132,14 @@ def exists(name: str, folder: Path | None = None) -> bool:
     return (Path(folder or records_dir()) / f"{name}.json").is_file()
 
 
+def not_measured(rec: dict, why: str = "") -> str:
+    """What a page says where a record predates the reading that needs one of its fields:
+    "not measured at <commit>", the record's short commit, and why where given. A captured
+    machine's older records render with today's code this way, a value at a time."""
+    text = f"not measured at {str(rec.get('commit') or 'unknown')[:7]}"
+    return f"{text} ({why})" if why else text
+
+
 def load_or_measure(name: str, run) -> dict:
     """A notebook's first step: this machine's record ``name``, measured by ``run(quick=...)``
     when it is missing or when SMALLEM_QUICK=1 / SMALLEM_REMEASURE=1 ask for a fresh one."""

@@ -7,10 +7,21 @@ from ... import gemm
 from .. import compare, figures, records
 
 
+MODEL_KEYS = ("ch2.order", "ch2.order_other", "ch2.order_need", "ch2.order_have",
+              "ch2.order_headroom", "ch2.order_bytes_per_op", "ch2.order_f32_core",
+              "ch2.order_forced")
+TIMED_KEYS = ("ch2.order_n", "ch2.order_chosen_gops", "ch2.order_other_gops",
+              "ch2.order_other_vs")
+
+
 def order_values(rec: dict) -> dict:
-    """The page's numbers on the order of the tiles ("order" results and the settings)."""
+    """The page's numbers on the order of the tiles ("order" results and the settings); "not
+    measured at <commit>" for what a record made before the order's model lacks."""
     f = figures.fmt
     s = rec["settings"]
+    if not {"order", "order_why", "feeds"} <= set(s):
+        return dict.fromkeys(MODEL_KEYS + TIMED_KEYS, records.not_measured(
+            rec, "the record predates the loop-order model"))
     why, chosen = s["order_why"], s["order"]
     other = next(o for o in gemm.ORDERS if o != chosen)
     found = {r["params"]["order"]: r for r in records.results(rec, "order")}
@@ -23,6 +34,10 @@ def order_values(rec: dict) -> dict:
         "ch2.order_f32_core": f(s["feeds"]["f32_gops_core"], "Gop/s"),
         "ch2.order_forced": "set" if (s.get("env") or {}).get(gemm.ORDER_ENV) else "not set",
     }
+    if set(found) != set(gemm.ORDERS):
+        values.update(dict.fromkeys(TIMED_KEYS, records.not_measured(
+            rec, "the record did not time both orders")))
+        return values
     values.update({
         "ch2.order_n": str(found[chosen]["params"]["n"]),
         "ch2.order_chosen_gops": f(found[chosen]["value"]["median"], "Gop/s"),

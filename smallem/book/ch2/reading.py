@@ -11,6 +11,8 @@ from .measuring import BF16_RECORD, RECORD
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
 from .order import order_values
 
+# what a value needs that a record made before rung 5 had blocks of its own lacks
+PREDATES_ROWS = "the record predates rung 5's own blocks"
 
 
 def whole_b_values(rec: dict) -> dict:
@@ -153,6 +155,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     n = s["n_ladder"]
     cores = s["threads"]
     ladder = s["blocks_ladder"]
+    rows5 = s.get("blocks_rows")
+    no5 = records.not_measured(rec, PREDATES_ROWS)
     peak, peak_src = _peak(rec, rec_dir)
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
@@ -165,7 +169,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.threads": str(cores),
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
         "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
-        "ch2.kc5": str(s["blocks_rows"]["kc"]), "ch2.nc5": str(s["blocks_rows"]["nc"]),
+        "ch2.kc5": str(rows5["kc"]) if rows5 else no5,
+        "ch2.nc5": str(rows5["nc"]) if rows5 else no5,
         "ch2.widest_n": str(max(s["sweep"])),
         "ch2.peak": f(peak, "Gop/s"),
         "ch2.peak_source": peak_src,
@@ -192,7 +197,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         values[f"ch2.rung{i}_of_predicted"] = f"{100 * g / gops:.0f} %"
     for i in range(len(LADDER)):
         values.setdefault(f"ch2.rung{i}_of_predicted", "n/a")
-    values.update(_block_values(s, n))
+    values.update(_block_values(s, n, no5))
     packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
     values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
     values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
@@ -232,11 +237,13 @@ def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
     return rows, gains
 
 
-def _block_values(s: dict, n: int) -> dict:
-    """The micro-kernel's registers and the blocks' sizes against the caches, for the page."""
+def _block_values(s: dict, n: int, no5: str) -> dict:
+    """The micro-kernel's registers and the blocks' sizes against the caches, for the page
+    (``no5`` where the record has no blocks of rung 5's own)."""
     f = figures.fmt
     values = {}
     ladder = s["blocks_ladder"]
+    kc5 = s["blocks_rows"]["kc"] if "blocks_rows" in s else None
     g = s["cache_geometry"]
     mr, nr, b = s["mr"], s["nr"], ladder
     vec, regs = REGISTER_FILE[s["isa"]]
@@ -259,9 +266,9 @@ def _block_values(s: dict, n: int) -> dict:
         "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
         "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",
         "ch2.a_sliver_kib": f"{mr * b['kc'] * 4 / 1024:.1f} KiB",
-        "ch2.a_sliver5_kib": f"{mr * s['blocks_rows']['kc'] * 4 / 1024:.1f} KiB",
-        "ch2.l1_ways_a5": str(math.ceil(mr * s["blocks_rows"]["kc"] * 4
-                                        / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
+        "ch2.a_sliver5_kib": f"{mr * kc5 * 4 / 1024:.1f} KiB" if kc5 else no5,
+        "ch2.l1_ways_a5": (str(math.ceil(mr * kc5 * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"])))
+                           if kc5 else no5),
         "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
         "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
         "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
@@ -611,13 +618,15 @@ def chapter1_links(rec: dict, rec_dir) -> dict:
 
 
 
-def _sweep_values(pts: list[dict], param: str, chosen: int, prefix: str) -> dict:
+def _sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
+                  unknown: str = "n/a") -> dict:
     """A block-size sweep in numbers: the fastest value and its rate, how far below it the
-    model's choice and the slowest came."""
+    model's choice (``unknown`` where the record does not say it) and the slowest came."""
     by = {p["params"][param]: p["value"]["median"] for p in pts}
     best, slowest = max(by, key=by.get), min(by, key=by.get)
     return {f"{prefix}_best": str(best), f"{prefix}_best_gops": figures.fmt(by[best], "Gop/s"),
-            f"{prefix}_model_gap": f"{100 * (1 - by[chosen] / by[best]):.1f} %",
+            f"{prefix}_model_gap": (f"{100 * (1 - by[chosen] / by[best]):.1f} %"
+                                    if chosen in by else unknown),
             f"{prefix}_spread": f"{100 * (1 - by[slowest] / by[best]):.1f} %"}
 
 
@@ -642,7 +651,7 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
 def kc_rows(rec: dict) -> tuple[list[list], dict]:
     """The KC sweep: the final GEMM on all cores, A's sliver in more or fewer L1 ways."""
     pts = records.results(rec, "kc_sweep")
-    chosen = rec["settings"]["blocks_rows"]["kc"]
+    chosen = rec["settings"].get("blocks_rows", {}).get("kc")  # None: the record predates it
     width = rec["settings"]["mr"]  # floats of A's sliver per k
     rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
              f"{p['params']['kc']}",
@@ -651,7 +660,8 @@ def kc_rows(rec: dict) -> tuple[list[list], dict]:
              figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
     values = {"ch2.kc_n": str(pts[0]["params"]["n"]),
               "ch2.kc_c_mib": f"{pts[0]['params']['n'] ** 2 * 4 / 1024**2:.0f} MiB",
-              **_sweep_values(pts, "kc", chosen, "ch2.kc")}
+              **_sweep_values(pts, "kc", chosen, "ch2.kc",
+                              records.not_measured(rec, PREDATES_ROWS))}
     return rows, values
 
 
@@ -766,7 +776,9 @@ def report(rec_dir) -> dict:
     values.update(v)
     figures.write_table("ch2_kc", r, ["L1 ways for A", "KC", "A sliver",
                                       f"passes over C at {values['ch2.kc_n']}³",
-                                      f"Gop/s, {cores} threads"], note=note)
+                                      f"Gop/s, {cores} threads"],
+                        note=note + ("" if "blocks_rows" in rec["settings"] else " The model's "
+                                     f"K_C: {records.not_measured(rec, PREDATES_ROWS)}."))
     values.update(pool_values(rec, rec_dir))
     values.update(order_values(rec))
     values.update(chapter1_links(rec, rec_dir))

@@ -765,8 +765,7 @@ def report(rec_dir) -> dict:
     rec = records.load(RECORD_STEP, rec_dir) if records.exists(RECORD_STEP, rec_dir) else None
     if rec is not None and not records.results(rec, "rung_step"):
         # a record made before the climb (a captured machine's, say): nothing here reads it
-        values["ch3.record_predates"] = (f"not measured at {str(rec.get('commit'))[:7]} "
-                                         f"(the record predates the climb)")
+        values["ch3.record_predates"] = records.not_measured(rec, "the record predates the climb")
         rec = None
     if rec is not None:
         rungs = {r["params"]["rung"]: r for r in records.results(rec, "rung_step")}

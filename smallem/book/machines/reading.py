@@ -233,10 +233,13 @@ def number(text) -> float | None:
     return float(re.sub(r"[\u202f\u2009 ]", "", m.group(0))) if m else None
 
 
+def _unmeasured(text) -> bool:
+    return str(text).startswith("not measured")
+
+
 def _spread(cols: list[dict], key: str):
     """(lowest, highest) (value, column) over the machines that measured ``key``."""
-    got = [(number(c.get(key)), c) for c in cols
-           if key in c and not str(c[key]).startswith("not measured")]
+    got = [(number(c.get(key)), c) for c in cols if key in c and not _unmeasured(c[key])]
     got = [(v, c) for v, c in got if v]
     if len(got) < 2:
         return None
@@ -294,7 +297,8 @@ def differences(cols: list[dict]) -> dict:
     # chapters 2 and 3: a rate against the cores' f32 peak, and the share of it each reached
     for ch, key, what, share, extra in (
             ("ch2", "ch2.final_gops", "The 1024³ product's last rung", "ch2.final_pct_peak",
-             lambda lo, hi: f" (loop orders {lo['ch2.order']} and {hi['ch2.order']})"),
+             lambda lo, hi: f" (loop orders {lo['ch2.order']} and {hi['ch2.order']})"
+             if not any(_unmeasured(c["ch2.order"]) for c in (lo, hi)) else ""),
             ("ch3", "ch3.kernels_toks", "The xl step on the f32 kernels", "ch3.kernels_mfu",
              lambda lo, hi: "")):
         e = ends(key)
