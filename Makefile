@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make test   set up .venv, make figures from the committed records, run every test
-#   make book   set up .venv, measure this machine, redraw the figures, build the site
+#   make book   set up .venv, bring the peers (PyTorch, llama.cpp), measure this machine,
+#               redraw the figures, build the site
 #
 # Set-up is a stamp file: the first run creates .venv and installs the package with its book and
 # test extras; later runs skip that until pyproject.toml changes.
@@ -13,7 +14,7 @@ SITE   := site
 
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup test book chromium cross simde llama figures build site clean
+.PHONY: setup test book chromium cross simde torch llama peers figures build site clean
 
 setup: $(STAMP)
 
@@ -64,31 +65,29 @@ simde:
 	  || echo "could not install libsimde-dev: the emulated AVX-512 tests will be skipped"; \
 	fi
 
-# llama.cpp, chapter 4's peer (never a dependency): llama-bench, llama-simple and llama-quantize
-# built from the source the llama-cpp-python sdist bundles, into build/llama.cpp/bin/; the
-# sdist's tokenizer test files (models/ggml-vocab-*) stay beside it for the tokenizer tests. Needs the network once
-# (pip download) and cmake; a few minutes on two cores. `make book` uses it when it is there.
-LLAMA_CPP_PYTHON ?= 0.3.36
-LLAMA_DIR := build/llama.cpp
+# The peers the chapters measure against, never dependencies of the library:
+# - PyTorch (CPU, pinned) into .venv: chapter 3's training steps and chapter 4's decoders;
+# - llama.cpp's llama-bench, llama-simple and llama-quantize, built once per machine into the
+#   kernel cache (`smallem llama`: the sdist of llama-cpp-python, its instruction sets named
+#   and AMX left out, checked on quantised files right after building; `smallem llama --where`
+#   prints the folder). A second clone on the same machine finds it built.
+# `make book` brings both; `make book PEERS=0` skips them (the chapters then say "not measured").
+# Neither stops the book: a peer that cannot be installed or built is said and left out.
+TORCH ?= 2.13.0
+PEERS ?= 1
+torch: setup
+	@$(PY) -c "import torch" 2>/dev/null \
+	  || { echo "installing torch==$(TORCH) (CPU) into $(VENV): the peer of chapters 3 and 4"; \
+	       $(PY) -m pip install --quiet torch==$(TORCH) \
+	       || echo "could not install torch==$(TORCH): chapters 3 and 4 will say PyTorch was not measured"; }
+
 llama: setup
-	@if [ -x $(LLAMA_DIR)/bin/llama-bench ] && [ -x $(LLAMA_DIR)/bin/llama-simple ] \
-	    && [ -x $(LLAMA_DIR)/bin/llama-quantize ]; then \
-	  echo "llama.cpp already built in $(LLAMA_DIR)/bin"; \
-	else \
-	  mkdir -p $(LLAMA_DIR) && \
-	  $(PY) -m pip download --quiet --no-deps --no-binary :all: \
-	    llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_DIR) && \
-	  tar xzf $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_DIR) && \
-	  cmake -S $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp -B $(LLAMA_DIR)/cmake \
-	    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-	    -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >$(LLAMA_DIR)/cmake.log && \
-	  cmake --build $(LLAMA_DIR)/cmake -j --target llama-bench llama-simple llama-quantize \
-	    >$(LLAMA_DIR)/build.log && \
-	  mkdir -p $(LLAMA_DIR)/bin && \
-	  cp $(LLAMA_DIR)/cmake/bin/llama-bench $(LLAMA_DIR)/cmake/bin/llama-simple \
-	    $(LLAMA_DIR)/cmake/bin/llama-quantize $(LLAMA_DIR)/bin/ && \
-	  echo "built llama.cpp into $(LLAMA_DIR)/bin"; \
-	fi
+	@command -v cmake >/dev/null || $(PY) -m pip install --quiet cmake
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m smallem llama
+
+peers: torch
+	@$(MAKE) --no-print-directory llama \
+	  || echo "llama.cpp could not be built or run here (above): the chapters will say why it was not measured"
 
 figures: setup
 	$(PY) -m smallem figures
@@ -104,6 +103,8 @@ site: figures
 	$(VENV)/bin/mkdocs build --strict --site-dir $(SITE)
 
 book: setup
+	@if [ "$(PEERS)" != 0 ]; then $(MAKE) --no-print-directory peers; \
+	 else echo "PEERS=0: PyTorch and llama.cpp are not brought; their rows will read 'not measured'"; fi
 	$(PY) -m smallem build
 	@# every chapter's measurement, in book order (the list is smallem.book.CHAPTERS)
 	$(PY) -m smallem measure

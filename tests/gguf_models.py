@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from smallem import gguf_export
-from smallem.build import ROOT
+from smallem.book.ch4 import llama
 from smallem.gguf_file import ARCHS, Hyper, expected_shapes
 
-VOCABS = sorted(ROOT.glob("build/llama.cpp/llama_cpp_python-*/vendor/llama.cpp/models"))
-VOCAB_DIR = VOCABS[-1] if VOCABS else None
+# llama.cpp's tokenizer test files, where `make llama` unpacked its source (once a machine)
+VOCAB_DIR = llama.models_dir()
 
 
 def vocab_file(name: str) -> Path | None:

@@ -6,6 +6,8 @@ import sys
 import numpy as np
 import pytest
 
+import captured
+
 from smallem import decode, gguf_export
 from smallem.book.ch4 import llama
 from smallem.model import GPT, Config
@@ -118,30 +120,87 @@ def test_llama_cpp_greedy_equals_ours(tmp_path, block):
     assert list(theirs[:close]) == ours[:close], (theirs[:close], bytes(ours[:close]))
 
 
-def test_a_peer_that_dies_is_retried_once_then_reported(tmp_path):
-    """llama-bench dying of an illegal instruction (its AMX kernels where Linux has not
-    granted the tiles) is run again without its extra buffer types, and the flags stay for
-    every later run; a peer that fails anyway is one line saying how, never a stopped book."""
-    import json as _json
-    import os
+def _fake_tool(path, body: str):
     import stat
 
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+SAMPLES = '[{"samples_ts": [123.0]}]'
+
+
+def test_a_peer_that_dies_is_retried_once_then_reported(tmp_path):
+    """llama-bench dying in its default configuration, of any signal or exit status (SIGILL
+    where AMX tiles were not granted, SIGSEGV on a Granite-Rapids-class Xeon), is run again
+    without its extra buffer types, and the flags stay for every later run; a peer that
+    fails anyway is one line saying how, never a stopped book."""
     from smallem.book.ch4 import llama
 
-    fake = tmp_path / "llama-bench"
-    out = _json.dumps([{"samples_ts": [123.0]}])
-    fake.write_text("#!/bin/sh\n"
-                    "case \"$*\" in *'--repack 0'*) echo '" + out + "'; exit 0;; esac\n"
-                    "kill -ILL $$\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    tools = {"bench": str(fake), "from": "test"}
-    assert llama.bench(tools, tmp_path / "m.gguf", 1, gen=2) == [123.0]
-    assert tools["flags"] == list(llama.NO_EXTRA) and "SIGILL" in tools["flags_why"]
-    assert llama.usable(tools, tmp_path / "m.gguf", 1) is None
-    broken = tmp_path / "broken"
-    broken.write_text("#!/bin/sh\necho 'no such model' >&2\nexit 3\n")
-    broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
-    why = llama.usable({"bench": str(broken), "from": "test"}, tmp_path / "m.gguf", 1)
+    for death in ("kill -ILL $$", "kill -SEGV $$", "exit 1"):
+        fake = _fake_tool(tmp_path / "llama-bench",
+                          "case \"$*\" in *'--repack 0'*) echo '" + SAMPLES + "'; exit 0;; esac\n"
+                          + death + "\n")
+        tools = {"bench": str(fake), "from": "test"}
+        assert llama.bench(tools, tmp_path / "m.gguf", 1, gen=2) == [123.0]
+        assert tools["flags"] == list(llama.NO_EXTRA)
+        assert ("SIG" in tools["flags_why"]) == death.startswith("kill")
+        assert llama.usable(tools, 1) is None  # its probe runs on quantised files
+    broken = _fake_tool(tmp_path / "broken", "echo 'no such model' >&2\nexit 3\n")
+    why = llama.usable({"bench": str(broken), "from": "test"}, 1)
     assert why.startswith("llama-bench exited with status 3") and "no such model" in why
-    assert llama.usable(None, tmp_path / "m.gguf", 1).startswith("not found")
-    assert os.path.exists(fake)
+    assert llama.usable(None, 1).startswith("not found")
+    failed = {"bench": str(fake), "from": "test", "build": {"ok": False, "why": "SIGSEGV"}}
+    assert llama.usable(failed, 1) == "its build does not run here: SIGSEGV"
+
+
+def test_the_probe_runs_quantised_files_where_a_build_dies(tmp_path):
+    """The peer is probed on Q8_0 and Q4_0 files, not only on an F16 one: a build that runs
+    F32/F16 files and dies on every quantised one (seen on a Xeon) is caught before the
+    chapter starts, and llama-simple is probed too (it has no safe configuration)."""
+    from smallem.book.ch4 import llama
+
+    bench = _fake_tool(tmp_path / "llama-bench", "echo '" + SAMPLES + "'\n")
+    simple = _fake_tool(tmp_path / "llama-simple",
+                        "case \"$*\" in *Q4_0*) kill -SEGV $$;; esac\nprintf '%s' \"$5\"xy\n")
+    tools = {"bench": str(bench), "simple": str(simple), "from": "test"}
+    why = llama.usable(tools, 1)
+    assert why is not None and why.startswith("llama-simple died of SIGSEGV")
+
+
+def test_a_peer_dying_in_the_rounds_leaves_its_rows_out_and_says_why(tmp_path, monkeypatch):
+    """Appendix B with a llama-bench that passes its probe and then dies of SIGSEGV on one
+    file, in both configurations: the record is written, that file's llama.cpp rows are
+    missing with the reason, the other file keeps its rows, and the table's note says so."""
+    from smallem.book import figures, others
+    from smallem.book.others import measuring
+
+    fake = _fake_tool(tmp_path / "llama-bench",
+                      "case \"$*\" in --version) echo 'fake 1'; exit 0;; *tiny-qwen2*) "
+                      "kill -SEGV $$;; esac\necho '" + SAMPLES + "'\n")
+    monkeypatch.setenv("SMALLEM_LLAMA_BENCH", str(fake))
+    monkeypatch.setattr(measuring, "ROUNDS", 2)
+    rec = measuring.bench_others(quick=True, progress=False, threads=1)
+    missing = rec.data["settings"]["missing"]
+    assert any(k.startswith("llama.cpp tg (tiny-qwen2") and "SIGSEGV" in v
+               for k, v in missing.items()), missing
+    names = {(r["name"], r["params"]["model"]) for r in rec.data["results"]}
+    assert ("llama_tg", "tiny-llama") in names and ("llama_tg", "tiny-qwen2") not in names
+    note = figures.peer_notes(rec.data["settings"]["llama_cpp"], missing)
+    assert "not measured (llama-bench died of SIGSEGV" in note
+
+
+@pytest.mark.parametrize("name", captured.NAMES)
+def test_llama_cpp_is_built_for_each_captured_cpu_without_amx(name):
+    """The build names the instruction sets a CPU has (never -march=native) and leaves AMX
+    out, on every machine met: AVX-512 only where all five of ggml's AVX512 flags are there,
+    and the build folder differs between CPUs whose switches differ."""
+    from smallem.book.ch4 import llama
+
+    flags = captured.load(name).ident["flags"]
+    opts = llama.isa_switches(flags)
+    assert "-DGGML_NATIVE=OFF" in opts and not any("AMX" in o and o.endswith("=ON") for o in opts)
+    assert ("-DGGML_AVX512=ON" in opts) == ("avx512f" in flags and "avx512bw" in flags)
+    assert ("-DGGML_AVX2=ON" in opts) == ("avx2" in flags)
+    assert ("-DGGML_AVX512_VNNI=ON" in opts) == ("avx512_vnni" in flags)

@@ -75,6 +75,21 @@ def fmt(x: float, unit: str = "", digits: int = 3) -> str:
     return f"{s} {unit}".strip()
 
 
+def peer_notes(llama_cpp: dict | None, missing: dict) -> str:
+    """What a table's note says of its peers: llama.cpp's configuration where it is not the
+    default (a retry in the safe configuration, a build without repacking) and every peer or
+    row not measured, with why."""
+    ll = llama_cpp or {}
+    out = ""
+    if not llama_cpp and "llama.cpp" not in missing:
+        out += " llama.cpp: not measured (not found: `make llama`)."
+    if (ll.get("build") or {}).get("safe_build"):
+        out += f" llama.cpp's build: {ll['build']['why']}."
+    if ll.get("flags_why"):
+        out += f" llama-bench: {ll['flags_why']}."
+    return out + "".join(f" {k}: not measured ({v})." for k, v in missing.items())
+
+
 def machine_line(rec: dict) -> str:
     m = rec["machine"]
     return (f"{m['cpu']}, {m['cores']} cores, ISA {m['isa']['isa']}"

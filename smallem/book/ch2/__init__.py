@@ -22,6 +22,9 @@ from .targets import bf16_target, targets
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
 
 RECORDS = (RECORD, BF16_RECORD)
+# the peers its records compare against: record -> {peer: (result name, params)}; a
+# committed book whose record lacks one fails tests/test_book_records.py
+PEER_ROWS = {RECORD: {"numpy (OpenBLAS)": ("numpy", {})}}
 
 
 # ---------------------------------------------------------------- command line

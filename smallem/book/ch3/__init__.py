@@ -17,6 +17,9 @@ from .. import options
 from .. import records
 
 RECORDS = (RECORD_STEP, RECORD_RUN)
+# the peers its records compare against: record -> {peer: (result name, params)}
+PEER_ROWS = {RECORD_STEP: {"PyTorch": ("step", {"backend": "torch"}),
+                           "PyTorch with bf16 autocast": ("step", {"backend": "torch-bf16"})}}
 
 
 def add_bench_train_arguments(p):

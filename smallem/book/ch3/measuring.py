@@ -200,6 +200,22 @@ def regions_per_step(trainer: Trainer) -> int:
     return int(lib.pool_regions() - before)
 
 
+class _Guarded:
+    """A peer's step in the paired rounds: where it fails, the failure is kept in ``why``
+    and its later calls return at once, so that our rungs' rounds go on and the peer's
+    times are thrown away (a peer never stops the book)."""
+
+    def __init__(self, step):
+        self.step, self.why = step, None
+
+    def __call__(self):
+        if self.why is None:
+            try:
+                self.step()
+            except (RuntimeError, OSError, EOFError) as e:
+                self.why = str(e).strip()[-300:] or type(e).__name__
+
+
 def _measure_climb(rec, cfg, B, threads, quick, corpus):
     """Every built rung after the numpy reference, one trainer each, timed in turn: the
     "rung_step" results (tokens/s, every sample kept for the sign test)."""
@@ -212,10 +228,11 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
     children = {}
     for peer in PEERS:  # PyTorch in the same rounds, in a process of its own, where installed
         try:
-            children[peer] = fns[peer] = torch_child.Step(cfg.name, B, cfg.context, threads,
-                                                          peer == "torch-bf16")
-        except ImportError as e:
-            rec.data["settings"].setdefault("missing", {})[peer] = str(e)
+            children[peer] = torch_child.Step(cfg.name, B, cfg.context, threads,
+                                              peer == "torch-bf16")
+            fns[peer] = _Guarded(children[peer])
+        except (ImportError, RuntimeError, OSError) as e:  # missing, or died: said on the page
+            rec.data["settings"].setdefault("missing", {})[peer] = str(e)[-300:]
     rec.data["settings"]["torch_process"] = "its own (smallem.book.ch3.torch_child)"
     try:
         with threadpool_limits(threads):
@@ -229,6 +246,9 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
         for child in children.values():
             child.close()
     for peer in PEERS:
+        if peer in ts and fns[peer].why:  # the peer died in the rounds: its times are void
+            ts.pop(peer)
+            rec.data["settings"].setdefault("missing", {})[peer] = fns[peer].why
         if peer in ts:
             t = ts.pop(peer)
             rec.add("step", "tokens/s", t.rate(B * cfg.context),

@@ -16,6 +16,9 @@ from .. import options
 from .. import records
 
 RECORDS = (RECORD, RECORD_QUALITY)
+# the peers its records compare against: record -> {peer: (result name, params)}
+PEER_ROWS = {RECORD: {"llama.cpp": ("llama_tg", {}), "PyTorch": ("decode", {"case": "torch-f32"})},
+             RECORD_QUALITY: {"llama.cpp (llama-simple)": ("llama_greedy", {})}}
 
 
 def add_bench_generate_arguments(p):
@@ -30,7 +33,25 @@ def cmd_bench_generate(args) -> int:
     return 0
 
 
+def add_llama_arguments(p):
+    p.add_argument("--force", action="store_true", help="build again even if built")
+    p.add_argument("--where", action="store_true", help="print the build's folder, build nothing")
+
+
+def cmd_llama(args) -> int:
+    from . import llama
+
+    if args.where:
+        print(llama.build_dir() / "bin")
+        return 0
+    out = llama.build(force=args.force, log=lambda m: print(m, flush=True))
+    return 0 if out["ok"] else 3
+
+
 # what `smallem` offers for this chapter: name -> (function, add_arguments, help)
 COMMANDS = {"bench-generate": (cmd_bench_generate, add_bench_generate_arguments,
-                               "chapter 4: time generation, write records")}
+                               "chapter 4: time generation, write records"),
+            "llama": (cmd_llama, add_llama_arguments,
+                      "build the peer llama.cpp once for this machine (into the kernel cache) "
+                      "and check it on quantised files")}
 MEASURE = "bench-generate"  # the command `make book` runs

@@ -1,48 +1,112 @@
-"""llama.cpp beside us: where its tools are, and running them on a GGUF file we exported.
+"""llama.cpp beside us: building it once per machine, probing it, and running its tools on a
+GGUF file.
 
-llama.cpp is a peer, never a dependency. ``make llama`` builds ``llama-bench`` and
-``llama-simple`` (and ``llama-quantize``) from the source that the ``llama-cpp-python`` sdist bundles, into
-``build/llama.cpp/bin/``; ``SMALLEM_LLAMA_BENCH`` may point at any other ``llama-bench``
-(``llama-simple`` is looked for beside it). Without either, the chapter says it was not
-measured.
+llama.cpp is a peer, never a dependency. ``smallem llama`` (``make llama``, and ``make book``
+unless told ``PEERS=0``) builds ``llama-bench``, ``llama-simple`` and ``llama-quantize`` from
+the source that the ``llama-cpp-python`` sdist bundles, once per machine, into the kernel
+cache (:func:`build_dir`: keyed by the version, the instruction sets and the compiler, so a
+second clone on the same machine finds it and another CPU builds its own). The build names
+the instruction sets this CPU has instead of ``-march=native``, and leaves AMX out: a native
+build with its AMX kernels died on every quantised file on two of the Xeons met so far
+(SIGILL on one, SIGSEGV on another). Right after building, :func:`check` runs the tools on
+quantised files; a build that dies there is made again without the runtime repacking of the
+weights, and a build that still dies is kept with its reason, so that every chapter says why
+its peer is missing. ``SMALLEM_LLAMA_BENCH`` may point at any other ``llama-bench``
+(``llama-simple`` is looked for beside it).
+
+Every run of a tool goes through :func:`bench` or :func:`greedy`: a death (any signal, any
+exit status) is retried once in the safe configuration (:data:`NO_EXTRA`: no repacked or
+AMX buffers), which is then kept for every later run and written into the record; a tool
+that still fails raises :class:`LlamaError`, which the chapters turn into "not measured:
+<why>". A peer never stops the book.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
-from ...build import ROOT
+from ... import build as kbuild, machine_info
 
 ENV = "SMALLEM_LLAMA_BENCH"
-BUILT = ROOT / "build" / "llama.cpp" / "bin"
+VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
+TOOLS = ("llama-bench", "llama-simple", "llama-quantize")
+# llama.cpp's CMake switch for each instruction set, by the /proc/cpuinfo flag that says the
+# CPU has it (ggml's GGML_AVX512 asks for F, CD, VL, DQ and BW together)
+ISA_SWITCHES = (
+    ("GGML_SSE42", ("sse4_2",)), ("GGML_AVX", ("avx",)), ("GGML_AVX2", ("avx2",)),
+    ("GGML_BMI2", ("bmi2",)), ("GGML_FMA", ("fma",)), ("GGML_F16C", ("f16c",)),
+    ("GGML_AVX_VNNI", ("avx_vnni",)),
+    ("GGML_AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
+    ("GGML_AVX512_VBMI", ("avx512vbmi",)), ("GGML_AVX512_VNNI", ("avx512_vnni",)),
+    ("GGML_AVX512_BF16", ("avx512_bf16",)))
+SAFE_BUILD = ("-DGGML_CPU_REPACK=OFF",)  # the build's safe configuration: no runtime repacking
+
+
+def isa_switches(flags=None) -> list[str]:
+    """The CMake options that build llama.cpp for a CPU with these /proc/cpuinfo ``flags``
+    (default: this one's): each instruction set it has named, AMX always off."""
+    flags = set(machine_info.cpu_identity()["flags"] if flags is None else flags)
+    out = ["-DGGML_NATIVE=OFF"]
+    for switch, need in ISA_SWITCHES:
+        out.append(f"-D{switch}={'ON' if all(f in flags for f in need) else 'OFF'}")
+    return out + ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+
+
+def source_dir() -> Path:
+    """Where the sdist is unpacked, once per machine and version (its models/ folder holds
+    llama.cpp's tokenizer test files)."""
+    return kbuild.cache_dir() / f"llama.cpp-{VERSION}" / "src"
+
+
+def models_dir() -> Path | None:
+    """llama.cpp's vocabulary test files (ggml-vocab-*.gguf with .inp/.out), if unpacked."""
+    p = source_dir() / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp" / "models"
+    return p if p.is_dir() else None
+
+
+def build_dir(flags=None) -> Path:
+    """This machine's build: the version, the CMake options and the compiler in its key."""
+    cc = kbuild.compiler()
+    key = json.dumps([VERSION, isa_switches(flags), kbuild.compiler_version(cc)])
+    return (kbuild.cache_dir() / f"llama.cpp-{VERSION}"
+            / f"build-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
 
 
 def find() -> dict | None:
-    """{"bench": path, "simple": path or None, "quantize": path or None, "from": where it
-    was found}, or None."""
+    """{"bench", "simple", "quantize": paths (or None), "from": where, "build": the check's
+    verdict (None for a named llama-bench)}, or None where there is no llama-bench."""
     named = os.environ.get(ENV)
-    bench = Path(named) if named else BUILT / "llama-bench"
+    bench = Path(named) if named else build_dir() / "bin" / "llama-bench"
     if not (bench.is_file() and os.access(bench, os.X_OK)):
         return None
     simple, quantize = bench.parent / "llama-simple", bench.parent / "llama-quantize"
+    checked = bench.parent.parent / "check.json"
     return {"bench": str(bench), "simple": str(simple) if simple.is_file() else None,
             "quantize": str(quantize) if quantize.is_file() else None,
-            "from": f"${ENV}" if named else "make llama"}
+            "from": f"${ENV}" if named else "smallem llama",
+            "build": None if named or not checked.is_file() else json.loads(checked.read_text())}
 
 
 def version(tools: dict) -> str:
-    r = subprocess.run([tools["bench"], "--version"], capture_output=True, text=True, timeout=30)
+    try:
+        r = subprocess.run([tools["bench"], "--version"], capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
     text = (r.stdout + r.stderr).strip().splitlines()
     return text[0] if text else "unknown"
 
 
-# llama-bench's CPU "extra buffer types" (its AMX kernels, the repacked layouts) switched off:
-# on a Linux machine where a process must ask for the AMX tiles (arch_prctl) and this build
-# does not, its AMX kernel dies of SIGILL at the first product of several rows
+# llama-bench's CPU "extra buffer types" (its AMX kernels, the repacked layouts) switched off
 NO_EXTRA = ("--repack", "0")
 
 
@@ -57,53 +121,209 @@ def _died(rc: int) -> str:
         return f"exited with status {rc}"
 
 
+def _run(cmd: list[str], timeout: float, text: bool = True):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=text, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise LlamaError(f"{Path(cmd[0]).name} did not finish in {timeout:.0f} s") from e
+    except OSError as e:
+        raise LlamaError(f"{Path(cmd[0]).name} could not start: {e}") from e
+
+
 def bench(tools: dict, model: Path, threads: int, *, prompt: int = 0, gen: int = 0,
           depth: int = 0, reps: int = 1) -> list[float]:
     """llama-bench's tokens/s samples for one test: prompt processing of ``prompt`` tokens
     (pp), or generation of ``gen`` tokens after ``depth`` cached ones (tg). Where its
-    default build dies of an illegal instruction, it runs again without its extra buffer
-    types (:data:`NO_EXTRA`), and ``tools["flags"]`` keeps them for every later run, so
-    that one record is made with one configuration of the peer."""
+    default configuration dies (any signal, any exit status), it runs again without its
+    extra buffer types (:data:`NO_EXTRA`), and ``tools["flags"]`` keeps them for every later
+    run, so that one record is made with one configuration of the peer."""
     base = [tools["bench"], "-m", str(model), "-t", str(threads), "-p", str(prompt),
             "-n", str(gen), "-d", str(depth), "-r", str(reps), "-o", "json"]
-    r = subprocess.run(base + list(tools.get("flags", ())), capture_output=True, text=True,
-                       timeout=600)
-    if r.returncode == -signal.SIGILL and not tools.get("flags"):
+    r = _run(base + list(tools.get("flags", ())), 600)
+    if r.returncode and not tools.get("flags"):
         tools["flags"] = list(NO_EXTRA)
-        tools["flags_why"] = (f"its default configuration {_died(r.returncode)} here (its AMX "
-                              f"kernels without the tiles granted): run with "
-                              f"{' '.join(NO_EXTRA)}")
-        r = subprocess.run(base + tools["flags"], capture_output=True, text=True, timeout=600)
+        tools["flags_why"] = (f"its default configuration {_died(r.returncode)} here: run "
+                              f"with {' '.join(NO_EXTRA)} (no repacked or AMX buffers)")
+        r = _run(base + tools["flags"], 600)
     if r.returncode:
-        raise LlamaError(f"llama-bench {_died(r.returncode)} ({' '.join(base[3:])}): "
-                         f"{r.stderr.strip()[-300:]}")
-    rows = json.loads(r.stdout)
-    return [float(x) for x in rows[0]["samples_ts"]]
-
-
-def usable(tools: dict | None, model: Path, threads: int) -> str | None:
-    """Why llama.cpp cannot be this chapter's peer here (None if it can): one short run of
-    each test the chapter makes, on ``model``. A peer that fails is reported and left out;
-    it never stops the book."""
-    if tools is None:
-        return "not found (`make llama`)"
+        raise LlamaError(f"llama-bench {_died(r.returncode)} ({' '.join(base[3:])}"
+                         f"{' ' + ' '.join(tools['flags']) if tools.get('flags') else ''})"
+                         + (f": {r.stderr.strip()[-200:]}" if r.stderr.strip() else ""))
     try:
-        bench(tools, model, threads, gen=2, depth=4)
-        bench(tools, model, threads, prompt=8)
-    except (LlamaError, OSError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
-        return str(e)
-    return None
+        rows = json.loads(r.stdout)
+        return [float(x) for x in rows[0]["samples_ts"]]
+    except (ValueError, LookupError, TypeError) as e:
+        raise LlamaError(f"llama-bench wrote no samples ({e})") from e
 
 
 def greedy(tools: dict, model: Path, prompt: bytes, n: int) -> bytes:
     """The ``n`` bytes llama-simple's greedy sampler writes after ``prompt``."""
     if not tools.get("simple"):
         raise FileNotFoundError("no llama-simple beside llama-bench")
-    r = subprocess.run([tools["simple"], "-m", str(model), "-n", str(n), prompt],
-                       capture_output=True, timeout=600)
+    r = _run([tools["simple"], "-m", str(model), "-n", str(n), prompt], 600, text=False)
     if r.returncode:
-        raise LlamaError(f"llama-simple {_died(r.returncode)}: {r.stderr[-300:]!r}")
+        raise LlamaError(f"llama-simple {_died(r.returncode)}: {r.stderr[-200:]!r}")
     out = r.stdout
     if not out.startswith(prompt):
-        raise RuntimeError(f"llama-simple did not echo the prompt: {out[:80]!r}")
+        raise LlamaError(f"llama-simple did not echo the prompt: {out[:80]!r}")
     return out[len(prompt):len(prompt) + n]
+
+
+def _probe_files(tmp: Path, tools: dict) -> list[Path]:
+    """A tiny model, and its Q8_0 and Q4_0 quantisations: the types whose kernels (repacked,
+    AMX) are where a build dies; an F32/F16 file alone would not show it."""
+    from ..others.files import SHAPES, quantise, write_random
+
+    src = write_random(tmp / "probe-F16.gguf", SHAPES["tiny-llama"])
+    return [quantise(src, tmp / f"probe-{q}.gguf", q, tools) for q in ("Q8_0", "Q4_0")]
+
+
+def usable(tools: dict | None, threads: int, model: Path | None = None) -> str | None:
+    """Why llama.cpp cannot be a peer here (None if it can): a build whose check failed, or
+    one short run of each test (tg, pp, and llama-simple's greedy text) on quantised files
+    (``model`` too where given). llama-bench's death switches ``tools`` to its safe
+    configuration (see :func:`bench`); a peer that still fails is reported, never fatal."""
+    if tools is None:
+        return "not found (`make llama`)"
+    if tools.get("build") and not tools["build"].get("ok"):
+        return f"its build does not run here: {tools['build'].get('why')}"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in _probe_files(Path(tmp), tools) + ([model] if model else []):
+                bench(tools, path, threads, gen=2, depth=4)
+                bench(tools, path, threads, prompt=8)
+                if tools.get("simple"):
+                    greedy(tools, path, b"ab", 2)
+    except (LlamaError, RuntimeError, OSError, ValueError, KeyError) as e:
+        return str(e)
+    return None
+
+
+def peer_settings(tools: dict | None) -> dict | None:
+    """What a record says of the peer it ran: where it came from, its version, its build's
+    check and the configuration its runs used (with why, where it is not the default)."""
+    if tools is None:
+        return None
+    return {"from": tools["from"], "version": version(tools),
+            "build": tools.get("build"), "flags": tools.get("flags", []),
+            "flags_why": tools.get("flags_why", "")}
+
+
+# ---------------------------------------------------------------- building it, once a machine
+
+def _unpack(log) -> Path:
+    """The sdist, downloaded and unpacked into :func:`source_dir` once per machine."""
+    src = source_dir()
+    tree = src / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    if tree.is_dir():
+        return tree
+    src.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=src.parent, prefix="unpacking-") as tmp:
+        log(f"downloading the llama-cpp-python {VERSION} sdist (its vendor/llama.cpp)")
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            "--no-binary", ":all:", f"llama-cpp-python=={VERSION}", "-d", tmp],
+                           capture_output=True, text=True)
+        tars = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if r.returncode or not tars:
+            raise LlamaError(f"could not download llama-cpp-python=={VERSION}: "
+                             f"{r.stderr.strip().splitlines()[-1:] or 'no sdist'}")
+        out = Path(tmp) / "src"
+        out.mkdir()
+        subprocess.run(["tar", "xzf", str(tars[0]), "-C", str(out)], check=True)
+        try:
+            os.replace(out, src)
+        except OSError:  # another process unpacked it first
+            pass
+    return tree
+
+
+def _cmake(tree: Path, where: Path, options: list[str], log) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    cfg = ["cmake", "-S", str(tree), "-B", str(where / "cmake"), "-DCMAKE_BUILD_TYPE=Release",
+           "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+           "-DBUILD_SHARED_LIBS=OFF", *options]
+    for cmd, name in ((cfg, "cmake.log"),
+                      (["cmake", "--build", str(where / "cmake"), "-j", str(os.cpu_count() or 1),
+                        "--target", *TOOLS], "build.log")):
+        with open(where / name, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            if subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT):
+                raise LlamaError(f"llama.cpp's {'configuration' if name == 'cmake.log' else 'build'}"
+                                 f" failed: see {where / name}")
+    (where / "bin").mkdir(exist_ok=True)
+    for t in TOOLS:
+        shutil.copy2(where / "cmake" / "bin" / t, where / "bin" / t)
+
+
+def check(tools: dict, threads: int) -> str | None:
+    """Why a fresh build does not run here (None if it does): llama-bench and llama-simple,
+    in their default configurations, on quantised files."""
+    tools = {**tools, "flags": [], "build": None}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in _probe_files(Path(tmp), tools):
+                bench({**tools, "flags": ["--repack", "1"]}, path, threads, gen=2, depth=4)
+                bench({**tools, "flags": ["--repack", "1"]}, path, threads, prompt=8)
+                greedy(tools, path, b"ab", 2)
+    except (LlamaError, RuntimeError, OSError) as e:
+        return str(e)
+    return None
+
+
+def build(force: bool = False, log=print) -> dict:
+    """Build llama.cpp's tools for this machine (once: a later call finds them) and check
+    them on quantised files; returns the check's verdict, also kept in ``check.json``."""
+    where = build_dir()
+    verdict = where / "check.json"
+    if verdict.is_file() and (where / "bin" / "llama-bench").is_file() and not force:
+        return json.loads(verdict.read_text())
+    tree = _unpack(log)
+    threads = min(2, os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    options = isa_switches()
+    if where.exists():
+        shutil.rmtree(where)
+    log(f"building llama.cpp {VERSION} into {where} (a few minutes; {' '.join(options[1:])})")
+    _cmake(tree, where, options, log)
+    tools = {"bench": str(where / "bin" / "llama-bench"),
+             "simple": str(where / "bin" / "llama-simple"),
+             "quantize": str(where / "bin" / "llama-quantize"), "from": "smallem llama"}
+    why = check(tools, threads)
+    out = {"version": VERSION, "options": options, "ok": why is None, "why": why,
+           "safe_build": False, "seconds": None}
+    if why:  # the safe configuration of the build: weights not repacked at load
+        log(f"llama.cpp's build fails on a quantised file here ({why}): building it again "
+            f"with {' '.join(SAFE_BUILD)}")
+        options = options + list(SAFE_BUILD)
+        _cmake(tree, where, options, log)
+        why2 = check(tools, threads)
+        out.update(options=options, ok=why2 is None, safe_build=True,
+                   why=why2 if why2 else f"the default build {why}; rebuilt with "
+                                         f"{' '.join(SAFE_BUILD)}, which runs")
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    shutil.rmtree(where / "cmake", ignore_errors=True)  # ~1 GB of objects; bin/ is what runs
+    verdict.write_text(json.dumps(out, indent=1) + "\n")
+    log(f"llama.cpp in {where / 'bin'}: " + ("checked on quantised files"
+                                            if out["ok"] else f"does not run here: {out['why']}")
+        + f" ({out['seconds'] / 60:.1f} min)")
+    return out
+
+
+class Rates(list):
+    """llama-bench's tokens/s for one test, one a round, as a chapter's paired rounds take
+    them: a run that fails (after :func:`bench`'s retry) ends the series, which then keeps no
+    sample and says why in ``why``; the rounds of our side go on."""
+
+    def __init__(self):
+        super().__init__()
+        self.why: str | None = None
+
+    def take(self, call) -> None:
+        if self.why is not None:
+            return
+        try:
+            self.append(call())
+        except LlamaError as e:
+            self.why = str(e)
+            self.clear()

@@ -70,15 +70,15 @@ def _llama_cases(tools, path: Path, threads, feed_n, prompt_n, key, cases):
     Each round runs LLAMA_REPS repetitions in one llama-bench process and keeps the last: the
     first repetition after llama-bench's own warm-up is often slow, and our side's samples are
     all taken after an untimed call, so steady state is compared with steady state."""
-    samples = {"tg": [], "pp": []}
+    samples = {"tg": llama.Rates(), "pp": llama.Rates()}
 
     def tg():
-        samples["tg"].append(llama.bench(tools, path, threads, gen=feed_n, depth=len(PROMPT),
-                                         reps=LLAMA_REPS)[-1])
+        samples["tg"].take(lambda: llama.bench(tools, path, threads, gen=feed_n,
+                                               depth=len(PROMPT), reps=LLAMA_REPS)[-1])
 
     def pp():
-        samples["pp"].append(llama.bench(tools, path, threads, prompt=prompt_n,
-                                         reps=LLAMA_REPS)[-1])
+        samples["pp"].take(lambda: llama.bench(tools, path, threads, prompt=prompt_n,
+                                               reps=LLAMA_REPS)[-1])
 
     cases[(key, "tg")] = (lambda: None, tg)
     if prompt_n:
@@ -92,6 +92,9 @@ def _add_llama(rec, samples, **params):
             t = Timing([1.0 / v for v in vals])
             rec.add("llama_" + test, "tokens/s", t.rate(1.0),
                     seconds={**t.stats(), "samples": t.seconds}, **params)
+        elif vals.why:  # the peer died in these rounds: said on the page, never fatal
+            where = ", ".join(f"{k} {v}" for k, v in params.items())
+            rec.data["settings"].setdefault("missing", {})[f"llama.cpp {test} ({where})"] = vals.why
 
 
 def measure_ladder(rec, threads, quick, tools, tmp: Path):
@@ -120,8 +123,9 @@ def measure_ladder(rec, threads, quick, tools, tmp: Path):
     missing = {}
     try:  # PyTorch's decode with a KV cache, f32 and dynamic int8: in a process of its own
         torch_s = torch_peer.measure_in_child(cfg.name, threads, PROMPT, feed, rounds, PAUSE)
-    except ImportError as e:
-        torch_s, missing = {}, {kind: str(e) for kind in torch_peer.KINDS}
+    except (ImportError, RuntimeError, OSError) as e:  # missing, or died: said, never fatal
+        torch_s, missing = {}, {kind: str(e).strip().splitlines()[-1][-300:] if str(e).strip()
+                                else type(e).__name__ for kind in torch_peer.KINDS}
     if missing:
         rec.data["settings"]["missing"] = missing
     for kind, secs in torch_s.items():
@@ -275,7 +279,7 @@ def _llama_peer(threads: int) -> tuple[dict | None, str | None]:
     with tempfile.TemporaryDirectory() as tmp:
         path = gguf_export.export(GPT(get_config("s"), "numpy", seed=0), Path(tmp) / "probe.gguf",
                                   "q8_0")
-        why = llama.usable(tools, path, threads)
+        why = llama.usable(tools, threads, path)
     return (None, why) if why else (tools, None)
 
 
@@ -286,11 +290,9 @@ def bench_decode(quick: bool | None = None, progress: bool = True, threads: int 
     tools, why = _llama_peer(threads)
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": threads, "ladder_config": LADDER_CONFIG,
-        "llama_cpp": None if tools is None else {
-            "from": tools["from"], "version": llama.version(tools),
-            "flags": tools.get("flags", []), "flags_why": tools.get("flags_why", "")},
+        "llama_cpp": llama.peer_settings(tools),
         "torch": torch_peer.version(), "tile": 16, "qblock": 32})
-    if why and llama.find() is not None:  # found but unusable: say why on the page
+    if why:  # not found, or found and unusable: the page says why
         rec.data["settings"].setdefault("missing", {})["llama.cpp"] = why
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()

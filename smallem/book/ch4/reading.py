@@ -95,10 +95,7 @@ def _ladder(rec, facts, values):
             f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
             f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
             f"from position 0. {figures.machine_line(rec)}."
-            + ("" if rec["settings"].get("llama_cpp") else " llama.cpp: not measured.")
-            + (f" llama-bench: {rec['settings']['llama_cpp']['flags_why']}."
-               if (rec["settings"].get("llama_cpp") or {}).get("flags_why") else "")
-            + "".join(f" {k}: not measured ({v})." for k, v in missing.items()))
+            + figures.peer_notes(rec["settings"].get("llama_cpp"), missing))
     figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
                                              "rung before", "weights per token",
                                              "decode predicted: weights ÷ bandwidth",

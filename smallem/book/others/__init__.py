@@ -15,6 +15,8 @@ from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
 from .. import options
 
 RECORDS = (RECORD,)
+# the peers its records compare against: record -> {peer: (result name, params)}
+PEER_ROWS = {RECORD: {"llama.cpp": ("llama_tg", {}), "llama.cpp's prompt": ("llama_pp", {})}}
 
 
 def add_bench_others_arguments(p):

@@ -62,14 +62,15 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
         fw.forward(pp_ids)
 
     cases = {"tg": (decode_setup, decode), "pp": (fw.reset, prefill)}
-    peer = {"tg": [], "pp": []}
+    peer = {"tg": llama.Rates(), "pp": llama.Rates()}
     if tools:
         def llama_tg():
-            peer["tg"].append(llama.bench(tools, path, threads, gen=feed, depth=PROMPT,
-                                          reps=LLAMA_REPS)[-1])
+            peer["tg"].take(lambda: llama.bench(tools, path, threads, gen=feed, depth=PROMPT,
+                                                reps=LLAMA_REPS)[-1])
 
         def llama_pp():
-            peer["pp"].append(llama.bench(tools, path, threads, prompt=pp, reps=LLAMA_REPS)[-1])
+            peer["pp"].take(lambda: llama.bench(tools, path, threads, prompt=pp,
+                                                reps=LLAMA_REPS)[-1])
 
         cases["llama_tg"] = (lambda: None, llama_tg)
         cases["llama_pp"] = (lambda: None, llama_pp)
@@ -90,6 +91,9 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
             t = Timing([1.0 / v for v in vals])
             rec.add("llama_" + test, "tokens/s", t.rate(1.0),
                     seconds={**t.stats(), "samples": t.seconds}, **params)
+        elif vals.why:  # the peer died on this file: said under the table, never fatal
+            rec.data["settings"].setdefault("missing", {})[
+                f"llama.cpp {test} ({shape} {qtype})"] = vals.why
 
 
 def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
@@ -122,10 +126,9 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
     quick = quick_mode() if quick is None else quick
     threads = checks.threads(threads)
     tools, why = llama.find(), None
-    if tools:  # one short run of each test on a tiny file: a peer that fails is left out
-        with tempfile.TemporaryDirectory() as tmp:
-            why = llama.usable(tools, write_random(Path(tmp) / "probe.gguf",
-                                                   SHAPES["tiny-llama"]), threads)
+    quantiser = tools  # llama-quantize makes the files even where llama-bench cannot run
+    if tools:  # short runs of each test on quantised files: a peer that fails is left out
+        why = llama.usable(tools, threads)
         if why:
             tools = None
     rec = records.Record(RECORD, settings={
@@ -133,9 +136,7 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
         "pp": 64 if quick else PP, "rounds": 2 if quick else ROUNDS, "llama_reps": LLAMA_REPS,
         "instruction": gguf_run.instruction(), "rows_per_call": gguf_run.ROWS,
         "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},
-        "llama_cpp": None if tools is None else {
-            "from": tools["from"], "version": llama.version(tools),
-            "flags": tools.get("flags", []), "flags_why": tools.get("flags_why", "")}})
+        "llama_cpp": llama.peer_settings(tools)})
     missing = {}
     if why or llama.find() is None:
         missing["llama.cpp"] = why or "not found (`make llama`)"
@@ -145,7 +146,7 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
             t0 = time.perf_counter()
             if shape not in made:
                 made[shape] = write_random(Path(tmp) / f"{shape}-F16.gguf", SHAPES[shape])
-            path = quantise(made[shape], Path(tmp) / f"{shape}-{qtype}.gguf", qtype, tools)
+            path = quantise(made[shape], Path(tmp) / f"{shape}-{qtype}.gguf", qtype, quantiser)
             if path is None:
                 missing[f"{shape} {qtype}"] = "needs llama-quantize (`make llama`)"
                 continue

@@ -125,7 +125,8 @@ def report(rec_dir=None) -> dict:
         f"{s['prompt']} cached; {th} threads. The bound: the bytes a token reads over chapter "
         f"1's triad bandwidth of the level that holds them. The prompt bound: chapter 2's GEMM "
         f"at the file's gate shape, timed in the same run on the same threads and inputs, over "
-        f"two operations a weight a token. {figures.machine_line(rec)}.")
+        f"two operations a weight a token. {figures.machine_line(rec)}."
+        + figures.peer_notes(s.get("llama_cpp"), s.get("missing") or {}))
     figures.write_table("others_types", *types_table(facts, weights))
     ll = s.get("llama_cpp")
     values["others.instruction"] = s["instruction"]
