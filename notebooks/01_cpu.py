@@ -38,7 +38,30 @@ print("caches:", {k: v for k, v in machine_info.caches().items() if k.endswith("
 # %%
 data = records.load_or_measure(ch1.RECORD, ch1.run)
 print(figures.machine_line(data))
-print("theoretical f32 peak from:", data["settings"]["theory"]["source"])
+
+# %% [markdown]
+# ## The theoretical peak, every factor measured
+#
+# cores x f32 lanes a cycle x 2 x clock. The clock is the larger of the two chains' (each is
+# a lower bound: a dependent chain runs no faster than its latency allows). The lanes are the
+# f32 operations a cycle the FMA probe reached (the better of one thread and all cores over
+# the cores), halved and rounded to whole pipes of a real width on a log scale. The table of
+# vendors' manuals, looked up by the CPU's model number (which a hypervisor may mask), is only
+# a cross-check. The reading computes all of this again from the record's clocks and probes
+# (`ch1.theory`), so an older record gets today's theory.
+
+# %%
+theory = ch1.theory(data)
+print("theoretical f32 peak:", theory["source"])
+print(f"  {theory['flops_per_cycle_per_core']} operations a cycle x {theory['clock_ghz']:.2f} GHz"
+      f" (chain of {dict(add='adds', mul='multiplies')[theory['clock_chain']]})"
+      f" x {theory['cores']} cores = "
+      f"{theory['gops_all']:.0f} Gop/s")
+table = theory["table"]
+print("the table of vendors' manuals for this model number:",
+      f"{table['source']}, {table['flops_per_cycle_per_core']} operations a cycle"
+      + ("" if table["agrees"] else ": it disagrees with the measurement (a masked model?)")
+      if table else "no row")
 
 # %% [markdown]
 # ## The table
@@ -60,7 +83,7 @@ print(f"naive product: {summary['naive_below_peak']:.0f} times below the measure
 # One more measurement of the clock, now, both ways: 64 dependent adds of a register per
 # loop iteration (one cycle each), and 64 dependent multiplies (three cycles each). Under
 # load or on battery the clock moves; that is why the peak is computed from the clock
-# measured in the same run, not from the box's label.
+# measured in the same run (the larger of the two chains'), not from the box's label.
 
 # %%
 for chain in ("add", "mul"):

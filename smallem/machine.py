@@ -4,8 +4,9 @@ records them) and for the GEMM's choices (:func:`feeds`):
 - two clocks, chains of dependent adds and of multiplies;
 - the compute probes: f32 FMA, bf16 and int8 dots, AMX tiles where present;
 - the STREAM kernels over any working set;
-- the FMA-pipe table, from which the theoretical peak is computed, not assumed:
-  cores x FMA pipes x lanes x 2 (multiply and add) x measured clock.
+- the theoretical peak, cores x f32 FMA lanes a cycle x 2 (multiply and add) x clock, every
+  factor measured (:func:`peak_theory`), and the vendors' table of FMA pipes as its
+  cross-check.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ STREAM_KERNELS = {  # name: (arrays touched, bytes moved per element as STREAM c
 
 
 # ---------------------------------------------------------------- the theoretical peak
+
+# The theoretical f32 peak is cores x f32 lanes a cycle x 2 (multiply and add) x clock. No
+# operating system reports the lanes, and a table keyed on the CPU's family and model is only
+# as good as the model number, which a hypervisor may mask (a Granite-Rapids-class Xeon that
+# reads as model 167 looked up as a client core: half its lanes, a peak 185 % "reached"). So
+# the lanes are measured (:func:`peak_theory`) and the table below is kept as a cross-check.
+
+FMA_LANES = (4, 8, 16, 32, 64)  # f32 lanes a cycle of 1 to 4 FMA pipes of 128, 256 or 512 bits
+MAX_FMA_PIPES = 4
 
 # FMA pipes per core and bits per pipe, from the vendors' manuals (bibliography.md: amd-opt,
 # intel-opt, strix-point). A vector wider than a pipe is split across it in halves.
@@ -84,12 +94,10 @@ def core_name(ident: dict | None = None) -> str | None:
 
 
 def fma_units(ident: dict | None = None) -> tuple[int, int, str]:
-    """(FMA pipes per core, bits per pipe, where this came from) for a CPU.
-
-    No operating system reports the number of FMA pipes, so we look the core up in
-    :data:`FMA_PIPES`. An unknown core gets ``(0, 0, "unknown")`` and the caller infers
-    the pipes from the measurement, saying so.
-    """
+    """(FMA pipes per core, bits per pipe, where this came from) for a CPU, as the table of
+    vendors' manuals (:data:`FMA_PIPES`) gives them for its family and model: the cross-check
+    of :func:`peak_theory`, never the peak itself. A core not in the table gets
+    ``(0, 0, "unknown")``."""
     name = core_name(ident)
     if name is None:
         return 0, 0, "unknown"
@@ -103,8 +111,10 @@ def vector_bits(level: str) -> int:
 
 def theoretical_peak(clock_hz: float, cores: int, level: str, measured_per_core: float,
                      ident: dict | None = None) -> dict:
-    """f32 peak = cores x pipes x lanes x 2 x clock, for the vector width ``level`` uses
-    (on the CPU ``ident`` describes; default this one)."""
+    """The f32 peak the table of :data:`FMA_PIPES` would give, cores x pipes x lanes x 2 x
+    clock, for the vector width ``level`` uses (on the CPU ``ident`` describes; default this
+    one): what the book computed before it measured the lanes, kept for comparison. The
+    book's peak is :func:`peak_theory`'s."""
     pipes, pipe_bits, source = fma_units(ident) if ident else fma_units()
     width = vector_bits(level)
     if pipes == 0:  # unknown core: the number of pipes that explains the measurement
@@ -116,6 +126,75 @@ def theoretical_peak(clock_hz: float, cores: int, level: str, measured_per_core:
     flops_per_cycle = lanes * 2
     return {"pipes": pipes, "pipe_bits": pipe_bits, "vector_bits": width, "source": source,
             "flops_per_cycle_per_core": flops_per_cycle,
+            "gops_per_core": flops_per_cycle * clock_hz / 1e9,
+            "gops_all": flops_per_cycle * clock_hz * cores / 1e9}
+
+
+def chain_clock(add_hz: float, mul_hz: float = math.nan) -> tuple[float, str]:
+    """(the clock in Hz, the chain it came from: "add" or "mul") from :func:`measure_clock`'s
+    two chains, either of which may be missing (NaN).
+
+    A chain of dependent operations cannot run faster than their latency, and anything
+    else on the core (an interrupt, a hypervisor's neighbour, a frequency step) only slows
+    it: each chain's clock is a lower bound on the true clock, and the larger is the
+    tighter bound."""
+    found = [(hz, chain) for hz, chain in ((add_hz, "add"), (mul_hz, "mul")) if hz == hz and hz > 0]
+    if not found:
+        raise ValueError("chain_clock: neither chain measured a clock")
+    return max(found)
+
+
+def fma_lanes(flops_per_cycle: float, level: str) -> int:
+    """The f32 FMA lanes a core starts per cycle, from the operations a cycle measured: the
+    nearest of :data:`FMA_LANES` on a log scale (a rate a fifth low is nearer 16 lanes than
+    8), and no more than :data:`MAX_FMA_PIPES` pipes of ``level``'s vector width carry."""
+    lanes = max(flops_per_cycle, 1e-9) / 2
+    top = min(FMA_LANES[-1], MAX_FMA_PIPES * vector_bits(level) // 32)
+    return max(FMA_LANES[0], min(top, 2 ** round(math.log2(lanes))))
+
+
+def peak_theory(clock_add_hz: float, clock_mul_hz: float, f32_one_hz: float, f32_all_hz: float,
+                cores: int, level: str, ident: dict | None = None) -> dict:
+    """The theoretical f32 peak, cores x lanes x 2 x clock, with every factor measured.
+
+    The clock is :func:`chain_clock`'s. The lanes are the f32 operations a cycle one core's
+    FMA probe reached, halved and rounded to whole pipes (:func:`fma_lanes`); the probe rate
+    per core is the better of the one-thread probe (``f32_one_hz``, operations a second) and
+    the all-core probe (``f32_all_hz``) over the ``cores`` physical cores, so that one
+    disturbed probe cannot halve the peak. A measurement counts the probe's instructions a
+    cycle, so the pipes are of the probe's width (a core that splits a 512-bit FMA over two
+    256-bit pipes reads as one 512-bit pipe: the same lanes, the same peak).
+
+    ``ident`` (a :func:`smallem.isa.parse_cpuinfo` reading; None: no cross-check) is looked
+    up in :data:`FMA_PIPES`: "table" holds what the vendors' manuals give for its model
+    number (None where the core is not in the table), and whether it agrees.
+    """
+    clock_hz, chain = chain_clock(clock_add_hz, clock_mul_hz)
+    one, every = f32_one_hz, f32_all_hz / cores
+    per_core, rate_from = (one, "one thread") if one >= every else (every, "all cores")
+    measured = per_core / clock_hz
+    lanes = fma_lanes(measured, level)
+    width = vector_bits(level)
+    pipe_bits = min(width, 32 * lanes)
+    pipes = 32 * lanes // pipe_bits
+    flops_per_cycle = 2 * lanes
+    table = None
+    if ident is not None and core_name(ident) is not None:
+        t_pipes, t_bits, t_source = fma_units(ident)
+        t_flops = 2 * t_pipes * min(width, t_bits) // 32
+        table = {"core": core_name(ident), "pipes": t_pipes, "pipe_bits": t_bits,
+                 "source": t_source, "flops_per_cycle_per_core": t_flops,
+                 "agrees": t_flops == flops_per_cycle,
+                 "family": ident.get("family"), "model": ident.get("model")}
+    return {"pipes": pipes, "pipe_bits": pipe_bits, "vector_bits": width, "lanes": lanes,
+            "source": f"measured: {pipes} FMA pipe{'s' if pipes > 1 else ''} of {pipe_bits} "
+                      f"bits ({measured:.1f} f32 operations a cycle, {rate_from}, at the "
+                      f"{chain} chain's clock)",
+            "flops_per_cycle_per_core": flops_per_cycle,
+            "measured_flops_per_cycle": measured,
+            "clock_ghz": clock_hz / 1e9, "clock_chain": chain,
+            "probe_gops_core": per_core / 1e9, "probe_from": rate_from,
+            "cores": cores, "table": table,
             "gops_per_core": flops_per_cycle * clock_hz / 1e9,
             "gops_all": flops_per_cycle * clock_hz * cores / 1e9}
 

@@ -56,21 +56,29 @@ def test_isa_levels_from_the_flags(name):
     assert ("amx_bf16" in exts) == ("amx_bf16" in flags)
 
 
-@pytest.mark.parametrize("name", NAMES)
+# machines whose record the theory cannot explain, and why (the record's own numbers:
+# test_the_disturbed_probe_fails_only_the_clock_check pins it)
+DISTURBED = {"intel-xeon-m167-2c": (
+    "its one-thread f32 probe was disturbed (a kernel compiled while its chapter 1 measured; "
+    "two cores reached nearly three times one core): one thread's rate over whole pipes "
+    "implies a clock far below the chains'")}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=DISTURBED[n]))
+    if n in DISTURBED else n for n in NAMES])
 def test_fma_pipes_and_the_peak_are_the_records(name):
-    """The pipe table gives each machine the pipes and lanes its record's theoretical peak
-    used, and the clock that peak implies is one such a core runs at."""
+    """The theoretical peak chapter 1 reads from each machine's record, every factor measured
+    (machine.peak_theory), explains the record: whole pipes of a real width, the all-core
+    f32 probe within ch1.THEORY_BAND of the theory, and the clock one thread's probe implies
+    within ch1.CLOCK_AGREEMENT of the chains' clock."""
     m = captured.load(name)
     rec = m.record("ch1.machine")
-    theory = rec["settings"]["theory"]
-    pipes, bits, _ = machine.fma_units(m.ident)
-    assert machine.core_name(m.ident) is not None
-    assert (pipes, bits) == (theory["pipes"], theory["pipe_bits"])
-    clock = theory["gops_per_core"] * 1e9 / theory["flops_per_cycle_per_core"]
-    now = machine.theoretical_peak(clock, m.cores, m.level, 0.0, ident=m.ident)
-    assert now["flops_per_cycle_per_core"] == theory["flops_per_cycle_per_core"]
-    implied = records.value(rec, "peak", kind="f32", threads=1) / theory["flops_per_cycle_per_core"]
-    assert 2.0 < implied < 5.5, implied
+    theory = ch1.summary(rec)["theory"]
+    assert theory["lanes"] in machine.FMA_LANES
+    assert theory["pipes"] * theory["pipe_bits"] == 32 * theory["lanes"] <= 4 * 512
+    assert theory["flops_per_cycle_per_core"] == 2 * theory["lanes"]
+    assert theory_failures(theory, rec) == []
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -217,3 +225,110 @@ def test_decode_bounds_come_from_the_read_only_stream_where_it_was_measured(name
         assert level == "DRAM" and bw == ext["DRAM"]["bw"]
         assert ch4r.bandwidth_bound(facts, big, th) == ("DRAM", pytest.approx(1e9 * bw))
         assert bw != facts["triad_plateaus"][th]["DRAM"]  # not the triad's
+
+
+def theory_failures(theory: dict, rec: dict) -> list[str]:
+    """What a theoretical f32 peak (``theory``: machine.peak_theory's, or any dict with its
+    "flops_per_cycle_per_core" and "gops_all") leaves unexplained in a chapter-1 record: the
+    all-core probe outside ch1.THEORY_BAND of the theory, or the clock one thread's probe
+    implies more than ch1.CLOCK_AGREEMENT from the chains' clock."""
+    cores = max(rec["settings"]["threads"])
+    one = records.value(rec, "peak", kind="f32", threads=1)
+    every = records.value(rec, "peak", kind="f32", threads=cores)
+    mul = records.results(rec, "clock_mul")
+    clock, _ = machine.chain_clock(records.value(rec, "clock"),
+                                   mul[0]["value"]["median"] if mul else math.nan)
+    out = []
+    share = every / theory["gops_all"]
+    low, high = ch1.THEORY_BAND
+    if not low <= share <= high:
+        out.append(f"the all-core f32 probe is {share:.0%} of the theoretical peak")
+    implied = one / theory["flops_per_cycle_per_core"]
+    if abs(implied / clock - 1) > ch1.CLOCK_AGREEMENT:
+        out.append(f"one thread's f32 probe implies {implied:.2f} GHz against the chains' "
+                   f"{clock:.2f} GHz")
+    return out
+
+
+def test_the_disturbed_probe_fails_only_the_clock_check():
+    """The machine marked DISTURBED fails for the reason given, and for no other: its
+    one-thread f32 probe ran well below its share of the all-core probe, so the theory took
+    the all-core rate (and passes the band), while one thread's rate implies a slow clock."""
+    for name, reason in DISTURBED.items():
+        rec = captured.load(name).record("ch1.machine")
+        theory = ch1.summary(rec)["theory"]
+        one = records.value(rec, "peak", kind="f32", threads=1)
+        every = records.value(rec, "peak", kind="f32", threads=2)
+        assert one < ch1.ONE_THREAD_FLOOR * every / theory["cores"]
+        assert theory["probe_from"] == "all cores"
+        found = theory_failures(theory, rec)
+        assert len(found) == 1 and "implies" in found[0], found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_check_fails_the_table_theory_where_the_model_is_masked(name):
+    """The check can fail: the old theory, the table of vendors' manuals looked up by the
+    model number, fails it on the Xeons whose model the hypervisor masks (a Granite-Rapids
+    class core read as a client core: half the lanes, the probe at 185 % of its "peak"), and
+    only the measured theory passes there, and the page says why. Where the model is not
+    masked the table agrees with the measurement."""
+    m = captured.load(name)
+    rec = m.record("ch1.machine")
+    sm = ch1.summary(rec)
+    old = rec["settings"]["theory"]  # what the record stored: the table's, before issue 49
+    table = machine.theoretical_peak(sm["theory"]["clock_ghz"] * 1e9, sm["theory"]["cores"],
+                                     rec["settings"]["isa"], 0.0, ident=m.ident)
+    now = machine.peak_theory(sm["theory"]["clock_ghz"] * 1e9, math.nan,
+                              sm["peak"]["f32", 1] * 1e9, sm["peak"]["f32", sm["cores"]] * 1e9,
+                              sm["theory"]["cores"], rec["settings"]["isa"], m.ident)
+    assert now["flops_per_cycle_per_core"] == sm["theory"]["flops_per_cycle_per_core"]
+    masked = m.ident["vendor"] == "GenuineIntel" and m.ident["model"] == 167
+    assert now["table"]["agrees"] is not masked
+    assert now["table"]["flops_per_cycle_per_core"] == table["flops_per_cycle_per_core"]
+    _, values = ch1.table_rows(rec)
+    if masked:
+        for stale in (old, table):  # half the lanes: the probe far above the "peak"
+            found = theory_failures(stale, rec)
+            assert any("all-core f32 probe is" in f for f in found), found
+            assert sm["peak"]["f32", sm["cores"]] / stale["gops_all"] > 1.5
+        assert "may mask the model" in values["ch1.fma_table_check"]
+    else:
+        assert "mask" not in values["ch1.fma_table_check"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_reading_computes_the_theory_again(name):
+    """Chapter 1's reading takes the theory from the record's clocks and probes, not from
+    what the record stored: a record without it, or with a wrong one, reads the same."""
+    import copy
+
+    rec = copy.deepcopy(captured.load(name).record("ch1.machine"))
+    want = ch1.summary(rec)["theory"]
+    rec["settings"]["theory"] = {"pipes": 1, "pipe_bits": 128, "flops_per_cycle_per_core": 8,
+                                 "gops_per_core": 1.0, "gops_all": 2.0, "source": "stale"}
+    assert ch1.summary(rec)["theory"] == want
+    del rec["settings"]["theory"]
+    assert ch1.summary(rec)["theory"] == want
+
+
+def test_a_disturbed_one_thread_probe_is_measured_again_once(monkeypatch):
+    """measure_peaks with the disturbed machine's f32 rates: one thread below
+    ch1.ONE_THREAD_FLOOR of the all-core rate per core is measured once more; a second run
+    at the rate of a quiet core ends it, a second disturbed run leaves a warning."""
+    monkeypatch.setattr(ch1.measuring, "settle", lambda s=0: None)
+    rec = captured.load("intel-xeon-m167-2c").record("ch1.machine")
+    one = records.value(rec, "peak", kind="f32", threads=1)
+    every = records.value(rec, "peak", kind="f32", threads=2)
+    for again, warned in ((every / 2, False), (one, True)):
+        calls = []
+
+        def fake(kind, threads, queue={1: [one, again], 2: [every]}):
+            calls.append((kind, threads))
+            v = queue[threads].pop(0) if len(queue[threads]) > 1 else queue[threads][0]
+            return {"value": {"median": v, "min": v, "max": v, "n": 1}, "seconds": {}}
+
+        peaks, warnings = ch1.measure_peaks([1, 2], fake, kinds=("f32",), physical=2)
+        assert calls == [("f32", 1), ("f32", 2), ("f32", 1)]
+        assert peaks["f32", 1]["value"]["median"] == again
+        assert bool(warnings) is warned
+        assert not warned or warnings[0].startswith("f32 peak: one thread reached only")

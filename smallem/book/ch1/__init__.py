@@ -5,6 +5,8 @@ them to one record, ``ch1.machine``:
 
 - the clock, from a chain of dependent integer adds (one cycle each), checked against a
   chain of multiplies;
+- the theoretical f32 peak, from the clocks and the FMA probe (whole pipes of a real
+  width), with the vendors' table of FMA pipes as a cross-check;
 - peak compute: f32 FMA, bf16 dot, int8 dot, on one core and on all;
 - the memory staircase: STREAM copy/scale/add/triad and a read-only stream (a sum) over
   working sets from 4 KiB to past the L3, on one core and on all, with numpy's copy as a
@@ -17,10 +19,12 @@ Later chapters read this machine's peaks and bandwidths through :func:`facts`, l
 from __future__ import annotations
 
 from .measuring import (RECORD, RECORDS, PEAK_KINDS, AMX_KINDS, DOT_INSTRUCTION,
-                       CLOCK_AGREEMENT, SCALING_FLOOR, poorly_scaled, measure_peaks,
+                       CLOCK_AGREEMENT, SCALING_FLOOR, ONE_THREAD_FLOOR, THEORY_BAND,
+                       poorly_scaled, slow_one_thread, measure_peaks,
                        stream_sizes, measure_numpy_copy, measure_naive_gemm, run)  # noqa: F401
 from .reading import (LEVELS, DISTINCT, STAIR_KERNELS, level_sizes, plateaus, spans, staircase_close, facts,
-                     summary, level_of, read_stream, ridges, ridge_position, staircase_distinct,
+                     summary, theory, record_identity, level_of, read_stream, ridges,
+                     ridge_position, staircase_distinct,
                      column_lines_held, naive_gemm_intensity, roofline_figure,
                      staircase_figure, table_rows, table_markdown, narrow_paths,
                      fma_pipes_rows, report, summary_lines)  # noqa: F401

@@ -10,8 +10,8 @@ import numpy as np
 from ... import build, isa, machine, machine_info
 from ...gemm import LADDER
 from ...machine import (MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, Stream, amx_kinds,
-                        measure_clock, measure_peak, measure_stream_point, native, settle,
-                        theoretical_peak)
+                        measure_clock, measure_peak, measure_stream_point, native, peak_theory,
+                        settle)
 from ...timing import measure, quick_mode
 from .. import records
 
@@ -24,6 +24,9 @@ DOT_INSTRUCTION = {"bf16": "vdpbf16ps", "int8": "vpdpbusd",
                    "amx_bf16": "tdpbf16ps", "amx_int8": "tdpbssd"}
 CLOCK_AGREEMENT = 0.10  # the two clocks, and the clock the f32 probe implies, agree this well
 SCALING_FLOOR = 0.75  # all cores below this share of cores x one core: somebody else was running
+ONE_THREAD_FLOOR = 0.85  # one thread below this share of all cores' rate per core: disturbed
+# the all-core f32 probe against the theoretical peak on every captured machine (the tests)
+THEORY_BAND = (0.85, 1.05)
 
 
 def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS, physical: int | None = None) -> list[str]:
@@ -43,10 +46,29 @@ def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS, physical: int | Non
             < SCALING_FLOOR * scale * peaks[k, 1]["value"]["median"]]
 
 
+def slow_one_thread(peaks: dict, cores: int, kinds=PEAK_KINDS,
+                    physical: int | None = None) -> list[str]:
+    """The probes whose one-thread rate fell below ONE_THREAD_FLOOR x their all-thread rate
+    per physical core.
+
+    One thread has a core to itself and, on a machine that boosts, a clock at least as high
+    as with every core busy, so it should reach at least a core's share of the all-core
+    rate: a shortfall means something else (a compiler, a neighbour) ran on its core.
+    """
+    scale = min(cores, physical or cores)
+    if scale == 1:
+        return []
+    return [k for k in kinds if (k, 1) in peaks and (k, cores) in peaks
+            and peaks[k, 1]["value"]["median"]
+            < ONE_THREAD_FLOOR * peaks[k, cores]["value"]["median"] / scale]
+
+
 def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
                   pause: float = 2.0, kinds=PEAK_KINDS,
                   physical: int | None = None) -> tuple[dict, list[str]]:
-    """Every probe on every thread count, remeasured while the cores do not scale.
+    """Every probe on every thread count, remeasured while the cores do not scale, and a
+    one-thread probe slower than its share of all cores (:func:`slow_one_thread`) measured
+    once more.
 
     Returns ``{(kind, threads): measurement}`` and the warnings left after ``retries``.
     """
@@ -63,13 +85,28 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
             peaks[kind, 1] = measure_one(kind, 1)
         for kind in busy:
             peaks[kind, cores] = measure_one(kind, cores)
+    slow = slow_one_thread(peaks, cores, kinds, physical)
+    if slow:
+        settle(pause)
+        for kind in slow:
+            peaks[kind, 1] = measure_one(kind, 1)
+    scale = min(cores, physical or cores)
+
+    def ratio(kind):
+        return peaks[kind, cores]["value"]["median"] / peaks[kind, 1]["value"]["median"]
+
     warnings = [
-        f"{kind} peak: {cores} threads reached only "
-        f"{peaks[kind, cores]['value']['median'] / peaks[kind, 1]['value']['median']:.2f}x "
-        f"one thread's rate (expected close to {min(cores, physical or cores)}x): another "
-        f"process was probably using the cores; measure again on a quiet machine"
+        f"{kind} peak: {cores} threads reached only {ratio(kind):.2f}x one thread's rate "
+        f"(expected close to {scale}x): another process was probably using the cores; "
+        f"measure again on a quiet machine"
         for kind in poorly_scaled(peaks, cores, kinds, physical)]
+    warnings += [
+        f"{kind} peak: one thread reached only {scale / ratio(kind):.2f} of the {cores} "
+        f"threads' rate per core, measured twice: something else was probably running on "
+        f"its core; measure again on a quiet machine"
+        for kind in slow_one_thread(peaks, cores, kinds, physical)]
     return peaks, warnings
+
 
 def stream_sizes(quick: bool, caches: dict | None = None, memory: int | None = None) -> list[int]:
     """Working sets, in bytes, by factors of 2 from 4 KiB (well inside any L1, so that a thread
@@ -109,6 +146,16 @@ def measure_naive_gemm(n: int, repeats: int = 3) -> dict:
 
 
 # ---------------------------------------------------------------- the whole chapter
+
+def theory(data: dict, clock: dict, clock_mul: dict, physical: int, level: str) -> dict:
+    """The theoretical f32 peak of this run (:func:`smallem.machine.peak_theory`), every factor
+    measured: the pipes belong to physical cores (SMT siblings share them), and this CPU's
+    identity gives the table of vendors' manuals beside it, as a cross-check."""
+    cores = max(data["settings"]["threads"])
+    f32 = [records.value(data, "peak", kind="f32", threads=th) * 1e9 for th in (1, cores)]
+    return peak_theory(clock["median"], clock_mul["median"], *f32, physical, level,
+                       machine_info.cpu_identity())
+
 
 def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     """Measure everything chapter 1 shows; returns the (unsaved) record."""
@@ -183,10 +230,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     bar.update()
     bar.close()
 
-    clock_hz = clock["median"]
-    f32_core = records.value(rec.data, "peak", kind="f32", threads=1) * 1e9
-    # the pipes belong to physical cores: SMT siblings share them
-    rec.data["settings"]["theory"] = theoretical_peak(clock_hz, physical, level, f32_core)
+    rec.data["settings"]["theory"] = theory(rec.data, clock, clock_mul, physical, level)
     if not quick:  # the GEMM's choices are made from this quiet run, not from an older cache
         rec.data["settings"]["feeds"] = machine.feeds(level, refresh=True)
     return rec

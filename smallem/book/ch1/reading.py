@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ...machine import FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB
+from ... import isa
+from ...machine import FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, peak_theory
 from .. import figures, records, reference
-from .measuring import AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, RECORD, SCALING_FLOOR
+from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, ONE_THREAD_FLOOR, RECORD,
+                        SCALING_FLOOR, THEORY_BAND)
 
 
 LEVELS = ("L1", "L2", "L3", "DRAM")
@@ -140,6 +142,37 @@ def _facts(folder: str, stamp: int) -> dict:
     return {**summary(rec), "record": rec}
 
 
+def record_identity(fingerprint: dict) -> dict | None:
+    """What a record's machine fingerprint says of its CPU, in
+    :func:`smallem.isa.parse_cpuinfo`'s shape, for the FMA table's cross-check (flags: those
+    its ISA levels and extensions need, all a record keeps); None where the record kept no
+    vendor (older records)."""
+    if not fingerprint.get("vendor"):
+        return None
+    found = fingerprint.get("isa", {})
+    flags = set(found.get("extensions", ()))
+    for level in found.get("supported", ()):
+        flags |= isa.REQUIRED.get(level, set())
+    return {"vendor": fingerprint["vendor"], "family": fingerprint.get("family", -1),
+            "model": fingerprint.get("model", -1), "model_name": fingerprint.get("cpu", ""),
+            "flags": frozenset(flags)}
+
+
+def theory(rec: dict) -> dict:
+    """The theoretical f32 peak of a ``ch1.machine`` record, computed again from its measured
+    clocks and f32 probes (:func:`smallem.machine.peak_theory`), not read from the record's
+    settings: every record, however old, gets today's theory."""
+    s = rec["settings"]
+    cores = max(s["threads"])
+    physical = min(cores, s.get("physical_cores") or rec["machine"].get("physical_cores") or cores)
+    mul = records.results(rec, "clock_mul")
+    return peak_theory(records.value(rec, "clock") * 1e9,
+                       mul[0]["value"]["median"] * 1e9 if mul else math.nan,
+                       records.value(rec, "peak", kind="f32", threads=1) * 1e9,
+                       records.value(rec, "peak", kind="f32", threads=cores) * 1e9,
+                       physical, s["isa"], record_identity(rec["machine"]))
+
+
 def summary(rec: dict) -> dict:
     """The chapter's numbers, derived from one ``ch1.machine`` record."""
     s = rec["settings"]
@@ -163,7 +196,7 @@ def summary(rec: dict) -> dict:
         "cores": cores,
         "clock_ghz": records.value(rec, "clock"),
         "clock_mul_ghz": clock_mul[0]["value"]["median"] if clock_mul else math.nan,
-        "theory": s["theory"],
+        "theory": theory(rec),
         "peak": {k: v["value"]["median"] for k, v in peak.items()},
         "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
         "triad_plateaus": stairs,
@@ -175,10 +208,11 @@ def summary(rec: dict) -> dict:
         "naive_gops": records.value(rec, "gemm_naive"),
         "naive_n": s["gemm_naive_n"],
     }
-    # the clock at which the f32 probe would run at exactly the table's FMAs per cycle
-    out["clock_f32_ghz"] = out["peak"][("f32", 1)] / s["theory"]["flops_per_cycle_per_core"]
+    # the clock at which one thread's f32 probe would run at exactly the whole pipes' FMAs
+    # per cycle: against the chains' clock, a check of the rounding and of the probe
+    out["clock_f32_ghz"] = out["peak"][("f32", 1)] / out["theory"]["flops_per_cycle_per_core"]
     out["dram_triad_vs_numpy"] = stairs[cores]["DRAM"] / out["numpy_copy"]
-    out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / s["theory"]["gops_all"]
+    out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / out["theory"]["gops_all"]
     out["naive_below_peak"] = out["peak"][("f32", cores)] / out["naive_gops"]
     return out
 
@@ -425,22 +459,15 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.cpu": rec["machine"]["cpu"],
         "ch1.cores": str(cores),
         "ch1.scaling_floor": f"{100 * SCALING_FLOOR:.0f} %",
+        "ch1.one_thread_floor": f"{100 * ONE_THREAD_FLOOR:.0f} %",
+        "ch1.theory_band": f"{100 * THEORY_BAND[0]:.0f} % and {100 * THEORY_BAND[1]:.0f} %",
         "ch1.isa": rec["settings"]["isa"],
         "ch1.clock": f(sm["clock_ghz"], "GHz"),
         "ch1.clock_mul": f(sm["clock_mul_ghz"], "GHz"),
         "ch1.clock_f32": f(sm["clock_f32_ghz"], "GHz"),
         "ch1.clock_agreement": f"{100 * CLOCK_AGREEMENT:.0f} %",
         "ch1.mul_latency": str(MUL_LATENCY),
-        "ch1.fma_pipes": str(th["pipes"]),
-        "ch1.fma_pipe_bits": str(th["pipe_bits"]),
-        "ch1.fma_source": th["source"],
-        "ch1.flops_per_cycle": str(th["flops_per_cycle_per_core"]),
-        "ch1.lanes": str(th["vector_bits"] // 32),
-        # what machine.theoretical_peak multiplies by: f32 lanes per pipe, the narrower of
-        # the vector and the pipe (a 512-bit FMA on 256-bit pipes takes two of them)
-        "ch1.lanes_per_pipe": str(min(th["vector_bits"], th["pipe_bits"]) // 32),
-        "ch1.f32_theory_core": f(th["gops_per_core"], "Gop/s"),
-        "ch1.f32_theory_all": f(th["gops_all"], "Gop/s"),
+        **_theory_values(th, cores),
         "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
         "ch1.f32_peak_all": f(sm["peak"][("f32", cores)], "Gop/s"),
         "ch1.f32_fraction": f"{100 * sm['f32_fraction_of_theory']:.0f} %",
@@ -480,6 +507,47 @@ def _values(rec: dict, sm: dict) -> dict:
         values[f"ch1.{kind}_fastest_vs_f32"] = f(paths[-1][2] / sm["peak"]["f32", cores])
     values.update(_plateau_values(sm, top))
     return values
+
+
+def _theory_values(th: dict, cores: int) -> dict:
+    """The theoretical peak's factors as the page quotes them, and the table's cross-check."""
+    f = figures.fmt
+    return {
+        "ch1.fma_pipes": str(th["pipes"]),
+        "ch1.fma_pipe_bits": str(th["pipe_bits"]),
+        "ch1.fma_pipe_count": f"{th['pipes']} pipe{'s' if th['pipes'] > 1 else ''}",
+        "ch1.flops_per_cycle": str(th["flops_per_cycle_per_core"]),
+        "ch1.flops_per_cycle_measured": f(th["measured_flops_per_cycle"]),
+        "ch1.fma_lanes": str(th["lanes"]),
+        "ch1.lanes": str(th["vector_bits"] // 32),
+        # f32 lanes per pipe: the narrower of the vector and the pipe
+        "ch1.lanes_per_pipe": str(min(th["vector_bits"], th["pipe_bits"]) // 32),
+        "ch1.theory_clock": f(th["clock_ghz"], "GHz"),
+        "ch1.theory_clock_chain": {"add": "adds", "mul": "multiplies"}[th["clock_chain"]],
+        "ch1.theory_probe": ("one thread's probe" if th["probe_from"] == "one thread" else
+                             f"the {cores}-thread probe divided by its {th['cores']} cores"),
+        "ch1.theory_probe_gops": f(th["probe_gops_core"], "Gop/s"),
+        "ch1.f32_theory_core": f(th["gops_per_core"], "Gop/s"),
+        "ch1.f32_theory_all": f(th["gops_all"], "Gop/s"),
+        **_table_values(th)}
+
+
+def _table_values(th: dict) -> dict:
+    """The cross-check against the table of vendors' manuals: its row for the record's model
+    number, and a sentence that says where it disagrees with the measurement (where it
+    agrees, or has no row, a short one that says so: every value of a page is a non-empty
+    string, so that a missing one shows)."""
+    table = th["table"]
+    if table is None:
+        return {"ch1.fma_table": "no row (the record names no model, or one the table lacks)",
+                "ch1.fma_table_check": "The measurement stands alone."}
+    check = "The measurement agrees with it." if table["agrees"] else (
+        f"The measurement says {th['flops_per_cycle_per_core']} operations per cycle, not "
+        f"{table['flops_per_cycle_per_core']}: the hypervisor may mask the model (this core "
+        f"reports family {table['family']}, model {table['model']}).")
+    return {"ch1.fma_table": f"“{table['source']}”, {table['flops_per_cycle_per_core']} "
+                             f"operations per cycle",
+            "ch1.fma_table_check": check}
 
 
 def _plateau_values(sm: dict, top: int) -> dict:
@@ -536,12 +604,12 @@ def narrow_paths(sm: dict) -> dict:
     return out
 
 
-def fma_pipes_rows(this_core: str) -> list[list]:
-    """The table of FMA pipes by core, this machine's row marked."""
+def fma_pipes_rows(this_core: str | None) -> list[list]:
+    """The table of FMA pipes by core, the row of this machine's model number marked."""
     rows = []
     for name, (pipes, bits, how) in FMA_PIPES.items():
         f32_avx512 = 2 * pipes * min(bits, 512) // 32
-        rows.append([f"**{name}** (this machine)" if name in this_core else name,
+        rows.append([f"**{name}** (this CPU's model number)" if name == this_core else name,
                      f"{pipes} × {bits} bits", how or "—", str(f32_avx512)])
     return rows
 
@@ -558,8 +626,9 @@ def report(rec_dir) -> dict:
                        for path, one, all_ in paths],
         ["Numbers", "Path (slowest first)", "1 core", f"{cores} cores"],
         note=f"This machine: {figures.machine_line(rec)}.")
+    table = summary(rec)["theory"]["table"]
     figures.write_table(
-        "ch1_fma_pipes", fma_pipes_rows(rec["settings"]["theory"]["source"]),
+        "ch1_fma_pipes", fma_pipes_rows(table and table["core"]),
         ["Core", "FMA pipes", "Wider vectors", "f32 operations per cycle (widest vectors)"],
         note="Sources: [AMD](bibliography.md#amd-opt), [Intel](bibliography.md#intel-opt), "
              "[Chips and Cheese](bibliography.md#strix-point).")
@@ -572,10 +641,14 @@ def report(rec_dir) -> dict:
 
 def summary_lines(data: dict) -> list[str]:
     """What `smallem machine` prints of a ``ch1.machine`` record: the machine, the
-    theoretical peak's source, the table's rows and the figures a reader checks first."""
+    theoretical peak's source and the table's cross-check, the table's rows and the figures
+    a reader checks first."""
     rows, values = table_rows(data)
     width = max(len(r[0]) for r in rows)
-    return ([figures.machine_line(data), f"theoretical f32 peak: {data['settings']['theory']['source']}"]
+    return ([figures.machine_line(data),
+             f"theoretical f32 peak: {summary(data)['theory']['source']}; "
+             f"the table of vendors' manuals: {values['ch1.fma_table']}"]
+            + ([values["ch1.fma_table_check"]] if values["ch1.fma_table_check"] else [])
             + [f"  {r[0]:<{width}}  " + "  ".join(f"{c:>14}" for c in r[1:]) for r in rows]
             + [f"  DRAM triad (one core, bytes moved) vs numpy's copy: "
                f"{values['ch1.dram_moved_vs_numpy']}; f32 measured / theoretical: "
