@@ -164,7 +164,8 @@ def test_the_probe_runs_quantised_files_where_a_build_dies(tmp_path):
     bench = _fake_tool(tmp_path / "llama-bench", "echo '" + SAMPLES + "'\n")
     simple = _fake_tool(tmp_path / "llama-simple",
                         "case \"$*\" in *Q4_0*) kill -SEGV $$;; esac\nprintf '%s' \"$5\"xy\n")
-    tools = {"bench": str(bench), "simple": str(simple), "from": "test"}
+    quantize = _fake_tool(tmp_path / "llama-quantize", 'cp "$1" "$2"\n')
+    tools = {"bench": str(bench), "simple": str(simple), "quantize": str(quantize), "from": "test"}
     why = llama.usable(tools, 1)
     assert why is not None and why.startswith("llama-simple died of SIGSEGV")
 

@@ -170,12 +170,23 @@ def greedy(tools: dict, model: Path, prompt: bytes, n: int) -> bytes:
 
 
 def _probe_files(tmp: Path, tools: dict) -> list[Path]:
-    """A tiny model, and its Q8_0 and Q4_0 quantisations: the types whose kernels (repacked,
-    AMX) are where a build dies; an F32/F16 file alone would not show it."""
-    from ..others.files import SHAPES, quantise, write_random
+    """Chapter 4's smallest model (random weights) in Q8_0 and Q4_0: the types whose kernels
+    (repacked, AMX) are where a build dies; an F32/F16 file alone would not show it. Q4_0 is
+    made by the tools' own llama-quantize where there is one; Q8_0 by our export."""
+    from ... import gguf_export
+    from ...model import GPT, get_config
 
-    src = write_random(tmp / "probe-F16.gguf", SHAPES["tiny-llama"])
-    return [quantise(src, tmp / f"probe-{q}.gguf", q, tools) for q in ("Q8_0", "Q4_0")]
+    model = GPT(get_config("s"), "numpy", seed=0)
+    out = [gguf_export.export(model, tmp / "probe-Q8_0.gguf", "q8_0")]
+    if tools.get("quantize"):
+        f32 = gguf_export.export(model, tmp / "probe-F32.gguf")
+        q4 = tmp / "probe-Q4_0.gguf"
+        r = _run([tools["quantize"], str(f32), str(q4), "Q4_0"], 600)
+        if r.returncode:
+            raise LlamaError(f"llama-quantize {_died(r.returncode)} making a Q4_0 file: "
+                             f"{r.stderr.strip()[-200:]}")
+        out.append(q4)
+    return out
 
 
 def usable(tools: dict | None, threads: int, model: Path | None = None) -> str | None:
