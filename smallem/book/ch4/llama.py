@@ -288,7 +288,10 @@ def build(force: bool = False, log=print) -> dict:
     where = build_dir()
     verdict = where / "check.json"
     if verdict.is_file() and (where / "bin" / "llama-bench").is_file() and not force:
-        return json.loads(verdict.read_text())
+        out = json.loads(verdict.read_text())
+        log(f"llama.cpp {VERSION} already built for this machine in {where / 'bin'} "
+            + ("(checked on quantised files)" if out["ok"] else f"(does not run here: {out['why']})"))
+        return out
     tree = _unpack(log)
     threads = min(2, os.cpu_count() or 1)
     t0 = time.perf_counter()
