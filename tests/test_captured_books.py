@@ -44,6 +44,78 @@ def test_every_chapter_reads_the_machines_records(name, tmp_path, monkeypatch):
     for key, text in values.items():
         for commit in re.findall(r"not measured at (\S+)", str(text)):
             assert commit.rstrip(".,;:)") in commits, (key, text)
+    # every page, rendered for this machine, chooses its sentences without an error, a
+    # leftover template token or a "nan" (appendix C's values are the book's, drawn once)
+    everything = {**across_values(), **values}
+    for page in sorted(PAGES.glob("*.md")):
+        if unrecorded(page, everything, rec_dir):
+            continue  # a chapter this machine has no record of: its book lacks that page
+        text = render_page(page, everything)
+        prose = values_hook.FENCE.sub("", text)
+        assert not re.search(r"\bnan\b", prose, re.I), (page.name, _around(prose, "nan"))
+
+
+PAGES = records.ROOT / "chapters"
+
+
+def _hook():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("values_hook", PAGES / "hooks" / "values.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+values_hook = _hook()
+
+
+def render_page(page, values: dict) -> str:
+    return values_hook.render(page.read_text(), values, page.name)
+
+
+_ACROSS: dict = {}
+
+
+def across_values() -> dict:
+    """Appendix C's values (every captured folder side by side), made once."""
+    if not _ACROSS:
+        from smallem.book import machines
+
+        _ACROSS.update(machines.report(records.records_dir()) or {})
+    return _ACROSS
+
+
+def unrecorded(page, values: dict, rec_dir) -> bool:
+    """True where every key the page lacks belongs to a chapter with no record in
+    ``rec_dir`` (a machine captured with only chapters 1 and 2, say)."""
+    missing = {k.split(".")[0] for k in values_hook.KEY.findall(page.read_text())
+               if k not in values}
+    chapters = dict(zip(book.CHAPTERS, book.modules()))
+    return bool(missing) and all(
+        c in chapters and not any(records.exists(r, rec_dir) for r in chapters[c].RECORDS)
+        for c in missing)
+
+
+def _around(text: str, word: str) -> str:
+    i = text.lower().find(word)
+    return text[max(0, i - 80):i + 80]
+
+
+def test_a_page_chooses_the_sentence_that_holds(tmp_path):
+    """A branch of a page is rendered only where its fact holds; a name the values lack, or
+    a template error, fails with the page's name."""
+    from mkdocs.exceptions import PluginError
+
+    page = ("B is {{ ch2.kib }}, {% if ch2.fits %}in the L2{% else %}beyond the L2{% endif %}."
+            "\n```c\nfloat c[2][2] = {{0}};\n```\n")
+    out = values_hook.render(page, {"ch2.kib": "900 KiB", "ch2.fits": True})
+    assert out.startswith("B is 900 KiB, in the L2.") and "{{0}}" in out
+    assert "beyond" in values_hook.render(page, {"ch2.kib": "3 MiB", "ch2.fits": False})
+    for bad, values in (("{% if ch2.nope %}x{% endif %}", {}), ("{{ ch9.x }}", {}),
+                        ("{% if ch2.fits %}x", {"ch2.fits": True})):
+        with pytest.raises(PluginError, match="page p.md"):
+            values_hook.render(bad, values, "p.md")
 
 
 def test_an_older_record_says_not_measured_at_its_commit():

@@ -1,10 +1,16 @@
-"""mkdocs hook: put measured values into the prose.
+"""mkdocs hook: the page written for the machine that built it.
 
-A chapter writes ``{{ ch1.f32_peak }}`` where a measured number belongs;
-``smallem figures`` computes every such value from the records and writes them
-to ``figures/tables/values.json``. This hook substitutes them in each Markdown
-page before it is rendered. A key that is not in the file fails the build,
-naming the page and the key: a number is never left blank or stale.
+``smallem figures`` computes, from the records, every value a page quotes and every fact a
+page's sentences depend on, and writes them to ``figures/tables/values.json`` (keys such as
+``ch1.f32_peak``, a string, or ``ch2.b_block_fits_l2``, a true/false fact). This hook renders
+each Markdown page as a Jinja template over those keys: ``{{ ch1.f32_peak }}`` puts a measured
+number into the prose, and ``{% if ch2.b_block_fits_l2 %} ... {% else %} ... {% endif %}``
+keeps the one sentence that holds on this machine, so each branch is written once, in the
+page, and a reader sees only what holds where the book was built.
+
+A name that is not in the file, a template error or a template token left in the output fails
+the build, naming the page: a number is never left blank or stale. Fenced code blocks are
+code, never templates (C's ``{{0}}`` stays as it is).
 """
 
 from __future__ import annotations
@@ -13,10 +19,13 @@ import json
 import re
 from pathlib import Path
 
+import jinja2
 from mkdocs.exceptions import PluginError
 
-# a key starts with a letter: C initialisers such as {{0}} in code are left alone
+# a key starts with a letter: C initialisers such as {{0}} are left alone
 KEY = re.compile(r"\{\{\s*([A-Za-z][\w.\-]*)\s*\}\}")
+FENCE = re.compile(r"^([ \t]*)(```|~~~)[^\n]*\n.*?^\1\2[ \t]*$", re.M | re.S)
+TOKEN = re.compile(r"\{\{\s*[A-Za-z]|\{%")
 
 
 def values_file(config) -> Path:
@@ -35,19 +44,61 @@ def load_values(config) -> dict:
         raise PluginError(f"{path} is not valid JSON ({e}); rerun `smallem figures`") from e
 
 
+def tree(values: dict) -> dict:
+    """``{"ch1.peak": v}`` as ``{"ch1": {"peak": v}}``, so that a template writes
+    ``ch1.peak``."""
+    out: dict = {}
+    for key, v in values.items():
+        *path, leaf = key.split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise PluginError(f"value key {key!r}: {part!r} is a value and a group")
+        node[leaf] = v
+    return out
+
+
+def _protect_code(markdown: str) -> str:
+    return FENCE.sub(lambda m: "{% raw %}" + m.group(0) + "{% endraw %}", markdown)
+
+
+ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
+                         keep_trailing_newline=True)
+
+
+def render(markdown: str, values: dict, page: str = "page") -> str:
+    """The page for these values: its sentences chosen, its numbers put in. PluginError
+    (naming the page) for an unknown name, a template error, or a token left behind."""
+    unknown = sorted({k for k in KEY.findall(markdown) if k not in values})
+    if unknown:
+        raise PluginError(f"page {page}: unknown value key(s) "
+                          + ", ".join("{{ " + k + " }}" for k in unknown))
+    try:
+        out = ENV.from_string(_protect_code(markdown)).render(tree(values))
+    except jinja2.TemplateError as e:
+        line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise PluginError(f"page {page}{line}: {type(e).__name__}: {e}") from e
+    left = [m for m in TOKEN.finditer(FENCE.sub("", out))]
+    if left:
+        raise PluginError(f"page {page}: a template token is left in the output: "
+                          f"{out[left[0].start():left[0].start() + 60]!r}")
+    return out
+
+
 def on_page_markdown(markdown, page, config, files):
     if not page.file.src_path.endswith(".md"):
         return markdown  # notebooks are rendered by mkdocs-jupyter; their code is code
-    keys = KEY.findall(markdown)
-    if not keys:
+    if not (KEY.search(markdown) or "{%" in markdown):
         return markdown
     values = load_values(config)
-    unknown = sorted({k for k in keys if k not in values})
-    if unknown:
-        path = values_file(config)
-        where = f"{path}" if path.is_file() else f"{path}, which does not exist"
-        raise PluginError(
-            f"page {page.file.src_path}: unknown value key(s) "
-            + ", ".join("{{ " + k + " }}" for k in unknown)
-            + f" (not in {where}; run `smallem figures`, or check the chapter's report() in smallem/book)")
-    return KEY.sub(lambda m: str(values[m.group(1)]), markdown)
+    try:
+        return render(markdown, values, page.file.src_path)
+    except PluginError as e:
+        if KEY.search(markdown) and not values:
+            path = values_file(config)
+            where = f"{path}" if path.is_file() else f"{path}, which does not exist"
+            raise PluginError(f"{e} (not in {where}; run `smallem figures`, or check the "
+                              f"chapter's report() in smallem/book)") from e
+        raise PluginError(f"{e} (run `smallem figures`, or check the chapter's report() "
+                          f"in smallem/book)") from e

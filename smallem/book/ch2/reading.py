@@ -272,8 +272,8 @@ def _block_values(s: dict, n: int, no5: str) -> dict:
         "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
         "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
         "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
-        "ch2.b_block_vs_l2": "larger than" if b["kc"] * min(b["nc"], n) * 4 > g["L2"]["bytes"]
-                             else "no larger than",
+        # a fact the page's sentence depends on (it chooses its branch by it)
+        "ch2.b_block_fits_l2": b["kc"] * min(b["nc"], n) * 4 <= g["L2"]["bytes"],
         "ch2.b_row_bytes": f"{nr * 4} bytes",
         "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
     })
