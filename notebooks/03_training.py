@@ -115,7 +115,7 @@ print(figures.machine_line(step_rec))
 # %%
 display(Markdown((figures.tables_dir() / "ch3_step.md").read_text()))
 for key in ("ch3.kernels_vs_torch", "ch3.kernels_vs_numpy", "ch3.kernels_mfu"):
-    print(key, "=", values.get(key, "n/a"))
+    print(key, "=", figures.plain(values.get(key, "n/a")))
 
 # %% [markdown]
 # ## The climb, rung by rung
@@ -128,7 +128,7 @@ display(Markdown((figures.tables_dir() / "ch3_rungs.md").read_text()))
 display(SVG(filename=str(figures.figures_dir() / "ch3_climb.svg")))
 for key in ("ch3.target_f32_mfu", "ch3.target_f32_torch", "ch3.target_bf16",
             "ch3.target_bf16_torch"):
-    print(key, "=", values.get(key, "n/a"))
+    print(key, "=", figures.plain(values.get(key, "n/a")))
 
 # %% [markdown]
 # ## Threads that wait: a fork-join on each runtime

@@ -76,5 +76,6 @@ display(Markdown((figures.tables_dir() / "others_types.md").read_text()))
 # %%
 display(Markdown((figures.tables_dir() / "others_speed.md").read_text()))
 for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
-    print(k, "| decode:", values[f"others.{k}.tg_vs_llama"], "| bound:",
-          values[f"others.{k}.tg_vs_bound"], "| prompt:", values[f"others.{k}.pp_vs_llama"])
+    print(k, "| decode:", figures.plain(values[f"others.{k}.tg_vs_llama"]), "| bound:",
+          figures.plain(values[f"others.{k}.tg_vs_bound"]), "| prompt:",
+          figures.plain(values[f"others.{k}.pp_vs_llama"]))

@@ -1,9 +1,11 @@
-"""No target is called met unless a one-sided test that could have failed says so.
+"""A verdict is one of three words, and the rounds behind it say so.
 
 Every chapter's targets are read from the book's committed records and from each captured
-machine's (tests/machines/), as the pages and the commands word them; wherever one says
-"met (", the same text must show the rounds, and those rounds must pass the one-sided sign
-test at compare.SIGN_LEVEL (or the figure must be one with no noise, said so).
+machine's (tests/machines/), as the pages and the commands word them. A target is "reached"
+only where the one-sided sign test of its rounds passes at compare.SIGN_LEVEL, "not
+reached" only where the reverse one-sided test passes, and "not shown" where neither does
+(or the figure is one with no noise, said so). The sentence holds the word and the ratio;
+the rounds and the test are its footnote (between compare.NOTE's marks), never inside it.
 """
 
 from __future__ import annotations
@@ -20,21 +22,33 @@ from smallem.book import ch2, compare, records
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = re.compile(r"at or above [0-9.]+(?: \(the parity margin\))? in (\d+) of (\d+) rounds")
 EXACT = "exact: a deterministic figure"
+WORD = re.compile(r"(?:^|[:;] )(reached|not reached|not shown) \(")
+OLD_WORDS = re.compile(r"(?:^|[:;] )(met|missed|not decided) \(")
 
 
 def problems(text: str) -> list[str]:
-    """What is wrong with a target's text: a "met" the rounds shown do not support."""
-    if not re.search(r"(^|[:;] )met\b", text):
-        return []
-    if EXACT in text:
-        return []
-    found = ROUNDS.search(text)
+    """What is wrong with a target's text: a word its rounds do not support, an old word,
+    or the statistics in the sentence instead of its footnote."""
+    if OLD_WORDS.search(text):
+        return [f"a verdict word other than reached / not reached / not shown: {text!r}"]
+    found = WORD.search(text)
     if not found:
-        return [f"called met without the rounds that decide it: {text!r}"]
-    k, n = map(int, found.groups())
-    if compare.sign_test_above(k, n) >= compare.SIGN_LEVEL:
-        return [f"called met on {k} of {n} rounds, which a one-sided sign test does not pass: "
-                f"{text!r}"]
+        return []
+    notes = " ".join(compare.NOTE.findall(text))
+    if ROUNDS.search(compare.NOTE.sub("", text)):
+        return [f"statistics inside the sentence, not in its footnote: {text!r}"]
+    if EXACT in notes:
+        return []
+    rounds = ROUNDS.search(notes)
+    if not rounds:
+        return [] if found.group(1) == "not shown" else [
+            f"called {found.group(1)} without the rounds that decide it: {text!r}"]
+    k, n = map(int, rounds.groups())
+    above, below = (compare.sign_test_above(k, n) < compare.SIGN_LEVEL,
+                    compare.sign_test_above(n - k, n) < compare.SIGN_LEVEL)
+    word = "reached" if above else "not reached" if below else "not shown"
+    if found.group(1) != word:
+        return [f"called {found.group(1)} on {k} of {n} rounds, which say {word}: {text!r}"]
     return []
 
 
@@ -48,30 +62,33 @@ FOLDERS = dict(_folders())
 
 
 @pytest.mark.parametrize("name", list(FOLDERS))
-def test_every_met_target_is_backed_by_its_rounds(name, records_tmp):
+def test_every_verdict_is_backed_by_its_rounds(name, records_tmp):
     folder = FOLDERS[name]
-    values = book.report_all(folder, only=["ch3", "ch4", "mpi"])
+    values = book.report_all(folder, only=["ch3", "ch4", "mpi", "others"])
     texts = [v for v in values.values() if isinstance(v, str)]
     targets = records_tmp.parent / "figures" / "tables" / "ch4_targets.md"
     if targets.is_file():
         texts += targets.read_text().splitlines()
     if records.exists("ch2.gemm", folder):
         texts += ch2.targets(records.load("ch2.gemm", folder), rec_dir=folder)
-    assert any(" met (" in t or t.startswith("met (") or "missed (" in t or "not decided" in t
-               for t in texts) or name != "book", "the book's records gave no target at all"
+    assert any(WORD.search(t) for t in texts) or name != "book", \
+        "the book's records gave no target at all"
     bad = [p for t in texts for p in problems(t)]
     assert not bad, "\n".join(bad)
 
 
-def test_the_check_fails_on_a_target_met_inside_the_noise():
+def test_the_check_fails_where_a_word_is_not_its_rounds():
+    n = compare.note
     # what chapter 4 printed on Zen 3 before the one-sided test: 0.853 times, 2 of 7 ahead
-    old = ("met within the noise (0.853 times, target 1, ahead in 2 of 7 rounds: the sign "
-           "test does not call us slower)")
-    assert problems(old)
-    assert problems("met (1.2 times, target 1: at or above 0.95 in 6 of 7 rounds, p = 0.062)")
-    assert not problems("met (1.2 times, target 1: at or above 0.95 (the parity margin) in 7 "
-                        "of 7 rounds, one-sided sign test p = 0.008)")
-    assert not problems("missed (0.86 times, target 1: at or above 0.95 in 2 of 7 rounds, 7 needed)")
+    assert problems("met within the noise (0.853 times, target 1, ahead in 2 of 7 rounds)") == []
+    assert problems("met (1.2 times, target 1: at or above 0.95 in 7 of 7 rounds, p = 0.008)")
+    assert problems("reached (1.2 times)" + n("at or above 0.95 in 6 of 7 rounds; p = 0.062"))
+    assert problems("not reached (0.9 times)" + n("at or above 0.95 in 4 of 7 rounds"))
+    assert problems("reached (1.2 times: at or above 0.95 in 7 of 7 rounds)")
+    assert not problems("reached (1.2 times, target 1)" + n(
+        "at or above 0.95 (the parity margin) in 7 of 7 rounds; one-sided sign test p = 0.008"))
+    assert not problems("not reached (0.86 times)" + n("at or above 0.95 in 0 of 7 rounds"))
+    assert not problems("not shown (0.96 times)" + n("at or above 0.95 in 4 of 7 rounds"))
 
 
 def _result(rates):
@@ -84,9 +101,14 @@ def test_a_peer_ahead_in_some_rounds_is_not_matched():
     ours = _result([100.0] * 5 + [80.0] * 2)  # at parity in 5 rounds of 7, far behind in 2
     theirs = _result([100.0] * 7)
     v = compare.against(ours, theirs, 1.0)
-    assert not v.met and v.ahead == 5 and v.rounds == 7 and "7 needed" in v.text()
-    assert compare.against(ours, _result([100.0] * 6), 1.0).text().startswith("not decided")
-    assert compare.against(_result([100.0] * 7), theirs, 1.0).met
+    assert not v.met and v.ahead == 5 and v.rounds == 7 and v.word == "not shown"
+    assert "7 of 7 needed either way" in v.text() and v.text().startswith("not shown (")
+    few = compare.against(ours, _result([100.0] * 6), 1.0).text()
+    assert few.startswith("not shown (") and "no rounds kept" in few
+    four = compare.judge([1.0] * 4, 1.0, 1.0).text()
+    assert four.startswith("not shown (") and "4 rounds cannot pass" in four
+    assert compare.against(_result([100.0] * 7), theirs, 1.0).word == "reached"
+    assert compare.against(_result([80.0] * 7), theirs, 1.0).word == "not reached"
 
 
 def test_a_peer_timed_once_is_compared_with_every_round():

@@ -83,7 +83,27 @@ def render(markdown: str, values: dict, page: str = "page") -> str:
     if left:
         raise PluginError(f"page {page}: a template token is left in the output: "
                           f"{out[left[0].start():left[0].start() + 60]!r}")
-    return out
+    return footnotes(out)
+
+
+# a verdict's statistics travel with it between these marks (smallem.book.figures.note)
+NOTE = re.compile("\u27e6(.*?)\u27e7", re.S)
+
+
+def footnotes(markdown: str) -> str:
+    """Each marked note (a verdict's rounds and test) as a Markdown footnote of the sentence
+    that quotes it: the sentence keeps the word and the ratio, the statistics go below."""
+    notes: dict[str, int] = {}
+
+    def ref(m):
+        n = notes.setdefault(m.group(1).strip(), len(notes) + 1)
+        return f"[^v{n}]"
+
+    body = NOTE.sub(ref, markdown)
+    if not notes:
+        return markdown
+    return body.rstrip("\n") + "\n\n" + "".join(
+        f"[^v{n}]: {text}\n" for text, n in notes.items())
 
 
 def on_page_markdown(markdown, page, config, files):

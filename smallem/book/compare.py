@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..timing import FAR, WAKE_SKIP, measure_interleaved
-from .figures import fmt
+from .figures import NOTE, fmt, note, plain  # noqa: F401  (note, plain: for the readings)
 
 
 def numpy_pinned(threads):
@@ -99,44 +99,72 @@ def needed_above(n: int) -> int | None:
 
 PARITY_MARGIN = 0.95  # a target "as fast as" a peer is judged at this share of its speed
 
+WORDS = ("reached", "not reached", "not shown")  # the only verdicts the book says
+
 
 @dataclass(frozen=True)
 class Verdict:
-    """A target checked on per-round ratios (ours over theirs, or ours over a bound): met only
-    when the one-sided sign test says the ratio is at or above ``judged_at`` at SIGN_LEVEL.
-    ``ratio`` is the ratio of the medians, which the prose quotes; the rounds decide."""
-    met: bool
+    """A target checked on per-round ratios (ours over theirs, or ours over a bound).
+
+    "reached" where the one-sided sign test says the ratio is at or above ``judged_at`` at
+    SIGN_LEVEL; "not reached" where the reverse test says it is below; "not shown" where
+    neither passes (too close to the target, or too noisy, for this many rounds). ``ratio``
+    is the ratio of the medians, which the prose quotes beside the word; the rounds decide,
+    and their test is the footnote."""
+    met: bool                     # reached
     ratio: float
     target: float
     judged_at: float              # the target, or PARITY_MARGIN for a parity target
     ahead: int | None = None      # rounds at or above judged_at
     rounds: int | None = None
-    p: float | None = None
+    p: float | None = None        # the one-sided test that the ratio is at or above
+    p_below: float | None = None  # the one-sided test that it is below
 
-    def text(self, shown: str | None = None) -> str:
-        """"met (1.21 times, target 1: at or above 0.95 in 7 of 7 rounds, p = 0.008)"; a
-        missed target says how many rounds it needed. ``shown``: the ratio as the page words
-        it (a share, say), instead of "<ratio> times"."""
-        what = shown or f"{fmt(self.ratio)} times, target {self.target:g}"
+    @property
+    def word(self) -> str:
+        if self.met:
+            return "reached"
+        if self.p_below is not None and self.p_below < SIGN_LEVEL:
+            return "not reached"
+        return "not shown"
+
+    def test(self) -> str:
+        """The rounds and the test behind the word, for a footnote or a table column."""
         at = (f"at or above {self.judged_at:g}" if self.judged_at == self.target else
               f"at or above {self.judged_at:g} (the parity margin)")
         if self.rounds is None:
-            return f"not decided ({what}: no rounds kept to test)"
-        need = needed_above(self.rounds)
+            return "no rounds kept to test"
         tested = f"{at} in {self.ahead} of {self.rounds} rounds"
-        if self.met:
-            p = "p < 0.001" if self.p < 0.001 else f"p = {self.p:.3f}"
-            return f"met ({what}: {tested}, one-sided sign test {p})"
+
+        def pv(p):
+            return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+        if self.word == "reached":
+            return f"{tested}; one-sided sign test {pv(self.p)}"
+        if self.word == "not reached":
+            return (f"{tested}; below it in {self.rounds - self.ahead}, one-sided sign test "
+                    f"{pv(self.p_below)}")
+        need = needed_above(self.rounds)
         if need is None:
-            return (f"not decided ({what}: {tested}; {self.rounds} rounds cannot pass a "
-                    f"one-sided sign test at {100 * SIGN_LEVEL:.0f} %)")
-        return f"missed ({what}: {tested}, {need} needed)"
+            return (f"{tested}; {self.rounds} rounds cannot pass a one-sided sign test at "
+                    f"{100 * SIGN_LEVEL:.0f} %")
+        return (f"{tested}: neither one-sided sign test passes ({need} of {self.rounds} "
+                f"needed either way): too close to the target, or too noisy, for "
+                f"{self.rounds} rounds")
+
+    def text(self, shown: str | None = None) -> str:
+        """"reached (1.21 times, target 1)" with the test as its footnote (:func:`note`).
+        ``shown``: the ratio as the page words it (a share, say), instead of "<ratio>
+        times, target <target>"."""
+        what = shown or f"{fmt(self.ratio)} times, target {self.target:g}"
+        return f"{self.word} ({what})" + note(self.test())
 
 
 def exact(ok: bool, what: str) -> str:
     """A target on a figure with no noise (validation bits per byte of fixed weights on fixed
-    text): the figure itself decides, and the text says that no rounds were needed."""
-    return f"{'met' if ok else 'missed'} ({what}; exact: a deterministic figure, no rounds)"
+    text): the figure itself decides, and the footnote says that no rounds were needed."""
+    return (f"{'reached' if ok else 'not reached'} ({what})"
+            + note("exact: a deterministic figure, no rounds"))
 
 
 def judge(ratios: list[float], ratio: float, target: float) -> Verdict:
@@ -146,8 +174,8 @@ def judge(ratios: list[float], ratio: float, target: float) -> Verdict:
     if not ratios:
         return Verdict(False, ratio, target, at)
     ahead, n = sum(r >= at for r in ratios), len(ratios)
-    p = sign_test_above(ahead, n)
-    return Verdict(p < SIGN_LEVEL, ratio, target, at, ahead, n, p)
+    p, p_below = sign_test_above(ahead, n), sign_test_above(n - ahead, n)
+    return Verdict(p < SIGN_LEVEL, ratio, target, at, ahead, n, p, p_below)
 
 
 def per_round_rates(r: dict) -> list[float]:

@@ -9,6 +9,7 @@ values its page quotes (``{"ch1.f32_peak_all": "102 Gop/s", ...}``), formatted b
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..build import ROOT
@@ -45,15 +46,33 @@ def save(fig, name: str) -> list[Path]:
     return out
 
 
+# A verdict's statistics are a footnote of the sentence that quotes it: its text carries them
+# between these marks (:func:`note`), the site's values hook (chapters/hooks/values.py) makes a
+# footnote of them, and :func:`plain` puts them in brackets where there is no page's footnote
+# (a table, a terminal, a notebook).
+NOTE_OPEN, NOTE_CLOSE = "\u27e6", "\u27e7"
+NOTE = re.compile(f"{NOTE_OPEN}(.*?){NOTE_CLOSE}", re.S)
+
+
+def note(text: str) -> str:
+    return f"{NOTE_OPEN}{text}{NOTE_CLOSE}"
+
+
+def plain(text) -> str:
+    """``text`` with its footnotes in brackets, for a table cell or a terminal."""
+    return NOTE.sub(lambda m: f" [{m.group(1)}]", str(text))
+
+
 def table_markdown(rows: list[list], header: list[str], note: str = "") -> str:
-    """A Markdown table: first column left-aligned, the numbers right-aligned."""
+    """A Markdown table: first column left-aligned, the numbers right-aligned (a verdict's
+    footnote in brackets in its cell)."""
     def cell(x):
-        return str(x).replace("|", "\\|")
+        return plain(x).replace("|", "\\|")
     lines = ["| " + " | ".join(map(cell, header)) + " |",
              "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
     if note:
-        lines += ["", note]
+        lines += ["", plain(note)]
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from ...timing import quick_mode
-from .. import figures
+from .. import compare, figures
 from .measuring import BF16_RECORD, RECORD, run, run_bf16
 from .reading import (_blas_line, _print_dtype_rows, alone_rows, dtype_rows, ladder_rows,
                       pool_values, shape_rows, sweep_rows)
@@ -42,7 +42,7 @@ def cmd_gemm_bf16(args) -> int:
     print(f"  probes: f32 FMA {values['ch2.bf16_native_f32_probe']}, "
           f"bf16 dot {values['ch2.bf16_native_bf16_probe']}")
     _print_dtype_rows(rows)
-    print(bf16_target(rec.data))
+    print(compare.plain(bf16_target(rec.data)))
     if not args.no_save:
         print(f"wrote {rec.save()}")
     return 0
@@ -78,7 +78,7 @@ def cmd_gemm(args) -> int:
     for r in alone_rows(rec.data)[0]:
         print(f"  micro-kernel alone, B in {r[0]} ({r[1]}), {r[2]} thread(s): {r[3]}, {r[5]} of "
               f"the probe")
-    for line in targets(rec.data):
+    for line in map(compare.plain, targets(rec.data)):
         print("  target: " + line)
     pv = pool_values(rec.data)
     print(f"  parallel region {pv['ch2.pool_region_us']} vs create+join {pv['ch2.pool_spawn_us']}; "

@@ -29,7 +29,7 @@ def target_values() -> dict:
 
 
 def _verdict(ours, theirs, target: float) -> str:
-    """met / missed for ours against theirs at ``target`` times, by the one-sided sign test
+    """reached / not reached / not shown for ours against theirs at ``target`` times, by the one-sided sign test
     of the rounds (compare.against; a parity target at the parity margin)."""
     return compare.against(ours, theirs, target).text()
 
