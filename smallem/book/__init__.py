@@ -60,6 +60,7 @@ def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> di
 
     rec_dir = Path(rec_dir or records.records_dir())
     values: dict = compare.method_values()  # the "How we measure" page's
+    values["how.rounds_by_chapter"] = rounds_by_chapter()
     for name, module in zip(CHAPTERS, modules()):
         if only and name not in only:
             continue
@@ -69,3 +70,23 @@ def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> di
     old.update(values)
     path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
     return values
+
+
+# how "How we measure" names the chapters whose measurements run paired rounds
+ROUNDS_NAMES = {"ch2": "chapter 2", "ch3": "chapter 3", "ch4": "chapter 4",
+                "mpi": "the MPI appendix", "others": "appendix B"}
+
+
+def rounds_by_chapter() -> str:
+    """"15 rounds in chapter 2; 7 in chapter 3, chapter 4 and ...": each chapter's own number of
+    paired rounds (its measuring module's ROUNDS; chapter 2 takes compare.paired's)."""
+    from . import compare
+
+    by: dict[int, list[str]] = {}
+    for name, label in ROUNDS_NAMES.items():
+        m = importlib.import_module(f"{__name__}.{name}.measuring")
+        by.setdefault(int(getattr(m, "ROUNDS", compare.ROUNDS)), []).append(label)
+    parts = [f"{n}{' rounds' if i == 0 else ''} in {compare.listing(labels, '')}"
+             for i, (n, labels) in enumerate(sorted(by.items(), reverse=True))]
+    return "; ".join(parts)
+

@@ -23,6 +23,11 @@ def slug(shape: str, qtype: str) -> str:
     return f"{shape.split('-')[0].replace('.', '')}_{qtype.lower()}"
 
 
+# what the page calls the stream a decode bound is read at (chapter 1's read-only stream where
+# its record has it: a decoder reads its weights and writes little; else the triad)
+STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
+
+
 def keys() -> list[str]:
     return [f"others.{slug(s, t)}.{k}" for s, t in CASES for k in FIELDS]
 
@@ -51,13 +56,15 @@ def types_table(facts, weights: int | None = None):
         row = [t, str(per), str(nbytes), f"{8 * nbytes / per:.2f}"]
         if facts and weights:
             th = facts["cores"]
+            stairs = facts[f"{ch1.read_stream(facts)}_plateaus"]
             for lv in levels:
-                bw = facts["triad_plateaus"][th if th in facts["triad_plateaus"] else max(facts["triad_plateaus"])][lv]
+                bw = stairs[th if th in stairs else max(stairs)][lv]
                 row.append(f(bw * 1e9 / (weights * nbytes / per)))
         rows.append(row)
     note = ("Bytes per weight are the formats' (ggml's block layouts). "
             + (f"The bounds: {f(weights / 1e6)} million weights read per token at chapter 1's "
-               f"triad bandwidth of each level on every core." if facts and weights else
+               f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth of each level on every core."
+               if facts and weights else
                "No bounds: chapter 1's record is not here."))
     return rows, head, note
 
@@ -86,7 +93,8 @@ def report(rec_dir=None) -> dict:
         p = ours["params"]
         weights = weights or (p["params"] if qtype == "Q8_0" else None)
         wb = p["weight_bytes"]
-        level, bw = ch1.level_of(facts, wb, th, "triad") if facts else ("n/a", float("nan"))
+        level, bw = (ch1.level_of(facts, wb, th, ch1.read_stream(facts)) if facts
+                     else ("n/a", float("nan")))
         bound = bw * 1e9 / wb
         pre = _one(rec, "prefill", model=shape, type=qtype)
         lt, lp = (_one(rec, n, model=shape, type=qtype) for n in ("llama_tg", "llama_pp"))
@@ -123,7 +131,8 @@ def report(rec_dir=None) -> dict:
          f"prompt of {s['pp']}, ours", "prompt, llama.cpp", "prompt bound (tokens/s)"],
         f"Tokens/s, medians of {s['rounds']} rounds in turn; decode: {s['feed']} tokens after "
         f"{s['prompt']} cached; {th} threads. The bound: the bytes a token reads over chapter "
-        f"1's triad bandwidth of the level that holds them. The prompt bound: chapter 2's GEMM "
+        f"1's {STREAM_NAMES[ch1.read_stream(facts)] if facts else 'triad'} bandwidth of the "
+        f"level that holds them. The prompt bound: chapter 2's GEMM "
         f"at the file's gate shape, timed in the same run on the same threads and inputs, over "
         f"two operations a weight a token. {figures.machine_line(rec)}."
         + figures.peer_notes(s.get("llama_cpp"), s.get("missing") or {}))
