@@ -29,7 +29,8 @@ def test_every_captured_machine_is_complete():
             "intel-xeon-m167-2c", "intel-xeon-gnr-2c"} <= set(NAMES)
     for name in NAMES:
         folder = captured.MACHINES / name
-        for f in ("lscpu.txt", "cpuinfo-cpu0.txt", "caches.txt", "records/ch2.gemm.json"):
+        for f in ("lscpu.txt", "cpuinfo-cpu0.txt", "caches.txt", "name.txt",
+                  "records/ch2.gemm.json"):
             assert (folder / f).is_file(), f"{name}: {f} missing"
 
 

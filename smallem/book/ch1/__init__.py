@@ -53,6 +53,9 @@ def cmd_machine(args) -> int:
             return 2
         print(f"captured this machine into {dest}"
               + (f" (left out, measured elsewhere: {', '.join(elsewhere)})" if elsewhere else ""))
+        if not (dest / "name.txt").is_file():
+            print(f"now name it as a reader would, for appendix C's column: write e.g. "
+                  f"'AMD Zen 4, EPYC (Genoa), 2 cores' into {dest / 'name.txt'}")
         return 0
     quick = args.quick or quick_mode()
     rec = run(quick=quick)

@@ -41,6 +41,18 @@ def cpu_name(folder: Path) -> str:
     return records.load("ch1.machine", folder / "records")["machine"].get("cpu", folder.name)
 
 
+def reader_name(folder: Path) -> str:
+    """The machine as a reader would name it ("AMD Zen 3, EPYC, 2 cores"): the folder's
+    ``name.txt``, written when it was captured by someone who knew the part (a hypervisor
+    may mask the model number, so it is not derived from it), else lscpu's model name and
+    the cores its records ran on."""
+    p = folder / "name.txt"
+    if p.is_file() and p.read_text().strip():
+        return p.read_text().strip()
+    cores = records.load("ch1.machine", folder / "records")["machine"].get("cores")
+    return f"{cpu_name(folder)}, {cores} cores" if cores else cpu_name(folder)
+
+
 def commit_of(rec_dir: Path) -> str:
     """The commit the folder's chapter-1 record was measured at."""
     return records.load("ch1.machine", rec_dir).get("commit", "unknown")[:7]
@@ -179,7 +191,8 @@ def column(folder: Path) -> dict:
             out[key] = f"not measured at {commit}" + (f" ({why})" if why.startswith("its") else "")
         else:
             out[key] = values[key]
-    out["_header"] = f"{folder.name}: {cpu_name(folder)}"
+    out["_header"] = reader_name(folder)
+    out["_folder"] = folder.name
     out["_commit"] = commit
     out["_missing"] = missing
     out["_values"] = values
@@ -247,7 +260,7 @@ def _spread(cols: list[dict], key: str):
 
 
 def _name(c: dict) -> str:
-    return c["_header"].split(":")[0]
+    return c["_header"]
 
 
 def moved_by(ratio: float, hw: float, hw_name: str, other_name: str) -> str:
