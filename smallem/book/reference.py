@@ -6,6 +6,8 @@ not publish that figure.
 """
 
 MACHINE = "Ryzen 7 7700 (8 Zen 4 cores) vs RTX 3090"
+CPU = "Ryzen 7 7700, 8 Zen 4 cores"   # the reference's two machines, as its tables name them
+GPU = "RTX 3090"
 CORES = 8                          # the reference's CPU cores: per-core figures divide by this
 CITE = "[Smallem : le processeur](bibliography.md#smallem-fr)"
 

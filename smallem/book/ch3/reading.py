@@ -290,6 +290,7 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     values["ch3.climb_top_toks"] = f(toks[top], "tokens/s")
     if AT["numpy"] in toks:
         values["ch3.climb_vs_numpy"] = f(toks[top] / toks[AT["numpy"]]) + "×"
+        values["ch3.numpy_toks"] = f(toks[AT["numpy"]], "tokens/s")
     if AT["modern"] in rungs:
         values["ch3.rung7_toks"] = f(toks[AT["modern"]], "tokens/s")
     # each rung against the one before (tiles against the arena: "tiles_vs_matrices")
@@ -392,6 +393,8 @@ def _accumulated_values(rec, values):
         f"{_pct(v.ratio)} of the GPT-2 bf16 step's speed at {f(n)} tokens per optimiser step, "
         f"against {100 * (1 - MODERN_MARGIN):.0f}% (at the climb's batch: "
         f"{values['ch3.modern_ratio']})")
+    values["ch3.modern_accumulated_toks"] = modern
+    values["ch3.accumulated_tokens"] = f(n)
     values["ch3.accumulated"] = (
         f"with {A} micro-batches per optimiser step ({f(n)} tokens), timed in turn "
         f"{acc[7]['value']['n']} times each, the modern step with Muon ran at {modern} against "

@@ -347,34 +347,44 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
     top = f"ch4.rung{int(number(values.get('ch4.rungs', 0)) or 1) - 1}_toks"
     g = gpu or {}
     gnm = "not measured" if not gpu else f"not measured at {gpu['_commit']}"
+    acc = ("ch3.modern_accumulated_toks" if "ch3.modern_accumulated_toks" in values
+           else "ch3.rung7_toks")
+    # like beside like: each row's "before" is where that climb starts (the reference's naive
+    # kernels, our numpy step), the reference's GPU figures stand in their own column, and
+    # the modern step is quoted at the batch its target is judged at
     rows = [
         ["f32 peak, every core", f"{f(ref.CH1_F32_PEAK_GOPS, 'Gop/s')}",
-         v("ch1.f32_peak_all", "1-cpu.md#measuring-the-peak"), g.get("ch1.f32_peak_all", gnm)],
+         v("ch1.f32_peak_all", "1-cpu.md#measuring-the-peak"), "—",
+         g.get("ch1.f32_peak_all", gnm)],
         ["1024³ product, three loops → last rung",
          f"{f(ref.CH2_GEMM_1024_NAIVE_GOPS)} → {f(ref.CH2_GEMM_1024_FINAL_GOPS, 'Gop/s')}",
          f"{v('ch2.naive_gops', '2-matmul.md#rung-0-three-loops')} → "
-         f"{v('ch2.final_gops', '2-matmul.md#rung-5-threads')}",
+         f"{v('ch2.final_gops', '2-matmul.md#rung-5-threads')}", "—",
          f"{g.get('ch2.naive_gops', gnm)} → {g.get('ch2.final_gops', gnm)}"],
-        ["xl training step, tokens/s: kernels → top of the climb",
-         f"{f(ref.CH3_XL_STEP_BEFORE_TOKS)} → {f(ref.CH3_XL_STEP_AFTER_TOKS, 'tokens/s')}",
-         f"{v('ch3.kernels_toks', '3-training.md#the-climb')} → "
-         f"{v('ch3.climb_top_toks', '3-training.md#the-climb')}", gnm],
+        ["xl training step, tokens/s: the climb's start → its top",
+         f"{f(ref.CH3_XL_STEP_BEFORE_TOKS)} (naive kernels) → "
+         f"{f(ref.CH3_XL_STEP_AFTER_TOKS, 'tokens/s')}",
+         f"{v('ch3.numpy_toks', '3-training.md#the-climb')} (numpy) → "
+         f"{v('ch3.climb_top_toks', '3-training.md#the-climb')}", "—", gnm],
         ["xl step's share of the f32 peak", f"{100 * ref.CH3_XL_MFU_CPU:.0f} %",
          v("ch3.kernels_mfu", "3-training.md#against-the-targets"),
-         f"{100 * ref.CH3_XL_MFU_GPU:.0f} % (the reference's GPU)"],
-        ["modern block with Muon, bf16",
+         f"{100 * ref.CH3_XL_MFU_GPU:.0f} %", gnm],
+        ["modern block with Muon, bf16, tokens/s"
+         + (f" ({values['ch3.accumulated_tokens']} tokens an optimiser step)"
+            if acc == "ch3.modern_accumulated_toks" else " (the climb's batch)"),
          f"{f(ref.CH3_MODERN_BEFORE_TOKS)} → {f(ref.CH3_MODERN_AFTER_TOKS, 'tokens/s')}",
-         v("ch3.rung7_toks", "3-training.md#the-modern-block-and-muon"), gnm],
+         v(acc, "3-training.md#the-modern-block-and-muon"), "—", gnm],
         ["one-sequence generation, first → top rung",
          f"{f(ref.CH4_GEN_BEFORE_TOKS)} → {f(ref.CH4_GEN_AFTER_TOKS, 'tokens/s')}",
          f"{v('ch4.rung0_toks', '4-generation.md#the-ladder')} → "
          f"{v(top, '4-generation.md#the-ladder')}",
-         f"{f(ref.CH4_GEN_GPU_TOKS, 'tokens/s')} (the reference's GPU)"],
+         f"{f(ref.CH4_GEN_GPU_TOKS, 'tokens/s')}", gnm],
         ["prompt against llama.cpp (chapter 4's model)", "not published",
-         v("ch4.pp_vs_llama", "4-generation.md#llamacpp-and-pytorch-beside-us"), gnm],
+         v("ch4.pp_vs_llama", "4-generation.md#llamacpp-and-pytorch-beside-us"), "—", gnm],
         ["a one-minute training run, tokens/s (bits per byte)", "not published",
          (f"{v('ch3.s_tokens_per_s', '3-training.md#a-real-run')} "
-          f"({values.get('ch3.s_final_bpb', nm)})"), gnm],
+          f"({values.get('ch3.s_final_bpb', nm)})"), "—", gnm],
     ]
-    header = ["", f"reference ({ref.MACHINE})", "this machine", gpu["_header"] if gpu else "GPU"]
+    header = ["", f"reference's CPU ({ref.CPU})", "this machine", f"reference's GPU ({ref.GPU})",
+              f"our {gpu['_header']}" if gpu else "our GPU"]
     return rows, header
