@@ -197,7 +197,13 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         values[f"ch2.rung{i}_of_predicted"] = f"{100 * g / gops:.0f} %"
     for i in range(len(LADDER)):
         values.setdefault(f"ch2.rung{i}_of_predicted", "n/a")
+    above = [i for i, (gops, _) in sorted(pred.items())
+             if records.value(rec, "rung", rung=i, M=n) > gops]
+    # facts the page's sentences choose by: which rungs beat their model, if any
+    values["ch2.any_above_model"] = bool(above)
+    values["ch2.above_model"] = compare.listing([f"rung {i}" for i in above], "none")
     values.update(_block_values(s, n, no5))
+    values.update(_latency_values(s, rec_dir))
     packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
     values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
     values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
@@ -237,6 +243,25 @@ def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
     return rows, gains
 
 
+def _latency_values(s: dict, rec_dir) -> dict:
+    """The FMAs that must be in flight to hide the FMA's latency: the latency (the manuals')
+    times the FMAs of the kernel's width this core starts a cycle, from the f32 lanes a
+    cycle chapter 1 measured where its record ran the same ISA level; else the two pipes
+    smallem.gemm.micro_shape assumes, said so."""
+    vec, _ = REGISTER_FILE[s["isa"]]
+    per_cycle, source = FMA_PIPES, "the two FMA pipes smallem.gemm.micro_shape assumes"
+    if records.exists("ch1.machine", rec_dir):
+        rec1 = records.load("ch1.machine", rec_dir)
+        if rec1["settings"]["isa"] == s["isa"]:
+            lanes = ch1.theory(rec1)["lanes"]
+            per_cycle = max(1, lanes // vec)
+            source = f"chapter 1 measured {lanes} f32 lanes a cycle"
+    return {"ch2.fma_latency": str(FMA_LATENCY), "ch2.fmas_per_cycle": str(per_cycle),
+            "ch2.fmas_per_cycle_from": source, "ch2.vec_bits": str(32 * vec),
+            "ch2.fmas_in_flight": str(FMA_LATENCY * per_cycle),
+            "ch2.latency_bound": str(vec * FMA_LATENCY * per_cycle)}
+
+
 def _block_values(s: dict, n: int, no5: str) -> dict:
     """The micro-kernel's registers and the blocks' sizes against the caches, for the page
     (``no5`` where the record has no blocks of rung 5's own)."""
@@ -251,7 +276,7 @@ def _block_values(s: dict, n: int, no5: str) -> dict:
         "ch2.vec_floats": str(vec), "ch2.registers": str(regs),
         "ch2.accumulators": str(mr * nr // vec), "ch2.b_vectors": str(nr // vec),
         "ch2.regs_used": str(mr * nr // vec + nr // vec + 1),
-        "ch2.latency_bound": str(vec * FMA_LATENCY * FMA_PIPES),
+
         "ch2.tile_floats": str(mr * nr),
         "ch2.l1_kib": f"{g['L1d']['bytes'] // 1024} KiB", "ch2.l1_ways": str(g["L1d"]["ways"]),
         "ch2.l2_kib": f"{g['L2']['bytes'] // 1024} KiB", "ch2.l2_ways": str(g["L2"]["ways"]),
@@ -275,6 +300,7 @@ def _block_values(s: dict, n: int, no5: str) -> dict:
         # a fact the page's sentence depends on (it chooses its branch by it)
         "ch2.b_block_fits_l2": b["kc"] * min(b["nc"], n) * 4 <= g["L2"]["bytes"],
         "ch2.b_row_bytes": f"{nr * 4} bytes",
+        "ch2.b_row_lines": str(math.ceil(nr * 4 / g["L1d"]["line"])),
         "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
     })
     return values
@@ -326,9 +352,17 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
             values[f"ch2.sweep_ratio_{s}"] = f"{100 * ours / theirs:.0f} %"
         if s == 2048:
             values["ch2.sweep_pct_peak_2048"] = f"{100 * ours / peak:.0f} %"
-    wins = [s for s in sizes if records.value(rec, "sweep", impl="smallem", n=s)
-            >= records.value(rec, "sweep", impl="numpy", n=s)]
-    values["ch2.sweep_wins"] = compare.listing([f"{s}³" for s in wins], "none of the sizes")
+    # each size by the page's own rule: faster or slower where the sign test says so, else tied
+    calls = {"faster": [], "tied": [], "slower": []}
+    for size in sizes:
+        r = _pair_rounds(rec, "sweep", n=size)
+        if r is None or compare.sign_test(*r) >= compare.SIGN_LEVEL:
+            calls["tied"].append(f"{size}³")
+        else:
+            calls["faster" if 2 * r[0] > r[1] else "slower"].append(f"{size}³")
+    for k, sz in calls.items():
+        values[f"ch2.sweep_{k}"] = compare.listing(sz, "none of the sizes")
+        values[f"ch2.sweep_any_{k}"] = bool(sz)
     small = sizes[0]
     for impl, key in (("smallem", "ch2.call_us"), ("numpy", "ch2.numpy_call_us")):
         values[key] = f(records.value(rec, "call", impl=impl), "µs")
