@@ -746,10 +746,26 @@ def _run_figure_and_values(rec, values):
         values[f"ch3.{prefix}_steps"] = str(runs[name]["total_steps"])
         values[f"ch3.{prefix}_tokens_per_s"] = f(records.results(
             rec, "train_tokens_per_s", run=name)[0]["value"]["median"], "tokens/s")
-    best = min(final, key=final.get)
     values["ch3.run_budget"] = f(s["minutes"], "min")
-    values["ch3.run_winner"] = (f"{best} ({final[best]:.2f} against "
-                                + ", ".join(f"{final[k]:.2f} for {k}" for k in final if k != best)
+    took = {name: records.results(rec, "run_seconds", run=name) for name in runs}
+    values["ch3.run_seconds"] = compare.listing(
+        [f"{f(t[0]['value'] if not isinstance(t[0]['value'], dict) else t[0]['value']['median'], 's')}"
+         f" ({name})" for name, t in took.items() if t], "not recorded")
+    # the same training time for every run: each run's held-out loss at its last evaluation
+    # no later than the time every run reached (the runs' budgets fix their steps in advance,
+    # so they end a few seconds apart, and the longest would otherwise win by its extra time)
+    at_eval = {}
+    for name, run in runs.items():
+        c = run["curve"]
+        at_eval[name] = [(c["seconds"][c["step"].index(st)], v)
+                         for st, v in zip(c["val_step"], c["val_bpb"])]
+    common = min(pts[-1][0] for pts in at_eval.values() if pts)
+    same = {name: [v for t, v in pts if t <= common * (1 + 1e-9)][-1]
+            for name, pts in at_eval.items() if pts and pts[0][0] <= common * (1 + 1e-9)}
+    values["ch3.run_common_s"] = f(common, "s")
+    best = min(same, key=same.get)
+    values["ch3.run_winner"] = (f"{best} ({same[best]:.2f} against "
+                                + ", ".join(f"{same[k]:.2f} for {k}" for k in same if k != best)
                                 + " bits per byte)")
     values["ch3.corpus_sha"] = s["corpus"]["sha256"][:12]
     values["ch3.corpus_files"] = str(s["corpus"]["files"])
