@@ -65,8 +65,11 @@ def test_gpu_check_command_fails_clearly(tmp_path, capsys):
 
 def test_tables_without_records(records_tmp, tmp_path):
     from smallem.book import figures, gpu
-    assert gpu.report(records_tmp) == {"gpu.ch1_line": gpu.NOT_MEASURED,
-                                       "gpu.ch2_line": gpu.NOT_MEASURED}
+    values = gpu.report(records_tmp)
+    assert values["gpu.ch1_line"] == values["gpu.ch2_line"] == gpu.NOT_MEASURED
+    # the facts the pages choose their GPU sentences by: nothing measured, nothing said
+    assert values["gpu.measured"] is values["gpu.gemm_measured"] is values["gpu.is_h200"] is False
+    assert all(v == gpu.NOT_MEASURED for k, v in values.items() if isinstance(v, str))
     for name in ("gpu_peaks", "gpu_staircase", "gpu_gemm"):
         text = (figures.tables_dir() / f"{name}.md").read_text()
         assert gpu.NOT_MEASURED in text

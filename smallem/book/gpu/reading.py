@@ -207,4 +207,46 @@ def report(rec_dir) -> dict:
     else:
         _placeholder("gpu_gemm", "GPU GEMM ladder")
     return {"gpu.ch1_line": gpu_line(ch1) if ch1 else NOT_MEASURED,
-            "gpu.ch2_line": gpu_line(ch2) if ch2 else NOT_MEASURED}
+            "gpu.ch2_line": gpu_line(ch2) if ch2 else NOT_MEASURED,
+            **peak_values(ch1), **gemm_values(ch2)}
+
+
+# The H200's rated dense bf16 tensor rate (SXM; without 2:4 sparsity), bibliography [h200-specs]:
+# a figure from elsewhere, beside the measured ones, never in place of them.
+H200_RATED_BF16_GOPS = 989e3
+
+
+def peak_values(rec: dict | None) -> dict:
+    """What the page says of the GPU's peaks: the probes', cuBLAS's over them, and the rated
+    bf16 figure where the card is an H200."""
+    keys = ("gpu.fma_peak", "gpu.mma_peak", "gpu.cublas_bf16", "gpu.cublas_over_mma",
+            "gpu.cublas_f32_over_fma", "gpu.mma_of_rated", "gpu.cublas_of_rated")
+    if rec is None:
+        return {k: NOT_MEASURED for k in keys} | {"gpu.measured": False, "gpu.is_h200": False,
+                                                  "gpu.cublas_beats_mma": False,
+                                                  "gpu.rated_bf16": NOT_MEASURED}
+    f = figures.fmt
+    fma, mma = records.value(rec, "fma_peak"), records.value(rec, "mma_peak")
+    cb32, cb16 = _best_cublas(rec, "f32"), _best_cublas(rec, "bf16")
+    h200 = "H200" in rec["machine"].get("gpu", {}).get("name", "")
+    rated = H200_RATED_BF16_GOPS
+    return {"gpu.measured": True, "gpu.is_h200": h200, "gpu.cublas_beats_mma": cb16 > mma,
+            "gpu.fma_peak": f(fma, "Gop/s"), "gpu.mma_peak": f(mma, "Gop/s"),
+            "gpu.cublas_bf16": f(cb16, "Gop/s"),
+            "gpu.cublas_over_mma": f"{100 * cb16 / mma:.0f} %",
+            "gpu.cublas_f32_over_fma": f"{100 * cb32 / fma:.0f} %",
+            "gpu.rated_bf16": f(rated, "Gop/s"),
+            "gpu.mma_of_rated": f"{100 * mma / rated:.0f} %" if h200 else "n/a",
+            "gpu.cublas_of_rated": f"{100 * cb16 / rated:.0f} %" if h200 else "n/a"}
+
+
+def gemm_values(rec: dict | None) -> dict:
+    """The top of the GPU ladder against cuBLAS, for the page's sentence."""
+    if rec is None:
+        return {"gpu.gemm_measured": False}
+    rows = [r for r in gemm_rows(rec) if r[0] != "-"]
+    f32 = [r for r in rows if r[2] == "f32"]
+    bf16 = [r for r in rows if r[2] == "bf16"]
+    return {"gpu.gemm_measured": True,
+            "gpu.top_f32": f"{f32[-1][1]} ({f32[-1][4]} of cuBLAS)" if f32 else "n/a",
+            "gpu.top_bf16": f"{bf16[-1][1]} ({bf16[-1][4]} of cuBLAS)" if bf16 else "n/a"}
