@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 from ...gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
-                     THREAD_MIN_OPS, cache_geometry, l2_ways_for_a)
+                     THREAD_MIN_OPS, cache_geometry)
 from .. import ch1, compare, figures, records, reference
 from .measuring import BF16_RECORD, RECORD
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
 from .order import order_values
+from .kernel import block_values, latency_values
 
 # what a value needs that a record made before rung 5 had blocks of its own lacks
 PREDATES_ROWS = "the record predates rung 5's own blocks"
@@ -202,8 +203,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     # facts the page's sentences choose by: which rungs beat their model, if any
     values["ch2.any_above_model"] = bool(above)
     values["ch2.above_model"] = compare.listing([f"rung {i}" for i in above], "none")
-    values.update(_block_values(s, n, no5))
-    values.update(_latency_values(s, rec_dir))
+    values.update(block_values(s, n, no5))
+    values.update(latency_values(s, rec_dir))
     packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
     values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
     values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
@@ -241,70 +242,6 @@ def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
                  "—", "—", f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
                  f(reference.CH1_F32_PEAK_GOPS, "Gop/s")])
     return rows, gains
-
-
-def _latency_values(s: dict, rec_dir) -> dict:
-    """The FMAs that must be in flight to hide the FMA's latency: the latency (the manuals')
-    times the FMAs of the kernel's width this core starts a cycle, from the f32 lanes a
-    cycle chapter 1 measured where its record ran the same ISA level; else the two pipes
-    smallem.gemm.micro_shape assumes, said so."""
-    vec, _ = REGISTER_FILE[s["isa"]]
-    per_cycle, source = FMA_PIPES, "the two FMA pipes smallem.gemm.micro_shape assumes"
-    if records.exists("ch1.machine", rec_dir):
-        rec1 = records.load("ch1.machine", rec_dir)
-        if rec1["settings"]["isa"] == s["isa"]:
-            lanes = ch1.theory(rec1)["lanes"]
-            per_cycle = max(1, lanes // vec)
-            source = f"chapter 1 measured {lanes} f32 lanes a cycle"
-    return {"ch2.fma_latency": str(FMA_LATENCY), "ch2.fmas_per_cycle": str(per_cycle),
-            "ch2.fmas_per_cycle_from": source, "ch2.vec_bits": str(32 * vec),
-            "ch2.fmas_in_flight": str(FMA_LATENCY * per_cycle),
-            "ch2.latency_bound": str(vec * FMA_LATENCY * per_cycle)}
-
-
-def _block_values(s: dict, n: int, no5: str) -> dict:
-    """The micro-kernel's registers and the blocks' sizes against the caches, for the page
-    (``no5`` where the record has no blocks of rung 5's own)."""
-    f = figures.fmt
-    values = {}
-    ladder = s["blocks_ladder"]
-    kc5 = s["blocks_rows"]["kc"] if "blocks_rows" in s else None
-    g = s["cache_geometry"]
-    mr, nr, b = s["mr"], s["nr"], ladder
-    vec, regs = REGISTER_FILE[s["isa"]]
-    values.update({
-        "ch2.vec_floats": str(vec), "ch2.registers": str(regs),
-        "ch2.accumulators": str(mr * nr // vec), "ch2.b_vectors": str(nr // vec),
-        "ch2.regs_used": str(mr * nr // vec + nr // vec + 1),
-
-        "ch2.tile_floats": str(mr * nr),
-        "ch2.l1_kib": f"{g['L1d']['bytes'] // 1024} KiB", "ch2.l1_ways": str(g["L1d"]["ways"]),
-        "ch2.l2_kib": f"{g['L2']['bytes'] // 1024} KiB", "ch2.l2_ways": str(g["L2"]["ways"]),
-        "ch2.l3_mib": f"{g['L3']['bytes'] / 1024**2:.0f} MiB",
-        "ch2.line": f"{g['L1d']['line']} B",
-        "ch2.l1_ways_b": str(math.ceil(nr * b["kc"] * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
-        "ch2.l1_ca_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))),
-        "ch2.kc_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))
-                          * g["L1d"]["bytes"] // g["L1d"]["ways"] // (mr * 4)),
-        "ch2.l2_ways_a": str(l2_ways_for_a(g["L2"]["ways"])),
-        "ch2.l1_sets": str(g["L1d"]["bytes"] // (g["L1d"]["ways"] * g["L1d"]["line"])),
-        "ch2.l1_way_kib": f"{g['L1d']['bytes'] / g['L1d']['ways'] / 1024:.0f} KiB",
-        "ch2.l2_way_kib": f"{g['L2']['bytes'] / g['L2']['ways'] / 1024:.0f} KiB",
-        "ch2.a_sliver_kib": f"{mr * b['kc'] * 4 / 1024:.1f} KiB",
-        "ch2.a_sliver5_kib": f"{mr * kc5 * 4 / 1024:.1f} KiB" if kc5 else no5,
-        "ch2.l1_ways_a5": (str(math.ceil(mr * kc5 * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"])))
-                           if kc5 else no5),
-        "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
-        "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
-        "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
-        # a fact the page's sentence depends on (it chooses its branch by it)
-        "ch2.b_block_fits_l2": b["kc"] * min(b["nc"], n) * 4 <= g["L2"]["bytes"],
-        "ch2.b_row_bytes": f"{nr * 4} bytes",
-        "ch2.b_row_lines": str(math.ceil(nr * 4 / g["L1d"]["line"])),
-        "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
-    })
-    return values
-
 
 
 def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_one: float) -> dict:
@@ -362,7 +299,7 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
             calls["faster" if 2 * r[0] > r[1] else "slower"].append(f"{size}³")
     for k, sz in calls.items():
         values[f"ch2.sweep_{k}"] = compare.listing(sz, "none of the sizes")
-        values[f"ch2.sweep_any_{k}"] = bool(sz)
+    values["ch2.sweep_any_slower"] = bool(calls["slower"])
     small = sizes[0]
     for impl, key in (("smallem", "ch2.call_us"), ("numpy", "ch2.numpy_call_us")):
         values[key] = f(records.value(rec, "call", impl=impl), "µs")

@@ -219,7 +219,7 @@ H200_RATED_BF16_GOPS = 989e3
 def peak_values(rec: dict | None) -> dict:
     """What the page says of the GPU's peaks: the probes', cuBLAS's over them, and the rated
     bf16 figure where the card is an H200."""
-    keys = ("gpu.fma_peak", "gpu.mma_peak", "gpu.cublas_bf16", "gpu.cublas_over_mma",
+    keys = ("gpu.fma_peak", "gpu.mma_peak", "gpu.cublas_over_mma",
             "gpu.cublas_f32_over_fma", "gpu.mma_of_rated", "gpu.cublas_of_rated")
     if rec is None:
         return {k: NOT_MEASURED for k in keys} | {"gpu.measured": False, "gpu.is_h200": False,
@@ -232,7 +232,6 @@ def peak_values(rec: dict | None) -> dict:
     rated = H200_RATED_BF16_GOPS
     return {"gpu.measured": True, "gpu.is_h200": h200, "gpu.cublas_beats_mma": cb16 > mma,
             "gpu.fma_peak": f(fma, "Gop/s"), "gpu.mma_peak": f(mma, "Gop/s"),
-            "gpu.cublas_bf16": f(cb16, "Gop/s"),
             "gpu.cublas_over_mma": f"{100 * cb16 / mma:.0f} %",
             "gpu.cublas_f32_over_fma": f"{100 * cb32 / fma:.0f} %",
             "gpu.rated_bf16": f(rated, "Gop/s"),

@@ -1,0 +1,88 @@
+"""Chapter 3's real run read for the page: each run's loss curve, how long it took, and the
+held-out losses compared at the same training time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...train import LN2
+from .. import compare, figures, records
+
+f = figures.fmt
+
+
+def same_time_losses(runs: dict) -> tuple[float, dict]:
+    """(the training time every run reached, {run: its held-out loss at its last evaluation no
+    later than that}): the runs' budgets fix their steps in advance, so they end a few
+    seconds apart, and the longest would otherwise win by its extra time."""
+    at_eval = {}
+    for name, run in runs.items():
+        c = run["curve"]
+        at_eval[name] = [(c["seconds"][c["step"].index(st)], v)
+                         for st, v in zip(c["val_step"], c["val_bpb"])]
+    common = min(pts[-1][0] for pts in at_eval.values() if pts)
+    edge = common * (1 + 1e-9)
+    return common, {name: [v for t, v in pts if t <= edge][-1]
+                    for name, pts in at_eval.items() if pts and pts[0][0] <= edge}
+
+
+def run_figure_and_values(rec, values):
+    s = rec["settings"]
+    runs = s["runs"]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    f32 = runs["f32"]["curve"]
+    ax.plot(f32["step"], np.array(f32["loss"]) / LN2, lw=0.8, color="tab:blue",
+            label="training batch")
+    ax.plot(f32["val_step"], f32["val_bpb"], "o-", color="tab:red", label="held-out files")
+    ax.set_xlabel("step")
+    ax.set_title(f"f32: config {runs['f32']['config']['name']}, {runs['f32']['batch_size']} x "
+                 f"{runs['f32']['seq_len']} tokens per step", fontsize=9)
+    colours = {"f32": "tab:red", "bf16": "tab:green", "modern": "tab:purple"}
+    for name, run in runs.items():
+        c = run["curve"]
+        at = [c["seconds"][c["step"].index(st)] for st in c["val_step"]]
+        what = {"f32": "GPT-2, f32", "bf16": "GPT-2, bf16",
+                "modern": f"modern block + {run.get('optimizer', 'adamw')}, bf16"}.get(name, name)
+        bx.plot(at, c["val_bpb"], "o-", color=colours.get(name, "tab:purple"),
+                label=f"{what}, held-out")
+    bx.set_xlabel("training time (s, evaluations not counted)")
+    bx.set_title(f"the same training time ({f(s['minutes'], 'min')}) for each run", fontsize=9)
+    for a in (ax, bx):
+        a.axhline(2.5, color="grey", ls=":", lw=1, label="2.5 bits per byte")
+        a.set_ylabel("loss (bits per byte)")
+        a.set_ylim(0, 8.5)
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+    figures.save(fig, "ch3_loss")
+    final = {name: records.results(rec, "final_val_bpb", run=name)[0]["value"]["median"]
+             for name in runs}
+    for name, prefix in (("f32", "s"), ("bf16", "bf16"), ("modern", "modern")):
+        if name not in runs:
+            continue
+        values[f"ch3.{prefix}_final_bpb"] = f"{final[name]:.2f} bits per byte"
+        values[f"ch3.{prefix}_steps"] = str(runs[name]["total_steps"])
+        values[f"ch3.{prefix}_tokens_per_s"] = f(records.results(
+            rec, "train_tokens_per_s", run=name)[0]["value"]["median"], "tokens/s")
+    values["ch3.run_budget"] = f(s["minutes"], "min")
+    took = {name: records.results(rec, "run_seconds", run=name) for name in runs}
+    values["ch3.run_seconds"] = compare.listing(
+        [f"{f(t[0]['value'] if not isinstance(t[0]['value'], dict) else t[0]['value']['median'], 's')}"
+         f" ({name})" for name, t in took.items() if t], "not recorded")
+    common, same = same_time_losses(runs)
+    values["ch3.run_common_s"] = f(common, "s")
+    best = min(same, key=same.get)
+    values["ch3.run_winner"] = (f"{best} ({same[best]:.2f} against "
+                                + ", ".join(f"{same[k]:.2f} for {k}" for k in same if k != best)
+                                + " bits per byte)")
+    values["ch3.corpus_sha"] = s["corpus"]["sha256"][:12]
+    values["ch3.corpus_files"] = str(s["corpus"]["files"])
+    values["ch3.corpus_mb"] = f((s["corpus"]["train_bytes"] + s["corpus"]["val_bytes"]) / 1e6,
+                                "MB")
+    sample = runs["f32"].get("sample", "")
+    path = figures.tables_dir() / "ch3_sample.md"
+    # control bytes and broken UTF-8 of an untrained model would break the page: show them as ·
+    clean = "".join(ch if ch.isprintable() or ch in "\n\t" else "·" for ch in sample)
+    path.write_text("```text\n" + clean.replace("```", "'''") + "\n```\n")
