@@ -271,15 +271,10 @@ def measure_fork_join(rec, threads, quick):
 
 
 def _llama_peer(threads: int) -> tuple[dict | None, str | None]:
-    """llama.cpp's tools if they run here (one short run of each test on a small Q8_0 model
-    exported for the purpose), else (None, why)."""
+    """llama.cpp's tools if they run here (llama.usable's short runs on chapter 4's smallest
+    model in Q8_0 and Q4_0), else (None, why)."""
     tools = llama.find()
-    if tools is None:
-        return None, "not found (`make llama`)"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = gguf_export.export(GPT(get_config("s"), "numpy", seed=0), Path(tmp) / "probe.gguf",
-                                  "q8_0")
-        why = llama.usable(tools, threads, path)
+    why = llama.usable(tools, threads)
     return (None, why) if why else (tools, None)
 
 
