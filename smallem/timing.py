@@ -80,7 +80,7 @@ def _calls_per_sample(fn, min_sample: float) -> int:
     return calls
 
 
-MIN_ROUNDS = 5  # the fewest rounds in which a one-sided sign test at 5 % can say anything
+MIN_ROUNDS = 5  # the fewest rounds in which a one-sided test of signs or signed ranks at 5 % can say anything
 
 
 FAR = 4.0  # a peer this many times slower than what it is judged against is timed once
@@ -109,7 +109,7 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     contender always runs right after the same other one (its spinning threads, the cache
     state it leaves) or always first after the pause.
     Returns a :class:`Timing` per key. ``max_time`` stops after a round, once ``min_rounds``
-    rounds are done (5: the fewest a one-sided sign test at 5 % can decide on).
+    rounds are done (5: the fewest a one-sided test at 5 % can decide on).
     ``far`` ({peer: the key it is judged against}) sizes a peer's rounds by need: a peer
     whose first sample took more than ``far_factor`` times its reference's is timed no more,
     and keeps that one sample (each round of the reference is then compared with it; its

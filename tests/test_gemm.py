@@ -508,13 +508,15 @@ def _timed(gops, secs):
 def test_versus_says_how_much_and_whether_the_rounds_tell():
     base = _timed(100.0, [1.0] * 15)
     clear = _timed(95.0, [1.0 / 0.95] * 15)  # slower in every round
-    assert compare.versus(clear, base) == "5.0 % slower (in 15 of 15 rounds)"
+    said = compare.versus(clear, base)
+    assert said.startswith("5.0 % slower" + compare.NOTE_OPEN) and "in 0 of 15 rounds" in said
     mixed = _timed(101.0, [0.99] * 8 + [1.01] * 7)  # faster in 8 rounds, slower in 7
-    assert compare.versus(mixed, base).endswith("(in 8 of 15 rounds, too few to tell)")
-    assert compare.versus(mixed, base).startswith("1.0 % faster")
+    said = compare.versus(mixed, base)
+    assert said.startswith("within the noise (median 1.0 % faster)" + compare.NOTE_OPEN)
+    assert "faster in 8 of 15 rounds" in said
     # different work per call: rates, not seconds, are compared round by round
     double = _timed(110.0, [2 / 1.1] * 15)  # twice the work, more seconds, a higher rate
-    assert compare.versus(double, base) == "10.0 % faster (in 15 of 15 rounds)"
+    assert compare.versus(double, base).startswith("10.0 % faster" + compare.NOTE_OPEN)
     assert compare.versus(_timed(100.0, [1.0] * 15), base) == "as fast"
 
 
@@ -876,13 +878,19 @@ def test_bf16_target_reads_both_paths_and_the_probes():
     assert "at or above 1.7 in 7 of 7 rounds" in line and "probe" not in line
     rec.add("peak", "Gop/s", _rounds([100.0])[0], kind="f32")
     rec.add("peak", "Gop/s", _rounds([49.0])[0], kind="bf16")
-    # native at 64^3 now 1.2x in six rounds, 1.8x in one: not shown there (6 of 7 below the
-    # target is not enough for the reverse test either), whatever the others
+    # native at 64^3 now 1.2x in six rounds, 1.8x in one: not reached there (the one round
+    # above the target is the closest to it, so the signed ranks pass where the plain count
+    # of 6 of 7 would not), whatever the others
     value, seconds = _rounds([120.0] * 6 + [180.0])
     rec.data["results"][2].update(value=value, seconds=seconds)
     line = ch2.bf16_target(rec.data)
-    assert "not shown (the faster bf16 path 1.2 times f32 at 64x64x64" in line, line
-    assert "in 1 of 7 rounds: neither one-sided sign test passes" in line
+    assert "not reached (the faster bf16 path 1.2 times f32 at 64x64x64" in line, line
+    assert "in 1 of 7 rounds; below it in 6, one-sided signed-rank test" in line
+    # ... and 1.2x in four rounds, 1.8x in three: not shown
+    value, seconds = _rounds([120.0] * 4 + [180.0] * 3)
+    rec.data["results"][2].update(value=value, seconds=seconds)
+    line = ch2.bf16_target(rec.data)
+    assert "not shown (the faster bf16 path" in line and "neither one-sided" in line, line
     assert line.endswith("the bf16 dot probe runs at 0.49x the f32 FMA probe on this CPU")
     rec.data["settings"]["native_bf16"] = False
     assert "not applicable" in ch2.bf16_target(rec.data)
@@ -936,7 +944,7 @@ def test_the_one_sided_sign_test_and_what_it_needs():
     assert not compare.judge([2.0] * 6 + [1.0], 1.9, 1.5).met  # 6 of 7: p = 0.0625
 
 
-def test_paired_rounds_and_the_sign_test():
+def test_paired_rounds_and_the_signed_rank_test():
     assert compare.sign_test(0, 15) == compare.sign_test(15, 15) == pytest.approx(2 / 2**15)
     assert compare.sign_test(12, 15) == pytest.approx(0.0352, abs=1e-4)
     assert compare.sign_test(11, 15) == pytest.approx(0.1185, abs=1e-4)
@@ -947,16 +955,20 @@ def test_paired_rounds_and_the_sign_test():
     v = lambda x: {"median": x, "min": x, "max": x, "n": 15}
     rec = records.Record("t.gemm", settings={"quick": False, "native_bf16": False},
                          machine={"cpu": "test"})
-    # "fast": ahead in every round; "slow": behind in 13; "tie": ahead in 7 of 15
-    for label, ours in (("fast (a)", [1.0] * 15), ("slow (b)", [1.2] * 13 + [0.8] * 2),
-                        ("tie (c)", [0.9] * 7 + [1.1] * 8)):
-        rec.add("shape", "Gop/s", v(1.0), seconds=secs(ours), impl="smallem", label=label,
-                M=8, K=8, N=8)
-        rec.add("shape", "Gop/s", v(1.0), seconds=secs([1.05] * 15), impl="numpy", label=label)
+    # "fast": ahead in every round; "slow": behind in 13, ahead by a hair in 2; "tie": ahead
+    # in 7 of 15 by about what it is behind in the 8 others; "close": ahead in 13 of 15 by
+    # less than it is behind in the other 2, which the sign test alone would call faster
+    for label, ours in (("fast (a)", [1.0] * 15), ("slow (b)", [1.2] * 13 + [1.04] * 2),
+                        ("tie (c)", [1.0] * 7 + [1.1] * 8),
+                        ("close (d)", [1.04] * 13 + [1.5] * 2)):
+        rec.add("shape", "Gop/s", v(1 / secs(ours)["median"]), seconds=secs(ours),
+                impl="smallem", label=label, M=8, K=8, N=8)
+        rec.add("shape", "Gop/s", v(1 / 1.05), seconds=secs([1.05] * 15), impl="numpy",
+                label=label)
     rows, values = ch2.shape_rows(rec.data)
-    assert [r[-1] for r in rows] == ["15 of 15", "2 of 15", "7 of 15"]
+    assert [r[-1] for r in rows] == ["15 of 15", "2 of 15", "7 of 15", "13 of 15"]
     assert values["ch2.shapes_faster"] == "fast" and values["ch2.shapes_slower"] == "slow"
-    assert values["ch2.shapes_tied"] == "tie" and values["ch2.shapes_lopsided"] == "12 of 15"
+    assert values["ch2.shapes_tied"] == "tie and close"
     # a record from before the samples were kept says so instead of guessing
     for r in rec.data["results"]:
         del r["seconds"]["samples"]

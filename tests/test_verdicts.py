@@ -2,9 +2,11 @@
 
 Every chapter's targets are read from the book's committed records and from each captured
 machine's (tests/machines/), as the pages and the commands word them. A target is "reached"
-only where the one-sided sign test of its rounds passes at compare.SIGN_LEVEL, "not
+only where the one-sided signed-rank test of its rounds passes at compare.SIGN_LEVEL, "not
 reached" only where the reverse one-sided test passes, and "not shown" where neither does
-(or the figure is one with no noise, said so). The sentence holds the word and the ratio;
+(or the figure is one with no noise, said so). The footnote's p must say the word, and its
+count of rounds must allow it: k of n rounds at or above the target can pass the test only if
+the most favourable ranks (the n - k below it the smallest) would. The sentence holds the word and the ratio;
 the rounds and the test are its footnote (between compare.NOTE's marks), never inside it.
 """
 
@@ -44,12 +46,28 @@ def problems(text: str) -> list[str]:
         return [] if found.group(1) == "not shown" else [
             f"called {found.group(1)} without the rounds that decide it: {text!r}"]
     k, n = map(int, rounds.groups())
-    above, below = (compare.sign_test_above(k, n) < compare.SIGN_LEVEL,
-                    compare.sign_test_above(n - k, n) < compare.SIGN_LEVEL)
-    word = "reached" if above else "not reached" if below else "not shown"
-    if found.group(1) != word:
-        return [f"called {found.group(1)} on {k} of {n} rounds, which say {word}: {text!r}"]
+    word = found.group(1)
+    can = {"reached": best_p(k, n) < compare.SIGN_LEVEL,
+           "not reached": best_p(n - k, n) < compare.SIGN_LEVEL, "not shown": True}
+    if not can[word]:
+        return [f"called {word} on {k} of {n} rounds, which cannot say so: {text!r}"]
+    p = P.search(notes)
+    passed = p and (p.group(1) == "<" or float(p.group(2)) < compare.SIGN_LEVEL)
+    if word != "not shown" and not passed:
+        return [f"called {word} without a passing test in its footnote: {text!r}"]
+    if word == "not shown" and p and "neither" not in notes:
+        return [f"called not shown beside a passing test: {text!r}"]
     return []
+
+
+P = re.compile(r"p (<|=) ([0-9.]+)")
+
+
+def best_p(k: int, n: int) -> float:
+    """The smallest one-sided signed-rank p that k of n rounds on the side tested can give:
+    the n - k others the closest to the target."""
+    return compare.signed_rank_above([-float(i) for i in range(1, n - k + 1)]
+                                     + [float(i) for i in range(n - k + 1, n + 1)])
 
 
 def _folders():
@@ -83,11 +101,14 @@ def test_the_check_fails_where_a_word_is_not_its_rounds():
     assert problems("met within the noise (0.853 times, target 1, ahead in 2 of 7 rounds)") == []
     assert problems("met (1.2 times, target 1: at or above 0.95 in 7 of 7 rounds, p = 0.008)")
     assert problems("reached (1.2 times)" + n("at or above 0.95 in 6 of 7 rounds; p = 0.062"))
+    assert problems("reached (1.2 times)" + n("at or above 0.95 in 4 of 7 rounds; p = 0.01"))
+    assert not problems("reached (1.2 times)" + n("at or above 0.95 in 6 of 7 rounds; p = 0.016"))
     assert problems("not reached (0.9 times)" + n("at or above 0.95 in 4 of 7 rounds"))
     assert problems("reached (1.2 times: at or above 0.95 in 7 of 7 rounds)")
     assert not problems("reached (1.2 times, target 1)" + n(
         "at or above 0.95 (the parity margin) in 7 of 7 rounds; one-sided sign test p = 0.008"))
-    assert not problems("not reached (0.86 times)" + n("at or above 0.95 in 0 of 7 rounds"))
+    assert not problems("not reached (0.86 times)" + n(
+        "at or above 0.95 in 0 of 7 rounds; below it in 7, p = 0.008"))
     assert not problems("not shown (0.96 times)" + n("at or above 0.95 in 4 of 7 rounds"))
 
 
@@ -102,7 +123,7 @@ def test_a_peer_ahead_in_some_rounds_is_not_matched():
     theirs = _result([100.0] * 7)
     v = compare.against(ours, theirs, 1.0)
     assert not v.met and v.ahead == 5 and v.rounds == 7 and v.word == "not shown"
-    assert "7 of 7 needed either way" in v.text() and v.text().startswith("not shown (")
+    assert "neither" in v.text() and v.text().startswith("not shown (")
     few = compare.against(ours, _result([100.0] * 6), 1.0).text()
     assert few.startswith("not shown (") and "no rounds kept" in few
     four = compare.judge([1.0] * 4, 1.0, 1.0).text()
@@ -115,6 +136,30 @@ def test_a_peer_timed_once_is_compared_with_every_round():
     # a peer far behind keeps one sample (timing.FAR): each of our rounds is judged against it
     theirs = _result([10.0])
     assert compare.against(_result([100.0] * 7), theirs, 1.0).met
-    v = compare.against(_result([100.0] * 6 + [9.0]), theirs, 1.0)
-    assert not v.met and v.ahead == 6 and v.rounds == 7  # a round below it still counts
+    v = compare.against(_result([100.0] * 6 + [0.5]), theirs, 1.0)
+    assert not v.met and v.ahead == 6 and v.rounds == 7  # a round far below it still counts
+    # ... where one just below it, the closest round to the target, does not undo six far above
+    assert compare.against(_result([100.0] * 6 + [9.0]), theirs, 1.0).met
     assert not compare.against(_result([100.0] * 7), theirs, 12.0).met
+
+
+def test_the_signed_rank_test_counts_every_choice_of_signs():
+    """compare.signed_rank_above against the definition: every one of the 2^n sign choices."""
+    import itertools
+    import random
+
+    rng = random.Random(5)
+    for n in range(1, 10):
+        for _ in range(5):
+            d = [rng.choice([-1, 1]) * rng.choice([0.5, 1.0, 2.0, 3.0, rng.random()])
+                 for _ in range(n)]
+            mags = sorted(abs(x) for x in d)
+            rank = {m: sum(i + 1 for i, y in enumerate(mags) if y == m) / mags.count(m)
+                    for m in mags}
+            w = sum(rank[abs(x)] for x in d if x > 0)
+            sums = [sum(rank[abs(x)] for x, s in zip(d, signs) if s)
+                    for signs in itertools.product([0, 1], repeat=n)]
+            want = sum(t >= w - 1e-9 for t in sums) / 2 ** n
+            assert compare.signed_rank_above(d) == pytest.approx(want), d
+    assert compare.signed_rank_above([1.0] * 5) == pytest.approx(1 / 32)
+    assert compare.signed_rank_above([0.0, 0.0]) == 1.0

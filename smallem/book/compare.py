@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..timing import FAR, WAKE_SKIP, measure_interleaved
-from .figures import NOTE, fmt, note, plain  # noqa: F401  (note, plain: for the readings)
+from .figures import NOTE, NOTE_OPEN, fmt, note, plain  # noqa: F401  (for the readings)
 
 
 def numpy_pinned(threads):
@@ -97,6 +97,50 @@ def needed_above(n: int) -> int | None:
     return next((k for k in range(n + 1) if sign_test_above(k, n) < SIGN_LEVEL), None)
 
 
+def signed_rank_above(diffs: list[float]) -> float:
+    """One-sided Wilcoxon signed-rank test, exact: how often random signs on the same
+    magnitudes give a sum of positive ranks at least as large as the measured one. The
+    differences are log ratios of paired rounds (less their target), so a round far above
+    weighs more than one just above, where the sign test counts both as one heads; zeros are
+    dropped and tied magnitudes share their mean rank. 5 rounds all positive give 1/32, as
+    the sign test; 7 rounds with the one negative the smallest give 2/128, where the sign
+    test needs all 7."""
+    d = [x for x in diffs if x != 0 and math.isfinite(x)]
+    n = len(d)
+    if n == 0:
+        return 1.0
+    order = sorted(range(n), key=lambda i: abs(d[i]))
+    rank2 = [0] * n  # twice each rank, so that shared (half) ranks stay integers
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and abs(d[order[j + 1]]) == abs(d[order[i]]):
+            j += 1
+        for t in range(i, j + 1):
+            rank2[order[t]] = i + j + 2  # 2 x the mean of ranks i+1 .. j+1
+        i = j + 1
+    w = sum(r for r, x in zip(rank2, d) if x > 0)
+    ways = {0: 1}  # sums of positive ranks over every choice of signs
+    for r in rank2:
+        nxt = dict(ways)
+        for total, count in ways.items():
+            nxt[total + r] = nxt.get(total + r, 0) + count
+        ways = nxt
+    return sum(c for total, c in ways.items() if total >= w) / 2 ** n
+
+
+def log_ratios(a: list[float], b: list[float]) -> list[float]:
+    return [math.log(x / y) for x, y in zip(a, b) if x > 0 and y > 0]
+
+
+TEST_NAME = "one-sided signed-rank test on the log ratios"
+FEWEST = 5  # rounds: fewer cannot pass a one-sided test at SIGN_LEVEL, whatever they show
+
+
+def pv(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
 PARITY_MARGIN = 0.95  # a target "as fast as" a peer is judged at this share of its speed
 
 WORDS = ("reached", "not reached", "not shown")  # the only verdicts the book says
@@ -135,21 +179,16 @@ class Verdict:
         if self.rounds is None:
             return "no rounds kept to test"
         tested = f"{at} in {self.ahead} of {self.rounds} rounds"
-
-        def pv(p):
-            return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
-
         if self.word == "reached":
-            return f"{tested}; one-sided sign test {pv(self.p)}"
+            return f"{tested}; {TEST_NAME}, {pv(self.p)}"
         if self.word == "not reached":
-            return (f"{tested}; below it in {self.rounds - self.ahead}, one-sided sign test "
+            return (f"{tested}; below it in {self.rounds - self.ahead}, {TEST_NAME}, "
                     f"{pv(self.p_below)}")
-        need = needed_above(self.rounds)
-        if need is None:
-            return (f"{tested}; {self.rounds} rounds cannot pass a one-sided sign test at "
+        if self.rounds < FEWEST:
+            return (f"{tested}; {self.rounds} rounds cannot pass a one-sided test at "
                     f"{100 * SIGN_LEVEL:.0f} %")
-        return (f"{tested}: neither one-sided sign test passes ({need} of {self.rounds} "
-                f"needed either way): too close to the target, or too noisy, for "
+        return (f"{tested}: neither {TEST_NAME} passes ({pv(self.p)} above, "
+                f"{pv(self.p_below)} below): too close to the target, or too noisy, for "
                 f"{self.rounds} rounds")
 
     def text(self, shown: str | None = None) -> str:
@@ -174,7 +213,9 @@ def judge(ratios: list[float], ratio: float, target: float) -> Verdict:
     if not ratios:
         return Verdict(False, ratio, target, at)
     ahead, n = sum(r >= at for r in ratios), len(ratios)
-    p, p_below = sign_test_above(ahead, n), sign_test_above(n - ahead, n)
+    diffs = [math.log(r / at) if r > 0 else -math.inf for r in ratios]
+    diffs = [-1e300 if x == -math.inf else x for x in diffs]  # a round at 0: far below
+    p, p_below = signed_rank_above(diffs), signed_rank_above([-x for x in diffs])
     return Verdict(p < SIGN_LEVEL, ratio, target, at, ahead, n, p, p_below)
 
 
@@ -215,23 +256,54 @@ def listing(items: list[str], empty: str) -> str:
 
 
 
-def versus(r: dict, base: dict) -> str:
-    """Result r against result base (two rates timed in turn) as prose: "2.1 % slower (in
-    14 of 15 rounds)", with "too few to tell" where the sign test cannot tell them apart.
-    Each round's rates come from its samples: the work per call is median rate x median
-    seconds, as the two may do different work."""
-    d = 100 * (r["value"]["median"] / base["value"]["median"] - 1)
-    out = "as fast" if abs(d) < 0.05 else f"{abs(d):.1f} % {'faster' if d > 0 else 'slower'}"
-    if abs(d) < 0.05:
-        return out
-    per_op = [{"seconds": {"samples": [1 / rate for rate in per_round_rates(x)]}}
-              for x in (r, base)]  # seconds per Gop: less is faster, whatever the work
-    rounds = rounds_ahead(*(per_op if d > 0 else per_op[::-1]))
-    if rounds is None:
-        return out
-    tell = "" if sign_test(*rounds) < SIGN_LEVEL else ", too few to tell"
-    return f"{out} (in {rounds[0]} of {rounds[1]} rounds{tell})"
+@dataclass(frozen=True)
+class Difference:
+    """Result r against result base, timed in the same rounds: ``pct`` is the ratio of the
+    medians less 1, in per cent; ``sign`` +1 (faster) or -1 (slower) where the two-sided
+    signed-rank test on the per-round log ratios passes at SIGN_LEVEL, else 0 (not told
+    apart); ``ahead`` of ``rounds``: the rounds r was the faster in."""
+    pct: float
+    sign: int
+    ahead: int | None = None
+    rounds: int | None = None
+    p: float | None = None
 
+    def note(self) -> str:
+        if self.rounds is None:
+            return "timed alone: no rounds kept to test"
+        return (f"faster in {self.ahead} of {self.rounds} rounds; two-sided signed-rank test "
+                f"on the log ratios, {pv(self.p)}")
+
+
+def difference(r: dict, base: dict) -> Difference:
+    """:class:`Difference` of two results of one :func:`paired` run (or any two keeping
+    their samples in the same rounds). Each round's rates come from its samples: the work
+    per call is median rate x median seconds, as the two may do different work."""
+    pct = 100 * (r["value"]["median"] / base["value"]["median"] - 1)
+    a, b = per_round_rates(r), per_round_rates(base)
+    if not a or len(a) != len(b):
+        return Difference(pct, 0)
+    logs = log_ratios(a, b)
+    up, down = signed_rank_above(logs), signed_rank_above([-x for x in logs])
+    p = min(1.0, 2 * min(up, down))
+    sign = 0 if p >= SIGN_LEVEL else (1 if up < down else -1)
+    return Difference(pct, sign, sum(x > 0 for x in logs), len(logs), p)
+
+
+def versus(r: dict, base: dict) -> str:
+    """Result r against result base as prose: "2.1 % slower" where the test tells them apart,
+    "within the noise (median 2.1 % slower)" where it does not; the rounds and the test in
+    a footnote (:func:`note`)."""
+    d = difference(r, base)
+    if abs(d.pct) < 0.05:
+        return "as fast"
+    told = f"{abs(d.pct):.1f} % {'faster' if d.pct > 0 else 'slower'}"
+    if d.rounds is None:
+        return told
+    if d.sign == 0 or (d.sign > 0) != (d.pct > 0):
+        return (f"within the noise (median {abs(d.pct):.1f} % {'faster' if d.pct > 0 else 'slower'})"
+                + note(d.note()))
+    return told + note(d.note())
 
 
 def size(kib: float) -> str:
@@ -242,12 +314,11 @@ def size(kib: float) -> str:
 
 def method_values() -> dict:
     """The numbers of the "How we measure" page, from the constants above."""
-    return {"how.rounds": str(ROUNDS), "how.min_sample_ms": f"{1000 * MIN_SAMPLE:.0f} ms",
+    n = 7
+    assert signed_rank_above([-1.0] + [float(i) for i in range(2, n + 1)]) < SIGN_LEVEL / 2
+    assert sign_test(n - 1, n) >= SIGN_LEVEL  # the example the page gives
+    return {"how.min_sample_ms": f"{1000 * MIN_SAMPLE:.0f} ms",
             "how.pause_ms": f"{1000 * PAUSE:.0f} ms", "how.sign_level": f"{100 * SIGN_LEVEL:.0f} %",
-            "how.lopsided": f"{lopsided(ROUNDS)} of {ROUNDS}",
-            "how.one_in": str(round(1 / SIGN_LEVEL)),
-            "how.parity_margin": f"{PARITY_MARGIN:g}",
-            "how.target_needs": listing([f"{needed_above(n)} of {n}" for n in (5, 7, 9)
-                                         if needed_above(n)], "none"),
-            "how.target_fewest": str(next(n for n in range(1, 64) if needed_above(n))),
+            "how.one_in": str(round(1 / SIGN_LEVEL)), "how.rank_example_n": str(n),
+            "how.parity_margin": f"{PARITY_MARGIN:g}", "how.target_fewest": str(FEWEST),
             "how.wake_skip_ms": f"{1000 * WAKE_SKIP:.0f} ms", "how.far": f"{FAR:g}"}

@@ -289,14 +289,11 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
             values[f"ch2.sweep_ratio_{s}"] = f"{100 * ours / theirs:.0f} %"
         if s == 2048:
             values["ch2.sweep_pct_peak_2048"] = f"{100 * ours / peak:.0f} %"
-    # each size by the page's own rule: faster or slower where the sign test says so, else tied
+    # each size by the page's own rule: faster or slower where the test says so, else tied
     calls = {"faster": [], "tied": [], "slower": []}
     for size in sizes:
-        r = _pair_rounds(rec, "sweep", n=size)
-        if r is None or compare.sign_test(*r) >= compare.SIGN_LEVEL:
-            calls["tied"].append(f"{size}³")
-        else:
-            calls["faster" if 2 * r[0] > r[1] else "slower"].append(f"{size}³")
+        d = _pair_difference(rec, "sweep", n=size)
+        calls[{1: "faster", -1: "slower"}.get(d.sign if d else 0, "tied")].append(f"{size}³")
     for k, sz in calls.items():
         values[f"ch2.sweep_{k}"] = compare.listing(sz, "none of the sizes")
     values["ch2.sweep_any_slower"] = bool(calls["slower"])
@@ -317,6 +314,12 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                         ["seconds"]["median"], "µs")
     return rows, values
 
+
+
+def _pair_difference(rec: dict, name: str, **params) -> compare.Difference | None:
+    ours = records.results(rec, name, impl="smallem", **params)
+    theirs = records.results(rec, name, impl="numpy", **params)
+    return compare.difference(ours[0], theirs[0]) if ours and theirs else None
 
 
 def _pair_rounds(rec: dict, name: str, **params) -> tuple[int, int] | None:
@@ -358,25 +361,14 @@ def _short(label: str) -> str:
 
 
 def _shape_verdicts(rec: dict) -> dict:
-    """Which of the model's products the sign test calls faster, slower, or a tie."""
+    """Which of the model's products the signed-rank test calls faster, slower, or a tie."""
     groups = {"faster": [], "slower": [], "tied": []}
-    n = None
     for label, ours, theirs in shape_pairs(rec):
-        rounds = _pair_rounds(rec, "shape", label=label)
-        if rounds is None:
-            return {f"ch2.shapes_{k}": "n/a (a record without samples)" for k in
-                    (*groups, "lopsided")}
-        ahead, n = rounds
-        short = _short(label)
-        if compare.sign_test(ahead, n) >= compare.SIGN_LEVEL:
-            groups["tied"].append(short)
-        else:
-            groups["faster" if ahead > n - ahead else "slower"].append(short)
-    out = {f"ch2.shapes_{k}": compare.listing(v, "none") for k, v in groups.items()}
-    k = compare.lopsided(n) if n else None
-    out["ch2.shapes_lopsided"] = ("n/a" if not n else f"{k} of {n}" if k <= n else
-                                  f"no count of {n} (too few rounds to tell)")
-    return out
+        d = _pair_difference(rec, "shape", label=label)
+        if d is None or d.rounds is None:
+            return {f"ch2.shapes_{k}": "n/a (a record without samples)" for k in groups}
+        groups[{1: "faster", -1: "slower"}.get(d.sign, "tied")].append(_short(label))
+    return {f"ch2.shapes_{k}": compare.listing(v, "none") for k, v in groups.items()}
 
 
 

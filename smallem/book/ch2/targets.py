@@ -1,6 +1,6 @@
 """Chapter 2's performance targets, checked on its record: benchmarks check speed, tests
 don't. Each is judged by :func:`smallem.book.compare.against` on the paired rounds: met only
-when the one-sided sign test says smallem's per-round ratio is at or above the target (a parity
+when the one-sided signed-rank test says smallem's per-round ratio is at or above the target (a parity
 target, "smallem >= numpy", at the parity margin)."""
 
 from __future__ import annotations

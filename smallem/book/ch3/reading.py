@@ -13,6 +13,7 @@ from ...train import newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
 from .measuring import (F32_TOP, FUSED, FUSED_OPS, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN,
                         RECORD_STEP, RUNGS, AT, mfu, rung_label)
+from .climb import outcome_note, switches
 from .run import run_figure_and_values
 
 f = figures.fmt
@@ -123,6 +124,7 @@ def _step_table(rec, rec_dir, rungs, values):
             if other in toks:
                 values[f"ch3.kernels_vs_{other}"] = f(toks["kernels"] / toks[other]) + "×"
     values["ch3.threads"] = str(s["threads"])
+    values["ch3.regions_per_step"] = str(s.get("regions_per_step") or "n/a")
     values["ch3.ref_mfu"] = f"{100 * reference.CH3_XL_MFU_CPU:.0f}%"
     values["ch3.bench_batch"] = str(s["batch_size"])
     N, C = s["batch_size"] * s["seq_len"], cfg["d_model"]  # the element-wise layers' tensors
@@ -263,25 +265,28 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     if "numpy" in step_toks:
         toks[AT["numpy"]] = step_toks["numpy"]
     pred = predicted(rec, rec_dir, toks)
-    rows = _rung_rows(rungs, toks, pred, peaks, fpt, values)
+    cells, climb = switches(rungs, toks, pred)
+    values.update(climb)
+    rows = _rung_rows(rungs, toks, pred, cells, peaks, fpt, values)
     ref = reference
     rows.append(["ref.", f"the reference series, xl GPT-2 step ({ref.CITE}, {ref.MACHINE})",
                  f"{ref.CH3_XL_STEP_BEFORE_TOKS} → {f(ref.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
-                 "—", "—", "—", f"{100 * ref.CH3_XL_MFU_CPU:.0f}%", "—"])
+                 "—", "—", "—", "—", f"{100 * ref.CH3_XL_MFU_CPU:.0f}%", "—"])
     rows.append(["ref.", "the reference series, modern bf16 step with Muon",
                  f"{f(ref.CH3_MODERN_BEFORE_TOKS)} → {f(ref.CH3_MODERN_AFTER_TOKS)} tokens/s",
-                 "—", "—", "—", "—", "—"])
+                 "—", "—", "—", "—", "—", "—"])
     figures.write_table(
         "ch3_rungs", rows, ["rung", "switched on", "training speed", "against the rung before",
-                            "predicted (from what)", "of predicted",
-                            "MFU (f32 peak)", "MFU (its precision's peak)"],
+                            "predicted (from what)", "predicted change",
+                            "what the rounds show", "MFU (f32 peak)",
+                            "MFU (its precision's peak)"],
         f"The {s['config']['name']} step, batch {s['batch_size']} x {s['seq_len']}, "
         f"{th} threads. Rungs 1 and up: one trainer each, timed in turn, "
         f"{next(iter(rungs.values()))['seconds']['n'] if rungs else 0} rounds after a warm-up "
         f"step; each rung has every switch of the rungs above it. Peaks: chapter 1's f32 "
         f"({f(peaks['f32'] or float('nan'), 'Gop/s')}) and {peaks['bf16_kind']} "
         f"({f(peaks['bf16'] or float('nan'), 'Gop/s')}) probes on as many threads. "
-        f"{figures.machine_line(rec)}.")
+        f"{outcome_note()} {figures.machine_line(rec)}.")
     _climb_figure(toks, s)
     # the headline: the fastest rung on the climb's own model (rung 7 trains another block
     # with another optimiser; its tokens/s are not the same work)
@@ -301,13 +306,14 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     _climb_targets(rec, rungs, toks, peaks, values)
 
 
-def _rung_rows(rungs, toks, pred, peaks, fpt, values) -> list[list[str]]:
+def _rung_rows(rungs, toks, pred, cells, peaks, fpt, values) -> list[list[str]]:
     """A row per rung: what it switches on, its speed against the rung before, its
-    prediction, its MFU against the f32 peak and against its own precision's."""
+    prediction and the change it allows against what the rounds show (``cells``, from
+    climb.switches), its MFU against the f32 peak and against its own precision's."""
     rows, before = [], None
     for i, what, kw in ((r.index, r.what, r.run) for r in RUNGS):
         if i not in toks:
-            rows.append([str(i), what, "not measured", "—", "—", "—", "—", "—"])
+            rows.append([str(i), what, "not measured", "—", "—", "—", "—", "—", "—"])
             continue
         if before is None:
             against = "—"
@@ -317,17 +323,21 @@ def _rung_rows(rungs, toks, pred, peaks, fpt, values) -> list[list[str]]:
             against = f(toks[i] / toks[before]) + "× (timed apart)"
         kind = "bf16" if kw["backend"] == "bf16" else "f32"
         fpt_i = rungs[i]["params"].get("flops_per_token", fpt) if i in rungs else fpt
-        switches = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "backend")
-        rows.append([str(i), f"{what} (`{kw['backend']}`{', ' + switches if switches else ''})",
+        switches_ = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "backend")
+        bound = i in pred and i not in cells  # rungs 0 and 1: a bound, not a change
+        change, shows = cells.get(i, (f"{100 * toks[i] / pred[i][0]:.0f} % of it" if bound
+                                      else "—", "—"))
+        rows.append([str(i), f"{what} (`{kw['backend']}`{', ' + switches_ if switches_ else ''})",
                      f(toks[i], "tokens/s"), against,
                      f"{f(pred[i][0], 'tokens/s')} ({pred[i][1]})" if i in pred else
                      "not predicted (a measurement it needs is not in the records)",
-                     f"{100 * toks[i] / pred[i][0]:.0f} %" if i in pred else "—",
+                     change, shows,
                      _pct(mfu(toks[i], fpt_i, peaks["f32"])),
                      _pct(mfu(toks[i], fpt_i, peaks[kind]))
                      + f" of {peaks['bf16_kind'] if kind == 'bf16' else kind}"])
-        values[f"ch3.rung{i}_of_predicted"] = (f"{100 * toks[i] / pred[i][0]:.0f} %"
-                                               if i in pred else "n/a")
+        if i < AT["pool"]:  # the page quotes the two bounds' shares
+            values[f"ch3.rung{i}_of_predicted"] = (f"{100 * toks[i] / pred[i][0]:.0f} %"
+                                                   if bound else "n/a")
         before = i
     return rows
 
@@ -415,6 +425,7 @@ def _bounds(rec, rec_dir, step_toks, values):
         group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
         prof[group] = prof.get(group, 0.0) + r["value"]["median"]
     values["ch3.bf16_bound"] = "not measured (no profile of rung 5 or no peaks in the records)"
+    values["ch3.bf16_products_faster"] = False
     if prof and peaks["f32"] and peaks["bf16"]:
         ratio = peaks["bf16"] / peaks["f32"]
         total, mm = sum(prof.values()), prof.get("matrix products (+ bias)", 0.0)
@@ -424,6 +435,7 @@ def _bounds(rec, rec_dir, step_toks, values):
         mm6 = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=AT["bf16"])
                   if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
         if mm6:  # the products' own gain from rung 5 to rung 6, in the two profiles
+            values["ch3.bf16_products_faster"] = mm / mm6 > 1.0
             values["ch3.bf16_products_gain"] = f(mm / mm6) + "×"
             values["ch3.bf16_products_vs_peak"] = (
                 "more than" if mm / mm6 > ratio * 1.01 else
@@ -608,6 +620,13 @@ def _fork_join_table(rec, values):
         values["ch3.fj_pool_min"] = f(pool["min"], "us")
         values["ch3.fj_forever_vs_pool"] = _faster(pool["median"], forever["median"])
         values["ch3.fj_pool_min_vs_forever"] = _faster(forever["median"], pool["min"])
+        values["ch3.fj_forever_faster"] = forever["median"] * 1.1 < pool["median"]
+    if "pool" in by and "openmp" in by:  # what the pool is kept for, where it holds
+        values["ch3.fj_pool_faster"] = (by["pool"]["value"]["median"]
+                                        < by["openmp"]["value"]["median"])
+        values["ch3.barrier_pool_faster"] = ("pool" in bars and "openmp" in bars and
+                                             bars["pool"]["value"]["median"]
+                                             < bars["openmp"]["value"]["median"])
 
 
 def _faster(base: float, x: float, close: float = 1.1) -> str:
@@ -624,15 +643,6 @@ def _fused_table(rec, rec_dir, rungs, values):
     found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
     if not found:
         return
-    saving = fused_saving(rec)
-    if 4 in rungs and saving:  # what the fused kernels alone would save rung 4's step
-        predicted = saving[0] / rungs[AT["tiles"]]["seconds"]["median"]
-        values["ch3.fused_predicted"] = _pct(predicted)
-        if 5 in rungs:  # the gain against the prediction, as a word for the sentence
-            gain = rungs[AT["fused"]]["value"]["median"] / rungs[AT["tiles"]]["value"]["median"] - 1
-            values["ch3.fused_vs_gain"] = (
-                "far less than" if predicted < gain / 2 else
-                "far more than" if predicted > 2 * gain else "close to")
     facts = ch1.facts(rec_dir)
     th = rec["settings"]["threads"]
     rows = []

@@ -27,7 +27,7 @@ LADDER_CONFIG = "xl"  # chapter 3's largest model: its int8 weights fit an L3 of
 PROMPT = list(b"def measure(fn, *, repeats=5):\n    \"\"\"Time fn() and keep every sample.")
 FEED = list(b"\n    out = []\n    for _ in range(repeats):\n        t0 = time.perf_counter()\n")
 PAUSE = 0.05          # seconds before each case's turn
-ROUNDS = 7            # rounds, each case once per round: 7 of 7 is what a sign test can tell
+ROUNDS = 7            # rounds, each case once per round: 7 of 7 pass the signed-rank test, 6 of 7 where the 7th is closest
 STUDY_LAYERS = 8      # the L3 study's models: 8 blocks, width d from the target size
 STUDY_TOP = 8         # ... from half the cores' L2 to STUDY_TOP times the L3
 SAMPLE = {"temperature": 0.8, "seed": 0}  # the chapter's sample of the int8 generator

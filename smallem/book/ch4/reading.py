@@ -29,8 +29,8 @@ def target_values() -> dict:
 
 
 def _verdict(ours, theirs, target: float) -> str:
-    """reached / not reached / not shown for ours against theirs at ``target`` times, by the one-sided sign test
-    of the rounds (compare.against; a parity target at the parity margin)."""
+    """reached / not reached / not shown for ours against theirs at ``target`` times, by the
+    one-sided signed-rank test of the rounds (compare.against; a parity target at the parity margin)."""
     return compare.against(ours, theirs, target).text()
 
 

@@ -242,7 +242,8 @@ def peak_values(rec: dict | None) -> dict:
 def gemm_values(rec: dict | None) -> dict:
     """The top of the GPU ladder against cuBLAS, for the page's sentence."""
     if rec is None:
-        return {"gpu.gemm_measured": False}
+        return {"gpu.gemm_measured": False, "gpu.top_f32": NOT_MEASURED,
+                "gpu.top_bf16": NOT_MEASURED}
     rows = [r for r in gemm_rows(rec) if r[0] != "-"]
     f32 = [r for r in rows if r[2] == "f32"]
     bf16 = [r for r in rows if r[2] == "bf16"]

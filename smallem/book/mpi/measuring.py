@@ -26,7 +26,7 @@ from .. import records
 RECORD = "mpi.train"
 CONFIG = "s"
 BATCH = 16            # the global batch, split over the ranks
-ROUNDS = 7            # rounds of the throughput pair, each case once: a two-sided sign test
+ROUNDS = 7            # rounds of the throughput pair, each case once: a two-sided signed-rank test
                       # at 5 % calls 7 of 7 (p = 1/64); 5 rounds could never call either side
 STEPS = 6             # timed steps a round, after WARMUP
 WARMUP = 2

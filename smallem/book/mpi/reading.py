@@ -38,12 +38,14 @@ def design_values() -> dict:
             "mpi.link_top": f"{LINKS_GBIT[-1]} Gbit/s", "mpi.timeout": f"{TIMEOUT:g} s"}
 
 
-def _verdict(rounds, faster: bool) -> str:
-    if rounds is None:
+def _verdict(many: dict, one: dict) -> str:
+    d = compare.difference(many, one)
+    if d.rounds is None:
         return "the rounds were not kept"
-    if compare.sign_test(*rounds) >= compare.SIGN_LEVEL:
-        return "the two are within the noise of each other (the sign test cannot tell them apart)"
-    return "the ranks are faster" if faster else "the one process is faster"
+    if d.sign == 0:
+        return "the two are within the noise of each other" + compare.note(d.note())
+    return ("the ranks are faster" if d.sign > 0 else "the one process is faster") + \
+        compare.note(d.note())
 
 
 def _one(rec, name, **params):
@@ -129,7 +131,7 @@ def report(rec_dir=None) -> dict:
         "mpi.ranks_tps": f(many["value"]["median"], "tokens/s"),
         "mpi.ratio": f"{f(many['value']['median'] / one['value']['median'])} times",
         "mpi.rounds": compare.rounds_text(rounds),
-        "mpi.verdict": _verdict(rounds, many["value"]["median"] > one["value"]["median"]),
+        "mpi.verdict": _verdict(many, one),
         "mpi.comm_ms": f(1e3 * comm["value"]["median"], "ms"),
         "mpi.comm_share": f"{100 * comm['value']['median'] / many['seconds']['median']:.0f} %",
         "mpi.mb_per_step": f(comm["params"]["bytes_per_step"] / 1e6, "MB"),

@@ -23,7 +23,7 @@ QUICK_CASES = (("tiny-qwen2", "Q8_0"), ("tiny-llama", "Q4_0"))
 PROMPT = 16        # tokens in the cache before the timed decode steps (llama-bench's -d)
 FEED = 32          # decode steps timed per round (llama-bench's -n)
 PP = 512           # the prompt timed (llama-bench's pp512)
-ROUNDS = 5         # rounds: 5 of 5 is the fewest a one-sided sign test at 5 % can decide on
+ROUNDS = 5         # rounds: 5 of 5 is the fewest a one-sided test of signs or signed ranks at 5 % can decide on
 PAUSE = 0.05
 LLAMA_REPS = 1     # llama-bench repetitions a round, after llama-bench's own warm-up run
 
