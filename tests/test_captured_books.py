@@ -137,3 +137,63 @@ def test_an_older_record_says_not_measured_at_its_commit():
     rows, kc = ch2r.kc_rows(rec)
     assert kc["ch2.kc_model_gap"].startswith(f"not measured at {commit}")
     assert not any("(model)" in r[0] for r in rows) and len(rows) == 10
+
+
+REASONED = re.compile(r"not measured(?: at \S+| here \(no| on a GPU yet| \(|:)")
+
+
+@pytest.mark.parametrize("name", ["book", *NAMES])
+def test_not_measured_only_where_the_record_lacks_it(name, tmp_path, monkeypatch):
+    """A value that says "not measured" gives its reason (an older record's commit, a peer
+    this machine lacked, a chapter with no record), and never stands where this machine's
+    record holds what it needs: a peer's "not measured here" only where the record has no
+    result of that peer."""
+    rec_dir = records.records_dir() if name == "book" else captured.MACHINES / name / "records"
+    monkeypatch.setenv("SMALLEM_RECORDS", str(rec_dir))
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path))
+    monkeypatch.setattr(figures, "DRAW", False)
+    chapters = dict(zip(book.CHAPTERS, book.modules()))
+    values = book.report_all(rec_dir, only=[c for c in book.CHAPTERS if c != "machines"])
+    bad = []
+    for key, text in values.items():
+        text = str(text)
+        if "not measured" not in text:
+            continue
+        chapter = chapters.get(key.split(".")[0])
+        recorded = chapter is not None and all(records.exists(r, rec_dir)
+                                               for r in chapter.RECORDS)
+        if recorded and not REASONED.search(text):
+            bad.append(f"{key}: {text!r} gives no reason, and the records are there")
+    peers = {"ch4": ("llama_tg", "no llama.cpp"), "others": ("llama_tg", "no llama.cpp")}
+    for chapter, (result, words) in peers.items():
+        mod = chapters.get(chapter)
+        if mod is None or not all(records.exists(r, rec_dir) for r in mod.RECORDS):
+            continue
+        ran = any(records.results(records.load(r, rec_dir), result) for r in mod.RECORDS)
+        said = [k for k, v in values.items() if k.startswith(chapter + ".") and words in str(v)]
+        if ran and said:
+            bad.append(f"{chapter}: says {words!r} at {said[:3]}, and its record has {result}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", ["book", *NAMES])
+def test_no_product_beats_its_peak(name):
+    """Chapter 1's peak of a number type is the fastest path it measured for that type (the
+    f32 FMA probe; the bf16 dot or AMX's tiles, widened bf16 running at the f32 peak), and
+    chapter 2's products on as many cores stay under it, within the 10 % a shared host moves
+    a peak between two runs: a GEMM above its chapter's "peak" would make every MFU built on
+    that peak too high."""
+    rec_dir = records.records_dir() if name == "book" else captured.MACHINES / name / "records"
+    if not (records.exists("ch1.machine", rec_dir) and records.exists("ch2.gemm", rec_dir)):
+        pytest.skip("no chapter 1 and 2 records")
+    ch1r, ch2r = records.load("ch1.machine", rec_dir), records.load("ch2.gemm", rec_dir)
+    threads = ch2r["settings"]["threads"]
+    peaks = {r["params"]["kind"]: r["value"]["median"]
+             for r in records.results(ch1r, "peak", threads=threads)}
+    f32 = peaks["f32"]
+    bf16 = max([f32] + [v for k, v in peaks.items() if k in ("bf16", "amx_bf16")])
+    for r in records.results(ch2r, "dtype"):
+        if r["params"].get("threads", threads) != threads:
+            continue
+        peak = bf16 if r["params"]["dtype"] == "bf16" else f32
+        assert r["value"]["median"] <= 1.1 * peak, (r["params"], r["value"]["median"], peak)

@@ -565,7 +565,28 @@ def _plateau_values(sm: dict, top: int) -> dict:
         values[f"ch1.dram_read_vs_triad_{who}"] = (
             f(sm["read_plateaus"][th]["DRAM"] / sm["triad_plateaus"][th]["DRAM"])
             if "read_plateaus" in sm else "n/a")
+    values.update(_l1_read_values(sm))
     return values
+
+
+def _l1_read_values(sm: dict) -> dict:
+    """One core's L1 read-only stream against the triad's counted figure: the triad counts
+    its store's bytes too (12 of every 12 bytes it moves, 4 of them stored), and a store goes
+    through a port of its own beside the loads, so the triad's loads alone ran at two thirds
+    of its figure; and both as bytes a cycle at the measured clock."""
+    f = figures.fmt
+    try:
+        read, triad = sm["read_plateaus"][1]["L1"], sm["triad_plateaus"][1]["L1"]
+        ghz = sm["clock_ghz"]
+    except (KeyError, TypeError):
+        return {"ch1.l1_read_below_triad": False, "ch1.l1_read_below_loads": False,
+                "ch1.l1_triad_loads": "n/a",
+                "ch1.l1_read_bytes_cycle": "n/a", "ch1.l1_triad_loads_cycle": "n/a"}
+    return {"ch1.l1_read_below_triad": 2 * triad / 3 <= read < triad,
+            "ch1.l1_read_below_loads": read < 2 * triad / 3,
+            "ch1.l1_triad_loads": f(2 * triad / 3, "GB/s"),
+            "ch1.l1_read_bytes_cycle": f(read / ghz, "bytes"),
+            "ch1.l1_triad_loads_cycle": f(2 * triad / 3 / ghz, "bytes")}
 
 
 

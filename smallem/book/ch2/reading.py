@@ -9,11 +9,11 @@ from ...gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTE
 from .. import ch1, compare, figures, records, reference
 from .measuring import BF16_RECORD, RECORD
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
+from .blocks import PREDATES_ROWS, kc_rows, sweep_values as _sweep_values
 from .order import order_values
 from .kernel import block_values, latency_values
 
 # what a value needs that a record made before rung 5 had blocks of its own lacks
-PREDATES_ROWS = "the record predates rung 5's own blocks"
 
 
 def whole_b_values(rec: dict) -> dict:
@@ -23,17 +23,14 @@ def whole_b_values(rec: dict) -> dict:
     if set(found) != {"whole", "slices"}:
         na = "n/a (not measured in this record)"
         return {k: na for k in ("ch2.whole_b_label", "ch2.whole_b_mib", "ch2.whole_b_slices",
-                                "ch2.whole_b_gops", "ch2.slices_gops", "ch2.whole_b_ratio",
-                                "ch2.whole_b_rounds")}
+                                "ch2.whole_b_gops", "ch2.slices_gops", "ch2.whole_b_vs")}
     p, w, s = found["whole"]["params"], found["whole"]["value"], found["slices"]["value"]
-    rounds = compare.rounds_ahead(found["whole"], found["slices"])
     return {"ch2.whole_b_label": _short(p["label"]),
             "ch2.whole_b_mib": f"{p['K'] * p['N'] * 4 / 2**20:.0f} MiB",
             "ch2.whole_b_slices": str(math.ceil(p["K"] / p["kc"])),
             "ch2.whole_b_gops": f(w["median"], "Gop/s"),
             "ch2.slices_gops": f(s["median"], "Gop/s"),
-            "ch2.whole_b_ratio": f"× {w['median'] / s['median']:.3f}",
-            "ch2.whole_b_rounds": compare.rounds_text(rounds)}
+            "ch2.whole_b_vs": compare.versus(found["whole"], found["slices"])}
 
 
 
@@ -250,13 +247,13 @@ def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_on
     found = records.results(rec, "final_one_core", M=n)
     if not found:  # one core: rung 5's row is that comparison
         return {k: "n/a (one core)" for k in ("ch2.one_core_gops", "ch2.one_core_vs_numpy",
-                                              "ch2.one_core_rounds", "ch2.one_core_gain",
+                                              "ch2.one_core_vs", "ch2.one_core_gain",
                                               "ch2.numpy_thread_gain", "ch2.numpy_1t_gops")}
     one = found[0]["value"]["median"]
-    rounds = compare.rounds_ahead(found[0], records.results(rec, "numpy", threads=1, M=n)[0])
+    theirs = records.results(rec, "numpy", threads=1, M=n)[0]
     return {"ch2.one_core_gops": f(one, "Gop/s"),
             "ch2.one_core_vs_numpy": f"{100 * one / numpy_one:.1f} %",
-            "ch2.one_core_rounds": compare.rounds_text(rounds),
+            "ch2.one_core_vs": compare.versus(found[0], theirs),
             "ch2.one_core_gain": f(final / one), "ch2.numpy_thread_gain": f(numpy_all / numpy_one),
             "ch2.numpy_1t_gops": f(numpy_one, "Gop/s")}
 
@@ -297,6 +294,14 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     for k, sz in calls.items():
         values[f"ch2.sweep_{k}"] = compare.listing(sz, "none of the sizes")
     values["ch2.sweep_any_slower"] = bool(calls["slower"])
+    # the ladder's size is timed twice (the ladder's rounds and the sweep's): where the two
+    # runs of rounds call it differently, the page says so
+    n = rec["settings"]["n_ladder"]
+    top = records.results(rec, "rung", rung=LADDER["threads"].index, M=n)
+    ref = records.results(rec, "numpy", threads=rec["settings"]["threads"], M=n)
+    ladder = compare.difference(top[0], ref[0]) if top and ref else None
+    d = _pair_difference(rec, "sweep", n=n)
+    values["ch2.sweep_n_disagrees"] = bool(ladder and d and ladder.sign != d.sign)
     small = sizes[0]
     for impl, key in (("smallem", "ch2.call_us"), ("numpy", "ch2.numpy_call_us")):
         values[key] = f(records.value(rec, "call", impl=impl), "µs")
@@ -581,19 +586,6 @@ def chapter1_links(rec: dict, rec_dir) -> dict:
 
 
 
-def _sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
-                  unknown: str = "n/a") -> dict:
-    """A block-size sweep in numbers: the fastest value and its rate, how far below it the
-    model's choice (``unknown`` where the record does not say it) and the slowest came."""
-    by = {p["params"][param]: p["value"]["median"] for p in pts}
-    best, slowest = max(by, key=by.get), min(by, key=by.get)
-    return {f"{prefix}_best": str(best), f"{prefix}_best_gops": figures.fmt(by[best], "Gop/s"),
-            f"{prefix}_model_gap": (f"{100 * (1 - by[chosen] / by[best]):.1f} %"
-                                    if chosen in by else unknown),
-            f"{prefix}_spread": f"{100 * (1 - by[slowest] / by[best]):.1f} %"}
-
-
-
 def mc_rows(rec: dict) -> tuple[list[list], dict]:
     """The MC sweep: rung 4, the model's KC, A's block in more or fewer L2 ways."""
     pts = records.results(rec, "mc_sweep")
@@ -607,24 +599,6 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
     values = {"ch2.mc_n": str(pts[0]["params"]["n"]),
               "ch2.mc_threads": f"{th} thread{'s' if th != 1 else ''}",
               "ch2.mc_rung": str(rung[0]), **_sweep_values(pts, "mc", chosen, "ch2.mc")}
-    return rows, values
-
-
-
-def kc_rows(rec: dict) -> tuple[list[list], dict]:
-    """The KC sweep: the final GEMM on all cores, A's sliver in more or fewer L1 ways."""
-    pts = records.results(rec, "kc_sweep")
-    chosen = rec["settings"].get("blocks_rows", {}).get("kc")  # None: the record predates it
-    width = rec["settings"]["mr"]  # floats of A's sliver per k
-    rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
-             f"{p['params']['kc']}",
-             f"{p['params']['kc'] * width * 4 / 1024:.0f} KiB",
-             f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
-             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
-    values = {"ch2.kc_n": str(pts[0]["params"]["n"]),
-              "ch2.kc_c_mib": f"{pts[0]['params']['n'] ** 2 * 4 / 1024**2:.0f} MiB",
-              **_sweep_values(pts, "kc", chosen, "ch2.kc",
-                              records.not_measured(rec, PREDATES_ROWS))}
     return rows, values
 
 
@@ -735,10 +709,11 @@ def report(rec_dir) -> dict:
                                       f"rung {values['ch2.mc_rung']}, Gop/s at "
                                       f"{values['ch2.mc_n']}³, {values['ch2.mc_threads']}"],
                         note=note)
-    r, v = kc_rows(rec)
+    r, v = kc_rows(rec, rec_dir)
     values.update(v)
     figures.write_table("ch2_kc", r, ["L1 ways for A", "KC", "A sliver",
                                       f"passes over C at {values['ch2.kc_n']}³",
+                                      f"B block at {values['ch2.kc_n']}³",
                                       f"Gop/s, {cores} threads"],
                         note=note + ("" if "blocks_rows" in rec["settings"] else " The model's "
                                      f"K_C: {records.not_measured(rec, PREDATES_ROWS)}."))

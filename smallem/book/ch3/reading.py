@@ -115,7 +115,7 @@ def _step_table(rec, rec_dir, rungs, values):
     figures.write_table("ch3_step", rows, ["path", "training speed", "per core",
                                            "time per step", "model FLOP rate", "MFU"], note)
     for k in ("kernels_toks", "kernels_vs_torch", "kernels_vs_numpy", "kernels_mfu"):
-        values[f"ch3.{k}"] = "n/a (not measured)"
+        values[f"ch3.{k}"] = "n/a (not measured: the record has no such step)"
     if "kernels" in toks:
         values["ch3.kernels_toks"] = f(toks["kernels"], "tokens/s")
         values["ch3.kernels_mfu"] = (_pct(mfu(toks["kernels"], fpt, peak)) if peak else
@@ -362,11 +362,13 @@ def _climb_targets(rec, rungs, toks, peaks, values) -> None:
                                                     f"against {F32_TORCH_TARGET}×")
         else:
             values["ch3.target_f32_torch"] = "not measured: PyTorch is not installed here"
+    values["ch3.bf16_fast_path"], values["ch3.bf16_path"] = False, s.get("bf16_path", "unknown")
     if AT["bf16"] in rungs and F32_TOP in rungs:
         v = compare.against(rungs[AT["bf16"]], rungs[F32_TOP], BF16_TARGET)
         fast = s.get("bf16_path") in ("native", "amx")
         values["ch3.bf16_ratio"] = f(v.ratio) + "×"
         values["ch3.bf16_path"] = s.get("bf16_path", "unknown")
+        values["ch3.bf16_fast_path"] = fast
         values["ch3.target_bf16"] = (
             v.text(f"{f(v.ratio)}× our f32 step, against {BF16_TARGET}×") if fast else
             f"does not apply: this CPU's bf16 products are widened to f32 ({f(v.ratio)}×)")

@@ -108,6 +108,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     over the bandwidth of their level; rung 0's prefix at the f32 peak), its prompt against
     its compute bound."""
     rows, prev = [], None
+    values["ch4.any_above_bound"] = False  # a decode faster than its level's bandwidth allows
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
         if r is None:
@@ -135,6 +136,8 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                      f(p["value"]["median"], "tokens/s") if p else "—",
                      f"{f(pp[0], 'tokens/s')} ({pp[1]}): {100 * p['value']['median'] / pp[0]:.0f} %"
                      if pp else "—"])
+        if share == share and share > 1 and i != AT["no_cache"]:
+            values["ch4.any_above_bound"] = True
         if pp and i == AT["prompt_path"]:  # the int8 prompt, which the page discusses
             values[f"ch4.rung{i}_prompt_of_bound"] = f"{100 * p['value']['median'] / pp[0]:.0f} %"
         prev = r
@@ -217,12 +220,14 @@ def _threads_rounds(r4, r3, values):
     """Rung 4 (threads) round by round against rung 3 (one thread), timed in the same
     rounds: in how many it was slower, and whether its rounds form one group or several."""
     a, b = compare.per_round_rates(r4), compare.per_round_rates(r3)
+    values["ch4.rung4_any_slower"] = False
     if not a or len(a) != len(b):
         values["ch4.rung4_slower_rounds"] = "n/a (no rounds kept)"
         values["ch4.rung4_groups"] = "its rounds are not kept in this record"
         return
     slower = sum(x < y for x, y in zip(a, b))
     values["ch4.rung4_slower_rounds"] = f"{slower} of {len(a)}"
+    values["ch4.rung4_any_slower"] = slower > 0 or len(_groups(a)) > 1
     groups = _groups(a)
     if len(groups) == 1:
         values["ch4.rung4_groups"] = (f"they form one group, from {f(min(a), 'tokens/s')} "
@@ -242,6 +247,7 @@ def _targets(rec, values, rec_dir=None):
     level = (bandwidth_bound(facts, ours["params"]["weight_bytes"], ours["params"]["threads"])[0]
              if ours and "weight_bytes" in ours["params"] else "n/a")
     values["ch4.ladder_level"] = level
+    values["ch4.ladder_in_l3"] = level == "L3"
     if ours and q8:
         x = _ratio(ours, q8)
         values["ch4.vs_llama_ladder"] = f"{f(x)} times"
@@ -402,7 +408,9 @@ def _study_small(rec, facts, small, by, values) -> None:
     values["ch4.small_one_core"] = f(s1["value"]["median"], "tokens/s")
     values["ch4.small_all_cores"] = f(s2["value"]["median"], "tokens/s")
     values["ch4.small_all_vs_one"] = compare.versus(s2, s1)
+    values["ch4.small_differs"] = compare.difference(s2, s1).sign != 0
     values["ch4.small_threaded"], teamed = _small_threaded(rec, small, s2)
+    values["ch4.small_teamed"] = teamed
     fj = _one(rec, "fork_join", kind="pool")
     if fj:
         L = rec["settings"]["study"]["layers"]

@@ -1,0 +1,73 @@
+"""Rung 5's K_C sweep read against what sets it: the L1 that holds A's sliver, the passes over
+C that a longer slice saves, and the block of B that every row of tiles reads again from the
+L3, whose size the L1 model does not weigh."""
+
+from __future__ import annotations
+
+import math
+
+from .. import ch1, figures, records
+
+PREDATES_ROWS = "the record predates rung 5's own blocks"
+SLOW = 0.05  # the model's K_C this far below the fastest is a miss the page explains
+
+
+def sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
+                 unknown: str = "n/a") -> dict:
+    """A block-size sweep in numbers: the fastest value and its rate, how far below it the
+    model's choice (``unknown`` where the record does not say it) and the slowest came."""
+    by = {p["params"][param]: p["value"]["median"] for p in pts}
+    best, slowest = max(by, key=by.get), min(by, key=by.get)
+    return {f"{prefix}_best": str(best), f"{prefix}_best_gops": figures.fmt(by[best], "Gop/s"),
+            f"{prefix}_model_gap": (f"{100 * (1 - by[chosen] / by[best]):.1f} %"
+                                    if chosen in by else unknown),
+            f"{prefix}_spread": f"{100 * (1 - by[slowest] / by[best]):.1f} %"}
+
+
+def _l3_end(rec_dir) -> float | None:
+    """Bytes at which chapter 1's triad plateau of the L3 ends on all cores (None without a
+    chapter 1 record)."""
+    facts = ch1.facts(rec_dir) if rec_dir is not None else None
+    try:
+        return float(facts["triad_spans"][facts["cores"]]["L3"]["last"])
+    except (TypeError, KeyError):
+        return None
+
+
+def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
+    """The KC sweep: the final GEMM on all cores, A's sliver in more or fewer L1 ways, with
+    the block of B (K_C x N floats) each point streams from the L3."""
+    pts = records.results(rec, "kc_sweep")
+    chosen = rec["settings"].get("blocks_rows", {}).get("kc")  # None: the record predates it
+    width = rec["settings"]["mr"]  # floats of A's sliver per k
+    n = pts[0]["params"]["n"]
+    nc = rec["settings"].get("blocks_rows", {}).get("nc") or n
+
+    def b_block(kc):
+        return 4 * kc * min(n, nc)
+
+    rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
+             f"{p['params']['kc']}",
+             f"{p['params']['kc'] * width * 4 / 1024:.0f} KiB",
+             f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
+             f"{b_block(p['params']['kc']) / 2**20:.1f} MiB",
+             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+    values = {"ch2.kc_n": str(n), "ch2.kc_c_mib": f"{n ** 2 * 4 / 1024**2:.0f} MiB",
+              **sweep_values(pts, "kc", chosen, "ch2.kc", records.not_measured(rec, PREDATES_ROWS))}
+    by = {p["params"]["kc"]: p["value"]["median"] for p in pts}
+    best = max(by, key=by.get)
+    end = _l3_end(rec_dir)
+    slow = chosen in by and by[chosen] < (1 - SLOW) * by[best]
+    # the sweep times rung 5's row order; a machine whose loop-order model chose the columns
+    # does not take that path unless SMALLEM_GEMM_ORDER forces it
+    taken = rec["settings"].get("order", "rows") == "rows"
+    values.update({
+        "ch2.kc_order_taken": taken,
+        "ch2.kc_model_slow": slow and taken,
+        "ch2.kc_model_b": f"{b_block(chosen) / 2**20:.1f} MiB" if chosen in by else "n/a",
+        "ch2.kc_best_b": f"{b_block(best) / 2**20:.1f} MiB",
+        "ch2.l3_plateau_end": f"{end / 2**20:.0f} MiB" if end else "n/a",
+        # the measured reason, where it holds: the model's B block is past the L3's plateau
+        # and the fastest point's is not
+        "ch2.kc_b_past_l3": bool(slow and taken and end and b_block(chosen) > end >= b_block(best))})
+    return rows, values
