@@ -26,6 +26,16 @@
 #define SM_LN_EPS 1e-5f           /* LayerNorm's and RMSNorm's epsilon */
 #define SM_GELU_K 0.7978845608f   /* GPT-2's tanh GELU: sqrt(2 / pi) */
 #define SM_GELU_A 0.044715f       /* ... and the cubic term's coefficient */
+
+/* Where a kernel of the training step goes to the team. A parallel region costs a few
+ * microseconds to open and close, and far more when another process holds a core and the
+ * team waits at the barrier for a descheduled thread: below SM_PAR_MIN floats of work
+ * (about 10 us on one core) a layer runs on the calling thread alone (layers.c's TEAM);
+ * below SM_PRODUCT_PAR_MIN multiply-adds (about 1 MFLOP) so does a product of the step,
+ * and below SM_ROUND_PAR_MIN floats the rounding to bf16 (smallem.ops reads both). */
+#define SM_PAR_MIN 32768
+#define SM_PRODUCT_PAR_MIN 524288
+#define SM_ROUND_PAR_MIN 65536
 #ifdef SM_POOL /* the step's kernels on smallem's own pool (kernels_c/pool.c), not libgomp */
 #include "pool_shim.h"
 #endif

@@ -17,12 +17,8 @@
 #include "common.h"
 #include "layers.h"
 
-/* A parallel region costs a few microseconds to open and close, and far more
- * when another process holds a core and the team waits at the barrier for a
- * descheduled thread. Below about 32 K floats of work (10 us on one core) a
- * kernel runs on the calling thread alone. */
-#define PAR_MIN (1LL << 15)
-#define TEAM(work) ((work) >= PAR_MIN ? nthreads : 1)
+/* a kernel below SM_PAR_MIN floats of work runs on the calling thread (common.h) */
+#define TEAM(work) ((long long)(work) >= SM_PAR_MIN ? nthreads : 1)
 
 #include "vexp.h"
 #include "rows.h"

@@ -19,26 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .gguf_tokenizer import byte_tokens  # noqa: F401  (the vocabulary the export writes)
 from .model import GPT
 from .ops import LN_EPS, ROPE_BASE
 from .quant import QBLOCK, quantize_q8
 
 DTYPES = ("f32", "q8_0")
-
-
-def byte_tokens() -> list[str]:
-    """GPT-2's map from bytes to printable characters (its BPE never sees a raw control
-    byte): the printable Latin-1 bytes stand for themselves, the other 68 take the
-    characters from U+0100 on, in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return [out[b] for b in range(256)]
 
 
 def q8_0_bytes(w: np.ndarray) -> np.ndarray:

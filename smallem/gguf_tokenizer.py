@@ -51,6 +51,21 @@ PRE = {
 }
 
 
+def byte_tokens() -> list[str]:
+    """GPT-2's map from bytes to printable characters (its BPE never sees a raw control
+    byte): the printable Latin-1 bytes stand for themselves, the other 68 take the
+    characters from U+0100 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
 @dataclass
 class _Sym:
     start: int
@@ -217,7 +232,6 @@ class Tokenizer:
                 return bytes([int(text[3:5], 16)])
             return text.replace("\u2581", " ").encode()
         if self._bytes is None:
-            from .gguf_export import byte_tokens
             self._bytes = {c: b for b, c in enumerate(byte_tokens())}
         try:
             return bytes(self._bytes[c] for c in text)

@@ -88,6 +88,8 @@ class KernelEmbedding:
 # The forward keeps mean and rstd for the backward. With xh the normalised row and
 # g = dy * w, dx = rstd * (g - mean(g) - xh * mean(g * xh)): two means, no C x C Jacobian.
 LN_EPS = build.header_constant("SM_LN_EPS")  # defined once, in kernels_c/common.h
+PRODUCT_PAR_MIN = int(build.header_constant("SM_PRODUCT_PAR_MIN"))  # multiply-adds
+ROUND_PAR_MIN = int(build.header_constant("SM_ROUND_PAR_MIN"))  # floats rounded to bf16
 
 # --8<-- [start:numpy_layernorm]
 class NumpyLayerNorm:
@@ -526,12 +528,12 @@ class KernelBf16Products:
     def _bf16(self, x, slot):  # x rounded into this ops object's scratch
         buf = _scratch(self, f"_bf16_{slot}", x.size, np.uint16)
         return layers.to_bf16(x, buf[:x.size].reshape(x.shape),
-                              self.threads.one() if x.size < (1 << 16) else self.threads)
+                              self.threads.one() if x.size < ROUND_PAR_MIN else self.threads)
 
     def matmul(self, a, b, **kw):
         from .gemm import matmul_bf16
         k = b.shape[1] if kw.get("trans_b") else b.shape[0]
-        small = a.size * (b.size // max(k, 1)) < (1 << 19)
+        small = a.size * (b.size // max(k, 1)) < PRODUCT_PAR_MIN
         kw["threads"] = self.threads.one() if small else self.threads
         return matmul_bf16(self._bf16(a, 0), self._bf16(b, 1), **kw)
 # --8<-- [end:bf16_products]
@@ -571,11 +573,11 @@ class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
             self.bmm = self._bmm_python
 
     def matmul(self, a, b, **kw):
-        """Chapter 2's GEMM; products under ~1 MFLOP stay on one thread (as PAR_MIN in
-        kernels_c/layers.c decides for the other kernels)."""
+        """Chapter 2's GEMM; products under SM_PRODUCT_PAR_MIN multiply-adds stay on one
+        thread (kernels_c/common.h, beside SM_PAR_MIN, which decides for the other kernels)."""
         k = b.shape[1] if kw.get("trans_b") else b.shape[0]
         madds = a.size * (b.size // max(k, 1))  # (M K) (N) = M N K multiply-adds
-        kw["threads"] = self.threads.one() if madds < (1 << 19) else self.threads
+        kw["threads"] = self.threads.one() if madds < PRODUCT_PAR_MIN else self.threads
         return self._matmul(a, b, **kw)
 
     def _bmm_python(self, a, b, out, *, trans_a=False, trans_b=False):

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from smallem import gguf_export
+from smallem import gguf_random
 from smallem.book.ch4 import llama
-from smallem.gguf_file import ARCHS, Hyper, expected_shapes
 
 # llama.cpp's tokenizer test files, where `make llama` unpacked its source (once a machine)
 VOCAB_DIR = llama.models_dir()
@@ -33,69 +32,12 @@ def vocab_file(name: str) -> Path | None:
     return p if p.is_file() else None
 
 
-def _copy_tokenizer(w, src: Path | None):
-    import gguf
-
-    if src is None:
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(gguf_export.byte_tokens())
-        w.add_token_types([gguf.TokenType.NORMAL] * 256)
-        w.add_token_merges(["~ ~"])
-        w.add_bos_token_id(0)
-        w.add_eos_token_id(0)
-        w.add_add_bos_token(False)
-        return 256
-    r = gguf.GGUFReader(str(src))
-    n = 0
-    for key, f in r.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        t = f.types
-        v = f.contents()
-        if t[0] == gguf.GGUFValueType.ARRAY:
-            w.add_array(key, v)
-            if key == "tokenizer.ggml.tokens":
-                n = len(v)
-        elif t[0] == gguf.GGUFValueType.STRING:
-            w.add_string(key, v)
-        elif t[0] == gguf.GGUFValueType.BOOL:
-            w.add_bool(key, v)
-        elif t[0] in (gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.FLOAT64):
-            w.add_float32(key, v)
-        else:
-            w.add_uint32(key, int(v))
-    return n
-
-
 def write(path, arch="llama", vocab: str | None = None, d=64, n_layer=2, n_head=4, n_kv_head=2,
           head_dim=None, hidden=128, context=128, seed=0, std=0.3, rope_freqs=False,
           base=10000.0, tied=False, extra=None) -> Path:
     """A model of ``arch`` with random weights, all F32, to ``path`` (``extra``: more tensors,
-    name -> float32 array)."""
-    import gguf
-
-    path = Path(path)
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
-    V = _copy_tokenizer(w, vocab_file(vocab) if vocab else None)
-    hd = head_dim or d // n_head
-    a = arch + "."
-    w.add_uint32(a + "context_length", context)
-    w.add_uint32(a + "embedding_length", d)
-    w.add_uint32(a + "block_count", n_layer)
-    w.add_uint32(a + "feed_forward_length", hidden)
-    w.add_uint32(a + "attention.head_count", n_head)
-    w.add_uint32(a + "attention.head_count_kv", n_kv_head)
-    if head_dim:
-        w.add_uint32(a + "attention.key_length", hd)
-        w.add_uint32(a + "attention.value_length", hd)
-    w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32(a + "rope.freq_base", base)
-    h = Hyper(ARCHS[arch], d, n_layer, n_head, n_kv_head, hd, hd, hidden, V, context, 1e-6,
-              base, hd, tied)
-    for name, ne in expected_shapes(h).items():
-        shape = tuple(reversed(ne))
+    name -> float32 array), through the library's one writer (smallem.gguf_random)."""
+    def init(name, shape, ne, rng):
         if name.endswith("norm.weight"):
             x = 1.0 + rng.normal(0, 0.1, shape)
         elif name == "token_embd.weight":
@@ -106,13 +48,14 @@ def write(path, arch="llama", vocab: str | None = None, d=64, n_layer=2, n_head=
             x = rng.normal(0, 0.5, shape)
         else:
             x = rng.normal(0, std / np.sqrt(ne[0]) * 4, shape)
-        w.add_tensor(name, np.ascontiguousarray(x, np.float32))
+        return x.astype(np.float32)
+
+    more = dict(extra or {})
     if rope_freqs:
-        w.add_tensor("rope_freqs.weight", np.linspace(1, 8, hd // 2).astype(np.float32))
-    for name, x in (extra or {}).items():
-        w.add_tensor(name, np.ascontiguousarray(x, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        hd = head_dim or d // n_head
+        more = {"rope_freqs.weight": np.linspace(1, 8, hd // 2).astype(np.float32), **more}
+    more = {k: np.asarray(v, np.float32) for k, v in more.items()}
+    return gguf_random.write(path, arch, init, d=d, n_layer=n_layer, n_head=n_head,
+                             n_kv_head=n_kv_head, hidden=hidden, context=context, rope_base=base,
+                             tied=tied, head_dim=head_dim, seed=seed,
+                             tokenizer=vocab_file(vocab) if vocab else None, extra=more)

@@ -205,3 +205,35 @@ def test_llama_cpp_is_built_for_each_captured_cpu_without_amx(name):
     assert ("-DGGML_AVX512=ON" in opts) == ("avx512f" in flags and "avx512bw" in flags)
     assert ("-DGGML_AVX2=ON" in opts) == ("avx2" in flags)
     assert ("-DGGML_AVX512_VNNI=ON" in opts) == ("avx512_vnni" in flags)
+
+
+def test_one_random_writer_serves_the_appendix_and_the_tests(tmp_path):
+    """smallem.gguf_random writes every tensor the reader expects, in the type its draw gives,
+    with smallem's bytes padded to the asked vocabulary; a bad architecture or a vocabulary
+    too small for the bytes is one clear error."""
+    import numpy as np
+
+    from smallem import gguf_file, gguf_random
+    from smallem.book.others import files
+
+    p = files.write_random(tmp_path / "q.gguf", files.SHAPES["tiny-qwen2"])
+    m = gguf_file.open_model(p)
+    assert m.hyper.vocab == 1024 and m.hyper.arch.name == "qwen2" and m.hyper.tied
+    seen = []
+
+    def init(name, shape, ne, rng):
+        seen.append((name, shape))
+        return np.zeros(shape, np.float32)
+
+    gguf_random.write(tmp_path / "l.gguf", "llama", init, d=32, n_layer=1, n_head=2,
+                      n_kv_head=1, hidden=48, context=16, vocab=300, head_dim=24)
+    h = gguf_file.open_model(tmp_path / "l.gguf").hyper
+    assert (h.head_dim, h.vocab, h.n_kv_head) == (24, 300, 1)
+    assert ("token_embd.weight", (300, 32)) in seen
+    with pytest.raises(ValueError, match="unknown architecture"):
+        gguf_random.write(tmp_path / "x.gguf", "nope", init, d=32, n_layer=1, n_head=2,
+                          n_kv_head=1, hidden=48, context=16)
+    with pytest.raises(ValueError, match="cannot hold the 256 bytes"):
+        gguf_random.write(tmp_path / "y.gguf", "llama", init, d=32, n_layer=1, n_head=2,
+                          n_kv_head=1, hidden=48, context=16, vocab=100)
+    assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "y.gguf").exists()

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from smallem import cuda, decode, gemm, ladder
+from smallem import cuda, decode, gemm, ladder, train
 from smallem.book.ch3 import measuring as ch3m
 
 ROOT = Path(__file__).resolve().parent.parent
-LADDERS = {"gemm": gemm.LADDER, "gpu": cuda.GPU_LADDER, "climb": ch3m.RUNGS,
+LADDERS = {"gemm": gemm.LADDER, "gpu": cuda.GPU_LADDER, "climb": train.RUNGS,
            "decode": decode.RUNGS}
 
 
@@ -70,7 +70,8 @@ def test_the_ladder_type_refuses_a_broken_ladder():
 def test_rungs_are_reached_by_name_in_the_library():
     # each ladder's callable or settings, by name: what the book calls them with
     assert gemm.LADDER["threads"].threaded and not gemm.LADDER["packed"].threaded
-    assert ch3m.rung_settings("modern")["optimizer"] == "muon"
+    assert train.rung_settings("modern")["optimizer"] == "muon"
+    assert ch3m.RUNGS is train.RUNGS  # the chapter reads the library's climb, not its own
     assert ch3m.F32_TOP == ch3m.RUNGS["fused"].index
     assert decode.rung_label("int8").startswith("int8 weights")
     assert cuda.RUNGS[cuda.FINAL_F32] is cuda.GPU_LADDER[cuda.FINAL_F32]

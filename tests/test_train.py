@@ -182,7 +182,7 @@ def test_muon_matches_its_definition(rng):
 
 
 def test_rungs_are_checked():
-    from smallem.book.ch3.measuring import rung_settings
+    from smallem.train import rung_settings
     with pytest.raises(ValueError, match="0..7"):
         rung_settings(-1)
     with pytest.raises(ValueError, match="0..7"):

@@ -13,86 +13,19 @@ import time
 import numpy as np
 
 from ... import checks, data, gemm, layers, pool
-import dataclasses
-
 from ...model import GPT, FlashOps, FusedOps, KernelOps, AttnCache, get_config
 from ...timing import Timing, measure, measure_interleaved, quick_mode
-from ...ladder import Ladder, Rung, Where
 from ...train import Trainer, estimate_steps, newton_schulz_flops, train
+# the climb's rungs live in the library beside the trainer they configure, as chapter 2's
+# LADDER beside the GEMM and chapter 4's RUNGS beside the decoder
+from ...train import RUNGS, rung_config, rung_settings, rung_trainer  # noqa: F401
 from .. import records
 from . import torch_child
 
 RECORD_STEP = "ch3.train_step"
 RECORD_RUN = "ch3.train_run"
 
-# --8<-- [start:rungs]
-# The climb: each rung is the step of the rung before it with one more switch on: Trainer
-# arguments, and "block" for the model's block.
-NB = "notebooks/03_training.py:# ## The climb, rung by rung"  # the cell that shows them all
-RUNGS = Ladder("chapter 3's climb", [
-    Rung(0, "numpy", "the numpy reference", run={"backend": "numpy"},
-         where=Where("smallem/ops.py:numpy_linear",
-                     "chapters/3-training.md:## One training step, three ways", NB,
-                     "tests/test_model.py::test_numpy_and_kernels_agree_after_one_step")),
-    Rung(1, "kernels", "kernels (f32), each step allocating its buffers",
-         run={"backend": "kernels", "arena": False},
-         where=Where("smallem/ops.py:kernel_linear", "chapters/3-training.md:## The climb", NB,
-                     "tests/test_model.py::test_a_step_allocating_per_call_gives_the_arenas_numbers")),
-    Rung(2, "pool", "a thread pool of our own",
-         run={"backend": "kernels", "arena": False, "pool": True},
-         where=Where("kernels_c/pool.c:pool_fork_join", "chapters/3-training.md:### Threads that wait",
-                     NB, "tests/test_pool.py::test_a_step_on_the_pool_gives_openmps_bits")),
-    Rung(3, "arena", "one arena for every buffer", run={"backend": "kernels", "pool": True},
-         where=Where(None, "chapters/3-training.md:### One arena for every buffer", NB,
-                     "tests/test_model.py::test_workspace_is_one_arena_of_the_size_the_config_gives")),
-    Rung(4, "tiles", "attention in tiles", run={"backend": "flash", "pool": True},
-         where=Where("kernels_c/layers/flash.c:flash_forward",
-                     "chapters/3-training.md:### Attention without the $T \\times T$ matrix", NB,
-                     "tests/test_model.py::test_flash_attention_against_the_reference")),
-    Rung(5, "fused", "fused element-wise layers", run={"backend": "fused", "pool": True},
-         where=Where("kernels_c/layers/fused.c:bias_gelu",
-                     "chapters/3-training.md:### Fused element-wise layers", NB,
-                     "tests/test_model.py::test_fused_kernels_match_their_compositions")),
-    Rung(6, "bf16", "bf16 products", run={"backend": "bf16", "pool": True},
-         where=Where("smallem/ops.py:bf16_products", "chapters/3-training.md:### bf16 products",
-                     NB, "tests/test_model.py::test_bf16_step_matches_the_rounded_reference")),
-    Rung(7, "modern", "the modern block, Muon",
-         run={"backend": "bf16", "pool": True, "block": "modern", "optimizer": "muon"},
-         where=Where("kernels_c/layers/modern.c:rmsnorm",
-                     "chapters/3-training.md:### The modern block, and Muon", NB,
-                     "tests/test_train.py::test_muon_matches_its_definition")),
-])
-# --8<-- [end:rungs]
-
-
 AT = {r.name: r.index for r in RUNGS}  # each rung's place, by its name: what records keep
-
-
-def rung_settings(i) -> dict:
-    """Rung ``i``'s switches (a copy; ``i`` its place or its name), or a clear error for a
-    rung that is not one."""
-    if isinstance(i, str):
-        return dict(RUNGS[i].run)
-    if isinstance(i, bool) or not isinstance(i, int):
-        raise TypeError(f"rung: expected an int or a rung's name, got {i!r}")
-    if not 0 <= i < len(RUNGS):
-        raise ValueError(f"rung: expected one of 0..{len(RUNGS) - 1}, got {i}")
-    return dict(RUNGS[i].run)
-
-
-def rung_config(cfg, kw: dict):
-    """The config a rung trains: ``cfg``, or its modern-block twin."""
-    block = kw.get("block", "gpt2")
-    if block == cfg.block:
-        return cfg
-    return dataclasses.replace(cfg, name=f"{cfg.name}-{block}", block=block)
-
-
-def rung_trainer(i, cfg, **trainer_kw) -> Trainer:
-    kw = rung_settings(i)
-    c = rung_config(cfg, kw)
-    kw.pop("block", None)
-    return Trainer(c, **trainer_kw, **kw)
 
 
 F32_TOP = AT["fused"]  # the last f32 rung: the one the chapter's f32 target is about

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...gguf_export import byte_tokens
+from ... import gguf_random
 from ...gguf_file import ARCHS, Hyper, expected_shapes
 
 
@@ -59,44 +59,21 @@ def weights(s: Shape) -> int:
     return sum(int(np.prod(ne)) for ne in expected_shapes(hyper(s)).values())
 
 
-def write_random(path: Path, s: Shape, seed: int = 0) -> Path:
-    """A GGUF file of shape ``s``: F16 matrices N(0, 1/K) (K the row's length, so that each
-    product keeps its activations' scale), F32 norms near 1 and biases near 0."""
-    import gguf
+def _init(name: str, shape: tuple, ne: tuple, rng) -> np.ndarray:
+    """F16 matrices N(0, 1/K) (K the row's length, so that each product keeps its
+    activations' scale), F32 norms near 1 and biases near 0."""
+    if name.endswith("norm.weight"):
+        return (1.0 + 0.1 * rng.standard_normal(shape, np.float32)).astype(np.float32)
+    if name.endswith(".bias"):
+        return (0.1 * rng.standard_normal(shape, np.float32)).astype(np.float32)
+    return (rng.standard_normal(shape, np.float32) / np.float32(np.sqrt(ne[0]))).astype(np.float16)
 
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), s.arch)
-    a = s.arch + "."
-    for key, v in (("context_length", s.context), ("embedding_length", s.d),
-                   ("block_count", s.n_layer), ("feed_forward_length", s.hidden),
-                   ("attention.head_count", s.n_head), ("attention.head_count_kv", s.n_kv_head)):
-        w.add_uint32(a + key, v)
-    w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32(a + "rope.freq_base", s.rope_base)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    toks = byte_tokens()
-    w.add_token_list(toks + [f"<unused{i}>" for i in range(s.vocab - len(toks))])
-    w.add_token_types([gguf.TokenType.NORMAL] * len(toks)
-                      + [gguf.TokenType.UNUSED] * (s.vocab - len(toks)))
-    w.add_token_merges(["~ ~"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
-    w.add_add_bos_token(False)
-    for name, ne in expected_shapes(hyper(s)).items():
-        shape = tuple(reversed(ne))
-        if name.endswith("norm.weight"):
-            x = (1.0 + 0.1 * rng.standard_normal(shape, np.float32)).astype(np.float32)
-        elif name.endswith(".bias"):
-            x = (0.1 * rng.standard_normal(shape, np.float32)).astype(np.float32)
-        else:
-            x = (rng.standard_normal(shape, np.float32) / np.float32(np.sqrt(ne[0]))).astype(np.float16)
-        w.add_tensor(name, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+
+def write_random(path: Path, s: Shape, seed: int = 0) -> Path:
+    """A GGUF file of shape ``s`` (smallem.gguf_random's writer, with :func:`_init`)."""
+    return gguf_random.write(path, s.arch, _init, d=s.d, n_layer=s.n_layer, n_head=s.n_head,
+                             n_kv_head=s.n_kv_head, hidden=s.hidden, context=s.context,
+                             rope_base=s.rope_base, tied=s.tied, vocab=s.vocab, seed=seed)
 
 
 PACKAGE_TYPES = ("Q8_0", "Q4_0", "Q5_0", "BF16", "F16")  # what the gguf package can quantise
