@@ -936,14 +936,15 @@ def test_targets_are_reached_only_by_a_one_sided_test_of_the_rounds():
     assert any("model's shapes: not measured at their size" in x for x in lines)
 
 
-def test_the_one_sided_sign_test_and_what_it_needs():
-    assert compare.sign_test_above(5, 5) == pytest.approx(1 / 32)
-    assert compare.sign_test_above(6, 7) == pytest.approx(8 / 128)  # not enough
-    assert [compare.needed_above(n) for n in (2, 4, 5, 7, 9, 15)] == [None, None, 5, 7, 8, 12]
+def test_a_target_is_judged_by_the_one_sided_signed_rank_test():
+    assert compare.signed_rank_above([1.0] * 5) == pytest.approx(1 / 32)
+    # 6 of 7 above: enough only where the seventh is the round closest to the target
+    assert compare.signed_rank_above([-0.5] + [1.0] * 6) == pytest.approx(2 / 128)
+    assert compare.signed_rank_above([-2.0] + [1.0] * 6) > compare.SIGN_LEVEL
     v = compare.judge([1.0] * 5, 1.0, 1.0)
     assert v.met and v.judged_at == compare.PARITY_MARGIN and v.ahead == 5
     assert not compare.judge([1.0] * 4, 1.0, 1.0).met  # 4 of 4 cannot say it
-    assert not compare.judge([2.0] * 6 + [1.0], 1.9, 1.5).met  # 6 of 7: p = 0.0625
+    assert not compare.judge([2.0] * 6 + [1.0], 1.9, 1.5).met  # the 7th far below: p = 0.18
 
 
 def test_paired_rounds_and_the_signed_rank_test():
@@ -951,7 +952,6 @@ def test_paired_rounds_and_the_signed_rank_test():
     assert compare.sign_test(12, 15) == pytest.approx(0.0352, abs=1e-4)
     assert compare.sign_test(11, 15) == pytest.approx(0.1185, abs=1e-4)
     assert compare.sign_test(7, 15) == compare.sign_test(8, 15) == 1.0
-    assert compare.lopsided(15) == 12 and compare.lopsided(3) == 4  # 3 rounds never tell
     secs = lambda xs: {"median": sorted(xs)[len(xs) // 2], "min": min(xs), "max": max(xs),
                        "n": len(xs), "samples": xs}
     v = lambda x: {"median": x, "min": x, "max": x, "n": 15}

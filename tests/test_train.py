@@ -1,6 +1,7 @@
 """Chapter 3: corpus, schedule, checkpoints (kill and resume), the CLI and the benchmark."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -435,3 +436,30 @@ def test_the_pytorch_step_runs_in_a_process_of_its_own():
     assert step.proc.returncode == 0
     with pytest.raises(RuntimeError, match="did not start"):
         torch_child.Step("no-such-config", 1, 32, 1, False)
+
+
+def test_the_climb_says_what_its_rounds_can_show():
+    """A switch's predicted change against its rounds: below their spread it cannot be seen
+    (and a change measured anyway is more than the switch explains); above it, the rounds
+    either move the predicted way, show nothing, or move against it."""
+    from smallem.book import compare
+    from smallem.book.ch3.climb import outcome, spread
+
+    up, none, down = (compare.Difference(5.0, 1), compare.Difference(0.5, 0),
+                      compare.Difference(-5.0, -1))
+    assert outcome(0.1, none, 2.0) == "small" and outcome(0.1, up, 2.0) == "beyond"
+    assert outcome(10.0, up, 2.0) == "as" and outcome(-60.0, down, 2.0) == "as"
+    assert outcome(10.0, none, 2.0) == "unseen" and outcome(10.0, down, 2.0) == "against"
+    assert outcome(10.0, none, float("nan")) == "small"  # no spread known: nothing is shown
+
+    def result(rates):
+        return {"value": {"median": sorted(rates)[len(rates) // 2]},
+                "seconds": {"median": 1.0, "samples": [1.0 / r for r in rates]}}
+
+    base = result([100.0] * 8)
+    # per-round changes of +0, +2, +4, +6 % ...: half their interquartile range
+    r = result([100.0, 102.0, 104.0, 106.0, 100.0, 102.0, 104.0, 106.0])
+    logs = sorted(math.log(x / 100.0) for x in [100.0, 102.0, 104.0, 106.0] * 2)
+    q1, q3 = np.percentile(logs, [25, 75])
+    assert spread(r, base) == pytest.approx(100 * (math.exp((q3 - q1) / 2) - 1))
+    assert math.isnan(spread(result([100.0]), result([100.0])))

@@ -66,35 +66,17 @@ def rounds_ahead(ours: dict, theirs: dict) -> tuple[int, int] | None:
 
 
 def sign_test(ahead: int, n: int) -> float:
-    """Two-sided sign test: how often n fair coin flips give a split at least as lopsided
-    as ``ahead`` of ``n``. Rounds are paired, so the machine's drift cancels within a
+    """Two-sided sign test, the plain count that "How we measure" sets the signed-rank test
+    against: how often n fair coin flips give a split at least as lopsided as ``ahead`` of
+    ``n``. Rounds are paired, so the machine's drift cancels within a
     round; what is left is noise, which favours neither side."""
     worst = max(ahead, n - ahead)
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(worst, n + 1)) / 2 ** n)
 
 
 
-SIGN_LEVEL = 0.05  # a split a coin gives less often than once in 20: a real difference
+SIGN_LEVEL = 0.05  # what random signs give less often than once in 20: a real difference
 
-
-
-def lopsided(n: int) -> int:
-    """The fewest rounds of n one side must be ahead in for the sign test to tell."""
-    return next((k for k in range(n // 2, n + 1) if sign_test(k, n) < SIGN_LEVEL), n + 1)
-
-
-
-def sign_test_above(ahead: int, n: int) -> float:
-    """One-sided sign test: how often n fair coin flips give at least ``ahead`` heads. It
-    asks one question only, "is ours at or above the target?", so it can be met by 5 of 5
-    rounds (p = 1/32), 7 of 7 or 8 of 9, and never by a split a coin makes easily."""
-    return min(1.0, sum(math.comb(n, i) for i in range(ahead, n + 1)) / 2 ** n)
-
-
-def needed_above(n: int) -> int | None:
-    """The fewest of n rounds that must reach a target for :func:`sign_test_above` to say it
-    does; None where n rounds cannot say it whatever they show (fewer than 5)."""
-    return next((k for k in range(n + 1) if sign_test_above(k, n) < SIGN_LEVEL), None)
 
 
 def signed_rank_above(diffs: list[float]) -> float:
@@ -213,8 +195,7 @@ def judge(ratios: list[float], ratio: float, target: float) -> Verdict:
     if not ratios:
         return Verdict(False, ratio, target, at)
     ahead, n = sum(r >= at for r in ratios), len(ratios)
-    diffs = [math.log(r / at) if r > 0 else -math.inf for r in ratios]
-    diffs = [-1e300 if x == -math.inf else x for x in diffs]  # a round at 0: far below
+    diffs = [math.log(r / at) if r > 0 else -1e300 for r in ratios]  # a round at 0: far below
     p, p_below = signed_rank_above(diffs), signed_rank_above([-x for x in diffs])
     return Verdict(p < SIGN_LEVEL, ratio, target, at, ahead, n, p, p_below)
 
