@@ -30,6 +30,7 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from smallem import gguf_file, gguf_model, gguf_run, machine_info
+from smallem.forward import Forward
 from smallem.book import figures, others, records
 from smallem.book.others import files
 
@@ -50,7 +51,7 @@ path = files.write_random(tmp / "tiny.gguf", files.SHAPES["tiny-llama"])
 mf = gguf_file.open_model(path)
 print(mf.hyper)
 ids = [1, 2, 3, 4, 5]
-c = gguf_run.Forward(mf, threads=1).forward(ids)
+c = Forward.from_gguf(mf, threads=1).forward(ids)
 ref = gguf_model.Reference(mf, np.float64, like_llama=True).forward(ids)
 print("largest difference over the logits' largest:", np.abs(c - ref).max() / np.abs(ref).max())
 

@@ -113,7 +113,7 @@ def openmp_flags(cc: str) -> tuple[list[str], list[str]]:
 # A module named <name>_pool is <name>.c built with SM_POOL: its OpenMP pragmas run on
 # smallem's own thread pool (kernels_c/pool.c, through kernels_c/pool_shim.h), not libgomp.
 POOL_SUFFIX = "_pool"
-POOL_VARIANTS = ("layers", "gemm", "decode", "gguf")
+POOL_VARIANTS = ("layers", "gemm", "forward")
 
 
 def _base(name: str) -> tuple[str, bool]:
@@ -123,16 +123,24 @@ def _base(name: str) -> tuple[str, bool]:
     return name, False
 
 
+# A kernel that compiles another one into itself (forward.c includes gemm.c: the prompt's
+# products call chapter 2's GEMM directly): its cache key covers the other's files too.
+INCLUDES = {"forward": ("gemm",)}
+
+
 def _sources(name: str) -> tuple[Path, list[Path]]:
-    """``kernels_c/<name>.c``, and the files it may include: every header in ``kernels_c/``
-    and every ``.c`` and ``.h`` file under ``kernels_c/<name>/``."""
+    """``kernels_c/<name>.c``, and the files it may include: every header in ``kernels_c/``,
+    every ``.c`` and ``.h`` file under ``kernels_c/<name>/``, and those of the kernels it
+    includes (:data:`INCLUDES`)."""
     name = _base(name)[0]
     src = KERNELS_DIR / f"{name}.c"
     if not src.is_file():
         raise BuildError(f"kernel source {src} does not exist")
-    own = KERNELS_DIR / name
-    parts = sorted(p for p in own.rglob("*") if p.suffix in (".c", ".h") and p.is_file())
-    return src, sorted(KERNELS_DIR.glob("*.h")) + parts
+    parts = []
+    for own in (name, *INCLUDES.get(name, ())):
+        parts += sorted(p for p in (KERNELS_DIR / own).rglob("*") if p.suffix in (".c", ".h") and p.is_file())
+    others = [KERNELS_DIR / f"{o}.c" for o in INCLUDES.get(name, ())]
+    return src, sorted(KERNELS_DIR.glob("*.h")) + others + parts
 
 
 def cdef_of(name: str) -> str:
@@ -253,8 +261,9 @@ def _stamp(name: str) -> tuple:
 
     The folders' own times come first: a file added to or removed from ``kernels_c/`` or
     ``kernels_c/<name>/`` changes them, and so makes :func:`_files` list the files again."""
+    base = _base(name)[0]
     folders = tuple(os.stat(d).st_mtime_ns if os.path.isdir(d) else 0
-                    for d in (KERNELS_DIR, KERNELS_DIR / _base(name)[0]))
+                    for d in (KERNELS_DIR, *(KERNELS_DIR / o for o in (base, *INCLUDES.get(base, ())))))
     out = [folders]
     for path in _files(name, str(KERNELS_DIR), folders):
         st = os.stat(path)

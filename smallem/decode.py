@@ -7,8 +7,8 @@ the last token, float32 (V,)), and each differs from the one before by one idea:
 0. :class:`NoCache`: every new token runs the whole prefix through the model again;
 1. :class:`NumpyCache`: keys and values kept per layer (the KV cache), the prompt as one
    batched pass through chapter 2's GEMM, then one token at a time in numpy;
-2. :class:`Decoder` in f32: the whole token in one C call (``kernels_c/decode.c``), the
-   weights repacked into the tiles that call streams;
+2. :class:`Decoder` in f32: the whole token in one C call (``kernels_c/forward.c``, the one
+   forward of every architecture), the weights repacked into the tiles that call streams;
 3. the same with int8 weights (:mod:`smallem.quant`), a quarter of the bytes;
 4. threads splitting each product's tiles, on chapter 3's pool;
 5. the prompt through the same C call in row blocks (the int8 product on many rows),
@@ -31,14 +31,15 @@ from . import pool as _pool
 from .ladder import Ladder, Rung, Where
 from .model import GPT, get_config
 from .ops import LN_EPS, rope_tables
+from .forward import Forward, Rows, Spec
 from .quant import Packed
 
 DTYPES = ("f32", "int8")
 
 
 def _lib(threads):
-    """decode.c's module for ``threads`` (a count or a Team): its pool variant on the pool."""
-    return _pool.team(threads).module("decode")
+    """forward.c's module for ``threads`` (a count or a Team): its pool variant on the pool."""
+    return _pool.team(threads).module("forward")
 
 
 def load_model(folder, backend: str = "kernels", threads=None) -> GPT:
@@ -172,21 +173,73 @@ class NumpyCache:
 
 
 # ================================================================ rungs 2-5
-_ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
-           -4: "a token id outside the vocabulary"}
+class Tiles:
+    """One of the model's matrices for the C forward: chapter 4's tiles (:class:`Packed`, f32
+    or int8, with its bias), and where the prompt may take the GEMM its plain f32 copy
+    (K x N: a copy, so that changing the model afterwards changes no path of the decoder)."""
+
+    def __init__(self, w, dtype: str, bias=None, plain: bool = False):
+        self.pk = Packed(w, dtype, bias)
+        self.plain = np.array(w, np.float32, order="C") if plain else None
+        self.K, self.N, self.kind, self.nbytes = self.pk.K, self.pk.N, self.pk.kind, self.pk.nbytes
+
+    def fill(self, ffi, mat):
+        self.pk.fill(ffi, mat)
+        if self.plain is not None:
+            mat.plain = ffi.cast("float *", self.plain.ctypes.data)
+            mat.plain_trans = 0
 
 
-class Decoder:
-    """Rungs 2-5: the model's forward for new tokens in one C call per token
-    (``sm_forward`` in ``kernels_c/decode.c``), against a KV cache it owns.
+def gpt_spec(model: GPT, dtype: str, plain: bool) -> Spec:
+    """A chapter 3 model as the one C forward takes it: GPT-2's block (LayerNorm with biases,
+    learned positions, GELU) or the modern one (RMSNorm, RoPE in pairs, SwiGLU with gate and
+    up in one matrix), q, k and v in one matrix, the cache in chapter 4's f32 key tiles."""
+    c, P = model.config, model.params
+    modern = c.block == "modern"
+    bias = (lambda name: None) if modern else (lambda name: P[name])  # noqa: E731
+    mat = lambda n, w, b=None: Tiles(w, dtype, None if modern else b, plain)  # noqa: E731
+    layers = []
+    for i in range(c.n_layer):
+        n = f"h{i}."
+        layers.append({
+            "norm1_w": P[n + "ln1.w"], "norm1_b": bias(n + "ln1.b"),
+            "norm2_w": P[n + "ln2.w"], "norm2_b": bias(n + "ln2.b"),
+            "qkv": mat(n, P[n + "attn.w"], bias(n + "attn.b")),
+            "o": mat(n, P[n + "proj.w"], bias(n + "proj.b")),
+            "up": mat(n, P[n + "fc.w"], bias(n + "fc.b")),
+            "down": mat(n, P[n + "fc2.w"], bias(n + "fc2.b"))})
+    cos = sin = None
+    if modern:
+        cos, sin = rope_tables(c.context, c.head_dim)
+    return Spec(n_layer=c.n_layer, d=c.d_model, n_head=c.n_head, n_kv_head=c.n_head,
+                head_dim=c.head_dim, v_dim=c.head_dim, hidden=c.mlp_hidden, vocab=c.vocab,
+                context=c.context, norm="rms" if modern else "layer",
+                mlp="swiglu" if modern else "gelu", rope="pairs" if modern else None,
+                rope_dim=c.head_dim, cache="tiles", eps=LN_EPS,
+                attn_scale=1.0 / math.sqrt(c.head_dim), embd=Rows(P["wte"]),
+                head=mat("", (P["wte"] if c.tied else P["lm_head"]).T), layers=layers,
+                wpe=None if modern else P["wpe"], out_norm_w=P["lnf.w"],
+                out_norm_b=bias("lnf.b"), rope_cos=cos, rope_sin=sin, block_rows=_rows())
+
+
+def _rows() -> int:
+    ffi, lib = build.load("forward")
+    return int(lib.sm_rows())
+
+
+class Decoder(Forward):
+    """Rungs 2-5: the model's forward for new tokens in one C call per token (``sm_forward``
+    in ``kernels_c/forward.c``, the one forward of every architecture), against a KV cache it
+    owns.
 
     ``dtype`` "f32" or "int8" (the blocks' matrices and the head; embeddings, norms and
     biases stay f32); ``threads`` for every product and the attention (None: every core);
     ``pool`` runs them on chapter 3's pool; ``prefill`` "c" sends the prompt through the
-    same call in blocks of rows, "gemm" through the model's own batched forward (f32,
-    chapter 2's GEMM), "auto" through whichever of the two ran faster here, timed when the
-    decoder is made on a short and a long prompt (:attr:`prefill_choice`). The weights are copied into the decoder's layout when it is made:
-    changing the model afterwards does not change the decoder.
+    tiles' products in blocks of rows, "gemm" through the same call's GEMM branch (chapter
+    2's f32 GEMM on the weights' plain copy), "auto" through whichever of the two ran faster
+    here, timed when the decoder is made on a short and a long prompt
+    (:attr:`prefill_choice`). The weights are copied into the decoder's layout when it is
+    made: changing the model afterwards does not change the decoder.
     """
 
     def __init__(self, model: GPT, dtype: str = "int8", threads=1, pool: bool = True,
@@ -196,63 +249,11 @@ class Decoder:
         if prefill not in ("c", "gemm", "auto"):
             raise ValueError(f"prefill: expected 'c', 'gemm' or 'auto', got {prefill!r}")
         self.model, self.config = model, model.config
-        c = self.config
         self.dtype, self.prefill_mode = dtype, prefill
-        self.team = _pool.team(threads, pool)  # the runtime its calls run on
-        self.threads = self.team.n
-        self.ffi, self.lib = ffi, lib = _lib(self.team)
-        P, modern = model.params, c.block == "modern"
-        f32 = lambda a: np.ascontiguousarray(a, np.float32)  # noqa: E731
-        self._keep = []  # every array a C pointer points at
-        m = self._m = ffi.new("sm_model *")
-        layers = self._layers = ffi.new("sm_layer[]", c.n_layer)
-        self.mats: list[Packed] = []
-
-        def ptr(a):
-            if a is None:
-                return ffi.NULL
-            a = f32(a)
-            self._keep.append(a)
-            return ffi.cast("float *", a.ctypes.data)
-
-        def mat(dst, w, bias=None):
-            pk = Packed(w, dtype, None if modern else bias)
-            pk.fill(ffi, dst)
-            self.mats.append(pk)
-
-        for i in range(c.n_layer):
-            n, L = f"h{i}.", layers[i]
-            L.ln1_w, L.ln2_w = ptr(P[n + "ln1.w"]), ptr(P[n + "ln2.w"])
-            L.ln1_b = ffi.NULL if modern else ptr(P[n + "ln1.b"])
-            L.ln2_b = ffi.NULL if modern else ptr(P[n + "ln2.b"])
-            for field, name in (("qkv", "attn"), ("proj", "proj"), ("fc", "fc"), ("fc2", "fc2")):
-                mat(getattr(L, field), P[n + name + ".w"], None if modern else P[n + name + ".b"])
-        m.n_layer, m.d, m.n_head, m.hidden = c.n_layer, c.d_model, c.n_head, c.mlp_hidden
-        m.vocab, m.context, m.modern = c.vocab, c.context, int(modern)
-        m.wte = ptr(P["wte"])
-        m.wpe = ffi.NULL if modern else ptr(P["wpe"])
-        m.lnf_w, m.lnf_b = ptr(P["lnf.w"]), ffi.NULL if modern else ptr(P["lnf.b"])
-        mat(m.head, (P["wte"] if c.tied else P["lm_head"]).T)
-        if modern:
-            cos, sin = rope_tables(c.context, c.head_dim)
-            m.rope_cos, m.rope_sin = ptr(cos), ptr(sin)
-        else:
-            m.rope_cos = m.rope_sin = ffi.NULL
-        m.layers = layers
-        # keys in tiles of 16 positions, (context/16, hd, 16) per head (kernels_c/decode.c)
-        self.k = np.zeros((c.n_layer, c.n_head, -(-c.context // 16), c.head_dim, 16), np.float32)
-        self.v = np.zeros((c.n_layer, c.n_head, c.context, c.head_dim), np.float32)
-        m.k_cache, m.v_cache = ptr(self.k), ptr(self.v)
-        self.work = np.zeros(int(lib.sm_work_floats(m)), np.float32)
-        m.work, m.work_floats = ptr(self.work), self.work.size
-        self.par_min_bytes = (int(par_min_bytes) if par_min_bytes is not None
-                              else self._par_min_bytes(pool))
-        m.par_min_bytes = self.par_min_bytes
-        self.logits = np.zeros(c.vocab, np.float32)
-        self._logits_p = ffi.cast("float *", self.logits.ctypes.data)
-        self._tok = np.zeros(1, np.int32)
-        self._tok_p = ffi.cast("int *", self._tok.ctypes.data)
-        self.pos = 0
+        gemm = prefill != "c"
+        super().__init__(gpt_spec(model, dtype, plain=gemm), threads, pool,
+                         par_min_bytes=par_min_bytes, gemm_rows=2 if gemm else None,
+                         prompt_dtype="f32" if gemm else None)
         self.prefill_choice = {}  # prompt length measured -> the faster path there ("auto")
         if prefill == "auto":
             self._choose_prefill()
@@ -260,7 +261,7 @@ class Decoder:
     def _choose_prefill(self):
         """Time both prompt paths from position 0 on a short prompt (a few of the C path's
         row blocks) and a long one (half the context), each warmed once and then timed
-        twice (the faster kept): the int8 call streams its weights once per block of rows,
+        twice (the faster kept): the int8 tiles stream their weights once per block of rows,
         the f32 GEMM gets faster as the prompt widens its products, so which wins depends on
         the machine and the length. A prompt takes the path measured faster at the nearer
         of the two lengths (on a log scale)."""
@@ -290,83 +291,17 @@ class Decoder:
         near = min(self.prefill_choice, key=lambda m: abs(math.log(m) - math.log(max(n, 1))))
         return self.prefill_choice[near]
 
-    # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
-    # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
-    # inside a token, between regions microseconds apart, one costs several times that on a
-    # shared virtual machine (chapter 4's study shows the small models' cost of threads).
-    SYNC_SHARE = 32
-
-    def _par_min_bytes(self, pool: bool) -> int:
-        """Below how many bytes a product (or an attention) runs on one thread: the bytes
-        one core streams in SYNC_SHARE fork-joins of the team, both measured here, now (the
-        cheapest of a few tries of each: the machine's cost, not a neighbour's noise). A
-        team that met for less would spend more of the token meeting than working."""
-        if int(self.threads) == 1:
-            return 0
-        fj = min(_pool.fork_join_seconds("pool" if pool else "openmp", int(self.threads), 500)
-                 for _ in range(5))
-        big = max(self.mats, key=lambda pk: pk.nbytes)
-        ffi = self.ffi
-        x = np.ones((1, big.K), np.float32)
-        xq, xs = quantize_rows(x)
-        y = np.zeros((1, big.N), np.float32)
-        m = ffi.new("sm_mat *")
-        big.fill(ffi, m)
-        fp = lambda a: ffi.cast("float *", a.ctypes.data)  # noqa: E731
-        secs = self.lib.sm_time_matmul(m, fp(x), ffi.cast("int8_t *", xq.ctypes.data), fp(xs),
-                                       fp(y), 20)
-        return int(self.SYNC_SHARE * fj * big.nbytes / secs)
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights one token reads: every product's matrix (with int8's scales)."""
-        return sum(pk.nbytes for pk in self.mats)
-
-    def reset(self):
-        self.pos = 0
-
-    def _run(self, tokens: np.ndarray, out: np.ndarray, all_logits: bool):
-        rc = self.lib.sm_forward(self._m, self.ffi.cast("int *", tokens.ctypes.data),
-                                 tokens.size, self.pos, self.ffi.cast("float *", out.ctypes.data),
-                                 int(all_logits), self.threads)
-        if rc:
-            raise RuntimeError(f"sm_forward: {_ERRORS.get(rc, rc)}")
-        self.pos += tokens.size
-
     def prefill(self, tokens) -> np.ndarray:
         t = _check_tokens(tokens, self.config.vocab, self.pos, self.config.context)
-        if self.pos == 0 and self._prefill_path(t.size) == "gemm":
-            logits = self.model.forward(t[None, :])
-            for i, layer in enumerate(self.model.ws.layers):
-                H, hd = self.config.n_head, self.config.head_dim
-                k = np.zeros((H, self.k.shape[2] * 16, hd), np.float32)
-                k[:, :t.size] = layer.attn.k[0]
-                self.k[i] = k.reshape(H, -1, 16, hd).swapaxes(-1, -2)
-                self.v[i, :, :t.size] = layer.attn.v[0]
-            self.pos = t.size
-            self.logits[...] = logits[-1]
-        else:
-            self._run(t, self.logits, False)
-        return self.logits
-
-    def step(self, token: int) -> np.ndarray:
-        """The next token's logits (a view that the next call overwrites)."""
-        if not 0 <= token < self.config.vocab:
-            raise ValueError(f"token {token} outside the vocabulary [0, {self.config.vocab})")
-        if self.pos >= self.config.context:
-            raise ValueError(f"the cache is full ({self.config.context} positions)")
-        self._tok[0] = token
-        self.lib.sm_forward(self._m, self._tok_p, 1, self.pos, self._logits_p, 0, self.threads)
-        self.pos += 1
+        path = self._prefill_path(t.size) if t.size > 1 else "c"
+        self.logits[...] = self.forward(t, path=path)
         return self.logits
 
     def all_logits(self, tokens) -> np.ndarray:
         """Logits (n, V) of every position of ``tokens`` from position 0 (for the loss)."""
         self.reset()
         t = _check_tokens(tokens, self.config.vocab, 0, self.config.context)
-        out = np.zeros((t.size, self.config.vocab), np.float32)
-        self._run(t, out, True)
-        return out
+        return self.forward(t, all_logits=True, path="c")
 
 
 def matmul(pk: Packed, x: np.ndarray, threads=1, pool: bool = False, y=None,
@@ -403,7 +338,7 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows, K = x.shape
     xq = np.zeros((rows, -(-K // 32) * 32), np.int8)
     xs = np.zeros(rows, np.float32)
-    ffi, lib = build.load("decode")
+    ffi, lib = build.load("forward")
     lib.sm_quantize_rows(ffi.cast("float *", x.ctypes.data), rows, K,
                          ffi.cast("int8_t *", xq.ctypes.data), ffi.cast("float *", xs.ctypes.data))
     return xq, xs
@@ -426,22 +361,22 @@ RUNGS = Ladder("chapter 4's decoders", [
          where=_where("smallem/decode.py:numpy_step", 1, "test_kv_cache_decode_equals_full_recompute")),
     Rung(2, "c_call", "one C call per token, f32 tiles",
          run=lambda m, t: Decoder(m, "f32", 1, prefill="gemm"),
-         where=_where("kernels_c/decode.c:f32_block", 2, "test_kv_cache_decode_equals_full_recompute")),
+         where=_where("kernels_c/forward/tiles.c:f32_block", 2, "test_kv_cache_decode_equals_full_recompute")),
     Rung(3, "int8", "int8 weights", run=lambda m, t: Decoder(m, "int8", 1, prefill="gemm"),
-         where=_where("kernels_c/decode.c:q8_block", 3, "test_int8_decode_follows_f32")),
+         where=_where("kernels_c/forward/tiles.c:q8_block", 3, "test_int8_decode_follows_f32")),
     Rung(4, "threads", "threads on the pool",
          run=lambda m, t: Decoder(m, "int8", t, prefill="gemm"),
-         where=_where("kernels_c/decode.c:matmul", 4, "test_threshold_for_threads")),
+         where=_where("kernels_c/forward/tiles.c:matmul", 4, "test_threshold_for_threads")),
     Rung(5, "prompt_path", "prompt path chosen by measurement: int8 call or f32 GEMM",
          run=lambda m, t: Decoder(m, "int8", t, prefill="auto"),
-         where=_where(None, 5, "test_the_measured_prompt_path_gives_the_same_logits")),
+         where=_where("kernels_c/forward.c:gemm_branch", 5, "test_the_measured_prompt_path_gives_the_same_logits")),
 ])
 
 
 def int8_instruction(level: str | None = None) -> str:
     """The instruction the int8 product runs in the decoder built for ``level`` (default:
     the selected one): vpdpbusd (AVX512-VNNI or AVX-VNNI), vpmaddubsw (AVX2) or plain C."""
-    ffi, lib = build.load("decode", level)
+    ffi, lib = build.load("forward", level)
     return ffi.string(lib.sm_int8_instruction()).decode()
 
 

@@ -9,10 +9,12 @@ wrong comes back as one :class:`GGUFError` naming the file and the fault, never 
 traceback from deep inside the reader, nor as a read past the mapping later.
 
 An architecture is a small table of differences over one forward (:class:`Arch`): where
-llama.cpp's ``llama``, ``qwen2``, ``qwen3`` and ``phi3`` differ is the rotary pairing, biases
-on q, k and v, an RMSNorm over each head's q and k, matrices stored fused (phi3's q, k and v
-in one, its gate and up in another: :func:`open_model` splits them into views of their rows,
-so the forward reads the same names for every architecture) and where the query is scaled.
+llama.cpp's ``llama``, ``qwen2``, ``qwen3``, ``phi3`` and ``gemma3`` differ is the rotary pairing,
+biases on q, k and v, an RMSNorm over each head's q and k, matrices stored fused (phi3's q, k
+and v in one, its gate and up in another: :func:`open_model` splits them into views of their
+rows, so the forward reads the same names for every architecture), where the query is scaled,
+and gemma3's GeGLU, norms after the attention and the MLP, scaled embedding and sliding window
+on five layers of six (with their own rope base; :class:`Hyper`'s ``window``, ``swa_layers``).
 GGUF counts a tensor's dimensions innermost
 first (``ne``); a matrix of ``ne = [n_in, n_out]`` is stored as ``n_out`` rows of ``n_in``
 weights, which is the order a product of one activation row by it reads.
@@ -40,8 +42,17 @@ class Arch:
     qk_norm: bool = False     # an RMSNorm over each head's q and k before RoPE (qwen3)
     fused: bool = False       # q, k, v in one attn_qkv matrix, gate and up in one ffn_up of
                               # twice the rows (phi3): split into row views when opened
-    q_prescaled: bool = False  # the query times 1/sqrt(head_dim) before it meets the keys,
-                               # the scores unscaled (phi3): the same sum, another f16 rounding
+    q_prescaled: bool = False  # the query times Hyper.attn_scale before it meets the keys,
+                               # the scores unscaled (phi3, gemma3): the same sum, another f16
+                               # rounding
+    mlp: str = "swiglu"       # silu(gate) * up; "geglu": gelu(gate) * up, gelu's tanh form (gemma3)
+    post_norms: bool = False  # an RMSNorm of the attention's and of the MLP's output before each
+                              # residual add: blk.N.post_attention_norm, blk.N.post_ffw_norm (gemma3)
+    embed_scale: bool = False  # the embedding row times sqrt(d) (gemma3)
+    swa_period: int = 0       # reads a sliding window (attention.sliding_window) and which layers
+                              # use it: the file's sliding_window_pattern (a bool a layer, or a
+                              # period), else this period, llama.cpp's default: layer i uses the
+                              # window unless i % period == period - 1 (gemma3: 6). 0: no window
 
 
 ARCHS = {
@@ -49,6 +60,8 @@ ARCHS = {
     "qwen2": Arch("qwen2", rope="neox", qkv_bias=True),
     "qwen3": Arch("qwen3", rope="neox", qk_norm=True),
     "phi3": Arch("phi3", rope="neox", fused=True, q_prescaled=True),
+    "gemma3": Arch("gemma3", rope="neox", qk_norm=True, q_prescaled=True, mlp="geglu",
+                   post_norms=True, embed_scale=True, swa_period=6),
 }
 
 # the tensor types a product can read, with (weights per block, bytes per block)
@@ -74,6 +87,23 @@ class Hyper:
     rope_base: float
     rope_dim: int       # features of a head that turn (the rest pass through)
     tied: bool          # no output.weight: the head is token_embd
+    window: int = 0     # sliding window of the layers in swa_layers: a query at position p
+                        # sees keys at t with p - t < window (0: no window)
+    swa_layers: tuple = ()  # one bool a layer, True where it uses the window (() with none)
+    rope_base_swa: float = 10000.0  # the rope base of the window's layers (which also
+                                    # take no frequency scaling)
+    rope_scale: float = 1.0  # the global layers' linear rope scaling: angles times this
+                             # (1 / rope.scaling.factor)
+    attn_scale: float = 0.0  # the query's scale (q_prescaled) or else the scores':
+                             # 1/sqrt(head_dim) (what 0 becomes) but for gemma3 (_attn_scale)
+    softcap: float = 0.0     # logits -> softcap * tanh(logits / softcap) where nonzero
+
+    def __post_init__(self):
+        if not self.attn_scale:
+            object.__setattr__(self, "attn_scale", float(1 / np.sqrt(self.head_dim)))
+
+    def is_swa(self, layer: int) -> bool:
+        return bool(self.window) and bool(self.swa_layers) and bool(self.swa_layers[layer])
 
     @property
     def group(self) -> int:
@@ -105,6 +135,19 @@ class Tensor:
         else:
             out = gguf.quants.dequantize(np.asarray(self.data), qt).astype(np.float32)
         return out.reshape(tuple(reversed(self.ne)))
+
+    def rows(self, index) -> np.ndarray:
+        """float32 (len(index), ne[0]): the rows ``index`` of a matrix, dequantised alone (an
+        embedding lookup without the whole table)."""
+        import gguf
+
+        raw = np.asarray(self.data).reshape(int(np.prod(self.ne[1:])), -1)[np.asarray(index)]
+        if self.type == "F32":
+            return np.asarray(raw, np.float32).reshape(len(raw), self.ne[0])
+        if self.type == "F16":
+            return raw.view(np.float16).astype(np.float32).reshape(len(raw), self.ne[0])
+        out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[self.type])
+        return out.astype(np.float32).reshape(len(raw), self.ne[0])
 
 
 @dataclass
@@ -184,7 +227,8 @@ def _fields(path, reader) -> tuple[dict, dict]:
         try:
             if key.startswith("tokenizer.ggml."):
                 tok[key[len("tokenizer.ggml."):]] = _value(f)
-            elif f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.data) > 64:
+            elif (f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.data) > 64
+                  and not key.endswith(".sliding_window_pattern")):
                 continue
             else:
                 meta[key] = _value(f)
@@ -225,21 +269,80 @@ def _hyper(path, meta, tok, tensors) -> Hyper:
     rope_dim = _need(path, meta, a + "rope.dimension_count", default=hd)
     if rope_dim > hd or rope_dim % 2:
         _fail(path, f"rope.dimension_count {rope_dim} does not fit a head of {hd}")
-    return Hyper(arch=ARCHS[name], d=d, n_layer=_need(path, meta, a + "block_count"),
+    n_layer = _need(path, meta, a + "block_count")
+    arch = ARCHS[name]
+    window, swa, base_swa = 0, (), 10000.0
+    if arch.swa_period and meta.get(a + "attention.sliding_window", 0) != 0:
+        window = _need(path, meta, a + "attention.sliding_window")
+        swa = _swa_layers(path, meta.get(a + "attention.sliding_window_pattern"), n_layer,
+                          arch.swa_period)
+        base_swa = _need(path, meta, a + "rope.freq_base_swa", float, default=10000.0)
+    softcap = 0.0
+    if a + "final_logit_softcapping" in meta:
+        softcap = _need(path, meta, a + "final_logit_softcapping", float)
+    return Hyper(arch=arch, d=d, n_layer=n_layer,
                  n_head=n_head, n_kv_head=n_kv, head_dim=hd,
                  v_dim=_need(path, meta, a + "attention.value_length", default=hd),
                  hidden=_need(path, meta, a + "feed_forward_length"), vocab=vocab,
                  context=_need(path, meta, a + "context_length"),
                  eps=_need(path, meta, a + "attention.layer_norm_rms_epsilon", float),
                  rope_base=_need(path, meta, a + "rope.freq_base", float, default=10000.0),
-                 rope_dim=rope_dim, tied="output.weight" not in tensors)
+                 rope_dim=rope_dim, tied="output.weight" not in tensors,
+                 window=window, swa_layers=swa, rope_base_swa=base_swa,
+                 rope_scale=_rope_scale(path, meta, a),
+                 attn_scale=_attn_scale(name, d, n_layer, n_head, hd), softcap=softcap)
 
 
-def rope_angles(h: Hyper, positions, freqs=None) -> np.ndarray:
+def _swa_layers(path, pattern, n_layer: int, period: int) -> tuple:
+    """Which layers use the window, as llama.cpp's load_swa_pattern reads them: the file's
+    sliding_window_pattern, one bool a layer or a period n (layer i slides unless
+    i % n == n - 1; 0: all), or else the architecture's period."""
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer or not all(isinstance(x, bool) for x in pattern):
+            _fail(path, f"attention.sliding_window_pattern has {len(pattern)} entries, "
+                        f"expected a bool for each of {n_layer} layers")
+        return tuple(pattern)
+    if pattern is not None:
+        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
+            _fail(path, f"attention.sliding_window_pattern is {pattern!r}, expected a period "
+                        f"or a bool a layer")
+        period = pattern
+    return tuple(period == 0 or i % period < period - 1 for i in range(n_layer))
+
+
+def _rope_scale(path, meta, a) -> float:
+    """The global layers' angle factor: 1 / rope.scaling.factor for linear scaling (llama.cpp's
+    default type), 1 for "none"; other types (yarn, longrope) change the angles otherwise and
+    are refused where a factor asks for them."""
+    kind = meta.get(a + "rope.scaling.type", "linear")
+    key = a + "rope.scaling.factor" if a + "rope.scaling.factor" in meta else a + "rope.scale_linear"
+    factor = meta.get(key, 0.0)
+    if factor != 0.0:
+        factor = _need(path, meta, key, float)
+    if kind == "none" or factor in (0.0, 1.0):
+        return 1.0
+    if kind != "linear":
+        _fail(path, f"rope scaling {kind!r} (factor {factor:g}) is not supported (supported: "
+                    f"linear, none)")
+    return 1.0 / factor
+
+
+def _attn_scale(name: str, d: int, n_layer: int, n_head: int, hd: int) -> float:
+    """llama.cpp's f_attention_scale, in float32: 1/sqrt(head_dim), but for gemma3's 27B
+    (62 layers, as llama.cpp tells it) 1/sqrt(d / n_head)."""
+    n = d // n_head if name == "gemma3" and n_layer == 62 else hd
+    return float(np.float32(1) / np.sqrt(np.float32(n)))
+
+
+def rope_angles(h: Hyper, positions, freqs=None, swa: bool = False) -> np.ndarray:
     """(len(positions), rope_dim / 2) angles, in float64: position times
-    rope_base^(-2i / rope_dim), divided by ``freqs`` (llama 3's factors) where given."""
+    base^(-2i / rope_dim), divided by ``freqs`` (llama 3's factors) where given. ``swa``: the
+    angles of a sliding-window layer (``h.is_swa(layer)``), base ``rope_base_swa`` and no
+    scaling, as llama.cpp's get_rope_freq_base/scale give them; else base ``rope_base`` times
+    the file's linear scaling ``rope_scale``."""
     i = np.arange(0, h.rope_dim, 2, dtype=np.float64)
-    theta = h.rope_base ** (-i / h.rope_dim)
+    base, scale = (h.rope_base_swa, 1.0) if swa else (h.rope_base, h.rope_scale)
+    theta = base ** (-i / h.rope_dim) * scale
     if freqs is not None:
         theta = theta / np.asarray(freqs, np.float64)
     return np.asarray(positions, np.float64)[:, None] * theta[None, :]
@@ -269,6 +372,9 @@ def expected_shapes(h: Hyper) -> dict:
         if h.arch.qk_norm:
             out.update({b + "attn_q_norm.weight": (h.head_dim,),
                         b + "attn_k_norm.weight": (h.head_dim,)})
+        if h.arch.post_norms:
+            out.update({b + "post_attention_norm.weight": (d,),
+                        b + "post_ffw_norm.weight": (d,)})
     return out
 
 

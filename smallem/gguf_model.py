@@ -4,16 +4,20 @@ against a KV cache: the numpy reference every faster path is checked against.
 One forward serves every architecture in :data:`smallem.gguf_file.ARCHS`; each difference
 is a switch read from the file's :class:`~smallem.gguf_file.Arch`:
 
-    x = token_embd[t]
+    x = token_embd[t]                                         gemma3: times sqrt(d)
     per block:  h = RMSNorm(x) * attn_norm
                 q, k, v = h Wq (+ bq), h Wk (+ bk), h Wv (+ bv)       qwen2: the biases
-                q, k = RMSNorm per head * q_norm, k_norm              qwen3
+                q, k = RMSNorm per head * q_norm, k_norm              qwen3, gemma3
                 q, k = RoPE(q, k, position)     pairs (2i, 2i+1) ("norm") or (i, i + half)
+                                    gemma3: the window's layers with their own base
                 att = softmax(q k^T / sqrt(hd)) v, each key/value head shared by
-                      n_head / n_kv_head query heads (GQA)      phi3: (q / sqrt(hd)) k^T
-                x += att Wo
+                      n_head / n_kv_head query heads (GQA)      phi3, gemma3: (q * s) k^T
+                      gemma3: five layers of six see only the last `window` positions
+                x += att Wo                               gemma3: RMSNorm(att Wo) * post_attention_norm
                 h = RMSNorm(x) * ffn_norm;  x += (silu(h Wg) * (h Wu)) Wd
+                                          gemma3: gelu for silu, RMSNorm(...) * post_ffw_norm
     logits = (RMSNorm(x) * output_norm) W_out     (W_out = token_embd where the file has none)
+                                          gemma3: c tanh(logits / c) where the file gives c
 
 The angle of pair i at position p is p * base^(-2i / rope_dim), divided by
 ``rope_freqs[i]`` where the file has that tensor (llama 3's frequency scaling, which
@@ -89,9 +93,11 @@ def round_activation(weight_type: str, x) -> np.ndarray:
     return (d * q.astype(np.float64)).reshape(x.shape)
 
 
-def flash_f16(q, K, V, scale, p0) -> np.ndarray:
+def flash_f16(q, K, V, scale, p0, window: int = 0) -> np.ndarray:
     """Attention as ggml's CPU flash attention computes it with an f16 cache (llama.cpp's
-    default): row r of q (n, heads, hd) sees keys 0..p0 + r of K (T, heads, hd), in order,
+    default): row r of q (n, heads, hd) sees keys 0..p0 + r of K (T, heads, hd), in order
+    (with a ``window``, only those less than ``window`` positions back: the others are masked,
+    -inf, which ggml skips as it skips the future),
     with an online softmax in float32 (M the largest score so far, S the sum of
     exp(score - M)) and the values summed in an f16 accumulator, each step a float32 fused
     multiply-add (exact here in float64, then rounded to float32) rounded to f16, a new
@@ -107,7 +113,10 @@ def flash_f16(q, K, V, scale, p0) -> np.ndarray:
     last = p0 + np.arange(n)[:, None]                      # the last key row r sees
     with np.errstate(invalid="ignore", over="ignore"):
         for t in range(T):
-            live = np.broadcast_to(t <= last, (n, H))
+            seen = (t <= last) & (last - t < window) if window else t <= last
+            if not seen.any():
+                continue
+            live = np.broadcast_to(seen, (n, H))
             sc = (np.einsum("nhd,hd->nh", q64, K64[t]).astype(np.float32)
                   * np.float32(scale))
             new = live & (sc > M)
@@ -128,15 +137,43 @@ def rms(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
+def gelu(x):
+    """gelu's tanh form (gemma3's gelu_pytorch_tanh, ggml's ggml_gelu_f32)."""
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * x * (1 + 0.044715 * x * x)))
+
+
+_GELU_F16 = None
+
+
+def geglu_like_ggml(g, u) -> np.ndarray:
+    """gelu(g) * u as ggml's CPU geglu computes it (GGML_GELU_FP16, its default): in float32,
+    g <= -10 gives 0 and g >= 10 gives g * u; between, g rounded to f16 picks gelu's value from
+    a table of f16 values (gelu of each f16 in float32 arithmetic, rounded to f16), times u."""
+    global _GELU_F16
+    if _GELU_F16 is None:
+        f = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+        c, a, half, one = (np.float32(v) for v in (0.79788456080286535587989211986876,
+                                                    0.044715, 0.5, 1.0))
+        with np.errstate(invalid="ignore", over="ignore"):
+            _GELU_F16 = (half * f * (one + np.tanh(c * f * (one + a * f * f)))).astype(np.float16)
+    g, u = np.asarray(g, np.float32), np.asarray(u, np.float32)
+    table = _GELU_F16[g.astype(np.float16).view(np.uint16)].astype(np.float32)
+    out = np.where(g <= -10, np.float32(0), np.where(g >= 10, g, table) * u)
+    return out.astype(np.float64)
+
+
 class Reference:
     """The forward in numpy at ``dtype``, with its own KV cache. ``like_llama``: each product's
     activation rounded as llama.cpp rounds it for the weight's type (:func:`round_activation`)
     and the cache in f16; ``cache16`` alone: the f16 cache without the rounded activations
-    (what chapter 2's GEMM path computes)."""
+    (what chapter 2's GEMM path computes). ``keep``: each matrix dequantised once and kept
+    (faster, a copy of the model at ``dtype``)."""
 
     def __init__(self, mf: ModelFile, dtype=np.float64, like_llama: bool = False,
-                 cache16: bool | None = None):
+                 cache16: bool | None = None, keep: bool = False):
         self.mf, self.h, self.dtype = mf, mf.hyper, np.dtype(dtype)
+        self._kept = {} if keep else None  # keep: each matrix dequantised once, kept (a copy
+                                           # of the model at dtype: for small models)
         self.like_llama = like_llama
         self.cache16 = like_llama if cache16 is None else cache16
         self._vec = {}
@@ -160,7 +197,11 @@ class Reference:
         t = self.mf.tensors[name]
         if self.like_llama:
             x = round_activation(t.type, x).astype(self.dtype)
-        return x @ t.dequantize().astype(self.dtype).T
+        if self._kept is None:
+            return x @ t.dequantize().astype(self.dtype).T
+        if name not in self._kept:
+            self._kept[name] = t.dequantize().astype(self.dtype)
+        return x @ self._kept[name].T
 
     def forward(self, tokens, all_logits: bool = False) -> np.ndarray:
         h, a = self.h, self.h.arch
@@ -171,11 +212,20 @@ class Reference:
         if tokens.min() < 0 or tokens.max() >= h.vocab:
             raise ValueError(f"tokens: ids outside [0, {h.vocab})")
         emb = self.mf.tensors["token_embd.weight"]
-        x = emb.dequantize()[tokens].astype(self.dtype)
-        ang = rope_angles(h, np.arange(p0, p0 + n), self.freqs)
+        x = emb.rows(tokens).astype(self.dtype)
+        if a.embed_scale:  # gemma3: times sqrt(d), in float32 in llama.cpp
+            x = ((x.astype(np.float32) * np.sqrt(np.float32(h.d))).astype(self.dtype)
+                 if self.like_llama else x * np.sqrt(self.dtype.type(h.d)))
+        pos = np.arange(p0, p0 + n)
+        ang = {swa: rope_angles(h, pos, self.freqs, swa) for swa in {h.is_swa(i)
+                                                                   for i in range(h.n_layer)}}
         mask = np.triu(np.full((n, p0 + n), -np.inf), k=p0 + 1)
+        if h.window:  # a key at t is visible from p iff p - t < window (llama.cpp's is_masked_swa)
+            back = pos[:, None] - np.arange(p0 + n)[None, :]
+            mask_swa = np.where(back >= h.window, -np.inf, mask)
         for i in range(h.n_layer):
             b = f"blk.{i}."
+            swa = h.is_swa(i)
             t = rms(x, self.vec(b + "attn_norm.weight"), h.eps)
             q, k, v = (self.mat(b + f"attn_{c}.weight", t) for c in "qkv")
             if a.qkv_bias:
@@ -187,10 +237,10 @@ class Reference:
             if a.qk_norm:
                 q = rms(q, self.vec(b + "attn_q_norm.weight"), h.eps)
                 k = rms(k, self.vec(b + "attn_k_norm.weight"), h.eps)
-            rope(q, ang, a.rope)
-            rope(k, ang, a.rope)
-            scale = 1 / np.sqrt(h.head_dim)
-            if a.q_prescaled:  # phi3 (like llama.cpp: in float32, before the f16 rounding)
+            rope(q, ang[swa], a.rope)
+            rope(k, ang[swa], a.rope)
+            scale = h.attn_scale
+            if a.q_prescaled:  # phi3, gemma3 (like llama.cpp: in float32, before the f16 rounding)
                 q = ((q.astype(np.float32) * np.float32(scale)).astype(self.dtype)
                      if self.like_llama else q * self.dtype.type(scale))
                 scale = 1.0
@@ -202,20 +252,36 @@ class Reference:
             K = np.repeat(self.k[i, :p0 + n], h.group, axis=1)   # (T, n_head, hd)
             V = np.repeat(self.v[i, :p0 + n], h.group, axis=1)
             if self.like_llama:
-                att = flash_f16(q, K, V, scale, p0).reshape(n, h.n_head * h.v_dim)
+                att = flash_f16(q, K, V, scale, p0, h.window if swa else 0)
+                att = att.reshape(n, h.n_head * h.v_dim)
             else:
-                s = np.einsum("nhd,thd->hnt", q, K) * scale + mask
+                s = np.einsum("nhd,thd->hnt", q, K) * scale + (mask_swa if swa else mask)
                 s = np.exp(s - s.max(axis=-1, keepdims=True))
                 s /= s.sum(axis=-1, keepdims=True)
                 att = np.einsum("hnt,thd->nhd", s, V).reshape(n, h.n_head * h.v_dim)
-            x = x + self.mat(b + "attn_output.weight", att)
+            o = self.mat(b + "attn_output.weight", att)
+            if a.post_norms:
+                o = rms(o, self.vec(b + "post_attention_norm.weight"), h.eps)
+            x = x + o
             t = rms(x, self.vec(b + "ffn_norm.weight"), h.eps)
             g, u = self.mat(b + "ffn_gate.weight", t), self.mat(b + "ffn_up.weight", t)
-            x = x + self.mat(b + "ffn_down.weight", g / (1 + np.exp(-g)) * u)
+            if a.mlp == "geglu":
+                act = geglu_like_ggml(g, u).astype(self.dtype) if self.like_llama else gelu(g) * u
+            else:
+                act = g / (1 + np.exp(-g)) * u
+            o = self.mat(b + "ffn_down.weight", act)
+            if a.post_norms:
+                o = rms(o, self.vec(b + "post_ffw_norm.weight"), h.eps)
+            x = x + o
         self.pos += n
         x = x if all_logits else x[-1:]
         x = rms(x, self.vec("output_norm.weight"), h.eps)
         out = self.mat("token_embd.weight" if h.tied else "output.weight", x)
+        if h.softcap:  # softcap * tanh(logits / softcap), in float32 steps in llama.cpp
+            c = h.softcap
+            out = ((np.tanh(out.astype(np.float32) * (np.float32(1) / np.float32(c)))
+                    * np.float32(c)).astype(self.dtype)
+                   if self.like_llama else c * np.tanh(out / c))
         return out if all_logits else out[0]
 
 
@@ -249,7 +315,7 @@ def chat_prompt(mf: ModelFile, tk, messages: list) -> str:
 
 class Runner:
     """A file's model and tokenizer, generating: prompt ids in, token pieces (bytes) out.
-    ``model`` "c": the C forward (:class:`smallem.gguf_run.Forward`, ``threads`` and
+    ``model`` "c": the C forward (:meth:`smallem.forward.Forward.from_gguf`, ``threads`` and
     ``context`` go to it); "reference": the numpy forward, float32."""
 
     def __init__(self, mf: ModelFile, threads=None, context=None, model: str = "c"):
@@ -259,9 +325,9 @@ class Runner:
             raise ValueError(f"model: expected 'c' or 'reference', got {model!r}")
         self.mf, self.tk = mf, from_model_file(mf)
         if model == "c":
-            from .gguf_run import Forward
+            from .forward import Forward
 
-            self.model = Forward(mf, threads=threads, context=context)
+            self.model = Forward.from_gguf(mf, threads=threads, context=context)
             self.context = self.model.context
         else:
             self.model = Reference(mf, np.float32)

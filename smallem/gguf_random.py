@@ -39,14 +39,15 @@ def _byte_vocabulary(w, size: int) -> int:
     return size
 
 
-def _copied_vocabulary(w, src: Path) -> int:
-    """Every ``tokenizer.*`` key of ``src``, as it is there; the number of its tokens."""
+def _copied_vocabulary(w, src: Path, skip=()) -> int:
+    """Every ``tokenizer.*`` key of ``src`` but ``skip``, as it is there; the number of its
+    tokens."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
     n = 0
     for key, f in r.fields.items():
-        if not key.startswith("tokenizer."):
+        if not key.startswith("tokenizer.") or key in skip:
             continue
         t, v = f.types, f.contents()
         if t[0] == gguf.GGUFValueType.ARRAY:
@@ -64,14 +65,38 @@ def _copied_vocabulary(w, src: Path) -> int:
     return n
 
 
+# gemma's chat turns (the shape of Google's template, written here): a system message opens the
+# first user turn; the assistant's turns are the model's
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(prefix='') %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{% set ns.prefix = m['content'] | trim + '\n\n' %}"
+    "{% else %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n'"
+    " + ns.prefix + m['content'] | trim + '<end_of_turn>\n' }}"
+    "{% set ns.prefix = '' %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+CHAT_TEMPLATES = {"gemma3": GEMMA_TEMPLATE}
+
+
 def write(path, arch: str, init: Init, *, d: int, n_layer: int, n_head: int, n_kv_head: int,
           hidden: int, context: int, rope_base: float = 10000.0, tied: bool = False,
           head_dim: int | None = None, eps: float = 1e-6, vocab: int = 256,
           tokenizer: Path | None = None, seed: int = 0,
-          extra: dict[str, np.ndarray] | None = None) -> Path:
+          extra: dict[str, np.ndarray] | None = None, window: int = 0,
+          swa_pattern: int | list | None = None, rope_base_swa: float | None = None,
+          softcap: float = 0.0, chat_template: str | None = None,
+          rope_linear: float = 0.0) -> Path:
     """A model of ``arch`` with the tensors ``init`` draws, to ``path``. The vocabulary is
     ``tokenizer``'s (a GGUF file whose tokenizer keys are copied) or smallem's bytes padded to
-    ``vocab`` tokens; ``extra`` adds tensors (name -> array) after the model's own."""
+    ``vocab`` tokens; ``extra`` adds tensors (name -> array) after the model's own. An
+    architecture with a sliding window (gemma3) gets ``window`` (0: none), ``swa_pattern``
+    (a period or a bool a layer; None: the architecture's default) and ``rope_base_swa``
+    (None: llama.cpp's default, 10000) where given; ``softcap``: the final logits' softcapping
+    (0: none). ``rope_linear``: a linear rope scaling factor (the global layers' angles
+divided by it; 0: none). ``chat_template``: ``tokenizer.chat_template`` (by default the architecture's
+    own from :data:`CHAT_TEMPLATES`, else the vocabulary file's where it has one)."""
     import gguf
 
     if arch not in ARCHS:
@@ -79,9 +104,17 @@ def write(path, arch: str, init: Init, *, d: int, n_layer: int, n_head: int, n_k
     if tokenizer is None and vocab < 256:  # checked before the file is opened
         raise ValueError(f"a vocabulary of {vocab} tokens cannot hold the 256 bytes")
     path = Path(path)
+    if (window or swa_pattern is not None or rope_base_swa is not None) \
+            and not ARCHS[arch].swa_period:
+        raise ValueError(f"architecture {arch!r} has no sliding window")
+    if chat_template is None:
+        chat_template = CHAT_TEMPLATES.get(arch)
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    V = _copied_vocabulary(w, tokenizer) if tokenizer else _byte_vocabulary(w, vocab)
+    skip = ("tokenizer.chat_template",) if chat_template is not None else ()
+    V = _copied_vocabulary(w, tokenizer, skip) if tokenizer else _byte_vocabulary(w, vocab)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     hd = head_dim or d // n_head
     a = arch + "."
     for key, v in (("context_length", context), ("embedding_length", d),
@@ -93,6 +126,19 @@ def write(path, arch: str, init: Init, *, d: int, n_layer: int, n_head: int, n_k
         w.add_uint32(a + "attention.value_length", hd)
     w.add_float32(a + "attention.layer_norm_rms_epsilon", eps)
     w.add_float32(a + "rope.freq_base", rope_base)
+    if window:
+        w.add_uint32(a + "attention.sliding_window", window)
+    if isinstance(swa_pattern, (list, tuple)):
+        w.add_array(a + "attention.sliding_window_pattern", [bool(x) for x in swa_pattern])
+    elif swa_pattern is not None:
+        w.add_uint32(a + "attention.sliding_window_pattern", int(swa_pattern))
+    if rope_base_swa is not None:
+        w.add_float32(a + "rope.freq_base_swa", rope_base_swa)
+    if softcap:
+        w.add_float32(a + "final_logit_softcapping", softcap)
+    if rope_linear:
+        w.add_string(a + "rope.scaling.type", "linear")
+        w.add_float32(a + "rope.scaling.factor", rope_linear)
     h = Hyper(ARCHS[arch], d, n_layer, n_head, n_kv_head, hd, hd, hidden, V, context, eps,
               rope_base, hd, tied)
     for name, ne in expected_shapes(h).items():

@@ -18,7 +18,15 @@ Two models, as the file's ``tokenizer.ggml.model`` names them:
   model finds the best segmentation, which is not what llama.cpp computes. Spaces become
   U+2581 and, where the file says so (the default), the text gets a leading one.
 
-Before either, the special tokens are cut out of the text, longest first, as llama.cpp
+- ``gemma4`` (gemma's 262 144-token vocabulary as llama.cpp's ``ggml-vocab-gemma-4.gguf``
+  stores it): BPE over raw UTF-8 rather than GPT-2's byte map, SentencePiece-style: spaces
+  become U+2581, the text is split only into runs of newlines and runs of anything else (a run
+  of newlines that is a token is taken whole), within each the adjacent symbols merge by the
+  lowest rank of the file's merges (ties to the leftmost pair, as llama.cpp's queue orders
+  them), starting from UTF-8 characters, and a symbol left that is not a token falls back to
+  its bytes (``<0xAB>``). llama.cpp always adds its BOS.
+
+Before any of them, the special tokens are cut out of the text, longest first, as llama.cpp
 does: user-defined tokens always, control tokens (``<|im_start|>``, ``</s>``) only when
 ``parse_special`` (a chat template's text), never when the text is a user's prompt.
 """
@@ -26,6 +34,7 @@ does: user-defined tokens always, control tokens (``<|im_start|>``, ``</s>``) on
 from __future__ import annotations
 
 import heapq
+import re
 from dataclasses import dataclass
 
 from .gguf_file import GGUFError
@@ -78,9 +87,9 @@ class Tokenizer:
     def __init__(self, tok: dict, path="the file"):
         self.path = path
         model = tok.get("model")
-        if model not in ("gpt2", "llama"):
+        if model not in ("gpt2", "llama", "gemma4"):
             raise GGUFError(f"{path}: tokenizer model {model!r} is not supported "
-                            f"(supported: gpt2, llama)")
+                            f"(supported: gpt2, llama, gemma4)")
         tokens = tok.get("tokens")
         if not isinstance(tokens, list) or not tokens:
             raise GGUFError(f"{path}: metadata key 'tokenizer.ggml.tokens' is missing")
@@ -113,6 +122,18 @@ class Tokenizer:
             self.scores = scores
             self.add_bos = bool(tok.get("add_bos_token", True))
             self.add_space_prefix = bool(tok.get("add_space_prefix", True))
+        elif model == "gemma4":
+            merges = tok.get("merges")
+            if not isinstance(merges, list) or not merges:
+                raise GGUFError(f"{path}: a gemma4 tokenizer needs tokenizer.ggml.merges")
+            self.ranks = {}
+            for rank, m in enumerate(merges):
+                cut = m.find(" ", 1)  # as llama.cpp splits them: a piece may be a space
+                if cut < 0:
+                    raise GGUFError(f"{path}: merge {m!r} is not two pieces")
+                self.ranks.setdefault((m[:cut], m[cut + 1:]), rank)
+            self.add_bos = True   # llama.cpp forces it for this pre-tokenizer
+            self.add_space_prefix = False
         else:
             pre = tok.get("pre") or "default"
             if pre not in PRE:
@@ -140,6 +161,12 @@ class Tokenizer:
                 if self.add_space_prefix and prev_special:
                     piece = " " + piece
                 out += self._spm(piece.replace(" ", "\u2581"))
+            elif self.model == "gemma4":
+                for word in re.findall(r"[^\n]+|\n+", piece.replace(" ", "\u2581")):
+                    if word[0] == "\n" and word in self.ids:
+                        out.append(self.ids[word])
+                    else:
+                        out += self._merge(word, self._rank)
             else:
                 out += self._bpe.encode(piece, add_special_tokens=False).ids
             prev_special = False
@@ -170,7 +197,21 @@ class Tokenizer:
             parts = new
         return parts
 
+    def _score(self, a: str, b: str):
+        """SPM: a pair merges into the piece a + b, highest score first."""
+        tid = self.ids.get(a + b)
+        return None if tid is None else -self.scores[tid]
+
+    def _rank(self, a: str, b: str):
+        """BPE: a pair the merges list, lowest rank first."""
+        return self.ranks.get((a, b))
+
     def _spm(self, text: str) -> list:
+        return self._merge(text, self._score)
+
+    def _merge(self, text: str, priority) -> list:
+        """Adjacent symbols (from characters) merged, the pair of lowest ``priority(a, b)``
+        first (None: no merge), ties to the leftmost; then each symbol's token, or its bytes'."""
         syms = [_Sym(i, 1, i - 1, i + 1 if i + 1 < len(text) else -1) for i in range(len(text))]
         heap: list = []
 
@@ -178,10 +219,9 @@ class Tokenizer:
             if left < 0 or right < 0:
                 return
             a, b = syms[left], syms[right]
-            piece = text[a.start:a.start + a.n + b.n]
-            tid = self.ids.get(piece)
-            if tid is not None:  # highest score first, then the leftmost
-                heapq.heappush(heap, (-self.scores[tid], left, right, len(piece)))
+            p = priority(text[a.start:a.start + a.n], text[b.start:b.start + b.n])
+            if p is not None:
+                heapq.heappush(heap, (p, left, right, a.n + b.n))
 
         for i in range(1, len(syms)):
             bigram(i - 1, i)
@@ -227,7 +267,7 @@ class Tokenizer:
             return text.encode() if special else b""
         if t == USER_DEFINED:
             return text.encode()
-        if self.model == "llama":
+        if self.model in ("llama", "gemma4"):
             if t == BYTE:
                 return bytes([int(text[3:5], 16)])
             return text.replace("\u2581", " ").encode()

@@ -1,5 +1,5 @@
 """Weights for decoding: int8 with a scale per block of 32, and the tiled layouts that
-``kernels_c/decode.c`` streams.
+``kernels_c/forward.c`` streams.
 
 A weight matrix W is (K, N), as the model stores it (y = x W). Its int8 form follows
 llama.cpp's Q8_0 exactly, so that the same bytes can be exported to GGUF: each column is
@@ -8,7 +8,7 @@ stored as float16, and its weights q = round(w / s) (half away from zero, with s
 rounding to float16), so that w is approximately s q.
 
 :func:`pack_f32` and :func:`pack_q8` reorder a matrix into tiles of :data:`TILE` = 16
-output columns (see the comment at the top of ``kernels_c/decode.c``); :class:`Packed`
+output columns (see the comment at the top of ``kernels_c/forward.c``); :class:`Packed`
 holds the arrays and the C struct that points at them. :func:`f32_to_bf16` and
 :func:`bf16_to_f32` are the other format the products take: bf16, rounded to nearest even.
 """
@@ -59,7 +59,7 @@ def dequantize_q8(q: np.ndarray, s: np.ndarray, K: int | None = None,
 def group_lines(tiles: np.ndarray) -> np.ndarray:
     """[tile][row][...] -> the flat decoder order: groups of GROUP tiles (the last one
     possibly fewer), each group [row][tile in group][...], so that a group's lines
-    interleave (``kernels_c/decode.c``'s layout comment)."""
+    interleave (``kernels_c/forward.c``'s layout comment)."""
     parts = [np.ascontiguousarray(tiles[g:g + GROUP].swapaxes(0, 1)).reshape(-1)
              for g in range(0, tiles.shape[0], GROUP)]
     return np.concatenate(parts)
@@ -93,7 +93,7 @@ def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     corr [N16] float32), each flat.
 
     corr_j = sum_b s_jb sum_{k in b} q_kj: what vpdpbusd's +128 on the activations adds,
-    divided by 128 (``kernels_c/decode.c``)."""
+    divided by 128 (``kernels_c/forward.c``)."""
     K32, N = q.shape
     N16, nb = _pad(N, TILE), K32 // QBLOCK
     qp = np.zeros((K32, N16), np.int8)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from smallem import gguf_random
+from smallem import gguf_file, gguf_random
 from smallem.book.ch4 import llama
 
 # llama.cpp's tokenizer test files, where `make llama` unpacked its source (once a machine)
@@ -34,14 +34,19 @@ def vocab_file(name: str) -> Path | None:
 
 def write(path, arch="llama", vocab: str | None = None, d=64, n_layer=2, n_head=4, n_kv_head=2,
           head_dim=None, hidden=128, context=128, seed=0, std=0.3, rope_freqs=False,
-          base=10000.0, tied=False, extra=None) -> Path:
+          base=10000.0, tied=False, extra=None, **arch_keys) -> Path:
     """A model of ``arch`` with random weights, all F32, to ``path`` (``extra``: more tensors,
-    name -> float32 array), through the library's one writer (smallem.gguf_random)."""
+    name -> float32 array), through the library's one writer (smallem.gguf_random);
+    ``arch_keys`` go to it (gemma3's window, swa_pattern, rope_base_swa, softcap). An
+    architecture that scales its embedding by sqrt(d) (gemma3) gets an embedding of std
+    1/sqrt(d), so that the scaled rows are of the size of what the blocks add."""
+    emb_std = 1 / np.sqrt(d) if gguf_file.ARCHS[arch].embed_scale else 1.0
+
     def init(name, shape, ne, rng):
         if name.endswith("norm.weight"):
             x = 1.0 + rng.normal(0, 0.1, shape)
         elif name == "token_embd.weight":
-            x = rng.normal(0, 1.0, shape)
+            x = rng.normal(0, emb_std, shape)
         elif name == "output.weight":  # rows of log-normal lengths: a few tokens stand out
             x = rng.normal(0, 1.0, shape) * np.exp(rng.normal(0, 1.0, (shape[0], 1)))
         elif name.endswith(".bias"):
@@ -58,4 +63,5 @@ def write(path, arch="llama", vocab: str | None = None, d=64, n_layer=2, n_head=
     return gguf_random.write(path, arch, init, d=d, n_layer=n_layer, n_head=n_head,
                              n_kv_head=n_kv_head, hidden=hidden, context=context, rope_base=base,
                              tied=tied, head_dim=head_dim, seed=seed,
-                             tokenizer=vocab_file(vocab) if vocab else None, extra=more)
+                             tokenizer=vocab_file(vocab) if vocab else None, extra=more,
+                             **arch_keys)

@@ -110,7 +110,7 @@ def test_the_kernels_shapes_are_the_packers(level):
     against the Python side that packs for it."""
     from smallem import build, quant
 
-    _, lib = build.load("decode", level)
+    _, lib = build.load("forward", level)
     assert lib.sm_tile() == quant.TILE
     assert lib.sm_rows() % lib.sm_block_rows() == 0 and 1 <= lib.sm_block_rows() <= lib.sm_rows()
 

@@ -120,6 +120,50 @@ def test_llama_cpp_greedy_equals_ours(tmp_path, block):
     assert list(theirs[:close]) == ours[:close], (theirs[:close], bytes(ours[:close]))
 
 
+def test_llama_logits_is_llama_cpps_greedy_path_and_refuses_bad_arguments(tmp_path):
+    """Our llama-logits program beside llama.cpp's tools: rows of logits whose argmax is the
+    token it fed on, the same as llama-simple's greedy bytes; every bad argument one line on
+    stderr and a nonzero status, never a crash; the wrapper says where it is missing."""
+    with pytest.raises(FileNotFoundError, match="make llama"):
+        llama.logits(tmp_path / "m.gguf", [1], 1, 1, {"bench": str(tmp_path / "x")})
+    tools = llama.find()
+    if not tools or not tools.get("logits") or not tools.get("simple"):
+        pytest.skip("no llama-logits here: `make llama` builds it")
+    m = _model("modern", seed=3, std=1.0, d=128, heads=4, context=128)
+    path = gguf_export.export(m, tmp_path / "m.gguf")
+    prompt = b"def hello(x):"
+    chosen, rows = llama.logits(path, list(prompt), 6, 2, tools)
+    assert rows.shape == (7, 256) and rows.dtype == np.float32 and np.isfinite(rows).all()
+    assert np.array_equal(chosen, rows.argmax(axis=1))
+    assert llama.greedy(tools, path, prompt, 6) == bytes(chosen[:6].tolist())
+    out = str(tmp_path / "o.bin")
+    base = [tools["logits"], "-m", str(path), "-t", "1", "-n", "2", "-o", out]
+    bad = {"no arguments": [tools["logits"]],
+           "no ids": base,
+           "a word for an id": base + ["1,x"],
+           "an empty id": base + ["1,,2"],
+           "a negative id": base + ["-5"],
+           "an id past the vocabulary": base + ["1,256"],
+           "two id lists": base + ["1", "2"],
+           "no steps": base[:5] + base[7:] + ["1"],
+           "bad steps": base[:6] + ["many"] + base[7:] + ["1"],
+           "zero threads": base[:4] + ["0"] + base[5:] + ["1"],
+           "an unknown option": base + ["--flash", "1"],
+           "a missing file": [tools["logits"], "-m", str(tmp_path / "absent.gguf"), "-t", "1",
+                              "-n", "1", "-o", out, "1"],
+           "not a model": [tools["logits"], "-m", __file__, "-t", "1", "-n", "1", "-o", out,
+                           "1"],
+           "past the context": base[:6] + ["500"] + base[7:] + ["1"],
+           "an unwritable output": base[:8] + [str(tmp_path / "no" / "o.bin"), "1"]}
+    for what, cmd in bad.items():
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode in (1, 2), (what, r.returncode, r.stderr)
+        assert len(lines) == 1 and lines[0].startswith("llama-logits: "), (what, r.stderr)
+    with pytest.raises(llama.LlamaError, match="outside the vocabulary"):
+        llama.logits(path, [1, 999], 1, 1, tools)
+
+
 def _fake_tool(path, body: str):
     import stat
 

@@ -1,4 +1,4 @@
-"""Others' models in C (kernels_c/gguf.c through smallem.gguf_run): each tensor type's row
+"""Others' models in C (kernels_c/forward/blocks.c through smallem.gguf_run, the forward through smallem.forward): each tensor type's row
 decoding and product, on every ISA path, against the gguf package's dequantiser and float64;
 the activations rounded as llama.cpp rounds them; the C forward against the numpy oracle.
 
@@ -12,6 +12,7 @@ import pytest
 
 import gguf_models
 from smallem import gguf_file, gguf_model, gguf_run, isa
+from smallem.forward import Forward
 from smallem.checks import assert_close
 from smallem.gguf_file import TYPES, Tensor
 
@@ -163,17 +164,23 @@ def _quantised_copy(src, dst, qtype):
     return quantise(src, dst, qtype, None)
 
 
+# gemma3 with its sliding window short enough for the tests' prompts to cross it: layer 0
+# slides (rope base 10^4), layer 1 is global (base 10^6, linear scaling 8, as gemma3:4b's)
+WINDOWED = {"gemma3": dict(window=4, swa_pattern=2, base=1e6, rope_base_swa=1e4, rope_linear=8.0)}
+
+
 @pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0"])
 @pytest.mark.parametrize("arch", list(gguf_file.ARCHS))
 def test_the_c_forward_gives_the_oracles_logits(tmp_path, level, arch, qtype):
     """The C forward (a prompt in one call, then tokens one by one) against the float64
     numpy forward that rounds as it does (activations before each product, the f16 cache)."""
     src = gguf_models.write(tmp_path / "m.gguf", arch, None, d=64, hidden=96,
-                            head_dim=32 if arch == "qwen3" else None, rope_freqs=arch == "llama")
+                            head_dim=32 if arch == "qwen3" else None, rope_freqs=arch == "llama",
+                            **WINDOWED.get(arch, {}))
     p = src if qtype == "F32" else _quantised_copy(src, tmp_path / f"{qtype}.gguf", qtype)
     mf = gguf_file.open_model(p)
     ref = gguf_model.Reference(mf, np.float64, like_llama=True)
-    fw = gguf_run.Forward(mf, threads=2, par_min_bytes=0)
+    fw = Forward.from_gguf(mf, threads=2, par_min_bytes=0)
     ids = [1, 5, 9, 200, 3, 7, 100]
     want = ref.forward(ids, all_logits=True)
     got = fw.forward(ids, all_logits=True)
@@ -204,7 +211,7 @@ def test_the_attention_sums_in_f16_as_ggml_does(tmp_path, level, arch):
                           head_dim=32 if arch == "qwen3" else None)
     mf = gguf_file.open_model(p)
     ids = [1, 5, 9, 200, 3, 7, 100, 4, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
-    got = gguf_run.Forward(mf, threads=2, par_min_bytes=0).forward(ids, all_logits=True)
+    got = Forward.from_gguf(mf, threads=2, par_min_bytes=0).forward(ids, all_logits=True)
     f16 = gguf_model.Reference(mf, like_llama=True).forward(ids, all_logits=True)
     f32 = gguf_model.Reference(mf, cache16=True).forward(ids, all_logits=True)
     rel = lambda a, b: float(np.median(np.abs(a - b) / np.abs(b)))  # noqa: E731
@@ -214,14 +221,14 @@ def test_the_attention_sums_in_f16_as_ggml_does(tmp_path, level, arch):
 
 def test_the_forward_refuses_what_does_not_fit(tmp_path):
     mf = gguf_file.open_model(gguf_models.write(tmp_path / "m.gguf", "llama", None, context=16))
-    fw = gguf_run.Forward(mf, threads=1)
+    fw = Forward.from_gguf(mf, threads=1)
     assert fw.context == 16
-    with pytest.raises(ValueError, match="ids outside"):
+    with pytest.raises(ValueError, match="ids must lie in"):
         fw.forward([10**6])
     with pytest.raises(ValueError, match="do not fit"):
         fw.forward(list(range(17)))
     with pytest.raises(ValueError, match="context"):
-        gguf_run.Forward(mf, context=17)
+        Forward.from_gguf(mf, context=17)
     fw.forward(list(range(16)))
     with pytest.raises(ValueError, match="do not fit"):
         fw.forward([1])
@@ -235,11 +242,12 @@ def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, ar
     to the C path's activation rounding, and leaves the same cache: the decode steps after it
     agree with those after the C path."""
     src = gguf_models.write(tmp_path / "m.gguf", arch, None, d=64, hidden=96,
-                            head_dim=32 if arch == "qwen3" else None, rope_freqs=arch == "llama")
+                            head_dim=32 if arch == "qwen3" else None, rope_freqs=arch == "llama",
+                            **WINDOWED.get(arch, {}))
     mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", "Q8_0"))
     ids = list(range(3, 40))
-    c = gguf_run.Forward(mf, threads=2, par_min_bytes=0)
-    g = gguf_run.Forward(mf, threads=2, par_min_bytes=0, prompt_dtype=dtype)
+    c = Forward.from_gguf(mf, threads=2, par_min_bytes=0)
+    g = Forward.from_gguf(mf, threads=2, par_min_bytes=0, prompt_dtype=dtype)
     ref = gguf_model.Reference(mf, np.float64, cache16=True)  # what the GEMM computes
     a, b = c.forward(ids, all_logits=True, path="c"), g.forward(ids, all_logits=True, path="gemm")
     want = ref.forward(ids, all_logits=True)
@@ -252,13 +260,13 @@ def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, ar
     for t in (5, 6, 7):
         x, y = c.forward([t]), g.forward([t])
         assert np.abs(x - y).max() <= 3e-2 * scale
-    more = list(range(50, 60))   # a prompt that continues the cache: its scores in numpy
+    more = list(range(50, 60))   # a prompt that continues the cache, through the GEMM too
     x, y = c.forward(more, all_logits=True, path="c"), g.forward(more, all_logits=True, path="gemm")
     assert np.abs(x - y).max() <= 3e-2 * scale
     with pytest.raises(ValueError, match="path"):
         c.forward([1], path="blas")
     with pytest.raises(ValueError, match="prompt_dtype"):
-        gguf_run.Forward(mf, prompt_dtype="f16")
+        Forward.from_gguf(mf, prompt_dtype="f16")
 
 
 def test_every_type_is_supported_and_rounds_its_activation_as_llama_does(level):
@@ -266,7 +274,7 @@ def test_every_type_is_supported_and_rounds_its_activation_as_llama_does(level):
     the activation type ggml's vec_dot_type names (on AVX-512, Q4_0 and Q5_0 take the
     paired Q8_0 layout, which holds the same Q8_0 values)."""
     from smallem import build
-    ffi, lib = build.load("gguf", level)
+    ffi, lib = build.load("forward", level)
     for name in TYPES:
         assert lib.sm_g_supported(gguf_run.type_id(name)) == 1, name
     for name in ("Q2_K", "Q3_K", "IQ4_NL"):

@@ -9,7 +9,7 @@ import time
 
 from ..book.options import count, number
 from ..decode import Sampler
-from ..gguf_run import DEFAULT_CONTEXT
+from ..forward import DEFAULT_CONTEXT
 from .generate import Terminal
 
 
@@ -40,12 +40,16 @@ def info_lines(mf, tk) -> list[str]:
         f"file:         {mf.path}",
         f"architecture: {h.arch.name} (RoPE {h.arch.rope}, q/k/v biases {h.arch.qkv_bias}, "
         f"q/k norms {h.arch.qk_norm}, fused q/k/v and gate/up {h.arch.fused}, "
-        f"query scaled before the keys {h.arch.q_prescaled})",
+        f"query scaled before the keys {h.arch.q_prescaled}, MLP {h.arch.mlp}, norms after "
+        f"attention and MLP {h.arch.post_norms}, embedding scaled {h.arch.embed_scale})",
         f"sizes:        d {h.d}, {h.n_layer} blocks, {h.n_head} heads of {h.head_dim} "
         f"({h.n_kv_head} key/value heads), MLP {h.hidden}, vocabulary {h.vocab}, context "
         f"{h.context}, output {'tied to the embedding' if h.tied else 'its own'}",
         f"RoPE:         base {h.rope_base:g} over {h.rope_dim} features"
-        + (", llama 3 frequency factors" if "rope_freqs.weight" in mf.tensors else ""),
+        + (", llama 3 frequency factors" if "rope_freqs.weight" in mf.tensors else "")
+        + (f", angles times {h.rope_scale:g}" if h.rope_scale != 1 else ""),
+        *([f"window:       {sum(h.swa_layers)} of {h.n_layer} blocks attend to the last "
+           f"{h.window} positions (RoPE base {h.rope_base_swa:g})"] if h.window else []),
         f"types:        {mix}",
         f"tokenizer:    {tk.model}" + (f" (pre-tokenizer {tk.pre})" if tk.model == "gpt2" else "")
         + f", BOS {tk.bos} {'added' if tk.add_bos else 'not added'}, EOS {tk.eos}",

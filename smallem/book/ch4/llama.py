@@ -39,6 +39,14 @@ from ... import build as kbuild, machine_info
 ENV = "SMALLEM_LLAMA_BENCH"
 VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
 TOOLS = ("llama-bench", "llama-simple", "llama-quantize")
+# our own program beside them (llama_logits.cpp here): llama.cpp's logits row by row, the
+# oracle of the logits tests; linked against the static libraries of the same build, which are
+# kept in lib/ (with the headers in include/) so that a change of the program relinks it alone
+LOGITS = "llama-logits"
+LOGITS_SOURCE = Path(__file__).with_name("llama_logits.cpp")
+# the layout of a build folder: part of its key, so that a machine with an older build (one
+# without llama-logits and lib/) builds once more
+LAYOUT = 2
 # llama.cpp's CMake switch for each instruction set, by the /proc/cpuinfo flag that says the
 # CPU has it (ggml's GGML_AVX512 asks for F, CD, VL, DQ and BW together)
 ISA_SWITCHES = (
@@ -76,22 +84,24 @@ def models_dir() -> Path | None:
 def build_dir(flags=None) -> Path:
     """This machine's build: the version, the CMake options and the compiler in its key."""
     cc = kbuild.compiler()
-    key = json.dumps([VERSION, isa_switches(flags), kbuild.compiler_version(cc)])
+    key = json.dumps([VERSION, isa_switches(flags), kbuild.compiler_version(cc), LAYOUT])
     return (kbuild.cache_dir() / f"llama.cpp-{VERSION}"
             / f"build-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
 
 
 def find() -> dict | None:
-    """{"bench", "simple", "quantize": paths (or None), "from": where, "build": the check's
-    verdict (None for a named llama-bench)}, or None where there is no llama-bench."""
+    """{"bench", "simple", "quantize", "logits": paths (or None), "from": where, "build": the
+    check's verdict (None for a named llama-bench)}, or None where there is no llama-bench."""
     named = os.environ.get(ENV)
     bench = Path(named) if named else build_dir() / "bin" / "llama-bench"
     if not (bench.is_file() and os.access(bench, os.X_OK)):
         return None
     simple, quantize = bench.parent / "llama-simple", bench.parent / "llama-quantize"
+    logits_ = bench.parent / LOGITS
     checked = bench.parent.parent / "check.json"
     return {"bench": str(bench), "simple": str(simple) if simple.is_file() else None,
             "quantize": str(quantize) if quantize.is_file() else None,
+            "logits": str(logits_) if logits_.is_file() else None,
             "from": f"${ENV}" if named else "smallem llama",
             "build": None if named or not checked.is_file() else json.loads(checked.read_text())}
 
@@ -167,6 +177,67 @@ def greedy(tools: dict, model: Path, prompt: bytes, n: int) -> bytes:
     if not out.startswith(prompt):
         raise LlamaError(f"llama-simple did not echo the prompt: {out[:80]!r}")
     return out[len(prompt):len(prompt) + n]
+
+
+def logits(path, ids, steps: int, threads: int, tools: dict | None = None):
+    """llama.cpp's greedy decoding of ``steps`` tokens after the prompt ``ids`` (token ids, fed
+    as they are: no BOS added) on the GGUF file ``path``, by our ``llama-logits`` program:
+    (chosen, rows), ``rows`` float32 of shape (steps + 1, n_vocab) -- row 0 at the prompt's last
+    position, row k after chosen[k - 1] -- and ``chosen`` int64 of length steps + 1, the first
+    largest logit of each row (the first ``steps`` of them were fed back). Its context is
+    llama-simple's (llama_context_default_params: flash attention "auto", K and V caches in
+    F16; the prompt as one batch). Raises FileNotFoundError where there is no llama-logits
+    (``make llama`` builds it) and :class:`LlamaError` where it fails."""
+    import numpy as np
+
+    tools = find() if tools is None else tools
+    prog = (tools or {}).get("logits")
+    if not prog or not os.access(prog, os.X_OK):
+        raise FileNotFoundError(
+            "no llama-logits: `make llama` builds it beside llama.cpp's tools"
+            + (f" (looked in {Path(tools['bench']).parent})" if tools else ""))
+    ids = [int(i) for i in ids]
+    if not ids or min(ids) < 0:
+        raise ValueError(f"logits wants one token id or more, all >= 0 (got {ids[:8]})")
+    if int(steps) != steps or steps < 0 or int(threads) != threads or threads < 1:
+        raise ValueError(f"logits wants steps >= 0 and threads >= 1 (got {steps}, {threads})")
+    with tempfile.TemporaryDirectory(prefix="llama-logits-") as tmp:
+        out = Path(tmp) / "logits.bin"
+        r = _run([prog, "-m", str(path), "-t", str(int(threads)), "-n", str(int(steps)),
+                  "-o", str(out), ",".join(map(str, ids))], 600)
+        if r.returncode:
+            said = r.stderr.strip().splitlines()
+            raise LlamaError(f"llama-logits {_died(r.returncode)}"
+                             + (f": {said[-1][:300]}" if said else ""))
+        raw = out.read_bytes()
+    head = np.frombuffer(raw[:8], dtype="<i4")
+    if head.size != 2 or head[0] != steps + 1 or head[1] < 1:
+        raise LlamaError(f"llama-logits wrote a header {head.tolist()} for {steps + 1} rows")
+    rows, vocab = int(head[0]), int(head[1])
+    if len(raw) != 8 + 4 * rows + 4 * rows * vocab:
+        raise LlamaError(f"llama-logits wrote {len(raw)} bytes for {rows} rows of {vocab}")
+    chosen = np.frombuffer(raw, dtype="<i4", count=rows, offset=8).astype(np.int64)
+    out_rows = np.frombuffer(raw, dtype="<f4", offset=8 + 4 * rows).reshape(rows, vocab)
+    return chosen, out_rows.astype(np.float32)
+
+
+# How near our logits must be to llama.cpp's (tests/test_gguf_models.py, appendix B): the
+# distance of a step (:func:`distance`) is the largest |ours - llama.cpp's| over the vocabulary
+# divided by the standard deviation of llama.cpp's row, and every step of a comparison must lie
+# within the tolerance of its file's type. The measured maxima are in the tests' comments.
+LOGITS_TOL = {"F32": 0.1, "F16": 0.1, "BF16": 0.5, "Q8_0": 1.5, "Q4_0": 2.0,
+              "Q4_K_M": 2.5, "Q6_K": 3.0}
+
+
+def distance(ours, theirs):
+    """Each row's (step's) largest |ours - theirs| over theirs' standard deviation."""
+    import numpy as np
+
+    ours = np.atleast_2d(np.asarray(ours, np.float64))
+    theirs = np.atleast_2d(np.asarray(theirs, np.float64))
+    if ours.shape != theirs.shape:
+        raise ValueError(f"distance: rows of shape {ours.shape} and {theirs.shape}")
+    return np.abs(ours - theirs).max(axis=1) / theirs.std(axis=1)
 
 
 def _probe_files(tmp: Path, tools: dict) -> list[Path]:
@@ -255,7 +326,7 @@ def _cmake(tree: Path, where: Path, options: list[str], log) -> None:
            "-DBUILD_SHARED_LIBS=OFF", *options]
     for cmd, name in ((cfg, "cmake.log"),
                       (["cmake", "--build", str(where / "cmake"), "-j", str(os.cpu_count() or 1),
-                        "--target", *TOOLS], "build.log")):
+                        "--target", *TOOLS, "llama"], "build.log")):
         with open(where / name, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
@@ -265,6 +336,86 @@ def _cmake(tree: Path, where: Path, options: list[str], log) -> None:
     (where / "bin").mkdir(exist_ok=True)
     for t in TOOLS:
         shutil.copy2(where / "cmake" / "bin" / t, where / "bin" / t)
+    _keep_libs(tree, where)
+    _link_logits(where)
+
+
+def _keep_libs(tree: Path, where: Path) -> None:
+    """What linking llama-logits needs once cmake/ is gone (~1 GB of objects): the static
+    libraries llama-simple is linked with (lib/), llama.cpp's headers (include/), and the
+    compiler and the rest of llama-simple's link line (lib/link.json)."""
+    cmake = where / "cmake"
+    link_txt = cmake / "examples" / "simple" / "CMakeFiles" / "llama-simple.dir" / "link.txt"
+    cache = (cmake / "CMakeCache.txt").read_text()
+    cxx = next((ln.split("=", 1)[1] for ln in cache.splitlines()
+                if ln.startswith("CMAKE_CXX_COMPILER:")), "c++")
+    words = [w.strip('"') for w in link_txt.read_text().split()]
+    libs, rest, skip = [], [], False
+    for w in words[1:]:  # words[0] is the compiler
+        if skip:
+            skip = False
+        elif w == "-o":
+            skip = True
+        elif w.endswith(".o"):
+            pass
+        elif w.endswith(".a") and not os.path.isabs(w):  # the build's own, relative to it
+            libs.append(w)
+        else:  # the flags, and the system's libraries (OpenMP's, pthread's) by their paths
+            rest.append(w)
+    lib, inc = where / "lib", where / "include"
+    for d in (lib, inc):
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+    kept = []
+    for a in libs:
+        src = cmake / "examples" / "simple" / a  # the link line runs in the target's folder
+        if not src.is_file():
+            raise LlamaError(f"llama-simple's link line names {a}, which is not in {cmake}")
+        shutil.copy2(src, lib / src.name)
+        if src.name not in kept:
+            kept.append(src.name)
+    for d in (tree / "include", tree / "ggml" / "include"):
+        for h in d.glob("*.h"):
+            shutil.copy2(h, inc / h.name)
+    (lib / "link.json").write_text(json.dumps(
+        {"cxx": cxx, "libs": kept, "rest": rest}, indent=1) + "\n")
+
+
+def _link_logits(where: Path) -> Path:
+    """Compile and link our llama-logits (:data:`LOGITS_SOURCE`) against the kept libraries,
+    into bin/ (through a temporary name, so a half-written program is never found); the
+    source's hash beside it says which source it was made from."""
+    lib = where / "lib"
+    try:
+        link = json.loads((lib / "link.json").read_text())
+    except (OSError, ValueError) as e:
+        raise LlamaError(f"no libraries to link llama-logits with in {lib} ({e}): "
+                         f"`smallem llama --force` builds them") from e
+    out = where / "bin" / LOGITS
+    tmp = out.with_name(f".{LOGITS}-{os.getpid()}")
+    cmd = [link["cxx"], "-std=c++17", "-I", str(where / "include"),
+           str(LOGITS_SOURCE), "-o", str(tmp), "-Wl,--start-group",
+           *[str(lib / a) for a in link["libs"]], "-Wl,--end-group", *link["rest"]]
+    with open(where / "logits.log", "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if rc:
+        tmp.unlink(missing_ok=True)
+        raise LlamaError(f"llama-logits did not compile: see {where / 'logits.log'}")
+    os.replace(tmp, out)
+    out.with_name(LOGITS + ".source").write_text(_source_hash() + "\n")
+    return out
+
+
+def _source_hash() -> str:
+    return hashlib.sha256(LOGITS_SOURCE.read_bytes()).hexdigest()
+
+
+def logits_current(where: Path | None = None) -> bool:
+    """Whether bin/llama-logits was made from the present llama_logits.cpp."""
+    stamp = (where or build_dir()) / "bin" / (LOGITS + ".source")
+    return stamp.is_file() and stamp.read_text().strip() == _source_hash()
 
 
 def check(tools: dict, threads: int) -> str | None:
@@ -277,7 +428,9 @@ def check(tools: dict, threads: int) -> str | None:
                 bench({**tools, "flags": ["--repack", "1"]}, path, threads, gen=2, depth=4)
                 bench({**tools, "flags": ["--repack", "1"]}, path, threads, prompt=8)
                 greedy(tools, path, b"ab", 2)
-    except (LlamaError, RuntimeError, OSError) as e:
+                if tools.get("logits"):
+                    logits(path, [1, 2], 2, threads, tools)
+    except (LlamaError, RuntimeError, OSError, ValueError) as e:
         return str(e)
     return None
 
@@ -289,6 +442,9 @@ def build(force: bool = False, log=print) -> dict:
     verdict = where / "check.json"
     if verdict.is_file() and (where / "bin" / "llama-bench").is_file() and not force:
         out = json.loads(verdict.read_text())
+        if not logits_current(where):  # our program changed (or is missing): relink it alone
+            log(f"linking {LOGITS} from {LOGITS_SOURCE.name} against the kept libraries")
+            _link_logits(where)
         log(f"llama.cpp {VERSION} already built for this machine in {where / 'bin'} "
             + ("(checked on quantised files)" if out["ok"] else f"(does not run here: {out['why']})"))
         return out
@@ -302,7 +458,8 @@ def build(force: bool = False, log=print) -> dict:
     _cmake(tree, where, options, log)
     tools = {"bench": str(where / "bin" / "llama-bench"),
              "simple": str(where / "bin" / "llama-simple"),
-             "quantize": str(where / "bin" / "llama-quantize"), "from": "smallem llama"}
+             "quantize": str(where / "bin" / "llama-quantize"),
+             "logits": str(where / "bin" / LOGITS), "from": "smallem llama"}
     why = check(tools, threads)
     out = {"version": VERSION, "options": options, "ok": why is None, "why": why,
            "safe_build": False, "seconds": None}

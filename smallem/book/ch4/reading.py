@@ -437,7 +437,7 @@ def _study_small(rec, facts, small, by, values) -> None:
 
 def _small_threaded(rec, d: int, r) -> tuple[str, bool]:
     """(words, whether any region goes to the team): whether any parallel region of a decoded token of the study's model of width ``d``
-    reaches the decoder's threshold (decode.c's team(): products by their weight bytes,
+    reaches the decoder's threshold (forward.c's team(): products by their weight bytes,
     int8 here; the attention by 8 bytes per cached position and feature), as words."""
     par_min = r["params"].get("par_min_bytes")
     if par_min is None:
@@ -523,7 +523,7 @@ NOT_MEASURED = "not measured here (no llama.cpp: `make llama`)"
 
 def report(rec_dir) -> dict:
     values: dict = target_values()
-    ffi, lib = build.load("decode")  # the decoder's shapes, as the kernel has them
+    ffi, lib = build.load("forward")  # the decoder's shapes, as the kernel has them
     values.update({"ch4.tile": str(quant.TILE), "ch4.qblock": str(quant.QBLOCK),
                    "ch4.group": str(quant.GROUP), "ch4.rows": str(lib.sm_rows()),
                    "ch4.block_rows": str(lib.sm_block_rows()),

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import checks, gguf_file, gguf_run, timing
+from ...forward import Forward
 from ...timing import Timing, quick_mode
 from .. import records
 from ..ch4 import llama
@@ -48,7 +49,7 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     mf = gguf_file.open_model(path)
     feed, pp = (8, 64) if quick else (FEED, PP)
     prompt_ids, feed_ids, pp_ids = _tokens(PROMPT, 1), _tokens(feed, 2), _tokens(pp, 3)
-    fw = gguf_run.Forward(mf, threads=threads, context=max(PROMPT + feed, pp))
+    fw = Forward.from_gguf(mf, threads=threads, context=max(PROMPT + feed, pp))
 
     def decode_setup():
         fw.reset()

@@ -36,12 +36,20 @@ def _missing(note: str) -> dict:
     figures.write_table("others_speed", [], ["(nothing measured)"], note)
     figures.write_table("others_types", *types_table(None))
     return {k: note for k in keys()} | {"others.instruction": note, "others.llama": note,
-                                        "others.rows": note, "others.rb": _rb()}
+                                        "others.rows": note, "others.rb": _rb(),
+                                        "others.logits_tol": _logits_tol()}
+
+
+def _logits_tol() -> str:
+    """The tests' tolerance on the logits' distance from llama.cpp's, per type."""
+    from ..ch4.llama import LOGITS_TOL
+
+    return ", ".join(f"{t} {v:g}" for t, v in LOGITS_TOL.items())
 
 
 def _rb() -> str:
-    """Weight rows a prompt's block keeps in L1, as kernels_c/gguf.c defines them."""
-    return str(int(build.header_constant("RB", "gguf.c")))
+    """Weight rows a prompt's block keeps in L1, as kernels_c/forward/blocks.c defines them."""
+    return str(int(build.header_constant("RB", "forward/blocks.c")))
 
 
 def types_table(facts, weights: int | None = None):
@@ -140,6 +148,7 @@ def report(rec_dir=None) -> dict:
     ll = s.get("llama_cpp")
     values["others.instruction"] = s["instruction"]
     values["others.rows"], values["others.rb"] = str(s["rows_per_call"]), _rb()
+    values["others.logits_tol"] = _logits_tol()
     values["others.llama"] = (f"llama.cpp {ll['version']}" + (f" ({ll['flags_why']})" if ll.get("flags_why") else "")
                               if ll else s.get("missing", {}).get("llama.cpp", "not found"))
     return values

@@ -1,57 +1,7 @@
-/* Others' models: the products and the forward of a llama-family GGUF file, reading each
- * weight matrix in the file's own blocks, straight from the mapping (no repacked or
- * dequantised copy of the model; smallem/gguf_run.py passes the tensors' addresses).
- *
- * A GGUF matrix of ne = [K, N] is N rows of K weights, each row a run of blocks. A decode
- * step multiplies one activation row by every matrix, so it reads every weight once and
- * does two operations with it: its time is the bytes of the blocks over the bandwidth of
- * the level that holds them, and the arithmetic only has to keep up. It does so as llama.cpp
- * does, which is also what makes the tokens comparable with llama.cpp's: the activation row is
- * first rounded to the "vec_dot" type that llama.cpp pairs with the weights' type, and each
- * row's dot product is then exact integer sums per block, scaled in float:
- *
- *   weights        activation rounded to              one block's contribution
- *   F32            F32 (none)                         w x
- *   F16, BF16      F16, BF16 (round to nearest even)  w x, in f32
- *   Q8_0 Q4_0 Q5_0 Q8_0: 32 int8 with an f16 scale    d_w d_x sum q_w q_x
- *   Q4_K           Q8_K: 256 int8 with an f32 scale   d_x (d sum_j sc_j sum q q_x
- *                  and the sums of each 16                 - dmin sum_j m_j sum q_x)
- *   Q6_K           Q8_K                               d_x d sum_16 sc_16 sum (q - 32) q_x
- *
- * (Q8_0's activation: d = max|x| / 127 stored as f16, q = round-half-even(x 127 / max|x|),
- * as llama.cpp's x86 code does; Q8_K's: scale -127 / x_m with x_m the value of largest
- * magnitude, q = min(127, round-half-even), as its reference does, which every x86 build
- * uses.) The integer sums go through one instruction, u8 x s8 -> four products added into
- * an int32 lane: vpdpbusd where the CPU has VNNI (AVX512-VNNI on ymm or zmm, AVX-VNNI on
- * ymm), else vpmaddubsw then vpmaddwd. Nibbles and 6-bit values are unsigned, so they go in
- * as the u8 side directly; the subtracted offsets (-8 of Q4_0, -16 of Q5_0, -32 of Q6_K,
- * Q4_K's mins) are handled as llama.cpp's formats intend: Q4_0/Q5_0 subtract before the
- * product (a signed weight, whose sign moves onto the activation), Q6_K and Q4_K take the
- * activation's block sums (Q8_K's bsums). The AVX-512 level multiplies two 32-weight blocks
- * per zmm for Q8_0, Q4_0 and Q5_0; the K-quants' 256-weight blocks stay on ymm at every level
- * (their scales change every 16 or 32 weights). Plain C does the same sums with ints.
- *
- * Threads split a product's rows (static: a thread reads the same slice of each matrix at
- * every token); a matrix smaller than par_min_bytes stays on one core. A prompt of n rows
- * runs each block of 4 weight rows against all n rounded activation rows while those 4
- * rows are in L1: every weight is read from memory once per call, not once per token.
- *
- * The forward (sm_g_forward) is the one of smallem/gguf_model.py's Reference, with the
- * architecture's switches as fields: RMSNorm, q/k/v (+ biases), per-head q/k RMSNorm,
- * RoPE on the first rope_dim features of each head (pairs 2i, 2i+1, or i, i + half with
- * neox), keys and values appended to an f16 cache [layer][position][kv head][feature] (as
- * llama.cpp keeps them), attention per head with its kv head = head / (n_head / n_kv_head),
- * SwiGLU, the output norm and the head.
- */
-#include <math.h>
-#include <stdlib.h>
-#include "common.h"
-#include "vexp.h"
-#include "rows.h"
-#include "half.h"
-#include "gguf.h"
+/* Others' weights: ggml's blocks, read straight from the file's mapping (kind 2); the types,
+ * their activations and the instructions are described in forward.c's opening comment.
+ * Included by forward.c (one translation unit). */
 
-#define INLINE static inline __attribute__((always_inline))
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_K = 15, T_Q4_K = 12,
        T_Q6_K = 14, T_BF16 = 30,
        T_Q8_0X2 = 1000 /* ours, not ggml's: Q8_0 in pairs of blocks laid out for the nibbles */ };
@@ -317,7 +267,7 @@ static inline void q6_values(const blk_q6_K *b, uint8_t *u)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
-void sm_g_row(const sm_gmat *w, int row, float *out)
+void sm_g_row(const sm_mat *w, int row, float *out)
 {
     const uint8_t *p = w->w + (size_t)row * (size_t)w->row_bytes;
     const int K = w->K;
@@ -388,7 +338,7 @@ void sm_g_row(const sm_gmat *w, int row, float *out)
 
 /* Rows r0..r1 of the matrix as floats into out ((r1 - r0) x K), threads splitting the rows:
  * the panels a prompt's GEMM multiplies (smallem/gguf_run.py). */
-void sm_g_rows(const sm_gmat *w, int r0, int r1, float *out, int nthreads)
+void sm_g_rows(const sm_mat *w, int r0, int r1, float *out, int nthreads)
 {
     const int n = r1 - r0, nt = nthreads < n ? nthreads : (n > 0 ? n : 1);
     #pragma omp parallel for schedule(static) num_threads(nt)
@@ -397,7 +347,7 @@ void sm_g_rows(const sm_gmat *w, int r0, int r1, float *out, int nthreads)
 
 /* The same rows rounded to bf16 (nearest even) for the bf16 GEMM; scratch holds K floats
  * for each thread. */
-void sm_g_rows_bf16(const sm_gmat *w, int r0, int r1, uint16_t *out, float *scratch, int nthreads)
+void sm_g_rows_bf16(const sm_mat *w, int r0, int r1, uint16_t *out, float *scratch, int nthreads)
 {
     const int n = r1 - r0, nt = nthreads < n ? nthreads : (n > 0 ? n : 1);
     #pragma omp parallel for schedule(static) num_threads(nt)
@@ -865,7 +815,7 @@ static dot_fn dot_of(int type, int K, int *count)
 #define RB 4 /* weight rows kept in L1 while every activation row passes them */
 
 /* y (rows, N) = act (rows, already rounded, ab bytes each) by w's rows j0..j1 */
-static void rows_span(const sm_gmat *w, const uint8_t *act, long long ab, int rows, float *y,
+static void rows_span(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
                       int j0, int j1)
 {
     int count;
@@ -879,7 +829,7 @@ static void rows_span(const sm_gmat *w, const uint8_t *act, long long ab, int ro
     }
 }
 
-static void product(const sm_gmat *w, const uint8_t *act, long long ab, int rows, float *y,
+static void block_product(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
                     int nthreads)
 {
     const int chunks = (w->N + 15) / 16;
@@ -905,14 +855,14 @@ static void quantize_rows(int type, const float *x, int rows, int K, uint8_t *ac
 
 /* y (rows, N) = x (rows, K) by the matrix: the rows rounded as the type wants, then the
  * product (act is scratch of rows * sm_g_act_bytes bytes). */
-static void matmul_with(const sm_gmat *w, const float *x, int rows, float *y, uint8_t *act,
+static void matmul_with(const sm_mat *w, const float *x, int rows, float *y, uint8_t *act,
                         int nthreads)
 {
     quantize_rows(w->type, x, rows, w->K, act);
-    product(w, act, sm_g_act_bytes(w->type, w->K), rows, y, nthreads);
+    block_product(w, act, sm_g_act_bytes(w->type, w->K), rows, y, nthreads);
 }
 
-void sm_g_matmul(const sm_gmat *w, const float *x, int rows, float *y, int nthreads)
+void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads)
 {
     const size_t bytes = (size_t)rows * (size_t)sm_g_act_bytes(w->type, w->K) + 64;
     uint8_t *act = malloc(bytes);
@@ -921,271 +871,3 @@ void sm_g_matmul(const sm_gmat *w, const float *x, int rows, float *y, int nthre
     free(act);
 }
 
-/* ------------------------------------------------------------------ the forward */
-typedef struct {
-    float *x, *t, *q, *k, *v, *att, *g, *u;
-    uint8_t *act;
-} work_t;
-
-static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
-
-static long long carve(const sm_gmodel *m, int n, work_t *w)
-{
-    const int qd = m->n_head * m->head_dim, kd = m->n_kv_head * m->head_dim,
-              vd = m->n_kv_head * m->v_dim, ad = m->n_head * m->v_dim;
-    const int kmax = max3(m->d, m->hidden, ad);
-    long long off = 0;
-    float *base = m->work;
-#define TAKE(field, count)                                         \
-    do {                                                           \
-        if (w) w->field = (void *)(base + off);                    \
-        off += ((long long)(count) + 15) / 16 * 16;                \
-    } while (0)
-    TAKE(x, (long long)n * m->d);
-    TAKE(t, (long long)n * m->d);
-    TAKE(q, (long long)n * qd);
-    TAKE(k, (long long)n * kd);
-    TAKE(v, (long long)n * vd);
-    TAKE(att, (long long)n * ad);
-    TAKE(g, (long long)n * m->hidden);
-    TAKE(u, (long long)n * m->hidden);
-    TAKE(act, ((long long)n * 24 * kmax + 768) / 4); /* three inputs of at most 8 bytes a
-                                                          weight (the paired Q8_0 takes 6) */
-#undef TAKE
-    return off;
-}
-
-long long sm_g_work_floats(const sm_gmodel *m, int n) { return carve(m, n, NULL); }
-
-/* --8<-- [start:products] */
-/* Up to three matrices that read the same input (q, k and v; gate and up) in one parallel
- * region: each thread takes an equal share of their bytes, in runs of 16 rows, so a small
- * matrix (k and v under grouped-query attention) does not leave a core idle while another
- * works, and the team meets once, not once a matrix. Row j of matrix i starts at byte
- * start_i + j row_bytes_i of the concatenation; a thread's share [P_t, P_t+1) of the bytes
- * becomes the rows at_rows(P_t) .. at_rows(P_t+1) of each matrix, the same function at both
- * ends, so the shares tile every matrix. The input is rounded once for each matrix's type.
- * Together they stay on one core below par_min_bytes. */
-static int at_rows(const sm_gmat *w, long long start, long long P)
-{
-    const long long r = P <= start ? 0 : ((P - start) / w->row_bytes + 8) / 16 * 16;
-    return r < w->N ? (int)r : w->N;
-}
-
-static void products(const sm_gmodel *m, const sm_gmat *const *ws, float *const *ys, int count,
-                     const float *x, int rows, work_t *wk, int nthreads)
-{
-    const uint8_t *act[3];
-    long long ab[3], start[4] = {0};
-    uint8_t *a = wk->act;
-    for (int i = 0; i < count; i++) {
-        ab[i] = sm_g_act_bytes(ws[i]->type, ws[i]->K);
-        start[i + 1] = start[i] + (long long)ws[i]->N * ws[i]->row_bytes;
-        if (i > 0 && sm_g_act_type(ws[i]->type) == sm_g_act_type(ws[i - 1]->type)) {
-            act[i] = act[i - 1]; /* the same rounding of the same input: made once */
-            continue;
-        }
-        quantize_rows(ws[i]->type, x, rows, ws[i]->K, a);
-        act[i] = a;
-        a += (rows * ab[i] + 63) / 64 * 64;
-    }
-    const long long total = start[count];
-    const int nt = total >= m->par_min_bytes ? nthreads : 1;
-    #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int t = 0; t < nt; t++) {
-        const long long p0 = total * t / nt, p1 = total * (t + 1) / nt;
-        for (int i = 0; i < count; i++) {
-            const int j0 = at_rows(ws[i], start[i], p0), j1 = at_rows(ws[i], start[i], p1);
-            if (j1 > j0) rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1);
-        }
-    }
-}
-/* --8<-- [end:products] */
-
-static void mm(const sm_gmodel *m, const sm_gmat *w, const float *x, int rows, float *y,
-               work_t *wk, int nthreads)
-{
-    const sm_gmat *ws[1] = {w};
-    float *ys[1] = {y};
-    products(m, ws, ys, 1, x, rows, wk, nthreads);
-}
-
-static void rms_rows(const float *x, const float *w, float *y, int rows, int C, float eps)
-{
-    for (int r = 0; r < rows; r++) norm_row(x + (size_t)r * C, 0.0f, w, NULL, y + (size_t)r * C, C, eps);
-}
-
-/* one head's first rope_dim features turned by the angles of position p */
-static void rope(const sm_gmodel *m, float *h, int p)
-{
-    const int half = m->rope_dim / 2;
-    const float *c = m->rope_cos + (size_t)p * half, *s = m->rope_sin + (size_t)p * half;
-    if (!m->neox) {
-        rope_head(h, c, s, half, 1.0f);
-        return;
-    }
-    for (int i = 0; i < half; i++) {
-        const float a = h[i], b = h[i + half];
-        h[i] = a * c[i] - b * s[i];
-        h[i + half] = a * s[i] + b * c[i];
-    }
-}
-
-static void to_half(const float *x, uint16_t *o, int n)
-{
-    int i = 0;
-#if defined(SM_AVX2)
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
-#endif
-    for (; i < n; i++) o[i] = f2h(x[i]);
-}
-
-/* --8<-- [start:attend] */
-/* Row r's query of head h against the cached keys 0..p of its kv head, as ggml's CPU flash
- * attention computes it (llama.cpp's default), so that the attention's output, and every
- * activation rounded after it, is llama.cpp's: the keys in order, an online softmax (M the
- * largest score so far, S the sum of exp(score - M)), and the weighted values summed in an
- * f16 accumulator: each step is one f32 fused multiply-add rounded back to f16, and a new
- * largest score first scales the accumulator by exp(M_old - M), rounded to f16 too. The sum
- * is divided by S at the end, in f32. The query arrives rounded to f16 (as ggml rounds the
- * operand an f16 matrix meets), in place by the caller, and already scaled by 1/sqrt(hd)
- * where the architecture scales it first (q_prescaled: phi3). One expf a key, as ggml's. */
-static inline float round_f16(float x) { return h2f(f2h(x)); }
-
-static void attend_head(const sm_gmodel *m, int l, const float *q, int p, int kvh, float *o)
-{
-    const int hd = m->head_dim, vd = m->v_dim, nkv = m->n_kv_head;
-    const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * vd;
-    const uint16_t *K = m->k_cache + (size_t)l * m->context * kstride + (size_t)kvh * hd;
-    const uint16_t *V = m->v_cache + (size_t)l * m->context * vstride + (size_t)kvh * vd;
-    const float scale = m->q_prescaled ? 1.0f : 1.0f / sqrtf((float)hd);
-    float M = -INFINITY, S = 0.0f;
-    for (int i = 0; i < vd; i++) o[i] = 0.0f; /* the accumulator: f16 values, kept in f32 */
-    for (int t = 0; t <= p; t++) {
-        const uint16_t *kt = K + (size_t)t * kstride, *vt = V + (size_t)t * vstride;
-        float d = 0.0f;
-        int i = 0;
-#if defined(SM_AVX2)
-        __m256 acc = _mm256_setzero_ps();
-        for (; i + 8 <= hd; i += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kt + i))), acc);
-        d = hsum8(acc);
-#endif
-        for (; i < hd; i++) d += q[i] * h2f(kt[i]);
-        const float sc = d * scale;
-        float ms = 1.0f, vs = 1.0f;
-        if (sc > M) { /* a new largest score: what is summed so far shrinks by exp(M_old - M) */
-            const float old = M;
-            M = sc;
-            ms = expf(old - M);
-            for (i = 0; i < vd; i++) o[i] = round_f16(o[i] * ms);
-        } else {
-            vs = expf(sc - M);
-        }
-        i = 0;
-#if defined(SM_AVX2)
-        const __m256 wv = _mm256_set1_ps(vs);
-        for (; i + 8 <= vd; i += 8) {
-            const __m256 a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vt + i))), wv,
-                                             _mm256_loadu_ps(o + i));
-            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm256_cvtps_ph(a, 0)));
-        }
-#endif
-        for (; i < vd; i++) o[i] = round_f16(fmaf(h2f(vt[i]), vs, o[i]));
-        S = S * ms + vs;
-    }
-    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    for (int i = 0; i < vd; i++) o[i] *= inv;
-}
-/* --8<-- [end:attend] */
-
-static void attention(const sm_gmodel *m, int l, work_t *w, int n, int pos, int nthreads)
-{
-    const int group = m->n_head / m->n_kv_head, nh = m->n_head;
-    const float qs = m->q_prescaled ? 1.0f / sqrtf((float)m->head_dim) : 1.0f;
-    for (int r = 0; r < n; r++) {
-        const int nt = nthreads < nh ? nthreads : nh;
-        /* a short context is not worth a fork-join */
-        const int par = (long long)(pos + r + 1) * nh * (m->head_dim + m->v_dim) >= 65536 ? nt : 1;
-        #pragma omp parallel for schedule(static) num_threads(par)
-        for (int h = 0; h < nh; h++) {
-            float *q = w->q + ((size_t)r * nh + h) * m->head_dim;
-            for (int i = 0; i < m->head_dim; i++) q[i] = h2f(f2h(q[i] * qs));
-            attend_head(m, l, w->q + ((size_t)r * nh + h) * m->head_dim, pos + r, h / group,
-                        w->att + ((size_t)r * nh + h) * m->v_dim);
-        }
-    }
-}
-
-static void add_bias(float *y, const float *b, int rows, int N)
-{
-    if (!b) return;
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < N; j++) y[(size_t)r * N + j] += b[j];
-}
-
-/* --8<-- [start:forward] */
-int sm_g_forward(const sm_gmodel *m, const int *tokens, int n, int pos, float *logits,
-                 int all_logits, int nthreads)
-{
-    if (n <= 0) return -1;
-    if (pos < 0 || pos + n > m->context) return -2;
-    if (carve(m, n, NULL) > m->work_floats) return -3;
-    for (int r = 0; r < n; r++)
-        if (tokens[r] < 0 || tokens[r] >= m->vocab) return -4;
-    work_t w;
-    carve(m, n, &w);
-    const int d = m->d, nh = m->n_head, nkv = m->n_kv_head, hd = m->head_dim, vd = m->v_dim;
-    for (int r = 0; r < n; r++) sm_g_row(&m->embd, tokens[r], w.x + (size_t)r * d);
-    for (int l = 0; l < m->n_layer; l++) {
-        const sm_glayer *L = &m->layers[l];
-        rms_rows(w.x, L->attn_norm, w.t, n, d, m->eps);
-        {
-            const sm_gmat *ws[3] = {&L->q, &L->k, &L->v};
-            float *ys[3] = {w.q, w.k, w.v};
-            products(m, ws, ys, 3, w.t, n, &w, nthreads);
-        }
-        add_bias(w.q, L->bq, n, nh * hd);
-        add_bias(w.k, L->bk, n, nkv * hd);
-        add_bias(w.v, L->bv, n, nkv * vd);
-        for (int r = 0; r < n; r++) {
-            for (int h = 0; h < nh; h++) {
-                float *qh = w.q + ((size_t)r * nh + h) * hd;
-                if (L->q_norm) norm_row(qh, 0.0f, L->q_norm, NULL, qh, hd, m->eps);
-                rope(m, qh, pos + r);
-            }
-            for (int h = 0; h < nkv; h++) {
-                float *kh = w.k + ((size_t)r * nkv + h) * hd;
-                if (L->k_norm) norm_row(kh, 0.0f, L->k_norm, NULL, kh, hd, m->eps);
-                rope(m, kh, pos + r);
-            }
-            const size_t at = (size_t)l * m->context + pos + r;
-            to_half(w.k + (size_t)r * nkv * hd, m->k_cache + at * nkv * hd, nkv * hd);
-            to_half(w.v + (size_t)r * nkv * vd, m->v_cache + at * nkv * vd, nkv * vd);
-        }
-        attention(m, l, &w, n, pos, nthreads);
-        mm(m, &L->o, w.att, n, w.t, &w, nthreads);
-        for (size_t i = 0; i < (size_t)n * d; i++) w.x[i] += w.t[i];
-        rms_rows(w.x, L->ffn_norm, w.t, n, d, m->eps);
-        {
-            const sm_gmat *ws[2] = {&L->gate, &L->up};
-            float *ys[2] = {w.g, w.u};
-            products(m, ws, ys, 2, w.t, n, &w, nthreads);
-        }
-        for (int r = 0; r < n; r++) {
-            float *g = w.g + (size_t)r * m->hidden, *u = w.u + (size_t)r * m->hidden;
-            for (int i0 = 0; i0 < m->hidden; i0 += CHUNK) {
-                const int c = m->hidden - i0 < CHUNK ? m->hidden - i0 : CHUNK;
-                swiglu_chunk(g + i0, u + i0, g + i0, c);
-            }
-        }
-        mm(m, &L->down, w.g, n, w.t, &w, nthreads);
-        for (size_t i = 0; i < (size_t)n * d; i++) w.x[i] += w.t[i];
-    }
-    const int first = all_logits ? 0 : n - 1, rows = all_logits ? n : 1;
-    rms_rows(w.x + (size_t)first * d, m->out_norm, w.t, rows, d, m->eps);
-    mm(m, &m->out, w.t, rows, logits, &w, nthreads);
-    return 0;
-}
-/* --8<-- [end:forward] */

@@ -1,0 +1,860 @@
+/* Generating text: one forward pass for every architecture the book runs, chapter 4's GPT
+ * (GPT-2's block or the modern one) and others' GGUF models (llama, qwen2, qwen3, phi3, gemma3),
+ * for n new tokens (n = 1 when decoding, a prompt's rows when prefilling) in one C call,
+ * against a key/value cache the caller owns.
+ *
+ * An architecture is a row of switches in sm_model and sm_layer, not a forward of its own:
+ * the norm (LayerNorm with biases, or RMSNorm) and whether a second one follows attention and
+ * the MLP before each residual add (post norms: gemma3); positions learned (wpe) or turned by
+ * RoPE on the first rope_dim features of each head, in pairs (2i, 2i+1) or (i, i + half: neox),
+ * with a table per layer (gemma3's sliding-window layers keep their own base); biases on q, k
+ * and v; an RMSNorm over each head's q and k; the query scaled before it meets the keys, or
+ * the scores after (attn_scale either way); a sliding window per layer; the MLP's GELU, SwiGLU
+ * or GeGLU; the embeddings scaled (gemma3: sqrt(d)); the logits soft-capped. Grouped-query
+ * attention: head h reads kv head h / (n_head / n_kv_head).
+ *
+ * Each weight matrix is an sm_mat in one of three kinds, and a product is chosen by kind:
+ * kind 0 and 1, chapter 4's tiles (f32, or int8 with an f16 scale per 32: forward/tiles.c),
+ * kind 2, ggml's blocks read straight from a GGUF file's mapping (forward/blocks.c). The
+ * cache has two kinds too: chapter 4's f32 keys in tiles of 16 positions with its vectorised
+ * attention (cache 0), or llama.cpp's f16 rows with the attention summed as ggml's flash
+ * attention sums it (cache 1), which is what makes a GGUF model's tokens llama.cpp's.
+ *
+ * A prompt of at least gemm_rows rows takes its products through chapter 2's GEMM (gemm.c,
+ * compiled into this file): chapter 4's f32 weights as they are (the plain copy), a GGUF
+ * matrix a panel of rows at a time, dequantised to bf16 or f32. Everything else of the
+ * forward is the same code for a prompt and for a token.
+ *
+ * Chapter 4's tiles. Decoding one token is a matrix-vector product per weight matrix: every
+ * weight is read once and used for two operations (a multiply and an add), so the time per
+ * token is the weight bytes divided by the bandwidth of whatever level of the memory holds
+ * them. Two things follow, and the tiles are built on them:
+ *
+ * once and used for two operations (a multiply and an add), so the time per token is the
+ * weight bytes divided by the bandwidth of whatever level of the memory holds them. Two
+ * things follow, and this file is built on them:
+ *
+ * - The weights are repacked once into the order the product reads them: tiles of
+ *   TILE = 16 output columns, each tile's K rows one after another. One tile row is one
+ *   64-byte line (16 f32, or for int8 16 outputs x 4 inputs), so the product streams
+ *   every matrix front to back with one vector load per line.
+ * - Fewer bytes per weight is the only lever left once the stream runs at the level's
+ *   bandwidth: int8 weights (kind 1) read a quarter of f32's bytes. A weight column is
+ *   cut into blocks of QBLOCK = 32 along K, each with its own scale s (an f16, as in
+ *   llama.cpp's Q8_0, so the same bytes can be exported): w = s q, q in [-127, 127].
+ *   The activation row is quantised once per matrix with one scale a: x = a p.
+ *   Then y_j = a sum_b s_jb sum_{k in b} p_k q_kj, the inner sums exact in int32.
+ *
+ * The inner sum is vpdpbusd on AVX512-VNNI: four u8 x s8 products added into each of 16
+ * int32 lanes, one instruction per 64 weights. It wants the activations unsigned, so
+ * they go in as p + 128 (p xor 0x80), which adds 128 sum_{k in b} q_kj to each block's
+ * sum: the correction corr_j = sum_b s_jb sum_{k in b} q_kj is computed when the weights
+ * are packed, and y_j = a (sum_b s_jb acc_jb - 128 corr_j). On AVX2 there is no VNNI;
+ * vpmaddubsw multiplies u8 by s8 into pairs of int16 that would overflow with p + 128,
+ * so it takes |p| and moves p's sign onto q (vpsignb), and needs no correction. Where the
+ * CPU has AVX-VNNI (vpdpbusd on ymm, VEX: Alder Lake and later, Zen 5) the AVX2 level takes
+ * vpdpbusd with the same +128 and correction, on two ymm halves of each line. Plain C
+ * does the same sums with ints.
+ *
+ * Layouts (N16 = N rounded up to 16, K32 = K rounded up to 32, zero-padded). A line is
+ * one tile's 64 bytes for one k (f32) or one group of four k (int8). The tiles go in groups
+ * of GROUP = 8 (the last group may hold fewer, n_g), and a group's lines are interleaved:
+ * first line 0 of its n_g tiles, then line 1 of each, ... so that a block of a group's tiles
+ * reads one stream, front to back, that the hardware prefetcher follows:
+ *   f32:  f[group][K][n_g][16]
+ *   int8: q[group][K32/4][n_g][16][4]  (four consecutive k per output, as vpdpbusd wants)
+ *         s[group][K32/32][n_g][16]    (f16 scale per output and block)
+ *         corr[N16]
+ * Threads split a product's tiles (static schedule: a thread reads the same slice of
+ *
+ * Others' blocks.
+ *
+ * A GGUF matrix of ne = [K, N] is N rows of K weights, each row a run of blocks. A decode
+ * step multiplies one activation row by every matrix, so it reads every weight once and
+ * does two operations with it: its time is the bytes of the blocks over the bandwidth of
+ * the level that holds them, and the arithmetic only has to keep up. It does so as llama.cpp
+ * does, which is also what makes the tokens comparable with llama.cpp's: the activation row is
+ * first rounded to the "vec_dot" type that llama.cpp pairs with the weights' type, and each
+ * row's dot product is then exact integer sums per block, scaled in float:
+ *
+ *   weights        activation rounded to              one block's contribution
+ *   F32            F32 (none)                         w x
+ *   F16, BF16      F16, BF16 (round to nearest even)  w x, in f32
+ *   Q8_0 Q4_0 Q5_0 Q8_0: 32 int8 with an f16 scale    d_w d_x sum q_w q_x
+ *   Q4_K           Q8_K: 256 int8 with an f32 scale   d_x (d sum_j sc_j sum q q_x
+ *                  and the sums of each 16                 - dmin sum_j m_j sum q_x)
+ *   Q6_K           Q8_K                               d_x d sum_16 sc_16 sum (q - 32) q_x
+ *
+ * (Q8_0's activation: d = max|x| / 127 stored as f16, q = round-half-even(x 127 / max|x|),
+ * as llama.cpp's x86 code does; Q8_K's: scale -127 / x_m with x_m the value of largest
+ * magnitude, q = min(127, round-half-even), as its reference does, which every x86 build
+ * uses.) The integer sums go through one instruction, u8 x s8 -> four products added into
+ * an int32 lane: vpdpbusd where the CPU has VNNI (AVX512-VNNI on ymm or zmm, AVX-VNNI on
+ * ymm), else vpmaddubsw then vpmaddwd. Nibbles and 6-bit values are unsigned, so they go in
+ * as the u8 side directly; the subtracted offsets (-8 of Q4_0, -16 of Q5_0, -32 of Q6_K,
+ * Q4_K's mins) are handled as llama.cpp's formats intend: Q4_0/Q5_0 subtract before the
+ * product (a signed weight, whose sign moves onto the activation), Q6_K and Q4_K take the
+ * activation's block sums (Q8_K's bsums). The AVX-512 level multiplies two 32-weight blocks
+ * per zmm for Q8_0, Q4_0 and Q5_0; the K-quants' 256-weight blocks stay on ymm at every level
+ * (their scales change every 16 or 32 weights). Plain C does the same sums with ints.
+ *
+ * Threads split a product's rows (static: a thread reads the same slice of each matrix at
+ * every token); a matrix smaller than par_min_bytes stays on one core. A prompt of n rows
+ * runs each block of 4 weight rows against all n rounded activation rows while those 4
+ * rows are in L1: every weight is read from memory once per call, not once per token.
+ *
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <time.h>
+#include "gemm.c" /* chapter 2's GEMM: the prompt's products (its names stay its own) */
+#undef MIN
+#undef MAX
+#undef ROUND_UP
+#include "common.h"
+#include "vexp.h"
+#include "rows.h"
+#include "half.h"
+#include "forward.h"
+
+#define INLINE static inline __attribute__((always_inline))
+enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_BLOCKS = 2 };            /* sm_mat.kind */
+enum { NORM_LAYER = 0, NORM_RMS = 1 };                             /* sm_model.norm */
+enum { MLP_GELU = 0, MLP_SWIGLU = 1, MLP_GEGLU = 2 };              /* sm_model.mlp */
+enum { ROPE_NONE = 0, ROPE_PAIRS = 1, ROPE_NEOX = 2 };             /* sm_model.rope */
+enum { CACHE_TILES = 0, CACHE_F16 = 1 };                           /* sm_model.cache */
+
+#include "forward/tiles.c"
+#include "forward/blocks.c"
+
+/* Seconds of one row's product by w on one thread, the best of reps, the row rounded as the
+ * product rounds it (the threshold below which a product stays on one core is derived from
+ * it). Returns -1 where the scratch cannot be had. */
+double sm_time_product(const sm_mat *w, int reps)
+{
+    const int K = w->K, K32 = PAD(K, QBLOCK);
+    const long long act = w->kind == KIND_BLOCKS ? sm_g_act_bytes(w->type, K) : K32;
+    float *x = malloc(sizeof(float) * ((size_t)K + (size_t)w->N + 16));
+    uint8_t *a = malloc((size_t)act + 64);
+    if (!x || !a) {
+        free(x), free(a);
+        return -1.0;
+    }
+    float *y = x + K, xs = 0.0f;
+    for (int k = 0; k < K; k++) x[k] = 1.0f;
+    double best = 1e30;
+    for (int i = 0; i < reps; i++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (w->kind == KIND_BLOCKS) {
+            sm_g_quantize(w->type, x, K, a);
+            block_product(w, a, act, 1, y, 1);
+        } else {
+            if (w->kind == KIND_INT8) sm_quantize_rows(x, 1, K, (int8_t *)a, &xs);
+            sm_matmul(w, x, (int8_t *)a, &xs, y, 1, 0, 1);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double t = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        best = t < best ? t : best;
+    }
+    free(x), free(a);
+    return best;
+}
+
+/* ------------------------------------------------------------------ the layers */
+static void norm_rows(const sm_model *m, const float *x, const float *w, const float *b,
+                      float *out, int rows, int C)
+{
+    const int rms = m->norm == NORM_RMS;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * C;
+        norm_row(xr, rms ? 0.0f : row_sum(xr, C) / C, w, rms ? NULL : b, out + (size_t)r * C, C,
+                 m->eps);
+    }
+}
+
+/* ggml's GELU where GGML_GELU_FP16 is defined (its CPU default): the input rounded to f16,
+ * the tanh GELU of that f16 value in f32 rounded to f16 again (the entry of its table of
+ * 65 536), and the ends passed through. */
+static inline float gelu_ggml(float x)
+{
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float v = sm_f16_to_f32(sm_f32_to_f16(x));
+    const float g = 0.5f * v * (1.0f + tanhf(SM_GELU_K * v * (1.0f + SM_GELU_A * v * v)));
+    return sm_f16_to_f32(sm_f32_to_f16(g));
+}
+
+/* The MLP's activation for rows of h features into g (stride h): GELU of a (GPT-2's, in
+ * chunks); SwiGLU silu(a) b; GeGLU gelu(a) b as ggml computes it. a and b are each row's gate
+ * and up, sa apart from one row to the next (a fused [gate | up] row, or their own buffers). */
+static void activation(const sm_model *m, const float *a, const float *b, size_t sa, float *g,
+                       int rows, int h)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *ar = a + (size_t)r * sa, *br = b ? b + (size_t)r * sa : NULL;
+        float *o = g + (size_t)r * h;
+        if (m->mlp == MLP_GEGLU) {
+            for (int i = 0; i < h; i++) o[i] = gelu_ggml(ar[i]) * br[i];
+            continue;
+        }
+        for (int i0 = 0; i0 < h; i0 += CHUNK) {
+            const int n = h - i0 < CHUNK ? h - i0 : CHUNK;
+            if (m->mlp == MLP_SWIGLU)
+                swiglu_chunk(ar + i0, br + i0, o + i0, n);
+            else
+                gelu_chunk(ar + i0, o + i0, n);
+        }
+    }
+}
+
+/* one head's first rope_dim features turned by the angles of position p (the layer's table) */
+static void rope(const sm_model *m, const sm_layer *L, float *hd, int p)
+{
+    const int half = m->rope_dim / 2;
+    const float *cs = L->rope_cos ? L->rope_cos : m->rope_cos;
+    const float *sn = L->rope_sin ? L->rope_sin : m->rope_sin;
+    const float *c = cs + (size_t)p * half, *s = sn + (size_t)p * half;
+    if (m->rope == ROPE_PAIRS) {
+        rope_head(hd, c, s, half, 1.0f);
+        return;
+    }
+    for (int i = 0; i < half; i++) {
+        const float a = hd[i], b = hd[i + half];
+        hd[i] = a * c[i] - b * s[i];
+        hd[i + half] = a * s[i] + b * c[i];
+    }
+}
+
+static void to_half(const float *x, uint16_t *o, int n)
+{
+    int i = 0;
+#if defined(SM_AVX2)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
+#endif
+    for (; i < n; i++) o[i] = f2h(x[i]);
+}
+
+/* ------------------------------------------------------------------ attention, cache 0 */
+/* --8<-- [start:attend] */
+/* Each new row's query against the cached keys 0..p of its head: scores, softmax, the
+ * weighted sum of the cached values. The rows' own keys and values are already in. The
+ * keys are kept in tiles of KT = 16 positions, each tile [hd][16] (the scores of 16
+ * positions are then 16 lanes of multiply-adds, one query feature at a time, with no sum
+ * across a vector, and a head's tiles are one stream); the values stay [context][hd], a
+ * weighted sum of rows. */
+#define KT 16
+#if defined(SM_AVX512)
+static inline __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1); }
+
+/* out[0..n) = the scores of the n <= 16 positions of one key tile ([hd][16] floats, one
+ * stream): four chains of multiply-adds over the features, added at the end. */
+static inline void score_tile(const float *q, const float *tile, int n, int hd, float *out)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 4 <= hd; i += 4) {
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_loadu_ps(tile + (size_t)i * 16), a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 1]), _mm512_loadu_ps(tile + (size_t)(i + 1) * 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 2]), _mm512_loadu_ps(tile + (size_t)(i + 2) * 16), a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 3]), _mm512_loadu_ps(tile + (size_t)(i + 3) * 16), a3);
+    }
+    for (; i < hd; i++)
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_loadu_ps(tile + (size_t)i * 16), a0);
+    _mm512_mask_storeu_ps(out, lanes(n), _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+/* o[0..n) = sum over t < np of w[t] V[t][0..n) (n <= 64 features of a row of hd). */
+static inline void value_chunk(const float *w, const float *V, int np, int hd, int n, float *o)
+{
+    const __mmask16 m0 = lanes(n), m1 = lanes(n - 16), m2 = lanes(n - 32), m3 = lanes(n - 48);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int t = 0; t < np; t++) {
+        const __m512 wt = _mm512_set1_ps(w[t]);
+        const float *vr = V + (size_t)t * hd;
+        a0 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m0, vr), a0);
+        a1 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m1, vr + 16), a1);
+        a2 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m2, vr + 32), a2);
+        a3 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m3, vr + 48), a3);
+    }
+    _mm512_mask_storeu_ps(o, m0, a0);
+    _mm512_mask_storeu_ps(o + 16, m1, a1);
+    _mm512_mask_storeu_ps(o + 32, m2, a2);
+    _mm512_mask_storeu_ps(o + 48, m3, a3);
+}
+
+/* s[0..n) = softmax(s[0..n)), in place, vector by vector. */
+static inline void softmax_row(float *s, int n)
+{
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int t = 0;
+    for (; t + 16 <= n; t += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(s + t));
+    float mx = _mm512_reduce_max_ps(vm);
+    for (; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+    const __m512 vmx = _mm512_set1_ps(mx);
+    for (t = 0; t + 16 <= n; t += 16) _mm512_storeu_ps(s + t, _mm512_sub_ps(_mm512_loadu_ps(s + t), vmx));
+    for (; t < n; t++) s[t] -= mx;
+    exp_inplace(s, n);
+    __m512 vs = _mm512_setzero_ps();
+    for (t = 0; t + 16 <= n; t += 16) vs = _mm512_add_ps(vs, _mm512_loadu_ps(s + t));
+    float sum = _mm512_reduce_add_ps(vs);
+    for (; t < n; t++) sum += s[t];
+    const __m512 inv = _mm512_set1_ps(1.0f / sum);
+    for (t = 0; t + 16 <= n; t += 16) _mm512_storeu_ps(s + t, _mm512_mul_ps(_mm512_loadu_ps(s + t), inv));
+    for (; t < n; t++) s[t] *= 1.0f / sum;
+}
+
+/* Four prefill rows of one head at once (rows at positions p0 .. p0+nr-1, nr <= 4): each
+ * key tile and value row is loaded once for all of them. A row's scores past its own
+ * position are computed with the others' and then given weight 0 (causal). */
+INLINE void attend_rows(const int nr, const float *const q[4], int p0, const float *Kc,
+                        const float *Vc, int hd, float scale, float *const s[4],
+                        float *const o[4])
+{
+    const int plast = p0 + nr - 1;
+    for (int t0 = 0; t0 <= plast; t0 += KT) {
+        const int n = plast + 1 - t0 < KT ? plast + 1 - t0 : KT;
+        const float *tile = Kc + (size_t)t0 * hd;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps()};
+        for (int i = 0; i < hd; i++) {
+            const __m512 kv = _mm512_loadu_ps(tile + (size_t)i * KT);
+            for (int r = 0; r < 4; r++)
+                if (r < nr) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][i]), kv, a[r]);
+        }
+        for (int r = 0; r < nr; r++)
+            _mm512_mask_storeu_ps(s[r] + t0, lanes(n), _mm512_mul_ps(a[r], _mm512_set1_ps(scale)));
+    }
+    for (int r = 0; r < nr; r++) {
+        softmax_row(s[r], p0 + r + 1);
+        for (int t = p0 + r + 1; t <= plast; t++) s[r][t] = 0.0f;
+    }
+    for (int i0 = 0; i0 < hd; i0 += 64) {
+        const int w = hd - i0 < 64 ? hd - i0 : 64;
+        const __mmask16 m[4] = {lanes(w), lanes(w - 16), lanes(w - 32), lanes(w - 48)};
+        __m512 acc[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+        for (int t = 0; t <= plast; t++) {
+            const float *vr = Vc + (size_t)t * hd + i0;
+            for (int c = 0; c < 4; c++) {
+                const __m512 v = _mm512_maskz_loadu_ps(m[c], vr + 16 * c);
+                for (int r = 0; r < 4; r++)
+                    if (r < nr) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(s[r][t]), v, acc[r][c]);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o[r] + i0 + 16 * c, m[c], acc[r][c]);
+    }
+}
+
+static void attend_rows4(const float *const q[4], int nr, int p0, const float *Kc,
+                         const float *Vc, int hd, float scale, float *const s[4],
+                         float *const o[4])
+{
+    switch (nr) {  /* a constant count of rows keeps the accumulators in registers */
+    case 4: attend_rows(4, q, p0, Kc, Vc, hd, scale, s, o); break;
+    case 3: attend_rows(3, q, p0, Kc, Vc, hd, scale, s, o); break;
+    case 2: attend_rows(2, q, p0, Kc, Vc, hd, scale, s, o); break;
+    default: attend_rows(1, q, p0, Kc, Vc, hd, scale, s, o); break;
+    }
+}
+#endif
+
+static void attend_f32(const sm_model *m, int l, const float *qb, size_t qs, float *att,
+                       float *scores, int rows, int pos, int nthreads)
+{
+#if defined(SM_AVX512)
+    if (rows > 1) {  /* the prefill: heads x blocks of four rows */
+        const int H = m->n_head, hd = m->head_dim, G = H / m->n_kv_head, ctx = m->context, ctx16 = PAD(ctx, KT);
+        const int blocks = (rows + 3) / 4, items = H * blocks;
+        const float scale = m->attn_scale;
+        #pragma omp parallel for schedule(static) num_threads(nthreads < items ? nthreads : items)
+        for (int it = 0; it < items; it++) {
+            const int h = it % H, r0 = it / H * 4, nr = rows - r0 < 4 ? rows - r0 : 4;
+            const float *q[4];
+            float *sc[4], *o[4];
+            for (int r = 0; r < 4; r++) {
+                const int rr = r0 + (r < nr ? r : 0);
+                q[r] = qb + (size_t)rr * qs + (size_t)h * hd;
+                sc[r] = scores + ((size_t)rr * H + h) * ctx16;
+                o[r] = att + ((size_t)rr * H + h) * hd;
+            }
+            attend_rows4(q, nr, pos + r0, (const float *)m->k_cache + (size_t)(l * (H / G) + h / G) * hd * ctx16,
+                         (const float *)m->v_cache + (size_t)(l * (H / G) + h / G) * ctx * hd, hd, scale, sc, o);
+        }
+        return;
+    }
+#endif
+{
+    const int H = m->n_head, hd = m->head_dim, G = H / m->n_kv_head, ctx = m->context, items = rows * H;
+    const float scale = m->attn_scale;
+    #pragma omp parallel for schedule(static) num_threads(nthreads < items ? nthreads : items)
+    for (int it = 0; it < items; it++) {
+        const int r = it / H, h = it % H, p = pos + r;
+        const float *q = qb + (size_t)r * qs + (size_t)h * hd;
+        const int ctx16 = PAD(ctx, KT);
+        const float *Kc = (const float *)m->k_cache + (size_t)(l * (H / G) + h / G) * hd * ctx16;  /* [ctx/16][hd][16] */
+        const float *Vc = (const float *)m->v_cache + (size_t)(l * (H / G) + h / G) * ctx * hd;    /* [ctx][hd] */
+        float *s = scores + (size_t)it * ctx16, mx = -INFINITY, sum = 0.0f;
+        for (int t0 = 0; t0 <= p; t0 += KT) {
+            const int n = p + 1 - t0 < KT ? p + 1 - t0 : KT;
+            const float *tile = Kc + (size_t)t0 * hd;
+#if defined(SM_AVX512)
+            score_tile(q, tile, n, hd, s + t0);
+#else
+            for (int j = 0; j < n; j++) s[t0 + j] = 0.0f;
+            for (int i = 0; i < hd; i++) {
+                const float qi = q[i], *kr = tile + (size_t)i * KT;
+                #pragma omp simd
+                for (int j = 0; j < n; j++) s[t0 + j] += qi * kr[j];
+            }
+#endif
+        }
+#if defined(SM_AVX512)
+        (void)mx, (void)sum;
+        for (int t = 0; t <= p; t++) s[t] *= scale;
+        softmax_row(s, p + 1);
+#else
+        for (int t = 0; t <= p; t++) {
+            s[t] *= scale;
+            mx = s[t] > mx ? s[t] : mx;
+        }
+        for (int t = 0; t <= p; t++) s[t] -= mx;
+        exp_inplace(s, p + 1);
+        for (int t = 0; t <= p; t++) sum += s[t];
+        const float inv = 1.0f / sum;
+        for (int t = 0; t <= p; t++) s[t] *= inv;
+#endif
+        float *o = att + ((size_t)r * H + h) * hd;
+#if defined(SM_AVX512)
+        for (int i0 = 0; i0 < hd; i0 += 64)
+            value_chunk(s, Vc + i0, p + 1, hd, hd - i0 < 64 ? hd - i0 : 64, o + i0);
+#else
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int t = 0; t <= p; t++) {
+            #pragma omp simd
+            for (int i = 0; i < hd; i++) o[i] += s[t] * Vc[(size_t)t * hd + i];
+        }
+#endif
+    }
+}
+}
+/* --8<-- [end:attend] */
+
+/* ------------------------------------------------------------------ attention, cache 1 */
+/* --8<-- [start:attend] */
+/* Row r's query of head h against the cached keys 0..p of its kv head, as ggml's CPU flash
+ * attention computes it (llama.cpp's default), so that the attention's output, and every
+ * activation rounded after it, is llama.cpp's: the keys in order, an online softmax (M the
+ * largest score so far, S the sum of exp(score - M)), and the weighted values summed in an
+ * f16 accumulator: each step is one f32 fused multiply-add rounded back to f16, and a new
+ * largest score first scales the accumulator by exp(M_old - M), rounded to f16 too. The sum
+ * is divided by S at the end, in f32. The query arrives rounded to f16 (as ggml rounds the
+ * operand an f16 matrix meets), in place by the caller, and already scaled by 1/sqrt(hd)
+ * where the architecture scales it first (q_prescaled: phi3, gemma3). One expf a key, as ggml's.
+ * A sliding window (gemma3's local layers) starts the keys at lo: ggml skips the keys its mask
+ * hides, so the sum is the same one over the visible keys in order. */
+static inline float round_f16(float x) { return h2f(f2h(x)); }
+
+static void attend_f16(const sm_model *m, int l, const float *q, int lo, int p, int kvh, float *o)
+{
+    const int hd = m->head_dim, vd = m->v_dim, nkv = m->n_kv_head;
+    const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * vd;
+    const uint16_t *K = (const uint16_t *)m->k_cache + (size_t)l * m->context * kstride + (size_t)kvh * hd;
+    const uint16_t *V = (const uint16_t *)m->v_cache + (size_t)l * m->context * vstride + (size_t)kvh * vd;
+    const float scale = m->q_prescaled ? 1.0f : m->attn_scale;
+    float M = -INFINITY, S = 0.0f;
+    for (int i = 0; i < vd; i++) o[i] = 0.0f; /* the accumulator: f16 values, kept in f32 */
+    for (int t = lo; t <= p; t++) {
+        const uint16_t *kt = K + (size_t)t * kstride, *vt = V + (size_t)t * vstride;
+        float d = 0.0f;
+        int i = 0;
+#if defined(SM_AVX2)
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= hd; i += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kt + i))), acc);
+        d = hsum8(acc);
+#endif
+        for (; i < hd; i++) d += q[i] * h2f(kt[i]);
+        const float sc = d * scale;
+        float ms = 1.0f, vs = 1.0f;
+        if (sc > M) { /* a new largest score: what is summed so far shrinks by exp(M_old - M) */
+            const float old = M;
+            M = sc;
+            ms = expf(old - M);
+            for (i = 0; i < vd; i++) o[i] = round_f16(o[i] * ms);
+        } else {
+            vs = expf(sc - M);
+        }
+        i = 0;
+#if defined(SM_AVX2)
+        const __m256 wv = _mm256_set1_ps(vs);
+        for (; i + 8 <= vd; i += 8) {
+            const __m256 a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vt + i))), wv,
+                                             _mm256_loadu_ps(o + i));
+            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm256_cvtps_ph(a, 0)));
+        }
+#endif
+        for (; i < vd; i++) o[i] = round_f16(fmaf(h2f(vt[i]), vs, o[i]));
+        S = S * ms + vs;
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int i = 0; i < vd; i++) o[i] *= inv;
+}
+/* --8<-- [end:attend] */
+
+/* ------------------------------------------------------------------ the work space */
+typedef struct {
+    float *x, *t, *qkv, *att, *o, *u, *g, *scores, *xs, *panel, *scratch, *gemm;
+    uint8_t *act;
+    uint16_t *xb;
+} work_t;
+
+static int max2(int a, int b) { return a > b ? a : b; }
+
+/* The most rows of one block: the direct products' block, or the GEMM's where there is one
+ * (gemm_block_rows > 0: the prompt may take the GEMM, from gemm_rows rows on). */
+static int most_rows(const sm_model *m)
+{
+    return m->gemm_block_rows > 0 ? max2(m->block_rows, m->gemm_block_rows) : m->block_rows;
+}
+
+static long long carve(const sm_model *m, work_t *w)
+{
+    const int R = most_rows(m), d = m->d, hid = m->hidden;
+    const int qd = m->n_head * m->head_dim, kd = m->n_kv_head * m->head_dim,
+              vd = m->n_kv_head * m->v_dim, ad = m->n_head * m->v_dim;
+    const int kmax = max2(max2(d, hid), ad), nt = m->max_threads > 0 ? m->max_threads : 1;
+    const int gemm = m->gemm_block_rows > 0, nc = m->gemm_nc > 0 ? m->gemm_nc : 1;
+    const int panel_rows = gemm ? nc : 0;
+    long long off = 0;
+#define TAKE(field, type, count)                                   \
+    do {                                                           \
+        if (w) w->field = (type *)(void *)(m->work + off);         \
+        off += ((long long)(count) + 15) / 16 * 16;                \
+    } while (0)
+    TAKE(x, float, (long long)R * d);
+    TAKE(t, float, (long long)R * d);
+    TAKE(qkv, float, (long long)R * (qd + kd + vd));
+    TAKE(att, float, (long long)R * ad);
+    TAKE(o, float, (long long)R * d);
+    TAKE(u, float, (long long)R * 2 * hid);
+    TAKE(g, float, (long long)R * hid);
+    TAKE(scores, float, m->cache == CACHE_TILES ? (long long)R * m->n_head * PAD(m->context, 16) : 0);
+    TAKE(xs, float, R);
+    /* the rounded inputs: up to three at once (q, k, v), at most 8 bytes a weight (the
+     * paired Q8_0 takes 6), or int8 tiles' byte a weight */
+    TAKE(act, uint8_t, ((long long)R * 24 * PAD(kmax, 256) + 768) / 4);
+    TAKE(xb, uint16_t, gemm ? ((long long)R * kmax + 1) / 2 : 0);
+    TAKE(panel, float, (long long)panel_rows * kmax);
+    TAKE(scratch, float, gemm ? (long long)nt * kmax : 0);
+    TAKE(gemm, float, gemm ? gemm_work_floats(max2(nc, max2(m->vocab, max2(2 * hid, qd + kd + vd))),
+                                              kmax, m->gemm_mc, m->gemm_kc, nc, nt) : 0);
+#undef TAKE
+    return off;
+}
+
+long long sm_work_floats(const sm_model *m)
+{
+    return carve(m, NULL);
+}
+
+/* The team for a piece of work that reads `bytes`: every thread, unless the bytes are
+ * fewer than m->par_min_bytes, below which one core streams them faster than the threads
+ * meet (the caller derives the threshold from the measured fork-join and bandwidth). */
+static int team(const sm_model *m, long long bytes, int nthreads)
+{
+    return bytes >= m->par_min_bytes ? nthreads : 1;
+}
+
+/* ------------------------------------------------------------------ the products */
+/* --8<-- [start:gemm_branch] */
+/* A prompt's product through chapter 2's GEMM: y (rows x N) = x (rows x K) W, + y where acc.
+ * Chapter 4's weights have their plain f32 matrix (K x N, or N x K where plain_trans); a GGUF matrix is dequantised nc rows
+ * at a time (the GEMM's own column block, so the panels add no packing the GEMM would not do)
+ * into bf16 where the machine's bf16 path beats its f32 GEMM (gemm_bf16 >= 0: chapter 2's
+ * path number), else into f32. The activations are rounded to bf16 once per product. */
+static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int rows, float *y,
+                        int acc, work_t *w, int nthreads)
+{
+    const int K = W->K, N = W->N;
+    const float beta = acc ? 1.0f : 0.0f;
+    if (W->kind != KIND_BLOCKS) {
+        if (!W->plain) return 0;
+        gemm_f32(0, W->plain_trans, rows, N, K, 1.0f, x, K, W->plain, W->plain_trans ? K : N,
+                 beta, y, N, nthreads, m->gemm_order, m->gemm_mc, m->gemm_kc, m->gemm_nc, w->gemm);
+        if (W->bias)
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < N; j++) y[(size_t)r * N + j] += W->bias[j];
+        return 1;
+    }
+    const int bf16 = m->gemm_bf16 >= 0, nc = m->gemm_nc;
+    if (bf16)
+        for (size_t i = 0; i < (size_t)rows * K; i++) w->xb[i] = sm_f32_to_bf16(x[i]);
+    for (int r0 = 0; r0 < N; r0 += nc) {
+        const int r1 = N - r0 < nc ? N : r0 + nc;
+        if (bf16) {
+            uint16_t *panel = (uint16_t *)w->panel;
+            sm_g_rows_bf16(W, r0, r1, panel, w->scratch, nthreads);
+            gemm_bf16(m->gemm_bf16, 0, 1, rows, r1 - r0, K, 1.0f, w->xb, K, panel, K, beta,
+                      y + r0, N, nthreads, m->gemm_order, m->gemm_mc, m->gemm_kc, m->gemm_nc,
+                      w->gemm);
+        } else {
+            sm_g_rows(W, r0, r1, w->panel, nthreads);
+            gemm_f32(0, 1, rows, r1 - r0, K, 1.0f, x, K, w->panel, K, beta, y + r0, N, nthreads,
+                     m->gemm_order, m->gemm_mc, m->gemm_kc, m->gemm_nc, w->gemm);
+        }
+    }
+    return 1;
+}
+/* --8<-- [end:gemm_branch] */
+
+/* Up to three GGUF matrices that read the same input (q, k and v; gate and up) in one parallel
+ * region: each thread takes an equal share of their bytes, in runs of 16 rows, so a small
+ * matrix (k and v under grouped-query attention) does not leave a core idle while another
+ * works, and the team meets once, not once a matrix. Row j of matrix i starts at byte
+ * start_i + j row_bytes_i of the concatenation; a thread's share [P_t, P_t+1) of the bytes
+ * becomes the rows at_rows(P_t) .. at_rows(P_t+1) of each matrix, the same function at both
+ * ends, so the shares tile every matrix. The input is rounded once for each matrix's type.
+ * Together they stay on one core below par_min_bytes. */
+static int at_rows(const sm_mat *w, long long start, long long P)
+{
+    const long long r = P <= start ? 0 : ((P - start) / w->row_bytes + 8) / 16 * 16;
+    return r < w->N ? (int)r : w->N;
+}
+
+static void block_products(const sm_model *m, const sm_mat *const *ws, float *const *ys,
+                           int count, const float *x, int rows, work_t *wk, int nthreads)
+{
+    const uint8_t *act[3];
+    long long ab[3], start[4] = {0};
+    uint8_t *a = wk->act;
+    for (int i = 0; i < count; i++) {
+        ab[i] = sm_g_act_bytes(ws[i]->type, ws[i]->K);
+        start[i + 1] = start[i] + (long long)ws[i]->N * ws[i]->row_bytes;
+        if (i > 0 && sm_g_act_type(ws[i]->type) == sm_g_act_type(ws[i - 1]->type)) {
+            act[i] = act[i - 1]; /* the same rounding of the same input: made once */
+            continue;
+        }
+        quantize_rows(ws[i]->type, x, rows, ws[i]->K, a);
+        act[i] = a;
+        a += (rows * ab[i] + 63) / 64 * 64;
+    }
+    const long long total = start[count];
+    const int nt = team(m, total, nthreads);
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        const long long p0 = total * t / nt, p1 = total * (t + 1) / nt;
+        for (int i = 0; i < count; i++) {
+            const int j0 = at_rows(ws[i], start[i], p0), j1 = at_rows(ws[i], start[i], p1);
+            if (j1 > j0) rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1);
+        }
+    }
+}
+
+/* --8<-- [start:products] */
+/* y_i (rows x N_i) = x (rows x K) W_i for the count <= 3 matrices of one input, each + y_i
+ * where acc: through the GEMM for a prompt of gemm_rows or more, else each matrix's own
+ * product: chapter 4's tiles one matrix at a time (the input quantised first for int8),
+ * ggml's blocks together in one region. */
+static void products(const sm_model *m, const sm_mat *const *ws, float *const *ys, int count,
+                     const float *x, int rows, int acc, work_t *w, int nthreads)
+{
+    if (m->gemm_block_rows > 0 && rows >= m->gemm_rows) {
+        int done = 1;
+        for (int i = 0; i < count; i++) done &= gemm_product(m, ws[i], x, rows, ys[i], acc, w, nthreads);
+        if (done) return;
+    }
+    if (ws[0]->kind != KIND_BLOCKS) {
+        for (int i = 0; i < count; i++) {
+            const sm_mat *W = ws[i];
+            const long long bytes = (long long)PAD(W->K, QBLOCK) * PAD(W->N, TILE) * (W->kind ? 1 : 4);
+            if (W->kind == KIND_INT8) sm_quantize_rows(x, rows, W->K, (int8_t *)w->act, w->xs);
+            sm_matmul(W, x, W->kind ? (int8_t *)w->act : NULL, W->kind ? w->xs : NULL, ys[i], rows,
+                      acc, team(m, bytes * rows, nthreads));
+        }
+        return;
+    }
+    if (!acc) {
+        block_products(m, ws, ys, count, x, rows, w, nthreads);
+        return;
+    }
+    for (int i = 0; i < count; i++) { /* ggml's rows are written, not added to: add after */
+        const int N = ws[i]->N;
+        float *tmp = w->o;
+        block_products(m, &ws[i], &tmp, 1, x, rows, w, nthreads);
+        for (size_t k = 0; k < (size_t)rows * N; k++) ys[i][k] += tmp[k];
+    }
+}
+/* --8<-- [end:products] */
+
+static void product(const sm_model *m, const sm_mat *W, const float *x, int rows, float *y,
+                    int acc, work_t *w, int nthreads)
+{
+    const sm_mat *ws[1] = {W};
+    float *ys[1] = {y};
+    products(m, ws, ys, 1, x, rows, acc, w, nthreads);
+}
+
+/* x += the block's output o (rows x d), after the post norm where the layer has one. */
+static void residual(const sm_model *m, const float *post, float *x, float *o, int rows)
+{
+    const int d = m->d;
+    if (post) norm_rows(m, o, post, NULL, o, rows, d);
+    for (size_t i = 0; i < (size_t)rows * d; i++) x[i] += o[i];
+}
+
+static void add_bias(float *y, size_t stride, const float *b, int rows, int N)
+{
+    if (!b) return;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < N; j++) y[(size_t)r * stride + j] += b[j];
+}
+
+/* ------------------------------------------------------------------ one layer */
+/* --8<-- [start:attention] */
+/* q, k, v for the block's rows (rows at positions p0 ..): their norms and RoPE, k and v into
+ * the cache, and each row's attention over the cache into w->att. */
+static void attention(const sm_model *m, int l, work_t *w, int rows, int p0, int nthreads)
+{
+    const sm_layer *L = m->layers + l;
+    const int H = m->n_head, nkv = m->n_kv_head, hd = m->head_dim, vd = m->v_dim, ctx = m->context;
+    const int qd = H * hd, kd = nkv * hd, vdt = nkv * vd, fused = L->qkv.N > 0;
+    /* q, k and v rows: one fused row of qd + kd + vd, or three buffers of their own */
+    float *qb = w->qkv, *kb = fused ? qb + qd : qb + (size_t)rows * qd,
+          *vb = fused ? qb + qd + kd : kb + (size_t)rows * kd;
+    const size_t qs = fused ? (size_t)(qd + kd + vdt) : (size_t)qd,
+                 ks = fused ? qs : (size_t)kd, vs = fused ? qs : (size_t)vdt;
+    if (fused) {
+        product(m, &L->qkv, w->t, rows, qb, 0, w, nthreads);
+    } else {
+        const sm_mat *ws[3] = {&L->q, &L->k, &L->v};
+        float *ys[3] = {qb, kb, vb};
+        products(m, ws, ys, 3, w->t, rows, 0, w, nthreads);
+    }
+    add_bias(qb, qs, L->bq, rows, qd);
+    add_bias(kb, ks, L->bk, rows, kd);
+    add_bias(vb, vs, L->bv, rows, vdt);
+    for (int r = 0; r < rows; r++) {
+        const int p = p0 + r;
+        float *qr = qb + (size_t)r * qs, *kr = kb + (size_t)r * ks, *vr = vb + (size_t)r * vs;
+        for (int h = 0; h < H; h++) {
+            if (L->q_norm) norm_row(qr + h * hd, 0.0f, L->q_norm, NULL, qr + h * hd, hd, m->eps);
+            if (m->rope) rope(m, L, qr + h * hd, p);
+        }
+        for (int h = 0; h < nkv; h++) {
+            if (L->k_norm) norm_row(kr + h * hd, 0.0f, L->k_norm, NULL, kr + h * hd, hd, m->eps);
+            if (m->rope) rope(m, L, kr + h * hd, p);
+        }
+        if (m->cache == CACHE_TILES) {  /* keys in tiles [ctx/16][hd][16] per head, values rows */
+            for (int h = 0; h < nkv; h++) {
+                float *kt = (float *)m->k_cache + (size_t)(l * nkv + h) * hd * PAD(ctx, KT)
+                            + (size_t)(p / KT) * hd * KT + p % KT;
+                for (int i = 0; i < hd; i++) kt[(size_t)i * KT] = kr[h * hd + i];
+                memcpy((float *)m->v_cache + ((size_t)(l * nkv + h) * ctx + p) * vd,
+                       vr + (size_t)h * vd, vd * sizeof(float));
+            }
+        } else {                        /* f16 rows [layer][position][kv head][feature] */
+            const size_t at = (size_t)l * ctx + p;
+            to_half(kr, (uint16_t *)m->k_cache + at * kd, kd);
+            to_half(vr, (uint16_t *)m->v_cache + at * vdt, vdt);
+        }
+    }
+    if (m->cache == CACHE_TILES) {
+        attend_f32(m, l, qb, qs, w->att, w->scores, rows, p0,  /* reads 2 (p0+rows) hd H floats */
+                   team(m, 8LL * (p0 + rows) * qd * rows, nthreads));
+        return;
+    }
+    const int G = H / nkv, items = rows * H;
+    const float qscale = m->q_prescaled ? m->attn_scale : 1.0f;
+    const long long bytes = 2LL * (p0 + rows) * H * (hd + vd) * rows;
+    const int nt = team(m, bytes, nthreads);
+    #pragma omp parallel for schedule(static) num_threads(nt < items ? nt : items)
+    for (int it = 0; it < items; it++) {
+        const int r = it / H, h = it % H, p = p0 + r;
+        const int lo = L->window > 0 && p - L->window + 1 > 0 ? p - L->window + 1 : 0;
+        float *q = qb + (size_t)r * qs + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) q[i] = h2f(f2h(q[i] * qscale));
+        attend_f16(m, l, q, lo, p, h / G, w->att + ((size_t)r * H + h) * vd);
+    }
+}
+/* --8<-- [end:attention] */
+
+/* --8<-- [start:mlp] */
+static void mlp(const sm_model *m, const sm_layer *L, work_t *w, int rows, int nthreads)
+{
+    const int hid = m->hidden;
+    float *out = L->post2_w ? w->o : w->x;   /* added straight into x, or normed first */
+    if (m->mlp == MLP_GELU) {
+        product(m, &L->up, w->t, rows, w->u, 0, w, nthreads);
+        activation(m, w->u, NULL, hid, w->g, rows, hid);
+    } else if (L->gate.N > 0) {              /* gate and up: two matrices of one input */
+        const sm_mat *ws[2] = {&L->gate, &L->up};
+        float *ys[2] = {w->u, w->u + (size_t)rows * hid};
+        products(m, ws, ys, 2, w->t, rows, 0, w, nthreads);
+        activation(m, w->u, w->u + (size_t)rows * hid, hid, w->g, rows, hid);
+    } else {                                 /* one fused matrix: each row [gate | up] */
+        product(m, &L->up, w->t, rows, w->u, 0, w, nthreads);
+        activation(m, w->u, w->u + hid, 2 * hid, w->g, rows, hid);
+    }
+    const int direct = !L->post2_w && L->down.kind != KIND_BLOCKS;
+    product(m, &L->down, w->g, rows, direct ? out : w->o, direct, w, nthreads);
+    if (!direct) residual(m, L->post2_w, w->x, w->o, rows);
+}
+/* --8<-- [end:mlp] */
+
+/* --8<-- [start:forward] */
+/* Tokens tokens[0..n) at positions pos..pos+n-1: their keys and values go into the cache,
+ * and the logits of the last one (or of all n, all_logits) into logits. The rows go in
+ * blocks of block_rows (gemm_block_rows where the prompt takes the GEMM). Returns 0, or a
+ * negative code for bad arguments (checked before anything is written). */
+int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logits,
+               int all_logits, int nthreads)
+{
+    if (n < 1) return -1;
+    if (pos < 0 || pos + n > m->context) return -2;
+    if (!m->work || m->work_floats < sm_work_floats(m) || m->block_rows < 1) return -3;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->vocab) return -4;
+    if (m->cache == CACHE_TILES && m->v_dim != m->head_dim) return -5;
+    for (int l = 0; l < m->n_layer; l++)
+        if (m->cache == CACHE_TILES && m->layers[l].window > 0) return -5;
+    const int d = m->d, V = m->vocab;
+    const int block = m->gemm_block_rows > 0 && n >= m->gemm_rows ? m->gemm_block_rows : m->block_rows;
+    work_t w;
+    carve(m, &w);
+    for (int r0 = 0; r0 < n; r0 += block) {
+        const int rows = n - r0 < block ? n - r0 : block, p0 = pos + r0;
+        for (int r = 0; r < rows; r++) {           /* the embeddings */
+            float *xr = w.x + (size_t)r * d;
+            sm_g_row(&m->embd, tokens[r0 + r], xr);
+            if (m->embed_scale != 1.0f)
+                for (int c = 0; c < d; c++) xr[c] *= m->embed_scale;
+            if (m->wpe)
+                for (int c = 0; c < d; c++) xr[c] += m->wpe[(size_t)(p0 + r) * d + c];
+        }
+        for (int l = 0; l < m->n_layer; l++) {
+            const sm_layer *L = m->layers + l;
+            norm_rows(m, w.x, L->norm1_w, L->norm1_b, w.t, rows, d);
+            attention(m, l, &w, rows, p0, nthreads);
+            const int direct = !L->post1_w && L->o.kind != KIND_BLOCKS;  /* x += att Wo */
+            product(m, &L->o, w.att, rows, direct ? w.x : w.o, direct, &w, nthreads);
+            if (!direct) residual(m, L->post1_w, w.x, w.o, rows);
+            norm_rows(m, w.x, L->norm2_w, L->norm2_b, w.t, rows, d);
+            mlp(m, L, &w, rows, nthreads);
+        }
+        if (!all_logits && r0 + rows < n) continue;
+        const int first = all_logits ? 0 : rows - 1;  /* the head */
+        float *out = logits + (all_logits ? (size_t)r0 * V : 0);
+        norm_rows(m, w.x + (size_t)first * d, m->out_norm_w, m->out_norm_b, w.t, rows - first, d);
+        product(m, &m->head, w.t, rows - first, out, 0, &w, nthreads);
+        if (m->softcap > 0.0f)
+            for (size_t i = 0; i < (size_t)(rows - first) * V; i++)
+                out[i] = m->softcap * tanhf(out[i] / m->softcap);
+    }
+    return 0;
+}
+/* --8<-- [end:forward] */

@@ -1,0 +1,380 @@
+"""Generating text: one forward in C (``kernels_c/forward.c``) for every architecture, and the
+one class that runs it.
+
+:class:`Forward` packs the C structs from a :class:`Spec` (the architecture's switches, its
+shapes, and each weight matrix in its kind: chapter 4's tiles or a GGUF file's blocks), owns
+the key/value cache and the work space, measures once the size below which a product stays on
+one core, and takes every call down the same C function: a token, or a prompt's rows, whose
+products go through chapter 2's GEMM from a length on (the GEMM branch of the C forward, not
+a second forward in Python). Two constructors make a Spec: :meth:`Forward.from_gpt` for a
+model chapter 3 trained (GPT-2's block or the modern one; chapter 4's decoders,
+:class:`smallem.decode.Decoder`), :meth:`Forward.from_gguf` for a GGUF file (appendix B,
+``smallem run``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import build, checks
+from . import pool as _pool
+
+NORMS = ("layer", "rms")            # the C side's numbers: 0, 1
+MLPS = ("gelu", "swiglu", "geglu")
+ROPES = (None, "pairs", "neox")
+CACHES = ("tiles", "f16")           # chapter 4's f32 key tiles, or llama.cpp's f16 rows
+INT_MAX = 2**31 - 1
+GEMM_BLOCK = 512   # a prompt's rows per C call on the GEMM branch: wide enough for the GEMM
+KIND_BLOCKS = 2    # sm_mat.kind of a GGUF tensor (0, 1: chapter 4's f32 and int8 tiles)
+
+ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
+          -4: "a token id outside the vocabulary",
+          -5: "a sliding window or a value width other than the keys' with chapter 4's tiles"}
+
+
+class ForwardError(RuntimeError):
+    """The C forward refused a call (its code, in words)."""
+
+
+@dataclass
+class Spec:
+    """An architecture as the C forward takes it: shapes, switches, and the weights. A matrix
+    is anything with ``fill(ffi, sm_mat)`` and ``nbytes`` (:class:`smallem.quant.Packed`,
+    :class:`Blocks`); a vector a float32 array or None. ``layers``: one dict a layer, keyed
+    by sm_layer's field names (``window`` an int, the rest matrices or vectors)."""
+    n_layer: int
+    d: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    v_dim: int
+    hidden: int
+    vocab: int
+    context: int
+    norm: str
+    mlp: str
+    rope: str | None
+    rope_dim: int
+    cache: str
+    eps: float
+    attn_scale: float
+    embd: object
+    head: object
+    layers: list
+    q_prescaled: bool = False
+    embed_scale: float = 1.0
+    softcap: float = 0.0
+    wpe: np.ndarray | None = None
+    out_norm_w: np.ndarray | None = None
+    out_norm_b: np.ndarray | None = None
+    rope_cos: np.ndarray | None = None
+    rope_sin: np.ndarray | None = None
+    block_rows: int = 32
+    extra: dict = field(default_factory=dict)  # what a caller keeps beside (e.g. the model)
+
+
+class Blocks:
+    """A GGUF tensor for the C side: its rows in the file's blocks, straight from the mapping
+    (nothing copied)."""
+
+    def __init__(self, t):
+        import gguf
+
+        data = np.asarray(t.data)
+        if not data.flags.c_contiguous:
+            raise ValueError(f"tensor {t.name!r}: its bytes are not contiguous")
+        self.t, self.data = t, data
+        self.K, self.N = t.ne[0], (t.ne[1] if len(t.ne) > 1 else 1)
+        self.type = int(gguf.GGMLQuantizationType[t.type])
+        self.nbytes = t.nbytes
+
+    def fill(self, ffi, mat):
+        mat.kind, mat.type, mat.K, mat.N = KIND_BLOCKS, self.type, self.K, self.N
+        mat.w = ffi.cast("const uint8_t *", self.data.ctypes.data)
+        mat.row_bytes = self.nbytes // self.N
+
+
+class Rows:
+    """A float32 (N, K) array as a GGUF F32 tensor (chapter 4's embedding table)."""
+
+    def __init__(self, a):
+        self.data = np.ascontiguousarray(a, np.float32)
+        self.N, self.K = self.data.shape
+        self.nbytes = self.data.nbytes
+
+    def fill(self, ffi, mat):
+        mat.kind, mat.type, mat.K, mat.N = KIND_BLOCKS, 0, self.K, self.N
+        mat.w = ffi.cast("const uint8_t *", self.data.ctypes.data)
+        mat.row_bytes = 4 * self.K
+
+
+def module(team, level=None):
+    """forward.c's module for a team (its pool variant on chapter 3's pool)."""
+    return team.module("forward", level)
+
+
+class Forward:
+    """The C forward of one model, with its cache: ``forward(tokens)`` continues the cache and
+    returns the last row's logits (every row's with ``all_logits``); ``step(token)`` one token,
+    with no allocation. ``threads`` for every product and the attention (None: every core), on
+    chapter 3's pool where ``pool``; ``par_min_bytes`` the size below which a matrix stays on
+    one core (None: measured when made); ``gemm_rows`` the prompt length from which a call
+    takes the GEMM branch (None: never, for a Spec whose matrices have no plain or block
+    form); ``prompt_dtype`` that branch's inputs for GGUF blocks ("f32" or "bf16"; None:
+    :func:`default_prompt_dtype`)."""
+
+    # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
+    # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
+    # inside a token, between regions microseconds apart, one costs several times that on a
+    # shared virtual machine (chapter 4's study shows the small models' cost of threads).
+    SYNC_SHARE = 32
+
+    def __init__(self, spec: Spec, threads=None, pool: bool = True, par_min_bytes=None,
+                 level=None, gemm_rows=None, prompt_dtype=None):
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("rope", ROPES), ("cache", CACHES)):
+            if getattr(spec, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, got {getattr(spec, name)!r}")
+        self.spec = s = spec
+        self.context = s.context
+        self.team = _pool.team(threads, pool)
+        self.threads = self.team.n
+        self.level = level
+        self.ffi, self.lib = ffi, lib = module(self.team, level)
+        self._keep = []
+        m = self._m = ffi.new("sm_model *")
+        layers = self._layers = ffi.new("sm_layer[]", s.n_layer)
+        self.mats = []
+
+        def vec(a):
+            if a is None:
+                return ffi.NULL
+            a = np.ascontiguousarray(a, np.float32)
+            self._keep.append(a)
+            return ffi.cast("float *", a.ctypes.data)
+
+        def mat(dst, w, count=True):
+            if w is None:
+                dst.N = 0
+                return
+            w.fill(ffi, dst)
+            self._keep.append(w)
+            if count:
+                self.mats.append(w)
+
+        for i, L in enumerate(s.layers):
+            dst = layers[i]
+            for name, value in L.items():
+                if name == "window":
+                    dst.window = int(value)
+                elif name in ("qkv", "q", "k", "v", "o", "up", "gate", "down"):
+                    mat(getattr(dst, name), value)
+                else:
+                    setattr(dst, name, vec(value))
+        for name in ("n_layer", "d", "n_head", "n_kv_head", "head_dim", "v_dim", "hidden",
+                     "vocab", "context", "rope_dim"):
+            setattr(m, name, int(getattr(s, name)))
+        m.norm, m.mlp = NORMS.index(s.norm), MLPS.index(s.mlp)
+        m.rope, m.cache = ROPES.index(s.rope), CACHES.index(s.cache)
+        m.q_prescaled = int(s.q_prescaled)
+        m.eps, m.attn_scale = s.eps, s.attn_scale
+        m.embed_scale, m.softcap = s.embed_scale, s.softcap
+        mat(m.embd, s.embd, count=False)
+        mat(m.head, s.head)
+        m.wpe, m.out_norm_w, m.out_norm_b = vec(s.wpe), vec(s.out_norm_w), vec(s.out_norm_b)
+        m.rope_cos, m.rope_sin = vec(s.rope_cos), vec(s.rope_sin)
+        m.layers = layers
+        C, nkv = s.context, s.n_kv_head
+        if s.cache == "tiles":  # keys in tiles of 16 positions, (context/16, hd, 16) per head
+            self.k = np.zeros((s.n_layer, nkv, -(-C // 16), s.head_dim, 16), np.float32)
+            self.v = np.zeros((s.n_layer, nkv, C, s.v_dim), np.float32)
+        else:
+            self.k = np.zeros((s.n_layer, C, nkv, s.head_dim), np.float16)
+            self.v = np.zeros((s.n_layer, C, nkv, s.v_dim), np.float16)
+        m.k_cache = ffi.cast("void *", self.k.ctypes.data)
+        m.v_cache = ffi.cast("void *", self.v.ctypes.data)
+        m.block_rows, m.max_threads = s.block_rows, self.threads
+        self.gemm_rows = None if gemm_rows is None else max(2, int(gemm_rows))
+        self.prompt_dtype = None
+        if self.gemm_rows is not None:
+            from . import gemm
+
+            order, mc, kc, nc = gemm.default_config(level)
+            m.gemm_order, m.gemm_mc, m.gemm_kc, m.gemm_nc = order, mc, kc, nc
+            m.gemm_block_rows = GEMM_BLOCK
+            self.prompt_dtype = prompt_dtype or default_prompt_dtype(level)
+            if self.prompt_dtype not in ("f32", "bf16"):
+                raise ValueError(f"prompt_dtype: expected 'f32' or 'bf16', got {prompt_dtype!r}")
+            m.gemm_bf16 = (gemm.BF16_PATHS.index(gemm.bf16_path(level))
+                           if self.prompt_dtype == "bf16" else -1)
+        m.gemm_rows = INT_MAX
+        self.work = np.zeros(int(lib.sm_work_floats(m)), np.float32)
+        m.work, m.work_floats = ffi.cast("float *", self.work.ctypes.data), self.work.size
+        m.par_min_bytes = 0
+        self.par_min_bytes = (int(par_min_bytes) if par_min_bytes is not None
+                              else self._par_min_bytes())
+        m.par_min_bytes = self.par_min_bytes
+        self.logits = np.zeros(s.vocab, np.float32)
+        self._logits_p = ffi.cast("float *", self.logits.ctypes.data)
+        self._tok = np.zeros(1, np.int32)
+        self._tok_p = ffi.cast("int *", self._tok.ctypes.data)
+        self.pos = 0
+
+    # ------------------------------------------------------------ the constructors
+    @classmethod
+    def from_gguf(cls, mf, context=None, **kw) -> "Forward":
+        """A GGUF file's model (:func:`smallem.gguf_file.open_model`): its matrices read in the
+        file's blocks; ``context`` the cache's positions (default: the file's, at most
+        :data:`DEFAULT_CONTEXT`). The prompt takes the GEMM from :data:`GEMM_MIN_ROWS` rows
+        unless ``gemm_rows`` says otherwise."""
+        fw = cls(gguf_spec(mf, context), **{"gemm_rows": GEMM_MIN_ROWS, **kw})
+        fw.mf, fw.h = mf, mf.hyper
+        return fw
+
+    # ------------------------------------------------------------ the threshold
+    def _par_min_bytes(self) -> int:
+        """Below how many bytes a product (or an attention) runs on one thread: the bytes one
+        core streams in SYNC_SHARE fork-joins of the team, both measured here, now (the
+        cheapest of a few tries of each: the machine's cost, not a neighbour's noise). A team
+        that met for less would spend more of the token meeting than working."""
+        if self.threads == 1:
+            return 0
+        fj = min(_pool.fork_join_seconds(self.team.runtime, self.threads, 500) for _ in range(5))
+        big = max(self.mats, key=lambda w: w.nbytes)
+        dst = self.ffi.new("sm_mat *")
+        big.fill(self.ffi, dst)
+        secs = self.lib.sm_time_product(dst, 20)
+        if secs <= 0:
+            raise MemoryError("no memory for the product's timing")
+        return int(self.SYNC_SHARE * fj * big.nbytes / secs)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one token reads: every product's matrix (int8's scales too)."""
+        return sum(w.nbytes for w in self.mats)
+
+    # ------------------------------------------------------------ the calls
+    def reset(self):
+        self.pos = 0
+
+    def _check(self, tokens) -> np.ndarray:
+        t = np.asarray(tokens)
+        if t.ndim > 1 or t.size == 0:
+            raise ValueError(f"tokens: expected a non-empty 1-D sequence, got shape {t.shape}")
+        if not np.issubdtype(t.dtype, np.integer):
+            raise TypeError(f"tokens: expected ints, got {t.dtype}")
+        V = self.spec.vocab
+        if t.min() < 0 or t.max() >= V:
+            raise ValueError(f"tokens: ids must lie in [0, {V}), got {t.min()}..{t.max()}")
+        if self.pos + t.size > self.context:
+            raise ValueError(f"{t.size} tokens after position {self.pos} do not fit the "
+                             f"context of {self.context}")
+        return np.ascontiguousarray(t.reshape(-1), np.int32)
+
+    def path(self, n: int) -> str:
+        """The path a call of ``n`` rows takes by default: "gemm" from gemm_rows on, else "c"."""
+        return "gemm" if self.gemm_rows is not None and n >= self.gemm_rows else "c"
+
+    def forward(self, tokens, all_logits: bool = False, path: str | None = None) -> np.ndarray:
+        """The logits after ``tokens`` (the last row's, or every row's with ``all_logits``).
+        ``path`` "c": the products of each matrix's own kind; "gemm": chapter 2's GEMM for the
+        rows' products (where this forward has the branch); None: :meth:`path`."""
+        t = self._check(tokens)
+        n = t.size
+        path = path or self.path(n)
+        if path not in ("c", "gemm"):
+            raise ValueError(f"path: expected 'c' or 'gemm', got {path!r}")
+        if path == "gemm" and self.gemm_rows is None:
+            raise ValueError("path='gemm': this forward was made without the GEMM branch")
+        out = np.empty((n if all_logits else 1, self.spec.vocab), np.float32)
+        self._m.gemm_rows = 1 if path == "gemm" else INT_MAX
+        try:
+            self._run(t, out, all_logits)
+        finally:
+            self._m.gemm_rows = INT_MAX
+        return out if all_logits else out[0]
+
+    def _run(self, t, out, all_logits):
+        rc = self.lib.sm_forward(self._m, self.ffi.cast("int *", t.ctypes.data), t.size, self.pos,
+                                 self.ffi.cast("float *", out.ctypes.data), int(all_logits),
+                                 self.threads)
+        if rc:
+            raise ForwardError(f"sm_forward: {ERRORS.get(rc, rc)}")
+        self.pos += t.size
+
+    def step(self, token: int) -> np.ndarray:
+        """The next token's logits (a view that the next call overwrites)."""
+        if not 0 <= token < self.spec.vocab:
+            raise ValueError(f"token {token} outside the vocabulary [0, {self.spec.vocab})")
+        if self.pos >= self.context:
+            raise ValueError(f"the cache is full ({self.context} positions)")
+        self._tok[0] = token
+        self.lib.sm_forward(self._m, self._tok_p, 1, self.pos, self._logits_p, 0, self.threads)
+        self.pos += 1
+        return self.logits
+
+
+DEFAULT_CONTEXT = 4096  # a GGUF model's cache positions unless the caller asks for more (or fewer)
+GGUF_ROWS = 64     # a GGUF prompt's rows per C call off the GEMM: each block of 4 weight rows
+                   # meets all of them in L1
+GEMM_MIN_ROWS = 64  # from this many prompt rows a GGUF forward takes the GEMM branch
+
+
+def default_prompt_dtype(level=None) -> str:
+    """The GEMM branch's inputs for GGUF blocks: "bf16" where chapter 2 chose a bf16 path that
+    beats its f32 GEMM on this machine (vdpbf16ps where its probe outruns the FMA, or AMX
+    tiles), else "f32" (a widened bf16 product is an f32 product with coarser inputs)."""
+    from . import gemm
+
+    return "bf16" if gemm.bf16_path(level) != "widen" else "f32"
+
+
+def gguf_spec(mf, context=None) -> Spec:
+    """The Spec of a GGUF file's model: every switch from its architecture's row
+    (:data:`smallem.gguf_file.ARCHS`), every matrix in the file's blocks."""
+    from .gguf_file import rope_angles
+
+    h, a = mf.hyper, mf.hyper.arch
+    T = mf.tensors
+    context = (min(h.context, DEFAULT_CONTEXT) if context is None
+               else checks.positive_int(context, "context", limit=h.context))
+    vec = lambda name: T[name].dequantize() if name in T else None  # noqa: E731
+    blocks = lambda name: Blocks(T[name])  # noqa: E731
+    freqs = vec("rope_freqs.weight")
+
+    def tables(swa):
+        ang = rope_angles(h, np.arange(context), freqs, **({"swa": True} if swa else {}))
+        return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+    cos, sin = tables(False)
+    swa_tables = None
+    layers = []
+    for i in range(h.n_layer):
+        b = f"blk.{i}."
+        L = {"norm1_w": vec(b + "attn_norm.weight"), "norm2_w": vec(b + "ffn_norm.weight"),
+             "post1_w": vec(b + "post_attention_norm.weight"),
+             "post2_w": vec(b + "post_ffw_norm.weight"),
+             "q_norm": vec(b + "attn_q_norm.weight"), "k_norm": vec(b + "attn_k_norm.weight"),
+             "bq": vec(b + "attn_q.bias"), "bk": vec(b + "attn_k.bias"),
+             "bv": vec(b + "attn_v.bias")}
+        for f, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"),
+                        ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
+            L[f] = blocks(b + name + ".weight")
+        if h.is_swa(i):
+            if swa_tables is None:
+                swa_tables = tables(True)
+            L["window"] = h.window
+            L["rope_cos"], L["rope_sin"] = swa_tables
+        layers.append(L)
+    return Spec(
+        n_layer=h.n_layer, d=h.d, n_head=h.n_head, n_kv_head=h.n_kv_head, head_dim=h.head_dim,
+        v_dim=h.v_dim, hidden=h.hidden, vocab=h.vocab, context=context, norm="rms",
+        mlp=a.mlp, rope="neox" if a.rope == "neox" else "pairs", rope_dim=h.rope_dim,
+        cache="f16", eps=h.eps, attn_scale=h.attn_scale, q_prescaled=a.q_prescaled,
+        embed_scale=float(np.float32(np.sqrt(h.d))) if a.embed_scale else 1.0,
+        softcap=h.softcap, embd=blocks("token_embd.weight"),
+        head=blocks("token_embd.weight" if h.tied else "output.weight"), layers=layers,
+        out_norm_w=vec("output_norm.weight"), rope_cos=cos, rope_sin=sin, block_rows=GGUF_ROWS,
+        extra={"file": mf})
