@@ -54,7 +54,7 @@ cross:
 	fi
 
 # Debian's SIMDe headers, so the tests can run the AVX-512 kernels on a CPU without AVX-512
-# (SMALLEM_EMULATE=avx512; see smallem/isa.py). Best effort: without them those runs are skipped.
+# (SMALLEM_EMULATE=avx512; see smallem/cpu/isa.py). Best effort: without them those runs are skipped.
 simde:
 	@if echo '#include <simde/x86/avx512.h>' | $${CC:-cc} -E -x c - >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -22,7 +22,7 @@
 # %%
 from IPython.display import SVG, Markdown, display
 
-from smallem import isa, machine, machine_info
+from smallem.cpu import isa, machine, machine_info
 from smallem.book import ch1, figures, records
 
 print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |",

@@ -25,9 +25,11 @@ import os
 import numpy as np
 from IPython.display import SVG, Markdown, display
 
-from smallem import checks, gemm, isa, machine_info
+from smallem import checks
+from smallem.product import gemm
+from smallem.cpu import isa, machine_info
 from smallem.book import ch2, compare, figures, records
-from smallem.timing import measure
+from smallem.cpu.timing import measure
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 

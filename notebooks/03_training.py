@@ -29,10 +29,11 @@ import os
 import numpy as np
 from IPython.display import SVG, Markdown, display
 
-from smallem import machine_info, train
+from smallem.cpu import machine_info
+from smallem.training import train
 from smallem.book import ch3, figures, records
 from smallem.checks import assert_close
-from smallem.model import GPT, Config
+from smallem.training.model import GPT, Config
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
@@ -87,7 +88,7 @@ assert_close(ker.grad_flat, ref.grad_flat.astype(np.float32), rtol=1e-4,
              atol=2e-5 * np.abs(ref.grad_flat).max(), name="kernel gradients")
 print("kernel gradients match the reference, every one of", ker.grad_flat.size)
 try:
-    from smallem import torch_gpt
+    from smallem.training import torch_gpt
     tl, tg = torch_gpt.loss_and_grads(ref.params, tiny, idx, tgt)
     worst = max(np.abs(ref.grads[k] - tg[k]).max() for k in tg)
     print(f"PyTorch loss {tl:.10f}; worst gradient difference from numpy: {worst:.1e}")

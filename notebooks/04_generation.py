@@ -29,11 +29,12 @@ from pathlib import Path
 import numpy as np
 from IPython.display import SVG, Markdown, display
 
-from smallem import decode, gguf_export, machine_info
+from smallem.generating import decode, gguf_export
+from smallem.cpu import machine_info
 from smallem.book import ch4, figures, records
 from smallem.checks import assert_close
-from smallem.model import GPT, Config
-from smallem.quant import Packed
+from smallem.training.model import GPT, Config
+from smallem.generating.quant import Packed
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"

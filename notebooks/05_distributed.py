@@ -26,7 +26,8 @@ import os
 
 from IPython.display import SVG, Markdown, display
 
-from smallem import distributed, machine_info
+from smallem.training import distributed
+from smallem.cpu import machine_info
 from smallem.book import figures, mpi, records
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"

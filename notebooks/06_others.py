@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 from IPython.display import Markdown, display
 
-from smallem import gguf_file, gguf_model, gguf_run, machine_info
-from smallem.forward import Forward
+from smallem.generating import gguf_file, gguf_model, gguf_run
+from smallem.cpu import machine_info
+from smallem.generating.forward import Forward
 from smallem.book import figures, others, records
 from smallem.book.others import files
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import machine_info
+from smallem.cpu import machine_info
 
 
 def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = None,

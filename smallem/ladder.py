@@ -1,6 +1,6 @@
-"""The book's ladders: one type for chapter 2's products (:data:`smallem.gemm.LADDER`), the GPU's
-(:data:`smallem.cuda.GPU_LADDER`), chapter 3's training steps and chapter 4's decoders
-(:data:`smallem.decode.RUNGS`).
+"""The book's ladders: one type for chapter 2's products (:data:`smallem.product.gemm.LADDER`), the GPU's
+(:data:`smallem.plumbing.cuda.GPU_LADDER`), chapter 3's training steps and chapter 4's decoders
+(:data:`smallem.generating.decode.RUNGS`).
 
 A ladder is a sequence of small rungs, each one idea more than the one before. Each
 :class:`Rung` has a name, by which everything addresses it (``LADDER["packed"]``), what it

@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smallem import gemm, isa, machine_info
+from smallem.product import gemm
+from smallem.cpu import isa, machine_info
 from smallem.book import ch1, records
 
 MACHINES = Path(__file__).parent / "machines"

@@ -18,7 +18,7 @@ import os
 import numpy as np
 import pytest
 
-from smallem import isa
+from smallem.cpu import isa
 
 import captured
 

@@ -1,5 +1,5 @@
 """Llama-family GGUF models with random weights, written with the ``gguf`` package, for the
-tests of smallem.gguf_file / gguf_tokenizer / gguf_model (no model can be downloaded here).
+tests of smallem.generating.gguf_file / gguf_tokenizer / gguf_model (no model can be downloaded here).
 
 The tokenizer comes from one of llama.cpp's vocabulary files (``ggml-vocab-*.gguf`` in the
 llama-cpp-python sdist that ``make llama`` unpacks) or, without it, smallem's own 256-byte
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from smallem import gguf_file, gguf_random
+from smallem.generating import gguf_file, gguf_random
 from smallem.book.ch4 import llama
 
 # llama.cpp's tokenizer test files, where `make llama` unpacked its source (once a machine)
@@ -36,7 +36,7 @@ def write(path, arch="llama", vocab: str | None = None, d=64, n_layer=2, n_head=
           head_dim=None, hidden=128, context=128, seed=0, std=0.3, rope_freqs=False,
           base=10000.0, tied=False, extra=None, **arch_keys) -> Path:
     """A model of ``arch`` with random weights, all F32, to ``path`` (``extra``: more tensors,
-    name -> float32 array), through the library's one writer (smallem.gguf_random);
+    name -> float32 array), through the library's one writer (smallem.generating.gguf_random);
     ``arch_keys`` go to it (gemma3's window, swa_pattern, rope_base_swa, softcap). An
     architecture that scales its embedding by sqrt(d) (gemma3) gets an embedding of std
     1/sqrt(d), so that the scaled rows are of the size of what the blocks add."""

@@ -9,7 +9,8 @@ checks that every function every kernel header declares was entered, at every le
 import json
 import os
 
-from smallem import build, isa
+from smallem.plumbing import build
+from smallem.cpu import isa
 
 _entered: set = set()
 

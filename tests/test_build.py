@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from smallem import build, checks, isa
+from smallem import checks
+from smallem.plumbing import build
+from smallem.cpu import isa
 from smallem.book import records
 
 KERNELS = build.kernel_names()
@@ -79,7 +81,7 @@ def test_emulated_avx512_builds_the_avx512_code(monkeypatch):
         pytest.skip("this CPU runs AVX-512 itself; emulation is off here by design")
     if isa.emulation_unavailable():
         pytest.skip(f"AVX-512 through SIMDe: {isa.emulation_unavailable()}")
-    from smallem import gemm
+    from smallem.product import gemm
 
     monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
     monkeypatch.setenv("SMALLEM_ISA", "avx512")
@@ -186,7 +188,7 @@ def test_editing_a_file_the_kernel_includes_rebuilds(tmp_path, monkeypatch):
     assert "parts" in build.kernel_names() and "value" not in build.kernel_names()
 
 
-_BUILD_GEMM = ("import sys; from smallem import build; "
+_BUILD_GEMM = ("import sys; from smallem.plumbing import build; "
                "print(build.compile_module('gemm', 'generic'), flush=True)")
 
 
@@ -241,7 +243,7 @@ def test_ctrl_c_in_a_kernel_build_leaves_no_broken_cache_entry(tmp_path):
     assert rc != 0 and "KeyboardInterrupt" in err, err[-2000:]
     assert list(cache.iterdir()) == [], "an interrupted build left files in the cache"
     # run again: the kernel builds, loads and multiplies
-    out = subprocess.run([sys.executable, "-c", _BUILD_GEMM + "; from smallem import gemm; "
+    out = subprocess.run([sys.executable, "-c", _BUILD_GEMM + "; from smallem.product import gemm; "
                           "import numpy as np; a = np.ones((3, 5), np.float32); "
                           "assert (gemm.matmul(a, a, trans_b=True, level='generic') == 5).all()"],
                          env={**__import__("os").environ, "SMALLEM_CACHE": str(cache)},

@@ -16,7 +16,9 @@ import math
 import pytest
 
 import captured
-from smallem import gemm, isa, layers, machine
+from smallem.product import gemm
+from smallem.cpu import isa, machine
+from smallem.training import layers
 from smallem.book import ch1, records
 from smallem.book.ch4 import measuring as ch4m
 

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from smallem import checks, cuda
+from smallem import checks
+from smallem.plumbing import cuda
 
 REASON = cuda.why_unavailable()
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=f"no GPU: {REASON}")
@@ -39,7 +40,7 @@ def test_kernel_files_found():
 
 
 def test_package_imports_without_gpu():
-    code = "import smallem.cuda, smallem.book.gpu, smallem.cli; print(smallem.cuda.why_unavailable())"
+    code = "import smallem.plumbing.cuda, smallem.book.gpu, smallem.cli; print(smallem.plumbing.cuda.why_unavailable())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -276,7 +277,7 @@ def test_orchestration_with_fake_cupy(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "fake_cupy"),
            "SMALLEM_RECORDS": str(tmp_path / "rec"), "SMALLEM_FIGURES": str(tmp_path / "fig"),
            "MPLBACKEND": "Agg"}
-    code = ("from smallem import cuda\nfrom smallem.book import gpu\n"
+    code = ("from smallem.plumbing import cuda\nfrom smallem.book import gpu\n"
             "assert cuda.why_unavailable() is None\n"
             "gpu.run_ch1(quick=True, progress=False).save()\n"
             "gpu.run_ch2(quick=True, progress=False).save()\n"

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from smallem import checks, cuda
+from smallem import checks
+from smallem.plumbing import cuda
 
 HERE = Path(__file__).parent / "cuda_emu"
 CXX = shutil.which("g++") or shutil.which("clang++")
@@ -139,7 +140,7 @@ GUARD_CHILD = """
 import ctypes, sys
 import numpy as np
 sys.path[:0] = [{root!r}, {tests!r}]
-from smallem import cuda
+from smallem.plumbing import cuda
 from test_cuda_emu import open_lib
 so = open_lib({lib!r})
 kernels = [(r.func, r, r.dtype) for r in cuda.GPU_LADDER]

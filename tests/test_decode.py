@@ -6,10 +6,12 @@ import sys
 import numpy as np
 import pytest
 
-from smallem import checkpoint, decode, isa
+from smallem.training import checkpoint
+from smallem.generating import decode
+from smallem.cpu import isa
 from smallem.checks import assert_close
-from smallem.model import GPT, Config
-from smallem.quant import QBLOCK, Packed, dequantize_q8, quantize_q8
+from smallem.training.model import GPT, Config
+from smallem.generating.quant import QBLOCK, Packed, dequantize_q8, quantize_q8
 
 SHAPES = [(1, 1, 1), (1, 31, 17), (3, 33, 15), (5, 100, 50), (33, 64, 40), (4, 96, 16),
           (2, 7, 129), (1, 200, 300)]  # rows, K, N: below, across and past a tile and a block
@@ -108,7 +110,8 @@ def test_the_int8_instruction_is_the_levels(level):
 def test_the_kernels_shapes_are_the_packers(level):
     """The C side's tile, rows per pass and rows per block, which chapter 4's page quotes,
     against the Python side that packs for it."""
-    from smallem import build, quant
+    from smallem.plumbing import build
+    from smallem.generating import quant
 
     _, lib = build.load("forward", level)
     assert lib.sm_tile() == quant.TILE
@@ -118,7 +121,7 @@ def test_the_kernels_shapes_are_the_packers(level):
 def test_the_thread_threshold_is_measured(level):
     m = _model(d=64, layers=1)
     toks = np.arange(20, dtype=np.int32)
-    dec = decode.Decoder(m, "int8", 2)  # measures a fork-join and the one-core rate (sm_time_matmul)
+    dec = decode.Decoder(m, "int8", 2)  # measures a fork-join and the one-core rate (sm_time_product)
     assert isinstance(dec.par_min_bytes, int) and dec.par_min_bytes > 0
     assert_close(dec.all_logits(toks), decode.Decoder(m, "int8", 1).all_logits(toks),
                  rtol=1e-5, atol=1e-5)
@@ -271,8 +274,8 @@ def test_generator_prompts_and_the_context():
 
 @pytest.mark.parametrize("block", ["gpt2", "modern"])
 def test_generate_from_a_checkpoint(tmp_path, block):
-    from smallem.data import Corpus
-    from smallem.train import Trainer
+    from smallem.training.data import Corpus
+    from smallem.training.train import Trainer
 
     text = np.frombuffer(b"def f(x):\n    return x\n" * 50, np.uint8)
     corpus = Corpus("tiny", text, text[:200], "0" * 64, 1)

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from smallem import distributed
-from smallem.model import Config
-from smallem.train import Trainer, train
+from smallem.training import distributed
+from smallem.training.model import Config
+from smallem.training.train import Trainer, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = Config("tiny", d_model=16, n_layer=2, n_head=2, context=16)
@@ -57,10 +57,10 @@ def test_rows_split_the_global_batch():
 
 TRAIN = """
     import json, sys
-    from smallem import data
-    from smallem.distributed import Distributed, DistributedTrainer
-    from smallem.model import Config
-    from smallem.train import train
+    from smallem.training import data
+    from smallem.training.distributed import Distributed, DistributedTrainer
+    from smallem.training.model import Config
+    from smallem.training.train import train
     d = Distributed()
     t = DistributedTrainer(Config("tiny", d_model=16, n_layer=2, n_head=2, context=16),
                            corpus=data.load_corpus({corpus!r}), batch_size=4, steps={steps},
@@ -180,10 +180,10 @@ def test_a_run_resumed_on_another_number_of_ranks_sees_the_same_batches(corpus_f
     ck, log = tmp_path / "ck", tmp_path / "loss.json"
     script = """
         import json, os
-        from smallem import data
-        from smallem.distributed import Distributed, DistributedTrainer
-        from smallem.model import Config
-        from smallem.train import train
+        from smallem.training import data
+        from smallem.training.distributed import Distributed, DistributedTrainer
+        from smallem.training.model import Config
+        from smallem.training.train import train
         d = Distributed()
         kw = dict(corpus=data.load_corpus({corpus!r}), threads=1, dist=d)
         if os.path.exists({ck!r} + "/checkpoint.json"):

@@ -9,7 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from smallem import checks, gemm, isa, machine
+from smallem import checks
+from smallem.product import gemm
+from smallem.cpu import isa, machine
 from smallem.book import ch1, ch2, compare, figures, records
 
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 2), (2, 3, 5), (7, 13, 11), (17, 31, 29), (37, 19, 41),
@@ -579,10 +581,10 @@ def test_concurrent_calls_from_python_threads(rng):
 
 
 def test_public_export_is_lazy():
-    code = ("import sys, smallem; assert 'smallem.gemm' not in sys.modules; "
-            "f = smallem.matmul; assert 'smallem.gemm' in sys.modules; "
+    code = ("import sys, smallem; assert 'smallem.product.gemm' not in sys.modules; "
+            "f = smallem.matmul; assert 'smallem.product.gemm' in sys.modules; "
             # found once, then a plain module attribute: no import machinery on every call
-            "assert vars(smallem)['matmul'] is f is smallem.gemm.matmul; print(f.__name__)")
+            "assert vars(smallem)['matmul'] is f is smallem.product.gemm.matmul; print(f.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "matmul"
@@ -766,7 +768,7 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     assert values["ch2.beside_pct"] == f"{100 * ours / probe:.0f} %"
     assert data["settings"]["blas"]
     # with chapter 1's record beside it, the rungs go on chapter 1's roofline
-    from smallem.build import ROOT
+    from smallem.plumbing.build import ROOT
     ch1_rec = ROOT / "figures" / "records" / "ch1.machine.json"
     if ch1_rec.is_file():
         (records_tmp / "ch1.machine.json").write_text(ch1_rec.read_text())
@@ -782,7 +784,7 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
 
 def test_bf16_check_for_a_second_machine(records_tmp, tmp_path, capsys):
     from smallem import cli
-    from smallem.build import ROOT
+    from smallem.plumbing.build import ROOT
 
     committed = ROOT / "figures" / "records" / f"{ch2.RECORD}.json"
     if not committed.is_file():
@@ -819,7 +821,7 @@ def test_gpu_check_selects_the_real_avx512_gemm_tests():
     # On a GPU host whose CPU has AVX512_BF16, gpu_check.sh runs these on the hardware itself.
     import re
 
-    from smallem.build import ROOT
+    from smallem.plumbing.build import ROOT
 
     script = (ROOT / "kernels_cuda" / "gpu_check.sh").read_text()
     selection = re.search(r'tests/test_gemm\.py -k "([^"]+)"', script).group(1)

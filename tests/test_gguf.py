@@ -8,10 +8,10 @@ import pytest
 
 import captured
 
-from smallem import decode, gguf_export
+from smallem.generating import decode, gguf_export
 from smallem.book.ch4 import llama
-from smallem.model import GPT, Config
-from smallem.quant import dequantize_q8, quantize_q8
+from smallem.training.model import GPT, Config
+from smallem.generating.quant import dequantize_q8, quantize_q8
 
 gguf = pytest.importorskip("gguf")
 
@@ -252,12 +252,12 @@ def test_llama_cpp_is_built_for_each_captured_cpu_without_amx(name):
 
 
 def test_one_random_writer_serves_the_appendix_and_the_tests(tmp_path):
-    """smallem.gguf_random writes every tensor the reader expects, in the type its draw gives,
+    """smallem.generating.gguf_random writes every tensor the reader expects, in the type its draw gives,
     with smallem's bytes padded to the asked vocabulary; a bad architecture or a vocabulary
     too small for the bytes is one clear error."""
     import numpy as np
 
-    from smallem import gguf_file, gguf_random
+    from smallem.generating import gguf_file, gguf_random
     from smallem.book.others import files
 
     p = files.write_random(tmp_path / "q.gguf", files.SHAPES["tiny-qwen2"])

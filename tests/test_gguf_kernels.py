@@ -1,4 +1,4 @@
-"""Others' models in C (kernels_c/forward/blocks.c through smallem.gguf_run, the forward through smallem.forward): each tensor type's row
+"""Others' models in C (kernels_c/forward/blocks.c through smallem.generating.gguf_run, the forward through smallem.generating.forward): each tensor type's row
 decoding and product, on every ISA path, against the gguf package's dequantiser and float64;
 the activations rounded as llama.cpp rounds them; the C forward against the numpy oracle.
 
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import gguf_models
-from smallem import gguf_file, gguf_model, gguf_run, isa
-from smallem.forward import Forward
+from smallem.generating import gguf_file, gguf_model, gguf_run
+from smallem.cpu import isa
+from smallem.generating.forward import Forward
 from smallem.checks import assert_close
-from smallem.gguf_file import TYPES, Tensor
+from smallem.generating.gguf_file import TYPES, Tensor
 
 # where each block's f16 scales lie (byte offsets), by type
 SCALES = {"Q8_0": [0], "Q4_0": [0], "Q5_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
@@ -273,7 +274,7 @@ def test_every_type_is_supported_and_rounds_its_activation_as_llama_does(level):
     """The C side multiplies every type the reader accepts and none other, and pairs each with
     the activation type ggml's vec_dot_type names (on AVX-512, Q4_0 and Q5_0 take the
     paired Q8_0 layout, which holds the same Q8_0 values)."""
-    from smallem import build
+    from smallem.plumbing import build
     ffi, lib = build.load("forward", level)
     for name in TYPES:
         assert lib.sm_g_supported(gguf_run.type_id(name)) == 1, name

@@ -1,4 +1,4 @@
-"""Others' models: GGUF files of the llama family read (smallem.gguf_file), tokenized
+"""Others' models: GGUF files of the llama family read (smallem.generating.gguf_file), tokenized
 (gguf_tokenizer) and run (gguf_model), with llama.cpp as the judge where `make llama` built it.
 
 No model can be downloaded here, so the tests write them (tests/gguf_models.py): random
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import gguf_models
-from smallem import decode, gguf_export, gguf_file, gguf_model, gguf_run, gguf_tokenizer
-from smallem.forward import Forward
+from smallem.generating import decode, gguf_export, gguf_file, gguf_model, gguf_run, gguf_tokenizer
+from smallem.generating.forward import Forward
 from smallem.book.ch4 import llama
-from smallem.gguf_file import GGUFError
-from smallem.model import GPT, Config
+from smallem.generating.gguf_file import GGUFError
+from smallem.training.model import GPT, Config
 
 VOCABS = ["llama-spm", "llama-bpe", "qwen2", "gpt-2", "phi-3", "gemma-4"]
 TOOLS = llama.find()

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from smallem import cuda, decode, gemm, ladder, train
+from smallem import ladder
+from smallem.plumbing import cuda
+from smallem.generating import decode
+from smallem.product import gemm
+from smallem.training import train
 from smallem.book.ch3 import measuring as ch3m
 
 ROOT = Path(__file__).resolve().parent.parent

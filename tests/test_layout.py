@@ -51,9 +51,9 @@ LIBRARY = [m for m in MODULES if not m.startswith("smallem.book") and m not in J
 def test_the_walk_sees_imports():
     """The walk itself: it finds relative imports, imports inside functions, and packages."""
     assert "smallem.book.records" in imports(MODULES["smallem.book.ch1.measuring"])
-    assert "smallem.gemm" in imports(MODULES["smallem.book.ch2.measuring"])
+    assert "smallem.product.gemm" in imports(MODULES["smallem.book.ch2.measuring"])
     assert "smallem.book" in imports(MODULES["smallem.cli"])  # inside main()
-    assert "smallem.gemm" in LIBRARY and "smallem.book.ch2" not in LIBRARY
+    assert "smallem.product.gemm" in LIBRARY and "smallem.book.ch2" not in LIBRARY
 
 
 @pytest.mark.parametrize("module", LIBRARY)

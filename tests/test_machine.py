@@ -11,7 +11,9 @@ import pytest
 from pathlib import Path
 
 import captured as captured_machines
-from smallem import build, checks, isa, machine, machine_info
+from smallem import checks
+from smallem.plumbing import build
+from smallem.cpu import isa, machine, machine_info
 from smallem.book import ch1, figures, records
 
 MACHINES = Path(__file__).parent / "machines"
@@ -258,7 +260,7 @@ def test_record_dirty_means_code_not_records(monkeypatch, tmp_path):
 
 
 def test_measure_interleaved_takes_samples_in_turn(monkeypatch):
-    from smallem import timing
+    from smallem.cpu import timing
     calls = []
     sleeps = []
     monkeypatch.setattr(timing.time, "sleep", lambda s: sleeps.append(s))
@@ -291,14 +293,14 @@ def test_a_setup_puts_back_what_each_timed_call_changes(monkeypatch):
 
 
 def timing_module():
-    from smallem import timing
+    from smallem.cpu import timing
     return timing
 
 
 def _clocked_calls(monkeypatch, cost: dict):
     """Contenders whose calls take ``cost[k]`` seconds on a fake clock (no sleeping), and the
     log of the calls made."""
-    from smallem import timing
+    from smallem.cpu import timing
     now, calls = [0.0], []
     monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(timing.time, "sleep", lambda s: None)
@@ -313,7 +315,7 @@ def _clocked_calls(monkeypatch, cost: dict):
 
 
 def test_a_peer_far_behind_is_timed_once(monkeypatch):
-    from smallem import timing
+    from smallem.cpu import timing
     fns, calls = _clocked_calls(monkeypatch, {"ours": 1.0, "slow": 10.0, "close": 3.0})
     far = {"slow": "ours", "close": "ours"}
     out = timing.measure_interleaved(fns, repeats=7, warmup=1, far=far, far_factor=4.0)
@@ -327,7 +329,7 @@ def test_a_peer_far_behind_is_timed_once(monkeypatch):
 
 
 def test_a_long_sample_needs_no_wake_up_call(monkeypatch):
-    from smallem import timing
+    from smallem.cpu import timing
     fns, calls = _clocked_calls(monkeypatch, {"long": 2 * timing.WAKE_SKIP,
                                               "short": timing.WAKE_SKIP / 10})
     timing.measure_interleaved(fns, repeats=3, warmup=1, pause=0.5)
@@ -337,7 +339,7 @@ def test_a_long_sample_needs_no_wake_up_call(monkeypatch):
 
 
 def test_measure_interleaved_stops_early_only_after_enough_rounds(monkeypatch):
-    from smallem import timing
+    from smallem.cpu import timing
     clock = iter(range(10_000))
     monkeypatch.setattr(timing.time, "perf_counter", lambda: float(next(clock)))
     out = timing.measure_interleaved({"a": lambda: None}, repeats=20, max_time=0.5)
@@ -492,7 +494,7 @@ def test_plateau_not_reached_is_nan_and_named():
 def test_smt_siblings_count_as_one_core(tmp_path):
     """Peaks and private caches count physical cores: two logical CPUs of one core (SMT
     siblings) are one core; a topology that cannot be read counts every CPU."""
-    from smallem import machine_info
+    from smallem.cpu import machine_info
 
     for cpu, core in ((0, 0), (1, 0), (2, 1), (3, 1)):
         d = tmp_path / f"cpu{cpu}" / "topology"

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from smallem import layers
+from smallem.training import layers
 from smallem.checks import assert_close
-from smallem.model import CONFIGS, GPT, Config, KernelOps, NumpyOps, Workspace
+from smallem.training.model import CONFIGS, GPT, Config, KernelOps, NumpyOps, Workspace
 
 TINY = Config("tiny", d_model=12, n_layer=2, n_head=3, context=7)
 TINY_UNTIED = Config("tiny-untied", d_model=8, n_layer=1, n_head=2, context=5, tied=False)
@@ -238,7 +238,7 @@ FUSED_SHAPES = SHAPES + [(3, 300), (2, 1000)]  # rows longer than one 256-float 
 def test_fused_kernels_match_their_compositions(level, rng, N, C):
     """Each fused kernel against the unfused composition it replaces (the same kernels of
     layers.c one after another, UnfusedElementwise) and against the float64 reference."""
-    from smallem.model import FusedOps
+    from smallem.training.model import FusedOps
 
     unfused, fused, ref = KernelOps(), FusedOps(), NumpyOps()
     x, t, bias, w, b = (f32(rng, N, C, scale=2), f32(rng, N, C), f32(rng, C), f32(rng, C),
@@ -333,7 +333,8 @@ def test_the_c_kernels_call_no_allocator():
     import shutil
     import subprocess
 
-    from smallem import build, isa
+    from smallem.plumbing import build
+    from smallem.cpu import isa
 
     nm = shutil.which("nm")
     if nm is None:
@@ -382,7 +383,7 @@ def test_rmsnorm_backward_fd(rng):
 
 @pytest.mark.parametrize("BH,T,hd", [(1, 1, 2), (3, 7, 6), (2, 33, 64)])
 def test_kernel_rope(level, rng, BH, T, hd):
-    from smallem.model import rope_tables
+    from smallem.training.model import rope_tables
 
     ref = NumpyOps()
     cos, sin = rope_tables(T, hd)
@@ -404,7 +405,7 @@ def test_kernel_rope(level, rng, BH, T, hd):
 
 def test_rope_scores_depend_on_distance_only(rng):
     """RoPE's point: after the turn, q_i . k_j depends on i - j, not on i and j."""
-    from smallem.model import rope_tables
+    from smallem.training.model import rope_tables
 
     T, hd = 9, 8
     qv, kv = rng.normal(size=hd), rng.normal(size=hd)
@@ -448,8 +449,8 @@ def test_swiglu_backward_fd(rng):
 def test_newton_schulz_against_float64(rng, m, n):
     """Muon's orthogonalisation in f32 (the kernels' GEMM) and with bf16 products, against
     the same iteration in float64; and what it is for: singular values near 1."""
-    from smallem.model import Bf16Ops
-    from smallem.train import newton_schulz
+    from smallem.training.model import Bf16Ops
+    from smallem.training.train import newton_schulz
 
     g = rng.normal(size=(m, n)) * np.linspace(0.01, 3, n)  # a wide spread of scales
     want = newton_schulz(g)  # numpy, float64
@@ -575,7 +576,7 @@ def test_a_step_allocates_no_arrays_after_the_first(backend, block, optimizer, r
     below the smallest activation (B*T x C floats, 64 KiB here)."""
     import tracemalloc
 
-    from smallem.train import AdamW, Muon
+    from smallem.training.train import AdamW, Muon
 
     # one layer with Muon: its Newton-Schulz makes 75 bf16 products a layer, and a C call
     # of 20 arguments (gemm_bf16's) costs CPython a 200-byte argument tuple, which is not
@@ -699,7 +700,7 @@ def test_kernel_arguments_are_checked(rng):
 @pytest.mark.parametrize("backend", ["kernels", "flash", "fused"])
 @pytest.mark.parametrize("cfg", ALL_TINY, ids=ALL_IDS)
 def test_numpy_and_kernels_agree_after_one_step(level, cfg, backend, rng):
-    from smallem.train import AdamW
+    from smallem.training.train import AdamW
 
     idx = rng.integers(0, 256, (3, cfg.context))
     tg = rng.integers(0, 256, (3, cfg.context))
@@ -723,7 +724,7 @@ def test_numpy_and_kernels_agree_after_one_step(level, cfg, backend, rng):
 
 
 def test_to_bf16_rounds_as_the_reference(level, rng):
-    from smallem import gemm
+    from smallem.product import gemm
 
     x = (rng.normal(size=1001) * 10.0 ** rng.integers(-40, 38, 1001)).astype(np.float32)
     x[:8] = [np.nan, -np.nan, np.inf, -np.inf, 3.4e38, -0.0, 1e-45, 1.0 + 2.0 ** -8]  # 1 + half ulp
@@ -743,7 +744,7 @@ class _RoundedProducts(NumpyOps):
 
     @staticmethod
     def _r(x):
-        from smallem import gemm
+        from smallem.product import gemm
         return gemm.bf16_to_f32(gemm.f32_to_bf16(x.astype(np.float32))).astype(np.float64)
 
     def linear(self, x, w, b, out):
@@ -790,7 +791,7 @@ def test_bf16_step_matches_the_rounded_reference(level, cfg, rng):
 
 def test_model_matches_pytorch(rng):
     pytest.importorskip("torch")
-    from smallem import torch_gpt
+    from smallem.training import torch_gpt
 
     for cfg in ALL_TINY:
         m64 = GPT(cfg, "numpy", dtype=np.float64, seed=2)
@@ -834,7 +835,7 @@ def test_configs_comments_are_true():
     """model.py writes each config's size beside it: those comments must match the methods."""
     import re
 
-    from smallem import model
+    from smallem.training import model
 
     src = open(model.__file__).read()
     for name, c in CONFIGS.items():

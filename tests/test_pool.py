@@ -1,4 +1,4 @@
-"""smallem's own thread pool (kernels_c/pool.c, smallem.pool): the training step's rung 2.
+"""smallem's own thread pool (kernels_c/pool.c, smallem.plumbing.pool): the training step's rung 2.
 
 The kernels on the pool must give the bits they give on OpenMP's runtime, and the pool
 must not hang: many fork-joins, an exception in a task, more threads than cores, two
@@ -12,8 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from smallem import build, gemm, isa, layers, machine_info, pool
-from smallem.model import GPT, Config
+from smallem.plumbing import build, pool
+from smallem.product import gemm
+from smallem.cpu import isa, machine_info
+from smallem.training import layers
+from smallem.training.model import GPT, Config
 
 CORES = machine_info.usable_cores()
 
@@ -155,7 +158,8 @@ def test_a_team_carries_its_runtime_and_is_not_a_number():
     """The runtime travels with the count: a Team is made once and passed down, and nothing
     that wants a number can take one and drop the pool on the way (PoolThreads, an int with
     a flag, was stripped that way)."""
-    from smallem import checks, layers
+    from smallem import checks
+    from smallem.training import layers
 
     t = pool.team(2, pool=True)
     assert (t.n, t.pool, t.runtime) == (2, True, "pool") and t.one() == pool.Team(1, True)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from smallem import build
+from smallem.plumbing import build
 
 CROSS = shutil.which("aarch64-linux-gnu-gcc")
 

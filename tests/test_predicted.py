@@ -10,7 +10,7 @@ from smallem.book import ch1, figures, records
 from smallem.book.ch2 import reading as ch2r
 from smallem.book.ch3 import reading as ch3r
 from smallem.book.ch4 import reading as ch4r
-from smallem.gemm import LADDER
+from smallem.product.gemm import LADDER
 
 import captured
 

@@ -19,9 +19,11 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is a test dependency: pip install -e '.[test]'")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from smallem import decode, gemm, layers  # noqa: E402
-from smallem.decode import Sampler  # noqa: E402
-from smallem.quant import QBLOCK, TILE, Packed  # noqa: E402
+from smallem.generating import decode  # noqa: E402
+from smallem.product import gemm
+from smallem.training import layers
+from smallem.generating.decode import Sampler  # noqa: E402
+from smallem.generating.quant import QBLOCK, TILE, Packed  # noqa: E402
 
 EXAMPLES = int(os.environ.get("SMALLEM_HYPOTHESIS_EXAMPLES", "25"))
 settings.register_profile(

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from smallem import build, isa
+from smallem.plumbing import build
+from smallem.cpu import isa
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -149,12 +150,12 @@ def test_a_write_past_the_end_is_caught(tmp_path):
     (kdir / "overrun.h").write_text("void fill(float *x, int n);\n")
     (kdir / "overrun.c").write_text('#include "overrun.h"\n'
                                     "void fill(float *x, int n) { for (int i = 0; i <= n; i++) x[i] = 1; }\n")
-    code = ("import numpy as np; from smallem import build; ffi, lib = build.load('overrun'); "
+    code = ("import numpy as np; from smallem.plumbing import build; ffi, lib = build.load('overrun'); "
             "x = np.zeros(1000, np.float32); lib.fill(ffi.from_buffer('float[]', x), x.size); "
             "print('not caught')")
     env = dict(os.environ, SMALLEM_SANITIZE="address,undefined", SMALLEM_KERNELS=str(kdir),
                SMALLEM_CACHE=str(tmp_path / "cache"), ASAN_OPTIONS="detect_leaks=0")
-    subprocess.run([sys.executable, "-c", "from smallem import build; build.compile_module('overrun', 'generic')"],
+    subprocess.run([sys.executable, "-c", "from smallem.plumbing import build; build.compile_module('overrun', 'generic')"],
                    env=dict(env, SMALLEM_ISA="generic"), check=True, timeout=120)
     r = subprocess.run([sys.executable, "-c", code], env=dict(env, LD_PRELOAD=" ".join(libs),
                        SMALLEM_ISA="generic"), capture_output=True, text=True, timeout=120)

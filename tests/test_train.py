@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from smallem import checkpoint, data
+from smallem.training import checkpoint, data
 from smallem.book import records
-from smallem.model import Config
-from smallem.train import Trainer, lr_at, train
+from smallem.training.model import Config
+from smallem.training.train import Trainer, lr_at, train
 
 TINY = Config("tiny", d_model=16, n_layer=2, n_head=2, context=16)
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def test_accumulated_micro_batches_equal_one_batch(backend, optimizer, text_corp
 
 
 def test_accumulate_is_refused_with_distributed(text_corpus):
-    from smallem.distributed import DistributedTrainer
+    from smallem.training.distributed import DistributedTrainer
     with pytest.raises(ValueError, match="accumulate: not with --distributed"):
         DistributedTrainer(TINY, corpus=text_corpus, batch_size=2, accumulate=2)
 
@@ -144,8 +144,8 @@ def test_muon_matches_its_definition(rng):
     """One Muon step against the update written out here in float64 from its definition
     (Jordan et al.): momentum, Nesterov, Newton-Schulz on the wide orientation, the
     sqrt(max(1, out/in)) scale; SwiGLU's W1 and W3 each on their own; AdamW elsewhere."""
-    from smallem.model import GPT
-    from smallem.train import NS_COEFFS, AdamW, Muon
+    from smallem.training.model import GPT
+    from smallem.training.train import NS_COEFFS, AdamW, Muon
 
     def ns(g):
         x = g / (np.linalg.norm(g) + 1e-7)  # the original's guard against a zero g
@@ -183,7 +183,7 @@ def test_muon_matches_its_definition(rng):
 
 
 def test_rungs_are_checked():
-    from smallem.train import rung_settings
+    from smallem.training.train import rung_settings
     with pytest.raises(ValueError, match="0..7"):
         rung_settings(-1)
     with pytest.raises(ValueError, match="0..7"):
@@ -196,7 +196,7 @@ def test_rungs_are_checked():
 
 
 def test_optimizer_and_block_errors():
-    from smallem.model import GPT
+    from smallem.training.model import GPT
     with pytest.raises(ValueError, match="optimizer"):
         Trainer(TINY, steps=1, optimizer="sgd")
     with pytest.raises(ValueError, match="RoPE"):
@@ -204,7 +204,7 @@ def test_optimizer_and_block_errors():
     with pytest.raises(ValueError, match="block"):
         Config("what", block="mamba")
     with pytest.raises(ValueError, match="wide"):
-        from smallem.train import newton_schulz
+        from smallem.training.train import newton_schulz
         newton_schulz(np.zeros((5, 3), np.float32))
     assert "wpe" not in GPT(MODERN, "numpy").params
 
@@ -215,8 +215,8 @@ def test_kill_and_resume_equals_uninterrupted(text_corpus, tmp_path):
     cfg = TINY.to_dict()
     script = textwrap.dedent(f"""
         import sys
-        from smallem.model import Config
-        from smallem.train import Trainer, train
+        from smallem.training.model import Config
+        from smallem.training.train import Trainer, train
         t = Trainer(Config(**{cfg!r}), corpus={text_corpus.name!r}, batch_size=3, steps=120,
                     seed=1, threads=2)
         train(t, checkpoint_dir={str(ck)!r}, checkpoint_every=1, sample_bytes=0,
@@ -337,7 +337,7 @@ def test_every_train_setting_is_one_field_from_command_line_to_checkpoint(text_c
     import dataclasses
 
     from smallem.commands import train as cmd
-    from smallem.train import TrainSettings
+    from smallem.training.train import TrainSettings
 
     p = argparse.ArgumentParser()
     cmd.add_settings_arguments(p)
@@ -407,8 +407,8 @@ def test_bench_train_quick_and_figures(records_tmp):
 
 def test_muon_accumulate_is_the_break_even_batch_and_a_half():
     from smallem.book.ch3.measuring import muon_accumulate
-    from smallem.model import get_config
-    from smallem.train import newton_schulz_flops
+    from smallem.training.model import get_config
+    from smallem.training.train import newton_schulz_flops
     cfg = get_config("xl")
     c = get_config("xl-modern")
     equiv = newton_schulz_flops(c) / c.flops_per_token()

@@ -338,7 +338,7 @@ void sm_g_row(const sm_mat *w, int row, float *out)
 
 /* Rows r0..r1 of the matrix as floats into out ((r1 - r0) x K), threads splitting the rows:
  * the panels a prompt's GEMM multiplies (smallem/gguf_run.py). */
-void sm_g_rows(const sm_mat *w, int r0, int r1, float *out, int nthreads)
+static void sm_g_rows(const sm_mat *w, int r0, int r1, float *out, int nthreads)
 {
     const int n = r1 - r0, nt = nthreads < n ? nthreads : (n > 0 ? n : 1);
     #pragma omp parallel for schedule(static) num_threads(nt)
@@ -347,7 +347,7 @@ void sm_g_rows(const sm_mat *w, int r0, int r1, float *out, int nthreads)
 
 /* The same rows rounded to bf16 (nearest even) for the bf16 GEMM; scratch holds K floats
  * for each thread. */
-void sm_g_rows_bf16(const sm_mat *w, int r0, int r1, uint16_t *out, float *scratch, int nthreads)
+static void sm_g_rows_bf16(const sm_mat *w, int r0, int r1, uint16_t *out, float *scratch, int nthreads)
 {
     const int n = r1 - r0, nt = nthreads < n ? nthreads : (n > 0 ? n : 1);
     #pragma omp parallel for schedule(static) num_threads(nt)

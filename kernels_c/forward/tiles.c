@@ -319,19 +319,3 @@ void sm_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *x
     }
 }
 /* --8<-- [end:matmul] */
-
-/* Seconds per one-row product on one thread, the best of `reps` (for the threshold below). */
-double sm_time_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *xs,
-                      float *y, int reps)
-{
-    double best = 1e30;
-    for (int i = 0; i < reps; i++) {
-        struct timespec a, b;
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        sm_matmul(w, x, xq, xs, y, 1, 0, 1);
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        const double t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
-        best = t < best ? t : best;
-    }
-    return best;
-}

@@ -1,5 +1,5 @@
 """The book: for each chapter, its measurement, the reading of its records into tables,
-figures and values, and its command. The library (``smallem.gemm``, ``smallem.model``, ...)
+figures and values, and its command. The library (``smallem.product.gemm``, ``smallem.training.model``, ...)
 never imports from here.
 
 :data:`CHAPTERS` is the one list of the book's modules, in the book's order. Each module has

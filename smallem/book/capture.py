@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .. import machine_info
+from smallem.cpu import machine_info
 from . import records
 
 OS_FILES = ("lscpu.txt", "cpuinfo-cpu0.txt", "caches.txt")

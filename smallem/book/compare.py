@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..timing import FAR, WAKE_SKIP, measure_interleaved
+from smallem.cpu.timing import FAR, WAKE_SKIP, measure_interleaved
 from .figures import NOTE, NOTE_OPEN, fmt, note, plain  # noqa: F401  (for the readings)
 
 

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ..build import ROOT
+from smallem.plumbing.build import ROOT
 
 def figures_dir() -> Path:
     path = Path(os.environ.get("SMALLEM_FIGURES", ROOT / "figures"))

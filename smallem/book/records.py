@@ -13,7 +13,7 @@ A record is one file, ``<records dir>/<name>.json``::
                               "samples"}}, ...]}   # samples: paired comparisons only
 
 A paired comparison (two libraries timed in turn, see
-:func:`smallem.timing.measure_interleaved`) keeps every sample in the order
+:func:`smallem.cpu.timing.measure_interleaved`) keeps every sample in the order
 taken, so that sample i of each side is round i.
 
 The records folder is ``figures/records/`` in the repository (committed: they
@@ -30,8 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import isa, machine_info
-from ..build import ROOT
+from smallem.cpu import isa, machine_info
+from smallem.plumbing.build import ROOT
 
 SCHEMA = "smallem.record/1"
 
@@ -91,7 +91,7 @@ class Record:
         }
 
     def add(self, name: str, unit: str, value: dict, *, seconds: dict | None = None, **params):
-        """One result. ``value`` holds median/min/max/n (see :class:`smallem.timing.Timing`)."""
+        """One result. ``value`` holds median/min/max/n (see :class:`smallem.cpu.timing.Timing`)."""
         if not {"median", "min", "max"} <= set(value):
             raise ValueError(f"result {name!r}: value needs median, min and max, got {sorted(value)}")
         entry = {"name": name, "params": params, "unit": unit, "value": value}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def cmd_build(args) -> int:
-    from .. import build, isa
+    from smallem.plumbing import build
+    from smallem.cpu import isa
 
     levels = list(isa.LEVELS) if args.isa == "all" else [args.isa or isa.selected()]
     for level in levels:

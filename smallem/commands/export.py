@@ -1,11 +1,11 @@
 """`smallem export --gguf FILE`: a model written in llama.cpp's format, f32 or Q8_0
-(:func:`smallem.gguf_export.export`)."""
+(:func:`smallem.generating.gguf_export.export`)."""
 
 from __future__ import annotations
 
-from ..decode import load_model
-from ..gguf_export import DTYPES, export
-from ..model import GPT
+from smallem.generating.decode import load_model
+from smallem.generating.gguf_export import DTYPES, export
+from smallem.training.model import GPT
 
 
 def add_export_arguments(p):

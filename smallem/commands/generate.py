@@ -1,5 +1,5 @@
 """`smallem generate`: text from a checkpoint (or random weights), streamed byte by byte
-through the top of chapter 4's ladder (:class:`smallem.decode.Generator`)."""
+through the top of chapter 4's ladder (:class:`smallem.generating.decode.Generator`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 from ..checks import printable
 from ..book.options import count, number
-from ..decode import DTYPES, Generator, load_model
-from ..model import GPT
+from smallem.generating.decode import DTYPES, Generator, load_model
+from smallem.training.model import GPT
 
 def add_generate_arguments(p):
     p.add_argument("--checkpoint", help="a folder `smallem train` wrote")

@@ -1,5 +1,5 @@
 """`smallem run MODEL.gguf`: other people's models (a llama-family GGUF file), streamed
-through the C forward (:mod:`smallem.gguf_run`); ``--info`` describes the file; ``--chat`` keeps a
+through the C forward (:mod:`smallem.generating.gguf_run`); ``--info`` describes the file; ``--chat`` keeps a
 conversation at the terminal through the file's chat template."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 import time
 
 from ..book.options import count, number
-from ..decode import Sampler
-from ..forward import DEFAULT_CONTEXT
+from smallem.generating.decode import Sampler
+from smallem.generating.forward import DEFAULT_CONTEXT
 from .generate import Terminal
 
 
@@ -58,9 +58,9 @@ def info_lines(mf, tk) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    from .. import gguf_file, gguf_model
+    from smallem.generating import gguf_file, gguf_model
 
-    from ..gguf_tokenizer import from_model_file
+    from smallem.generating.gguf_tokenizer import from_model_file
 
     mf = gguf_file.open_model(args.model)
     if args.info:

@@ -1,5 +1,5 @@
 """`smallem train`: its options and its body, over the library's Trainer (and, with
-``--distributed``, :mod:`smallem.distributed`'s trainer on every MPI rank)."""
+``--distributed``, :mod:`smallem.training.distributed`'s trainer on every MPI rank)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from .. import checkpoint, data
+from smallem.training import checkpoint, data
 from ..checks import printable
 from ..book.options import count, number
-from ..distributed import Distributed, DistributedTrainer
-from ..model import CONFIGS
-from ..train import DEFAULTS, TrainSettings, Trainer, estimate_steps, list_configs, train
+from smallem.training.distributed import Distributed, DistributedTrainer
+from smallem.training.model import CONFIGS
+from smallem.training.train import DEFAULTS, TrainSettings, Trainer, estimate_steps, list_configs, train
 
 
 KINDS = {"count": count(1), "positive": number(0, low_open=True), "int": int, None: float}

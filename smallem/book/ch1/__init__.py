@@ -1,6 +1,6 @@
 """Chapter 1, what a CPU is worth: the measurement, the reading of its record, its command.
 
-Measures this machine's limits with the library's probes (:mod:`smallem.machine`) and writes
+Measures this machine's limits with the library's probes (:mod:`smallem.cpu.machine`) and writes
 them to one record, ``ch1.machine``:
 
 - the clock, from a chain of dependent integer adds (one cycle each), checked against a
@@ -28,7 +28,7 @@ from .reading import (LEVELS, DISTINCT, STAIR_KERNELS, level_sizes, plateaus, sp
                      column_lines_held, naive_gemm_intensity, roofline_figure,
                      staircase_figure, table_rows, table_markdown, narrow_paths,
                      fma_pipes_rows, report, summary_lines)  # noqa: F401
-from ...timing import quick_mode
+from smallem.cpu.timing import quick_mode
 
 
 # ---------------------------------------------------------------- command line

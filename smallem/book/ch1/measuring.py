@@ -7,12 +7,13 @@ import math
 
 import numpy as np
 
-from ... import build, isa, machine, machine_info
-from ...gemm import LADDER
-from ...machine import (MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, Stream, amx_kinds,
+from smallem.plumbing import build
+from smallem.cpu import isa, machine, machine_info
+from smallem.product.gemm import LADDER
+from smallem.cpu.machine import (MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, Stream, amx_kinds,
                         measure_clock, measure_peak, measure_stream_point, native, peak_theory,
                         settle)
-from ...timing import measure, quick_mode
+from smallem.cpu.timing import measure, quick_mode
 from .. import records
 
 RECORD = "ch1.machine"
@@ -148,7 +149,7 @@ def measure_naive_gemm(n: int, repeats: int = 3) -> dict:
 # ---------------------------------------------------------------- the whole chapter
 
 def theory(data: dict, clock: dict, clock_mul: dict, physical: int, level: str) -> dict:
-    """The theoretical f32 peak of this run (:func:`smallem.machine.peak_theory`), every factor
+    """The theoretical f32 peak of this run (:func:`smallem.cpu.machine.peak_theory`), every factor
     measured: the pipes belong to physical cores (SMT siblings share them), and this CPU's
     identity gives the table of vendors' manuals beside it, as a cross-check."""
     cores = max(data["settings"]["threads"])

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import isa
-from ...machine import FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, peak_theory
+from smallem.cpu import isa
+from smallem.cpu.machine import FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, peak_theory
 from .. import figures, records, reference
 from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, ONE_THREAD_FLOOR, RECORD,
                         SCALING_FLOOR, THEORY_BAND)
@@ -144,7 +144,7 @@ def _facts(folder: str, stamp: int) -> dict:
 
 def record_identity(fingerprint: dict) -> dict | None:
     """What a record's machine fingerprint says of its CPU, in
-    :func:`smallem.isa.parse_cpuinfo`'s shape, for the FMA table's cross-check (flags: those
+    :func:`smallem.cpu.isa.parse_cpuinfo`'s shape, for the FMA table's cross-check (flags: those
     its ISA levels and extensions need, all a record keeps); None where the record kept no
     vendor (older records)."""
     if not fingerprint.get("vendor"):
@@ -160,7 +160,7 @@ def record_identity(fingerprint: dict) -> dict | None:
 
 def theory(rec: dict) -> dict:
     """The theoretical f32 peak of a ``ch1.machine`` record, computed again from its measured
-    clocks and f32 probes (:func:`smallem.machine.peak_theory`), not read from the record's
+    clocks and f32 probes (:func:`smallem.cpu.machine.peak_theory`), not read from the record's
     settings: every record, however old, gets today's theory."""
     s = rec["settings"]
     cores = max(s["threads"])

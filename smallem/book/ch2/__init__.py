@@ -1,7 +1,7 @@
 """Chapter 2, the matrix product: the ladder measured against numpy, the block-size sweeps,
 the model's products, bf16, the thread pool, and the reading of the record ``ch2.gemm``.
 
-The GEMM itself, its ladder and its analytical model are the library's :mod:`smallem.gemm`.
+The GEMM itself, its ladder and its analytical model are the library's :mod:`smallem.product.gemm`.
 This package is the chapter's room in the book: ``measuring`` runs the benchmark into the
 record, ``reading`` turns the record into the page's tables, figures and values, and this
 file holds what :mod:`smallem.book` asks of every chapter, and the commands.
@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from ...timing import quick_mode
+from smallem.cpu.timing import quick_mode
 from .. import compare, figures
 from .measuring import BF16_RECORD, RECORD, run, run_bf16
 from .reading import (_blas_line, _print_dtype_rows, alone_rows, dtype_rows, ladder_rows,

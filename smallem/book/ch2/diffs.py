@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ... import build
-from ...gemm import LADDER
+from smallem.plumbing import build
+from smallem.product.gemm import LADDER
 from .. import figures
 
 # each rung's code sits between markers named for it in kernels_c/gemm.c (its C name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ...gemm import FMA_LATENCY, FMA_PIPES, REGISTER_FILE, l2_ways_for_a
+from smallem.product.gemm import FMA_LATENCY, FMA_PIPES, REGISTER_FILE, l2_ways_for_a
 from .. import ch1, figures, records, reference
 
 
@@ -14,9 +14,9 @@ def latency_values(s: dict, rec_dir) -> dict:
     """The FMAs that must be in flight to hide the FMA's latency: the latency (the manuals')
     times the FMAs of the kernel's width this core starts a cycle, from the f32 lanes a
     cycle chapter 1 measured where its record ran the same ISA level; else the two pipes
-    smallem.gemm.micro_shape assumes, said so."""
+    smallem.product.gemm.micro_shape assumes, said so."""
     vec, _ = REGISTER_FILE[s["isa"]]
-    per_cycle, source = FMA_PIPES, "the two FMA pipes smallem.gemm.micro_shape assumes"
+    per_cycle, source = FMA_PIPES, "the two FMA pipes smallem.product.gemm.micro_shape assumes"
     if records.exists("ch1.machine", rec_dir):
         rec1 = records.load("ch1.machine", rec_dir)
         if rec1["settings"]["isa"] == s["isa"]:

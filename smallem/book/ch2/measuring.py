@@ -9,13 +9,14 @@ import os
 
 import numpy as np
 
-from ... import checks, isa
-from ...gemm import (LADDER, ORDERS, PHASES, kernels, amx_bf16, bf16_path, bf16_paths,
+from smallem import checks
+from smallem.cpu import isa
+from smallem.product.gemm import (LADDER, ORDERS, PHASES, kernels, amx_bf16, bf16_path, bf16_paths,
                      cache_geometry, default_blocks, default_order, f32_to_bf16, feeds,
                      kernel_alone, l2_ways_for_a, ladder_blocks, loop_order, matmul, matmul_bf16,
                      native_bf16, order_blocks, phase_times, pool_ids)
-from ...machine import measure_peak, peak_probe
-from ...timing import Timing, measure, measure_interleaved, quick_mode
+from smallem.cpu.machine import measure_peak, peak_probe
+from smallem.cpu.timing import Timing, measure, measure_interleaved, quick_mode
 from .. import ch1, compare, records
 
 RECORD = "ch2.gemm"

@@ -3,7 +3,7 @@ what the other order did on the same machine, timed in turn."""
 
 from __future__ import annotations
 
-from ... import gemm
+from smallem.product import gemm
 from .. import compare, figures, records
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ...gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
+from smallem.product.gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
                      THREAD_MIN_OPS, cache_geometry)
 from .. import ch1, compare, figures, records, reference
 from .measuring import BF16_RECORD, RECORD

@@ -5,7 +5,7 @@ target, "smallem >= numpy", at the parity margin)."""
 
 from __future__ import annotations
 
-from ...gemm import BF16_PATHS
+from smallem.product.gemm import BF16_PATHS
 from .. import compare, records
 from .reading import _peak, shape_pairs
 

@@ -12,13 +12,16 @@ import time
 
 import numpy as np
 
-from ... import checks, data, gemm, layers, pool
-from ...model import GPT, FlashOps, FusedOps, KernelOps, AttnCache, get_config
-from ...timing import Timing, measure, measure_interleaved, quick_mode
-from ...train import Trainer, estimate_steps, newton_schulz_flops, train
+from smallem import checks
+from smallem.training import data, layers
+from smallem.product import gemm
+from smallem.plumbing import pool
+from smallem.training.model import GPT, FlashOps, FusedOps, KernelOps, AttnCache, get_config
+from smallem.cpu.timing import Timing, measure, measure_interleaved, quick_mode
+from smallem.training.train import Trainer, estimate_steps, newton_schulz_flops, train
 # the climb's rungs live in the library beside the trainer they configure, as chapter 2's
 # LADDER beside the GEMM and chapter 4's RUNGS beside the decoder
-from ...train import RUNGS, rung_config, rung_settings, rung_trainer  # noqa: F401
+from smallem.training.train import RUNGS, rung_config, rung_settings, rung_trainer  # noqa: F401
 from .. import records
 from . import torch_child
 
@@ -34,7 +37,7 @@ F32_TOP = AT["fused"]  # the last f32 rung: the one the chapter's f32 target is 
 def _torch_step(cfg, B, T, threads, corpus, autocast):
     import torch
 
-    from ... import torch_gpt
+    from smallem.training import torch_gpt
     torch.set_num_threads(threads)
     init = GPT(cfg, "numpy", seed=0)
     tr = torch_gpt.TorchTrainer(init.params, cfg, autocast=autocast)

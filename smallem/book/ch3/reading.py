@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from ... import layers
-from ...gemm import LADDER
-from ...model import CONFIGS, Workspace, get_config
-from ...train import newton_schulz_flops
+from smallem.training import layers
+from smallem.product.gemm import LADDER
+from smallem.training.model import CONFIGS, Workspace, get_config
+from smallem.training.train import newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
 from .measuring import (F32_TOP, FUSED, FUSED_OPS, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN,
                         RECORD_STEP, RUNGS, AT, mfu, rung_label)

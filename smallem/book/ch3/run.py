@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...train import LN2
+from smallem.training.train import LN2
 from .. import compare, figures, records
 
 f = figures.fmt

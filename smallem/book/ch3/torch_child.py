@@ -61,8 +61,8 @@ def _serve(config: str, batch: int, seq_len: int, threads: int, autocast: bool):
     except ImportError:
         print("no torch: PyTorch is not installed (pip install torch==2.13.0)", flush=True)
         return
-    from ... import data, torch_gpt
-    from ...model import GPT, get_config
+    from smallem.training import data, torch_gpt
+    from smallem.training.model import GPT, get_config
 
     torch.set_num_threads(threads)
     cfg = get_config(config)

@@ -2,7 +2,7 @@
 llama.cpp and PyTorch, the L3 study, the fork-joins per token, and int8's quality.
 
 The decoders, the sampler, the generator, int8 and GGUF are the library's
-:mod:`smallem.decode`, :mod:`smallem.quant` and :mod:`smallem.gguf_export`. This package is
+:mod:`smallem.generating.decode`, :mod:`smallem.generating.quant` and :mod:`smallem.generating.gguf_export`. This package is
 the chapter's room in the book: ``measuring`` runs the benchmark into the records (with
 ``llama`` and ``torch_peer``, the peers), ``reading`` turns them into the page's tables,
 figures and values, and this file holds what :mod:`smallem.book` asks of every chapter.

@@ -34,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ... import build as kbuild, machine_info
+from smallem.plumbing import build as kbuild
+from smallem.cpu import machine_info
 
 ENV = "SMALLEM_LLAMA_BENCH"
 VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
@@ -244,8 +245,8 @@ def _probe_files(tmp: Path, tools: dict) -> list[Path]:
     """Chapter 4's smallest model (random weights) in Q8_0 and Q4_0: the types whose kernels
     (repacked, AMX) are where a build dies; an F32/F16 file alone would not show it. Q4_0 is
     made by the tools' own llama-quantize where there is one; Q8_0 by our export."""
-    from ... import gguf_export
-    from ...model import GPT, get_config
+    from smallem.generating import gguf_export
+    from smallem.training.model import GPT, get_config
 
     model = GPT(get_config("s"), "numpy", seed=0)
     out = [gguf_export.export(model, tmp / "probe-Q8_0.gguf", "q8_0")]

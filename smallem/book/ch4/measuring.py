@@ -13,10 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import checks, data, decode, gguf_export, machine_info, pool, timing
-from ...build import ROOT
-from ...model import GPT, Config, get_config
-from ...timing import Timing, quick_mode
+from smallem import checks
+from smallem.training import data
+from smallem.generating import decode, gguf_export
+from smallem.cpu import machine_info, timing
+from smallem.plumbing import pool
+from smallem.plumbing.build import ROOT
+from smallem.training.model import GPT, Config, get_config
+from smallem.cpu.timing import Timing, quick_mode
 from .. import ch1, records
 from . import llama, torch_peer
 
@@ -327,7 +331,7 @@ def val_bits_per_byte(dec, val: np.ndarray, chunks: int) -> float:
 
 
 def bench_quality(quick: bool | None = None, progress: bool = True, threads: int | None = None):
-    from ...train import Trainer, estimate_steps, train
+    from smallem.training.train import Trainer, estimate_steps, train
 
     quick = quick_mode() if quick is None else quick
     threads = checks.threads(threads)

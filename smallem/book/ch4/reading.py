@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 
-from ... import build, decode, quant
+from smallem.plumbing import build
+from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
-from ...model import CONFIGS, get_config
+from smallem.training.model import CONFIGS, get_config
 from .measuring import (PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
                         STUDY_MIN_TOKENS, STUDY_TOKENS, STUDY_TOP, matrix_params, study_config)
 

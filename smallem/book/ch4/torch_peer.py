@@ -23,7 +23,7 @@ def version() -> str | None:
 
 
 class Decoder:
-    """``reset``, ``prefill`` and ``step`` as :mod:`smallem.decode`'s decoders."""
+    """``reset``, ``prefill`` and ``step`` as :mod:`smallem.generating.decode`'s decoders."""
 
     def __init__(self, model, kind: str = "torch-f32", threads: int = 1):
         import torch
@@ -64,7 +64,7 @@ class Decoder:
         self.wte, self.wpe = t(P["wte"]), None if self.modern else t(P["wpe"])
         self.lnf = (t(P["lnf.w"]), None if self.modern else t(P["lnf.b"]))
         if self.modern:
-            from ...ops import rope_tables
+            from smallem.training.ops import rope_tables
             cos, sin = rope_tables(c.context, c.head_dim)
             self.cos, self.sin = t(cos), t(sin)
         shape = (c.n_layer, c.n_head, c.context, c.head_dim)
@@ -123,7 +123,7 @@ def time_decode(config: str, threads: int, prompt: list[int], feed: list[int],
     the model ``GPT(config, seed=0)`` that chapter 4's ladder decodes."""
     import time
 
-    from ...model import GPT
+    from smallem.training.model import GPT
 
     model = GPT(config, "kernels", seed=0)
     decs = {k: Decoder(model, k, threads) for k in KINDS}

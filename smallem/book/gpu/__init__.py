@@ -3,11 +3,11 @@
 Chapter 1 (record ``ch1.gpu``): the f32 FMA peak of the CUDA cores, the bf16 peak of the
 tensor cores, cuBLAS beside both, and the memory staircase (L2 and HBM read bandwidth over
 working sets, a copy beside CuPy's). Chapter 2 (record ``ch2.gpu``): every rung of
-:data:`smallem.cuda.GPU_LADDER` at one size, and the final kernels over sizes, each beside
+:data:`smallem.plumbing.cuda.GPU_LADDER` at one size, and the final kernels over sizes, each beside
 cuBLAS measured in the same run.
 
 GPU time is taken with CUDA events around each call (a host clock would time the launch,
-not the kernel); samples are kept in a :class:`smallem.timing.Timing` like every other
+not the kernel); samples are kept in a :class:`smallem.cpu.timing.Timing` like every other
 measurement. Without a GPU, :func:`notebook_section` shows the last committed records and
 :func:`report` writes tables that say nothing has been measured yet.
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ... import cuda
-from ...timing import quick_mode
+from smallem.plumbing import cuda
+from smallem.cpu.timing import quick_mode
 from .. import figures
 from .measuring import (CH1, CH2, RECORDS, NOT_MEASURED, gpu_measure, machine, fma_peak,
                        mma_peak, read_bandwidth, copy_bandwidth, random_matrix, cublas_gemm,

@@ -7,8 +7,9 @@ import time
 
 import numpy as np
 
-from ... import build, cuda, machine_info
-from ...timing import Timing, quick_mode
+from smallem.plumbing import build, cuda
+from smallem.cpu import machine_info
+from smallem.cpu.timing import Timing, quick_mode
 from .. import figures, records
 
 CH1 = "ch1.gpu"
@@ -233,7 +234,7 @@ def _f64_rows(data: dict, dtype: str):
     key = f"f64_{dtype}"
     if key not in data:
         cp = cuda.require()
-        from ...gemm import bf16_to_f32
+        from smallem.product.gemm import bf16_to_f32
         A, B = (data["a16"], data["b16"]) if dtype == "bf16" else (data["A"], data["B"])
         rows = np.linspace(0, A.shape[0] - 1, CHECK_ROWS).astype(np.int64)
         a, b = cp.asnumpy(A[rows]), cp.asnumpy(B)

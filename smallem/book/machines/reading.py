@@ -17,7 +17,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from ... import build
+from smallem.plumbing import build
 from .. import figures, records, reference as ref
 
 MACHINES = build.ROOT / "tests" / "machines"

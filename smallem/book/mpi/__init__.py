@@ -2,7 +2,7 @@
 machine's cores (ranks of one thread against one process with every thread), the loss
 of local SGD against the gradients' all-reduce, and a model of N machines over a link.
 
-The engine is the library's :mod:`smallem.distributed` (``smallem train --distributed``).
+The engine is the library's :mod:`smallem.training.distributed` (``smallem train --distributed``).
 ``measuring`` runs the benchmark into the record (each run a child under ``mpiexec``, with
 ``rank`` as what every rank runs), ``reading`` turns it into the page's tables, figure and
 values, and this file holds what :mod:`smallem.book` asks of every chapter.

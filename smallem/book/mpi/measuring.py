@@ -17,10 +17,10 @@ import os
 import subprocess
 import sys
 
-from ... import machine_info
-from ...distributed import mpiexec
-from ...build import ROOT
-from ...timing import Timing, quick_mode
+from smallem.cpu import machine_info
+from smallem.training.distributed import mpiexec
+from smallem.plumbing.build import ROOT
+from smallem.cpu.timing import Timing, quick_mode
 from .. import records
 
 RECORD = "mpi.train"

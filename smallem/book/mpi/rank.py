@@ -9,8 +9,8 @@ import json
 import sys
 import time
 
-from ...distributed import Distributed, DistributedTrainer
-from ...model import Config, get_config
+from smallem.training.distributed import Distributed, DistributedTrainer
+from smallem.training.model import Config, get_config
 
 
 def run(spec: dict) -> dict | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import compare, figures, records
-from ...distributed import TIMEOUT
+from smallem.training.distributed import TIMEOUT
 from .measuring import AVERAGE_EVERY, LINKS_GBIT, MACHINES, RECORD
 
 f = figures.fmt

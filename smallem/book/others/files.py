@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import gguf_random
-from ...gguf_file import ARCHS, Hyper, expected_shapes
+from smallem.generating import gguf_random
+from smallem.generating.gguf_file import ARCHS, Hyper, expected_shapes
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _init(name: str, shape: tuple, ne: tuple, rng) -> np.ndarray:
 
 
 def write_random(path: Path, s: Shape, seed: int = 0) -> Path:
-    """A GGUF file of shape ``s`` (smallem.gguf_random's writer, with :func:`_init`)."""
+    """A GGUF file of shape ``s`` (smallem.generating.gguf_random's writer, with :func:`_init`)."""
     return gguf_random.write(path, s.arch, _init, d=s.d, n_layer=s.n_layer, n_head=s.n_head,
                              n_kv_head=s.n_kv_head, hidden=s.hidden, context=s.context,
                              rope_base=s.rope_base, tied=s.tied, vocab=s.vocab, seed=seed)

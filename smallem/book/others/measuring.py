@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import checks, gguf_file, gguf_run, timing
-from ...forward import Forward
-from ...timing import Timing, quick_mode
+from smallem import checks
+from smallem.generating import gguf_file, gguf_run
+from smallem.cpu import timing
+from smallem.generating.forward import Forward
+from smallem.cpu.timing import Timing, quick_mode
 from .. import records
 from ..ch4 import llama
 from .files import SHAPES, quantise, write_random
@@ -102,7 +104,7 @@ def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
     the shape of the file's gate product (``rows`` tokens by the hidden width by d, the
     largest of a block's products), ``reps`` calls in Gop/s. A prompt can go no faster than
     its products at the best of them."""
-    from ... import gemm
+    from smallem.product import gemm
 
     h = fw.h
     rng = np.random.default_rng(0)

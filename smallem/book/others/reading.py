@@ -4,8 +4,8 @@ and each target's verdict."""
 
 from __future__ import annotations
 
-from ... import build
-from ...gguf_file import TYPES
+from smallem.plumbing import build
+from smallem.generating.gguf_file import TYPES
 from .. import ch1, compare, figures, records
 from .measuring import CASES, RECORD
 

@@ -55,7 +55,7 @@ class _Kernel:
         n = self.name
         if "gemm" in n: _gemm(n, *[int(a) if isinstance(a, np.integer) else a for a in args[:3]], *args[3:])
         elif n == "f32_to_bf16":
-            from smallem.cuda import bf16_bits
+            from smallem.plumbing.cuda import bf16_bits
             args[1][...] = bf16_bits(np.asarray(args[0]))
         elif n == "copy_f32x4": args[1][...] = args[0]
         else: assert n in ("fma_f32", "mma_bf16", "read_f32x4"), n

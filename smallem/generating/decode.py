@@ -9,7 +9,7 @@ the last token, float32 (V,)), and each differs from the one before by one idea:
    batched pass through chapter 2's GEMM, then one token at a time in numpy;
 2. :class:`Decoder` in f32: the whole token in one C call (``kernels_c/forward.c``, the one
    forward of every architecture), the weights repacked into the tiles that call streams;
-3. the same with int8 weights (:mod:`smallem.quant`), a quarter of the bytes;
+3. the same with int8 weights (:mod:`smallem.generating.quant`), a quarter of the bytes;
 4. threads splitting each product's tiles, on chapter 3's pool;
 5. the prompt through the same C call in row blocks (the int8 product on many rows),
    not through the f32 GEMM.
@@ -26,13 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import build, checkpoint, checks
-from . import pool as _pool
-from .ladder import Ladder, Rung, Where
-from .model import GPT, get_config
-from .ops import LN_EPS, rope_tables
-from .forward import Forward, Rows, Spec
-from .quant import Packed
+from smallem import checks
+from smallem.plumbing import build
+from smallem.training import checkpoint
+from smallem.plumbing import pool as _pool
+from smallem.ladder import Ladder, Rung, Where
+from smallem.training.model import GPT, get_config
+from smallem.training.ops import LN_EPS, rope_tables
+from smallem.generating.forward import Forward, Rows, Spec
+from smallem.generating.quant import Packed
 
 DTYPES = ("f32", "int8")
 
@@ -358,7 +360,7 @@ RUNGS = Ladder("chapter 4's decoders", [
          run=lambda m, t: NoCache(m), where=_where(None, 0, "test_rungs_are_the_ladder")),
     Rung(1, "kv_cache", "KV cache; prompt through the GEMM, tokens in numpy",
          run=lambda m, t: NumpyCache(m),
-         where=_where("smallem/decode.py:numpy_step", 1, "test_kv_cache_decode_equals_full_recompute")),
+         where=_where("smallem/generating/decode.py:numpy_step", 1, "test_kv_cache_decode_equals_full_recompute")),
     Rung(2, "c_call", "one C call per token, f32 tiles",
          run=lambda m, t: Decoder(m, "f32", 1, prefill="gemm"),
          where=_where("kernels_c/forward/tiles.c:f32_block", 2, "test_kv_cache_decode_equals_full_recompute")),

@@ -18,7 +18,8 @@ import ctypes
 import threading
 from dataclasses import dataclass
 
-from . import build, checks
+from smallem import checks
+from smallem.plumbing import build
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ _lock = threading.Lock()
 
 def load(name: str, level: str | None = None):
     """(ffi, lib) of ``name``'s pool variant (``layers`` or ``gemm``), attached to the pool."""
-    from . import isa
+    from smallem.cpu import isa
 
     level = level or isa.selected()
     key = (name, level, isa.extensions(level))

@@ -37,7 +37,7 @@ import heapq
 import re
 from dataclasses import dataclass
 
-from .gguf_file import GGUFError
+from smallem.generating.gguf_file import GGUFError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # gguf.TokenType
 

@@ -13,17 +13,17 @@ trainer calls, and the bf16 products. Each layer is written twice:
 - ``Kernel<Layer>``, the kernel path: the calls it makes instead. Every product goes to
   chapter 2's GEMM (``self.matmul``, ``self.bmm``: :class:`KernelOps`), everything else to
   the function of the same name in ``kernels_c/layers.c`` (``layers.<name>``: its Python
-  entry in :mod:`smallem.layers` only checks the arguments). It allocates nothing: every
+  entry in :mod:`smallem.training.layers` only checks the arguments). It allocates nothing: every
   output and scratch buffer is passed in.
 
 After the last layer, :class:`NumpyOps` and :class:`KernelOps` each inherit one class of
 every pair, and the rungs of chapter 3's climb are subclasses of :class:`KernelOps` that
 override what they change (:data:`BACKENDS`). The model that walks the layers through an
-ops object, :class:`smallem.model.GPT`, is written once for all of them.
+ops object, :class:`smallem.training.model.GPT`, is written once for all of them.
 
 Why this layout: a reader asking what LayerNorm's backward computes, or what the kernel
 path does for it, finds both on one screen here; the argument checks, a dozen lines per
-kernel, stay in :mod:`smallem.layers`, where they do not stand between the two versions. A
+kernel, stay in :mod:`smallem.training.layers`, where they do not stand between the two versions. A
 layer is a pair of small classes, rather than a method in each of two long classes, to keep
 the pair together; building the ops objects from them keeps every method overridable on its
 own, which the rungs rely on.
@@ -40,7 +40,8 @@ import math
 
 import numpy as np
 
-from . import build, layers
+from smallem.plumbing import build
+from smallem.training import layers
 
 def _scratch(ops, name: str, size: int, dtype=np.float32) -> np.ndarray:
     """The ops object's scratch array ``name``, of at least ``size`` elements: made on the
@@ -484,7 +485,7 @@ class KernelCrossEntropy:
 
 
 # ---------------------------------------------------------------- AdamW and the gradient norm
-# Not layers, but the rest of a training step (smallem.train.Trainer calls them): the
+# Not layers, but the rest of a training step (smallem.training.train.Trainer calls them): the
 # gradient's squared norm, for clipping, and one AdamW update of p and its moments m, v in
 # place. The clipping factor comes in as grad_scale, so the update is one pass; ``step``
 # counts from 1 for the bias corrections.
@@ -531,7 +532,7 @@ class KernelBf16Products:
                               self.threads.one() if x.size < ROUND_PAR_MIN else self.threads)
 
     def matmul(self, a, b, **kw):
-        from .gemm import matmul_bf16
+        from smallem.product.gemm import matmul_bf16
         k = b.shape[1] if kw.get("trans_b") else b.shape[0]
         small = a.size * (b.size // max(k, 1)) < PRODUCT_PAR_MIN
         kw["threads"] = self.threads.one() if small else self.threads
@@ -560,8 +561,8 @@ class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
     name = "kernels"
 
     def __init__(self, threads=None, pool=False):
-        from . import pool as own_pool
-        from .gemm import matmul
+        from smallem.plumbing import pool as own_pool
+        from smallem.product.gemm import matmul
         # the team every kernel of this ops object runs on: with pool=True smallem's own
         # thread pool (rung 2), not OpenMP's runtime
         self.threads = own_pool.team(threads, pool)

@@ -1,5 +1,5 @@
 """The GPT: its shape (:class:`Config`), its buffers (:class:`Workspace`) and :class:`GPT`,
-whose forward and backward walk the layers of :mod:`smallem.ops` through an ops object, so
+whose forward and backward walk the layers of :mod:`smallem.training.ops` through an ops object, so
 that they are written once for the numpy reference and every rung of the kernel path.
 
 No autograd: :meth:`GPT.forward` keeps every activation the backward pass needs in a
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .ops import (BACKENDS, LN_EPS, Bf16Ops, FlashOps, FusedOps, KernelOps,  # noqa: F401
+from smallem.training.ops import (BACKENDS, LN_EPS, Bf16Ops, FlashOps, FusedOps, KernelOps,  # noqa: F401
                   NumpyOps, make_ops, rope_tables)
 
 # ================================================================ the model

@@ -4,7 +4,7 @@ GPT-2's block goes out as llama.cpp's ``gpt2`` architecture, the modern block as
 ``llama`` (RMSNorm, RoPE on pairs of consecutive features, which is llama.cpp's "normal"
 RoPE and ours, SwiGLU as ffn_gate / ffn_up / ffn_down, no biases). ``dtype`` "f32" writes
 every tensor as float32; "q8_0" writes the products' matrices as Q8_0, from the very bytes
-the int8 decoder multiplies by (:func:`smallem.quant.quantize_q8`), and the rest as float32.
+the int8 decoder multiplies by (:func:`smallem.generating.quant.quantize_q8`), and the rest as float32.
 
 GGUF stores a matrix the way PyTorch does, (out, in), and ours are (in, out): each is
 written transposed. The vocabulary is the 256 bytes, as a ``gpt2`` BPE tokenizer with no
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_tokenizer import byte_tokens  # noqa: F401  (the vocabulary the export writes)
-from .model import GPT
-from .ops import LN_EPS, ROPE_BASE
-from .quant import QBLOCK, quantize_q8
+from smallem.generating.gguf_tokenizer import byte_tokens  # noqa: F401  (the vocabulary the export writes)
+from smallem.training.model import GPT
+from smallem.training.ops import LN_EPS, ROPE_BASE
+from smallem.generating.quant import QBLOCK, quantize_q8
 
 DTYPES = ("f32", "q8_0")
 

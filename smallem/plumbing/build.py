@@ -33,10 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import isa
-from .toolchain import BuildError, compiler  # noqa: F401 (build's names too)
+from smallem.cpu import isa
+from smallem.plumbing.toolchain import BuildError, compiler  # noqa: F401 (build's names too)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KERNELS_DIR = Path(os.environ.get("SMALLEM_KERNELS", ROOT / "kernels_c"))
 BASE_FLAGS = ["-O3", "-fPIC", "-std=gnu11", "-Wall", "-Wno-unused-function",
               # keep our copy loops as loops: glibc's memcpy would change what STREAM measures
@@ -280,14 +280,14 @@ def _files(name: str, kernels_dir: str, folders: tuple = ()) -> tuple[str, ...]:
 def load(name: str, level: str | None = None):
     """Return ``(ffi, lib)`` for ``kernels_c/<name>.c``, building it if needed.
 
-    ``level`` defaults to :func:`smallem.isa.selected` (``SMALLEM_ISA`` or the best
-    level). A level the CPU cannot run raises :class:`smallem.isa.ISAError`
+    ``level`` defaults to :func:`smallem.cpu.isa.selected` (``SMALLEM_ISA`` or the best
+    level). A level the CPU cannot run raises :class:`smallem.cpu.isa.ISAError`
     before anything is loaded, so no illegal instruction can be reached.
     """
     level = level or isa.selected()
     if not isa.supported(level):
         raise isa.ISAError(f"ISA level {level!r} cannot run on this CPU; "
-                           f"use smallem.build.compile_module to build it without loading")
+                           f"use smallem.plumbing.build.compile_module to build it without loading")
     now = time.monotonic()
     exts = isa.extensions(level)  # $SMALLEM_WITHOUT may leave one out: another module
     key = (name, level, exts, str(KERNELS_DIR))

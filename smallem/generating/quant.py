@@ -109,7 +109,7 @@ def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
 
 class Packed:
     """One weight matrix in the decoder's layout (``kind`` "f32" or "int8"), with its bias,
-    and the ``sm_mat`` struct :mod:`smallem.decode`'s C calls take. The arrays it points
+    and the ``sm_mat`` struct :mod:`smallem.generating.decode`'s C calls take. The arrays it points
     at live as long as this object."""
 
     def __init__(self, w: np.ndarray, kind: str = "f32", bias: np.ndarray | None = None):

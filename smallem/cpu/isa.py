@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import toolchain
+from smallem.plumbing import toolchain
 
 LEVELS = ("avx512", "avx2", "generic")
 

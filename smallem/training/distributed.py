@@ -39,8 +39,8 @@ import zlib
 
 import numpy as np
 
-from . import data
-from .train import LN2, Trainer, lr_at
+from smallem.training import data
+from smallem.training.train import LN2, Trainer, lr_at
 
 TIMEOUT_ENV = "SMALLEM_MPI_TIMEOUT"
 TIMEOUT = 60.0  # seconds a collective may wait before the rank gives up on its peers
@@ -170,7 +170,7 @@ class Distributed:
 
 
 class DistributedTrainer(Trainer):
-    """A :class:`smallem.train.Trainer` whose rank trains on its rows of each global batch
+    """A :class:`smallem.training.train.Trainer` whose rank trains on its rows of each global batch
     (``batch_size`` is the global batch) and meets the others as ``average_every`` says."""
 
     def __init__(self, *args, dist: Distributed | None = None, average_every: int = 1, **kw):

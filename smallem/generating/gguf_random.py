@@ -6,7 +6,7 @@ llama.cpp's logits depends on what the weights mean. The writer takes the archit
 hyper-parameters, a vocabulary (smallem's 256 bytes, padded with unused tokens to the size
 the shape asks for, or the tokenizer keys of another GGUF file, such as llama.cpp's
 ``ggml-vocab-*.gguf`` test files), and a function that draws each tensor; the tensor names and
-shapes are :func:`smallem.gguf_file.expected_shapes`', the ones the readers expect.
+shapes are :func:`smallem.generating.gguf_file.expected_shapes`', the ones the readers expect.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from .gguf_file import ARCHS, Hyper, expected_shapes
-from .gguf_tokenizer import byte_tokens
+from smallem.generating.gguf_file import ARCHS, Hyper, expected_shapes
+from smallem.generating.gguf_tokenizer import byte_tokens
 
 # (name, numpy shape, GGUF shape ne, rng) -> the tensor, in the type it is stored in
 Init = Callable[[str, tuple, tuple, np.random.Generator], np.ndarray]

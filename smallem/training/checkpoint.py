@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA = "smallem.checkpoint/1"
+SCHEMA = "smallem.training.checkpoint/1"
 INDEX = "checkpoint.json"
 
 

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checks, ladder, quant
-from .build import ROOT
+from smallem import checks, ladder
+from smallem.generating import quant
+from smallem.plumbing.build import ROOT
 
 KERNELS_DIR = Path(os.environ.get("SMALLEM_CUDA_KERNELS", ROOT / "kernels_cuda"))
 OPTIONS = ("-std=c++17",)
@@ -226,7 +227,7 @@ def array(x, name: str, dtype, ndim: int | None = None, shape: tuple | None = No
         raise TypeError(f"{name}: expected a cupy.ndarray, got {type(x).__name__}")
     dtype = np.dtype(dtype)
     if x.dtype != dtype:
-        what = " (bf16 bits: make them with smallem.cuda.to_bf16)" if dtype == np.uint16 else ""
+        what = " (bf16 bits: make them with smallem.plumbing.cuda.to_bf16)" if dtype == np.uint16 else ""
         raise TypeError(f"{name}: expected dtype {dtype}{what}, got {x.dtype}")
     checks.layout(x, name, ndim, shape, module="cupy")
     here = cp.cuda.Device().id

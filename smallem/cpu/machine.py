@@ -22,8 +22,10 @@ import time
 
 import numpy as np
 
-from . import build, checks, isa, machine_info
-from .timing import measure, quick_mode
+from smallem import checks
+from smallem.plumbing import build
+from smallem.cpu import isa, machine_info
+from smallem.cpu.timing import measure, quick_mode
 
 RECORD = "ch1.machine"
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -69,7 +71,7 @@ ZEN5_NARROW_MODELS = (range(0x20, 0x30), range(0x60, 0x70))
 def core_name(ident: dict | None = None) -> str | None:
     """The :data:`FMA_PIPES` row of a CPU, or None for a core not in the table.
 
-    ``ident`` is :func:`smallem.isa.parse_cpuinfo`'s reading (default: this machine).
+    ``ident`` is :func:`smallem.cpu.isa.parse_cpuinfo`'s reading (default: this machine).
     """
     ident = ident or machine_info.cpu_identity()
     flags, family, model = ident["flags"], ident["family"], ident["model"]
@@ -165,7 +167,7 @@ def peak_theory(clock_add_hz: float, clock_mul_hz: float, f32_one_hz: float, f32
     cycle, so the pipes are of the probe's width (a core that splits a 512-bit FMA over two
     256-bit pipes reads as one 512-bit pipe: the same lanes, the same peak).
 
-    ``ident`` (a :func:`smallem.isa.parse_cpuinfo` reading; None: no cross-check) is looked
+    ``ident`` (a :func:`smallem.cpu.isa.parse_cpuinfo` reading; None: no cross-check) is looked
     up in :data:`FMA_PIPES`: "table" holds what the vendors' manuals give for its model
     number (None where the core is not in the table), and whether it agrees.
     """

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, data
-from .ladder import Ladder, Rung, Where
-from .model import BACKENDS, CONFIGS, GPT, get_config
-from .timing import measure
+from smallem.training import checkpoint, data
+from smallem.ladder import Ladder, Rung, Where
+from smallem.training.model import BACKENDS, CONFIGS, GPT, get_config
+from smallem.cpu.timing import measure
 
 LN2 = math.log(2.0)
 
@@ -537,12 +537,12 @@ def estimate_steps(config, corpus, minutes, settings: TrainSettings | None = Non
 NB = "notebooks/03_training.py:# ## The climb, rung by rung"  # the cell that shows them all
 RUNGS = Ladder("chapter 3's climb", [
     Rung(0, "numpy", "the numpy reference", run={"backend": "numpy"},
-         where=Where("smallem/ops.py:numpy_linear",
+         where=Where("smallem/training/ops.py:numpy_linear",
                      "chapters/3-training.md:## One training step, three ways", NB,
                      "tests/test_model.py::test_numpy_and_kernels_agree_after_one_step")),
     Rung(1, "kernels", "kernels (f32), each step allocating its buffers",
          run={"backend": "kernels", "arena": False},
-         where=Where("smallem/ops.py:kernel_linear", "chapters/3-training.md:## The climb", NB,
+         where=Where("smallem/training/ops.py:kernel_linear", "chapters/3-training.md:## The climb", NB,
                      "tests/test_model.py::test_a_step_allocating_per_call_gives_the_arenas_numbers")),
     Rung(2, "pool", "a thread pool of our own",
          run={"backend": "kernels", "arena": False, "pool": True},
@@ -560,7 +560,7 @@ RUNGS = Ladder("chapter 3's climb", [
                      "chapters/3-training.md:### Fused element-wise layers", NB,
                      "tests/test_model.py::test_fused_kernels_match_their_compositions")),
     Rung(6, "bf16", "bf16 products", run={"backend": "bf16", "pool": True},
-         where=Where("smallem/ops.py:bf16_products", "chapters/3-training.md:### bf16 products",
+         where=Where("smallem/training/ops.py:bf16_products", "chapters/3-training.md:### bf16 products",
                      NB, "tests/test_model.py::test_bf16_step_matches_the_rounded_reference")),
     Rung(7, "modern", "the modern block, Muon",
          run={"backend": "bf16", "pool": True, "block": "modern", "optimizer": "muon"},

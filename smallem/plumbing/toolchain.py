@@ -1,5 +1,5 @@
 """The C compiler the kernels are built with, and the error a failed build raises: below
-both :mod:`smallem.build` and :mod:`smallem.isa` (which compiles a one-line probe for SIMDe),
+both :mod:`smallem.plumbing.build` and :mod:`smallem.cpu.isa` (which compiles a one-line probe for SIMDe),
 so that neither imports the other to find a compiler."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A GGUF file's products in C (``kernels_c/forward/blocks.c``), reading each weight matrix
 in the file's own blocks straight from the file's mapping, one at a time, for the tests and
 the appendix: the model's forward is the one of every architecture,
-:meth:`smallem.forward.Forward.from_gguf`.
+:meth:`smallem.generating.forward.Forward.from_gguf`.
 
 Each product first rounds its activation row to the type llama.cpp pairs with the weights'
 type (Q8_0 for Q8_0, Q4_0 and Q5_0; Q8_K for Q4_K and Q6_K; F16 and BF16 for themselves),
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import build, pool as _pool
-from .forward import GGUF_ROWS as ROWS, Blocks  # noqa: F401 (the appendix quotes ROWS)
-from .gguf_file import TYPES, Tensor
+from smallem.plumbing import build, pool as _pool
+from smallem.generating.forward import GGUF_ROWS as ROWS, Blocks  # noqa: F401 (the appendix quotes ROWS)
+from smallem.generating.gguf_file import TYPES, Tensor
 
 
 def type_id(name: str) -> int:

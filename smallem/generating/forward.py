@@ -8,7 +8,7 @@ one core, and takes every call down the same C function: a token, or a prompt's 
 products go through chapter 2's GEMM from a length on (the GEMM branch of the C forward, not
 a second forward in Python). Two constructors make a Spec: :meth:`Forward.from_gpt` for a
 model chapter 3 trained (GPT-2's block or the modern one; chapter 4's decoders,
-:class:`smallem.decode.Decoder`), :meth:`Forward.from_gguf` for a GGUF file (appendix B,
+:class:`smallem.generating.decode.Decoder`), :meth:`Forward.from_gguf` for a GGUF file (appendix B,
 ``smallem run``).
 """
 
@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import build, checks
-from . import pool as _pool
+from smallem import checks
+from smallem.plumbing import build
+from smallem.plumbing import pool as _pool
 
 NORMS = ("layer", "rms")            # the C side's numbers: 0, 1
 MLPS = ("gelu", "swiglu", "geglu")
@@ -42,7 +43,7 @@ class ForwardError(RuntimeError):
 @dataclass
 class Spec:
     """An architecture as the C forward takes it: shapes, switches, and the weights. A matrix
-    is anything with ``fill(ffi, sm_mat)`` and ``nbytes`` (:class:`smallem.quant.Packed`,
+    is anything with ``fill(ffi, sm_mat)`` and ``nbytes`` (:class:`smallem.generating.quant.Packed`,
     :class:`Blocks`); a vector a float32 array or None. ``layers``: one dict a layer, keyed
     by sm_layer's field names (``window`` an int, the rest matrices or vectors)."""
     n_layer: int
@@ -199,7 +200,7 @@ class Forward:
         self.gemm_rows = None if gemm_rows is None else max(2, int(gemm_rows))
         self.prompt_dtype = None
         if self.gemm_rows is not None:
-            from . import gemm
+            from smallem.product import gemm
 
             order, mc, kc, nc = gemm.default_config(level)
             m.gemm_order, m.gemm_mc, m.gemm_kc, m.gemm_nc = order, mc, kc, nc
@@ -225,7 +226,7 @@ class Forward:
     # ------------------------------------------------------------ the constructors
     @classmethod
     def from_gguf(cls, mf, context=None, **kw) -> "Forward":
-        """A GGUF file's model (:func:`smallem.gguf_file.open_model`): its matrices read in the
+        """A GGUF file's model (:func:`smallem.generating.gguf_file.open_model`): its matrices read in the
         file's blocks; ``context`` the cache's positions (default: the file's, at most
         :data:`DEFAULT_CONTEXT`). The prompt takes the GEMM from :data:`GEMM_MIN_ROWS` rows
         unless ``gemm_rows`` says otherwise."""
@@ -326,15 +327,15 @@ def default_prompt_dtype(level=None) -> str:
     """The GEMM branch's inputs for GGUF blocks: "bf16" where chapter 2 chose a bf16 path that
     beats its f32 GEMM on this machine (vdpbf16ps where its probe outruns the FMA, or AMX
     tiles), else "f32" (a widened bf16 product is an f32 product with coarser inputs)."""
-    from . import gemm
+    from smallem.product import gemm
 
     return "bf16" if gemm.bf16_path(level) != "widen" else "f32"
 
 
 def gguf_spec(mf, context=None) -> Spec:
     """The Spec of a GGUF file's model: every switch from its architecture's row
-    (:data:`smallem.gguf_file.ARCHS`), every matrix in the file's blocks."""
-    from .gguf_file import rope_angles
+    (:data:`smallem.generating.gguf_file.ARCHS`), every matrix in the file's blocks."""
+    from smallem.generating.gguf_file import rope_angles
 
     h, a = mf.hyper, mf.hyper.arch
     T = mf.tensors

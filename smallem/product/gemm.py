@@ -31,8 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import build, checks, isa, ladder, machine, machine_info, pool
-from .quant import bf16_to_f32, f32_to_bf16  # noqa: F401 (the bf16 format, gemm's names too)
+from smallem import checks, ladder
+from smallem.plumbing import build, pool
+from smallem.cpu import isa, machine, machine_info
+from smallem.generating.quant import bf16_to_f32, f32_to_bf16  # noqa: F401 (the bf16 format, gemm's names too)
 
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
 
@@ -63,7 +65,7 @@ def micro_shape(vec_floats: int, registers: int, latency: int = FMA_LATENCY,
 
 def cache_geometry(caches: dict | None = None) -> dict:
     """Size, ways, line size and instances of L1d, L2, L3, from ``caches`` (default
-    :func:`smallem.machine_info.caches`); a size or associativity the system does not
+    :func:`smallem.cpu.machine_info.caches`); a size or associativity the system does not
     report takes a common value (32 KiB 8-way, 512 KiB 8-way, 8 MiB 16-way)."""
     sizes = caches or machine_info.caches()
     defaults = {"L1d": (32 * 1024, 8), "L2": (512 * 1024, 8), "L3": (8 * 1024**2, 16)}

@@ -12,7 +12,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from . import isa
+from smallem.cpu import isa
 
 
 def usable_cores() -> int:
@@ -51,7 +51,7 @@ def physical_cores(cpus=None, topology=Path("/sys/devices/system/cpu")) -> int:
 
 @functools.lru_cache(maxsize=1)
 def cpu_identity() -> dict:
-    """:func:`smallem.isa.parse_cpuinfo` of this machine (empty fields where there is no
+    """:func:`smallem.cpu.isa.parse_cpuinfo` of this machine (empty fields where there is no
     /proc/cpuinfo)."""
     return isa.parse_cpuinfo(isa.cpuinfo_text())
 

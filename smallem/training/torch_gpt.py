@@ -1,7 +1,7 @@
 """The same GPT written in PyTorch: an independent check and the speed yardstick.
 
 It takes smallem's parameter dict (weights stored (in, out), as
-:mod:`smallem.model` keeps them) and runs PyTorch's own layers on it, with
+:mod:`smallem.training.model` keeps them) and runs PyTorch's own layers on it, with
 autograd for the backward pass. The tests compare loss and every gradient; the
 benchmark times an eager CPU training step with ``torch.optim.AdamW``, in f32 and with
 bf16 autocast.
@@ -36,7 +36,7 @@ def _rope(x, T):
 
 def forward_modern(P: dict, cfg, idx, targets=None):
     """The modern block (RMSNorm, RoPE, SwiGLU, no biases), written from PyTorch's own
-    operations: an independent check of smallem.model's."""
+    operations: an independent check of smallem.training.model's."""
     idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
     B, T = idx.shape
     C, H, h = cfg.d_model, cfg.n_head, cfg.mlp_hidden

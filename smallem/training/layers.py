@@ -7,22 +7,22 @@ and makes the call. :class:`BatchedGemm` runs chapter 2's ``gemm_f32`` over a st
 matrices from C (attention's per-head products).
 
 What each layer computes, and which of these calls the kernel path makes for it, is in
-:mod:`smallem.model`, layer by layer beside the numpy reference; this module keeps only the
+:mod:`smallem.training.model`, layer by layer beside the numpy reference; this module keeps only the
 checks, which would otherwise bury the calls there (this file mirrors ``layers.c`` as
-``smallem/gemm.py`` mirrors ``gemm.c``).
+``smallem/product/gemm.py`` mirrors ``gemm.c``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import checks
+from smallem import checks
 
 
 def _lib(threads=None):
-    """layers.c's module for ``threads`` (a count or a :class:`smallem.pool.Team`): its pool
+    """layers.c's module for ``threads`` (a count or a :class:`smallem.plumbing.pool.Team`): its pool
     variant where the team is on the pool."""
-    from . import pool
+    from smallem.plumbing import pool
     return pool.team(threads).module("layers")
 
 
@@ -36,7 +36,7 @@ def _ip(ffi, x):
 
 def _threads(n):
     """The count of threads a call runs on (``n`` a count, None or a Team)."""
-    from . import pool
+    from smallem.plumbing import pool
     return pool.team(n).n
 
 
@@ -394,7 +394,7 @@ def flash_tile(hd: int, caches: dict | None = None) -> int:
     updated once per tile, so a longer tile spreads that scalar work over more products;
     the few rows of q, scores and output the four-row block also touches are small beside
     it."""
-    from . import machine_info
+    from smallem.cpu import machine_info
 
     l1 = (caches or machine_info.caches())["L1d_bytes"] or 32 * 1024
     return int(min(256, max(32, l1 // (2 * 4 * hd) // 32 * 32)))
@@ -508,7 +508,8 @@ class BatchedGemm:
     """
 
     def __init__(self, threads=None):
-        from . import gemm, pool
+        from smallem.product import gemm
+        from smallem.plumbing import pool
 
         self.team = pool.team(threads)
         gffi, glib = self.team.module("gemm")

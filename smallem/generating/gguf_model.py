@@ -1,8 +1,8 @@
-"""The forward of a llama-family GGUF model (:mod:`smallem.gguf_file`), one token at a time
+"""The forward of a llama-family GGUF model (:mod:`smallem.generating.gguf_file`), one token at a time
 against a KV cache: the numpy reference every faster path is checked against.
 
-One forward serves every architecture in :data:`smallem.gguf_file.ARCHS`; each difference
-is a switch read from the file's :class:`~smallem.gguf_file.Arch`:
+One forward serves every architecture in :data:`smallem.generating.gguf_file.ARCHS`; each difference
+is a switch read from the file's :class:`~smallem.generating.gguf_file.Arch`:
 
     x = token_embd[t]                                         gemma3: times sqrt(d)
     per block:  h = RMSNorm(x) * attn_norm
@@ -25,7 +25,7 @@ llama.cpp's converter stores there). ``dtype`` float64 is the oracle; float32 ru
 arithmetic at the precision of the kernels. Each matrix is dequantised by the ``gguf``
 package when a product needs it and dropped after: slow, never a copy of the model.
 
-``like_llama`` makes it the oracle of what the C forward (:mod:`smallem.gguf_run`) and
+``like_llama`` makes it the oracle of what the C forward (:mod:`smallem.generating.gguf_run`) and
 llama.cpp compute: each product's activation rounded first as llama.cpp rounds it for the
 weights' type (:func:`round_activation`), the keys and values kept in f16, each query
 rounded to f16 before it meets the keys (ggml multiplies an f16 matrix by an f16 copy of the
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gguf_file import ModelFile, rope_angles
+from smallem.generating.gguf_file import ModelFile, rope_angles
 
 
 def rope(x, angles, style: str):
@@ -315,17 +315,17 @@ def chat_prompt(mf: ModelFile, tk, messages: list) -> str:
 
 class Runner:
     """A file's model and tokenizer, generating: prompt ids in, token pieces (bytes) out.
-    ``model`` "c": the C forward (:meth:`smallem.forward.Forward.from_gguf`, ``threads`` and
+    ``model`` "c": the C forward (:meth:`smallem.generating.forward.Forward.from_gguf`, ``threads`` and
     ``context`` go to it); "reference": the numpy forward, float32."""
 
     def __init__(self, mf: ModelFile, threads=None, context=None, model: str = "c"):
-        from .gguf_tokenizer import from_model_file
+        from smallem.generating.gguf_tokenizer import from_model_file
 
         if model not in ("c", "reference"):
             raise ValueError(f"model: expected 'c' or 'reference', got {model!r}")
         self.mf, self.tk = mf, from_model_file(mf)
         if model == "c":
-            from .forward import Forward
+            from smallem.generating.forward import Forward
 
             self.model = Forward.from_gguf(mf, threads=threads, context=context)
             self.context = self.model.context
