@@ -822,6 +822,7 @@ int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logi
     if (m->cache == CACHE_TILES && m->v_dim != m->head_dim) return -5;
     for (int l = 0; l < m->n_layer; l++)
         if (m->cache == CACHE_TILES && m->layers[l].window > 0) return -5;
+    if (nthreads < 1 || nthreads > (m->max_threads > 0 ? m->max_threads : 1)) return -6;
     const int d = m->d, V = m->vocab;
     const int block = m->gemm_block_rows > 0 && n >= m->gemm_rows ? m->gemm_block_rows : m->block_rows;
     work_t w;

@@ -8,6 +8,7 @@ import pytest
 
 from smallem.training import checkpoint
 from smallem.generating import decode
+from smallem.generating.forward import ForwardError
 from smallem.cpu import isa
 from smallem.checks import assert_close
 from smallem.training.model import GPT, Config
@@ -391,3 +392,24 @@ def test_the_measured_prompt_path_gives_the_same_logits(block):
                      name="the step after it")
     with pytest.raises(ValueError, match="'c', 'gemm' or 'auto'"):
         decode.Decoder(m, "int8", 1, prefill="fast")
+
+
+def test_the_prompt_has_its_own_threads():
+    """Rungs 2 and 3 decode on one core and take the prompt through the GEMM branch on the
+    model's threads: the same logits and cache as on one thread, the step stays on one, and a
+    call with more threads than the workspace was carved for is refused, not run."""
+    m = _model(context=4 * 4 * 32)
+    one = decode.Decoder(m, "f32", 1, prefill="gemm")
+    two = decode.Decoder(m, "f32", 1, prefill="gemm", prompt_threads=2)
+    assert (one.threads, one.prompt_threads) == (1, 1)
+    assert (two.threads, two.prompt_threads) == (1, 2)
+    assert int(two._m.max_threads) == 2 and two.par_min_bytes == 0
+    toks = np.random.default_rng(5).integers(0, m.config.vocab, 100)
+    assert_close(two.prefill(toks).copy(), one.prefill(toks).copy(), rtol=1e-5, atol=1e-5)
+    assert_close(two.step(3).copy(), one.step(3).copy(), rtol=1e-5, atol=1e-5)
+    one.reset()
+    with pytest.raises(ForwardError, match="more threads"):
+        one._run(np.zeros(1, np.int32), np.empty((1, m.config.vocab), np.float32), False, 2)
+    assert one.pos == 0
+    for i in ("c_call", "int8"):
+        assert decode.rung_decoder(i, m, threads=2).prompt_threads == 2

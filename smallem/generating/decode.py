@@ -8,7 +8,8 @@ the last token, float32 (V,)), and each differs from the one before by one idea:
 1. :class:`NumpyCache`: keys and values kept per layer (the KV cache), the prompt as one
    batched pass through chapter 2's GEMM, then one token at a time in numpy;
 2. :class:`Decoder` in f32: the whole token in one C call (``kernels_c/forward.c``, the one
-   forward of every architecture), the weights repacked into the tiles that call streams;
+   forward of every architecture), the weights repacked into the tiles that call streams,
+   on one core (the prompt still takes rung 1's GEMM on every core, inside the same call);
 3. the same with int8 weights (:mod:`smallem.generating.quant`), a quarter of the bytes;
 4. threads splitting each product's tiles, on chapter 3's pool;
 5. the prompt through the same C call in row blocks (the int8 product on many rows),
@@ -240,12 +241,13 @@ class Decoder(Forward):
     tiles' products in blocks of rows, "gemm" through the same call's GEMM branch (chapter
     2's f32 GEMM on the weights' plain copy), "auto" through whichever of the two ran faster
     here, timed when the decoder is made on a short and a long prompt
-    (:attr:`prefill_choice`). The weights are copied into the decoder's layout when it is
+    (:attr:`prefill_choice`); ``prompt_threads`` the GEMM branch's threads (None:
+    ``threads``). The weights are copied into the decoder's layout when it is
     made: changing the model afterwards does not change the decoder.
     """
 
     def __init__(self, model: GPT, dtype: str = "int8", threads=1, pool: bool = True,
-                 prefill: str = "c", par_min_bytes: int | None = None):
+                 prefill: str = "c", par_min_bytes: int | None = None, prompt_threads=None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
         if prefill not in ("c", "gemm", "auto"):
@@ -255,7 +257,7 @@ class Decoder(Forward):
         gemm = prefill != "c"
         super().__init__(gpt_spec(model, dtype, plain=gemm), threads, pool,
                          par_min_bytes=par_min_bytes, gemm_rows=2 if gemm else None,
-                         prompt_dtype="f32" if gemm else None)
+                         prompt_dtype="f32" if gemm else None, prompt_threads=prompt_threads)
         self.prefill_choice = {}  # prompt length measured -> the faster path there ("auto")
         if prefill == "auto":
             self._choose_prefill()
@@ -362,9 +364,10 @@ RUNGS = Ladder("chapter 4's decoders", [
          run=lambda m, t: NumpyCache(m),
          where=_where("smallem/generating/decode.py:numpy_step", 1, "test_kv_cache_decode_equals_full_recompute")),
     Rung(2, "c_call", "one C call per token, f32 tiles",
-         run=lambda m, t: Decoder(m, "f32", 1, prefill="gemm"),
+         run=lambda m, t: Decoder(m, "f32", 1, prefill="gemm", prompt_threads=t),
          where=_where("kernels_c/forward/tiles.c:f32_block", 2, "test_kv_cache_decode_equals_full_recompute")),
-    Rung(3, "int8", "int8 weights", run=lambda m, t: Decoder(m, "int8", 1, prefill="gemm"),
+    Rung(3, "int8", "int8 weights",
+         run=lambda m, t: Decoder(m, "int8", 1, prefill="gemm", prompt_threads=t),
          where=_where("kernels_c/forward/tiles.c:q8_block", 3, "test_int8_decode_follows_f32")),
     Rung(4, "threads", "threads on the pool",
          run=lambda m, t: Decoder(m, "int8", t, prefill="gemm"),

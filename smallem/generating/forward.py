@@ -33,7 +33,8 @@ KIND_BLOCKS = 2    # sm_mat.kind of a GGUF tensor (0, 1: chapter 4's f32 and int
 
 ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
           -4: "a token id outside the vocabulary",
-          -5: "a sliding window or a value width other than the keys' with chapter 4's tiles"}
+          -5: "a sliding window or a value width other than the keys' with chapter 4's tiles",
+          -6: "more threads than the workspace was carved for"}
 
 
 class ForwardError(RuntimeError):
@@ -125,7 +126,9 @@ class Forward:
     one core (None: measured when made); ``gemm_rows`` the prompt length from which a call
     takes the GEMM branch (None: never, for a Spec whose matrices have no plain or block
     form); ``prompt_dtype`` that branch's inputs for GGUF blocks ("f32" or "bf16"; None:
-    :func:`default_prompt_dtype`)."""
+    :func:`default_prompt_dtype`); ``prompt_threads`` the threads of that branch's calls
+    (None: ``threads``), so a decoder whose tokens run on one core can still take its prompt
+    through chapter 2's GEMM on every core, as chapter 4's rungs 1 to 4 do."""
 
     # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
     # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
@@ -134,7 +137,7 @@ class Forward:
     SYNC_SHARE = 32
 
     def __init__(self, spec: Spec, threads=None, pool: bool = True, par_min_bytes=None,
-                 level=None, gemm_rows=None, prompt_dtype=None):
+                 level=None, gemm_rows=None, prompt_dtype=None, prompt_threads=None):
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("rope", ROPES), ("cache", CACHES)):
             if getattr(spec, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(spec, name)!r}")
@@ -142,6 +145,8 @@ class Forward:
         self.context = s.context
         self.team = _pool.team(threads, pool)
         self.threads = self.team.n
+        self.prompt_threads = (self.threads if prompt_threads is None
+                               else _pool.team(prompt_threads, pool).n)
         self.level = level
         self.ffi, self.lib = ffi, lib = module(self.team, level)
         self._keep = []
@@ -196,7 +201,8 @@ class Forward:
             self.v = np.zeros((s.n_layer, C, nkv, s.v_dim), np.float16)
         m.k_cache = ffi.cast("void *", self.k.ctypes.data)
         m.v_cache = ffi.cast("void *", self.v.ctypes.data)
-        m.block_rows, m.max_threads = s.block_rows, self.threads
+        m.block_rows = s.block_rows
+        m.max_threads = max(self.threads, self.prompt_threads)
         self.gemm_rows = None if gemm_rows is None else max(2, int(gemm_rows))
         self.prompt_dtype = None
         if self.gemm_rows is not None:
@@ -292,15 +298,16 @@ class Forward:
         out = np.empty((n if all_logits else 1, self.spec.vocab), np.float32)
         self._m.gemm_rows = 1 if path == "gemm" else INT_MAX
         try:
-            self._run(t, out, all_logits)
+            self._run(t, out, all_logits,
+                      self.prompt_threads if path == "gemm" else self.threads)
         finally:
             self._m.gemm_rows = INT_MAX
         return out if all_logits else out[0]
 
-    def _run(self, t, out, all_logits):
+    def _run(self, t, out, all_logits, threads):
         rc = self.lib.sm_forward(self._m, self.ffi.cast("int *", t.ctypes.data), t.size, self.pos,
                                  self.ffi.cast("float *", out.ctypes.data), int(all_logits),
-                                 self.threads)
+                                 threads)
         if rc:
             raise ForwardError(f"sm_forward: {ERRORS.get(rc, rc)}")
         self.pos += t.size
