@@ -127,6 +127,7 @@ enum { CACHE_TILES = 0, CACHE_F16 = 1 };                           /* sm_model.c
 
 #include "forward/tiles.c"
 #include "forward/blocks.c"
+#include "forward/qgemm.c"
 
 /* Seconds of one row's product by w on one thread, the best of reps, the row rounded as the
  * product rounds it (the threshold below which a product stays on one core is derived from
@@ -509,7 +510,7 @@ static void attend_f16(const sm_model *m, int l, const float *q, int lo, int p, 
 /* ------------------------------------------------------------------ the work space */
 typedef struct {
     float *x, *t, *qkv, *att, *o, *u, *g, *scores, *xs, *panel, *scratch, *gemm;
-    uint8_t *act;
+    uint8_t *act, *qpanel;
     uint16_t *xb;
 } work_t;
 
@@ -551,6 +552,7 @@ static long long carve(const sm_model *m, work_t *w)
     TAKE(xb, uint16_t, gemm ? ((long long)R * kmax + 1) / 2 : 0);
     TAKE(panel, float, (long long)panel_rows * kmax);
     TAKE(scratch, float, gemm ? (long long)nt * kmax : 0);
+    TAKE(qpanel, uint8_t, gemm && m->gemm_int8 ? (nt * qg_panel_bytes(kmax) + 3) / 4 : 0);
     TAKE(gemm, float, gemm ? gemm_work_floats(max2(nc, max2(m->vocab, max2(2 * hid, qd + kd + vd))),
                                               kmax, m->gemm_mc, m->gemm_kc, nc, nt) : 0);
 #undef TAKE
@@ -589,6 +591,10 @@ static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int 
         if (W->bias)
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < N; j++) y[(size_t)r * N + j] += W->bias[j];
+        return 1;
+    }
+    if (m->gemm_int8 && qg_supported(W->type) && K % 32 == 0) { /* the integer GEMM */
+        qg_product(W, x, rows, y, acc, w->act, w->qpanel, nthreads);
         return 1;
     }
     const int bf16 = m->gemm_bf16 >= 0, nc = m->gemm_nc;

@@ -29,6 +29,7 @@ typedef struct {
     void *k_cache, *v_cache;
     int block_rows, gemm_rows, gemm_block_rows, gemm_bf16, gemm_order, gemm_mc, gemm_kc, gemm_nc;
     int max_threads;
+    int gemm_int8;
     float *work;
     long long work_floats;
     long long par_min_bytes;
@@ -48,5 +49,7 @@ void sm_g_act_values(int type, const void *act, int K, double *out);
 void sm_g_row(const sm_mat *w, int row, float *out);
 void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads);
 double sm_time_product(const sm_mat *w, int reps);
+const char *sm_q_instruction(void);
+int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads);
 long long sm_work_floats(const sm_model *m);
 int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logits, int all_logits, int nthreads);

@@ -135,6 +135,10 @@ def test_every_int8_path(lvl, without, monkeypatch, rng):
         a = np.stack([gguf_run.quantize(qtype, r)[1] for r in x])
         assert_product(gguf_run.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
                        f"{qtype} {lvl} without {without or 'nothing'}")
+        if qtype in gguf_run.INT8_TYPES:  # the prompt's integer GEMM on the same path
+            a8 = np.stack([gguf_run.quantize("Q8_0", r)[1] for r in x])
+            assert_product(gguf_run.int8_matmul(t, x, threads=2), a8,
+                           t.dequantize().astype(np.float64), f"GEMM {qtype} {lvl}")
 
 
 def test_the_instruction_is_the_levels(level):
@@ -235,11 +239,11 @@ def test_the_forward_refuses_what_does_not_fit(tmp_path):
         fw.forward([1])
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])
 @pytest.mark.parametrize("arch", list(gguf_file.ARCHS))
 def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, arch, dtype):
     """A prompt through chapter 2's GEMM (float32 or bf16 inputs, the weights dequantised a
-    panel at a time) gives the float64 logits up to its inputs' rounding and the C path's up
+    panel at a time) or through the integer GEMM (int8: the C path's own Q8_0 rounding) gives the float64 logits up to its inputs' rounding and the C path's up
     to the C path's activation rounding, and leaves the same cache: the decode steps after it
     agree with those after the C path."""
     src = gguf_models.write(tmp_path / "m.gguf", arch, None, d=64, hidden=96,
@@ -256,6 +260,7 @@ def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, ar
     # f32 against float64 with the f16 cache; bf16 inputs: 8-bit mantissas, as coarse as the
     # C path's 8-bit activations
     assert np.abs(b - want).max() <= (2e-3 if dtype == "f32" else 3e-2) * scale
+    assert g.prompt_dtype == dtype
     assert np.abs(a - b).max() <= 3e-2 * scale           # the C path's 8-bit activations
     assert c.pos == g.pos == len(ids)
     for t in (5, 6, 7):
@@ -287,3 +292,34 @@ def test_every_type_is_supported_and_rounds_its_activation_as_llama_does(level):
     for w in ("Q4_0", "Q5_0"):
         got = lib.sm_g_act_type(gguf_run.type_id(w))
         assert got == (1000 if level == "avx512" else gguf_run.type_id("Q8_0")), w
+
+
+# ---------------------------------------------------------------- the prompt's integer GEMM
+@pytest.mark.parametrize("qtype", gguf_run.INT8_TYPES)
+def test_int8_gemm_against_float64(level, qtype, rng):
+    """kernels_c/forward/qgemm.c on this level: the rows rounded to Q8_0 blocks as llama.cpp
+    rounds them, then every block's integer sum exact and scaled, on awkward shapes: one row,
+    rows past and short of the micro-tile, columns short of a 32-column group and one past it,
+    K of one block and of more than one pass over the panel (16 blocks), on 1 and 2 threads."""
+    for rows, N, K, threads in [(1, 1, 32, 1), (5, 33, 64, 2), (7, 31, 544, 1), (13, 70, 96, 2),
+                                (64, 96, 1056, 2)]:
+        t = random_tensor(qtype, N, K, rng)
+        x = rng.normal(0, 1, (rows, K)).astype(np.float32)
+        x[0, :32] = 0.0  # a block of zeros: its scale 0
+        a = np.stack([gguf_run.quantize("Q8_0", r)[1] for r in x])
+        y = gguf_run.int8_matmul(t, x, threads=threads)
+        assert_product(y, a, t.dequantize().astype(np.float64), f"{qtype} {level} {rows}x{N}x{K}")
+
+
+def test_int8_gemm_instruction_and_refusals(level, rng):
+    exts = isa.extensions(level)
+    want = {"generic": "plain C",
+            "avx2": "vpdpbusd (AVX-VNNI)" if "avx_vnni" in exts else "vpmaddubsw (AVX2)",
+            "avx512": ("vpdpbusd (AVX512-VNNI)" if "avx512_vnni" in exts
+                       else "vpdpbusd (AVX-VNNI)" if "avx_vnni" in exts
+                       else "vpmaddubsw (AVX2)")}[level]
+    assert gguf_run.int8_instruction() == want
+    with pytest.raises(ValueError, match="takes Q8_0"):
+        gguf_run.int8_matmul(random_tensor("Q4_K", 2, 256, rng), np.zeros((1, 256), np.float32))
+    with pytest.raises(ValueError, match="expected"):
+        gguf_run.int8_matmul(random_tensor("Q8_0", 2, 64, rng), np.zeros((1, 63), np.float32))

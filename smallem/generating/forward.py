@@ -14,6 +14,8 @@ model chapter 3 trained (GPT-2's block or the modern one; chapter 4's decoders,
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -125,7 +127,7 @@ class Forward:
     chapter 3's pool where ``pool``; ``par_min_bytes`` the size below which a matrix stays on
     one core (None: measured when made); ``gemm_rows`` the prompt length from which a call
     takes the GEMM branch (None: never, for a Spec whose matrices have no plain or block
-    form); ``prompt_dtype`` that branch's inputs for GGUF blocks ("f32" or "bf16"; None:
+    form); ``prompt_dtype`` that branch's inputs for GGUF blocks ("int8", "f32" or "bf16"; None:
     :func:`default_prompt_dtype`); ``prompt_threads`` the threads of that branch's calls
     (None: ``threads``), so a decoder whose tokens run on one core can still take its prompt
     through chapter 2's GEMM on every core, as chapter 4's rungs 1 to 4 do."""
@@ -212,10 +214,13 @@ class Forward:
             m.gemm_order, m.gemm_mc, m.gemm_kc, m.gemm_nc = order, mc, kc, nc
             m.gemm_block_rows = GEMM_BLOCK
             self.prompt_dtype = prompt_dtype or default_prompt_dtype(level)
-            if self.prompt_dtype not in ("f32", "bf16"):
-                raise ValueError(f"prompt_dtype: expected 'f32' or 'bf16', got {prompt_dtype!r}")
+            if self.prompt_dtype not in PROMPT_DTYPES:
+                raise ValueError(f"prompt_dtype: expected one of {PROMPT_DTYPES}, got {prompt_dtype!r}")
+            floats = (float_prompt_dtype(level) if self.prompt_dtype == "int8"
+                      else self.prompt_dtype)
             m.gemm_bf16 = (gemm.BF16_PATHS.index(gemm.bf16_path(level))
-                           if self.prompt_dtype == "bf16" else -1)
+                           if floats == "bf16" else -1)
+            m.gemm_int8 = int(self.prompt_dtype == "int8")
         m.gemm_rows = INT_MAX
         self.work = np.zeros(int(lib.sm_work_floats(m)), np.float32)
         m.work, m.work_floats = ffi.cast("float *", self.work.ctypes.data), self.work.size
@@ -324,19 +329,70 @@ class Forward:
         return self.logits
 
 
+PROMPT_DTYPES = ("int8", "bf16", "f32")
 DEFAULT_CONTEXT = 4096  # a GGUF model's cache positions unless the caller asks for more (or fewer)
 GGUF_ROWS = 64     # a GGUF prompt's rows per C call off the GEMM: each block of 4 weight rows
                    # meets all of them in L1
 GEMM_MIN_ROWS = 64  # from this many prompt rows a GGUF forward takes the GEMM branch
 
 
-def default_prompt_dtype(level=None) -> str:
-    """The GEMM branch's inputs for GGUF blocks: "bf16" where chapter 2 chose a bf16 path that
-    beats its f32 GEMM on this machine (vdpbf16ps where its probe outruns the FMA, or AMX
+def float_prompt_dtype(level=None) -> str:
+    """The GEMM branch's float inputs for GGUF blocks: "bf16" where chapter 2 chose a bf16 path
+    that beats its f32 GEMM on this machine (vdpbf16ps where its probe outruns the FMA, or AMX
     tiles), else "f32" (a widened bf16 product is an f32 product with coarser inputs)."""
     from smallem.product import gemm
 
     return "bf16" if gemm.bf16_path(level) != "widen" else "f32"
+
+
+PROBE_SHAPE = (128, 512, 1024)  # rows, N, K of the product that picks the prompt's inputs
+
+
+@functools.lru_cache(maxsize=None)
+def prompt_rates(level=None) -> dict:
+    """Gop/s on one core of the prompt's two products at :data:`PROBE_SHAPE`, timed here once a
+    process (the best of 5 calls each): "int8", the integer GEMM on a Q8_0 matrix
+    (``kernels_c/forward/qgemm.c``), and the float GEMM with :func:`float_prompt_dtype`'s inputs
+    (its panels' dequantisation left out, which favours it)."""
+    from smallem.product import gemm
+
+    M, N, K = PROBE_SHAPE
+    rng = np.random.default_rng(0)
+    blocks = np.zeros((N * K // 32, 34), np.uint8)
+    blocks[:, :2] = np.full(len(blocks), 0.01, np.float16).view(np.uint8).reshape(-1, 2)
+    blocks[:, 2:] = rng.integers(-127, 128, (len(blocks), 32), dtype=np.int8).view(np.uint8)
+    x = rng.standard_normal((M, K), np.float32)
+    b = rng.standard_normal((N, K), np.float32)
+    ffi, lib = build.load("forward", level)
+    m = ffi.new("sm_mat *")
+    m.kind, m.type, m.K, m.N, m.row_bytes = KIND_BLOCKS, 8, K, N, 34 * K // 32
+    m.w = ffi.cast("const uint8_t *", blocks.ctypes.data)
+    y = np.zeros((M, N), np.float32)
+    calls = {"int8": lambda: lib.sm_q_matmul(m, ffi.cast("float *", x.ctypes.data), M,
+                                             ffi.cast("float *", y.ctypes.data), 1)}
+    if float_prompt_dtype(level) == "bf16":
+        xb, bb = gemm.f32_to_bf16(x), gemm.f32_to_bf16(b)
+        calls["float"] = lambda: gemm.matmul_bf16(xb, bb, trans_b=True, threads=1, level=level)
+    else:
+        calls["float"] = lambda: gemm.matmul(x, b, trans_b=True, threads=1, level=level)
+    rates = {}
+    for name, call in calls.items():
+        call()
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - t0)
+        rates[name] = 2.0 * M * N * K / best / 1e9
+    return rates
+
+
+def default_prompt_dtype(level=None) -> str:
+    """The GEMM branch's inputs for GGUF blocks: "int8" (the integer GEMM for the types it
+    takes, the float inputs for the rest) where :func:`prompt_rates` timed it faster than the
+    float GEMM here, else :func:`float_prompt_dtype`'s."""
+    r = prompt_rates(level)
+    return "int8" if r["int8"] > r["float"] else float_prompt_dtype(level)
 
 
 def gguf_spec(mf, context=None) -> Spec:

@@ -72,6 +72,36 @@ def matmul(t: Tensor, x, threads=1, level=None) -> np.ndarray:
     return y
 
 
+INT8_TYPES = ("Q8_0", "Q4_0", "Q5_0")  # the types the prompt's integer GEMM takes
+
+
+def int8_instruction(level=None) -> str:
+    """The instruction of the prompt's integer GEMM (``kernels_c/forward/qgemm.c``) here."""
+    ffi, lib = build.load("forward", level)
+    return ffi.string(lib.sm_q_instruction()).decode()
+
+
+def int8_matmul(t: Tensor, x, threads=1, level=None) -> np.ndarray:
+    """x (rows, K) by the file's matrix ``t`` through the prompt's integer GEMM: x rounded
+    to Q8_0 blocks, each block's product an exact integer sum scaled by both scales."""
+    if t.type not in INT8_TYPES:
+        raise ValueError(f"the integer GEMM takes {', '.join(INT8_TYPES)}, not {t.type}")
+    team = _pool.team(threads)
+    ffi, lib = _lib(team, level)
+    x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
+    if x.ndim != 2 or x.shape[1] != t.ne[0] or x.shape[0] < 1:
+        raise ValueError(f"x: expected (rows >= 1, {t.ne[0]}), got {x.shape}")
+    m = ffi.new("sm_mat *")
+    _fill(ffi, m, t)
+    y = np.zeros((x.shape[0], m.N), np.float32)
+    rc = lib.sm_q_matmul(m, ffi.cast("float *", x.ctypes.data), x.shape[0],
+                         ffi.cast("float *", y.ctypes.data), team.n)
+    if rc:
+        raise MemoryError("the integer GEMM's scratch") if rc == -2 else ValueError(
+            f"the integer GEMM refused a {t.type} matrix of K = {t.ne[0]}")
+    return y
+
+
 def row(t: Tensor, i: int, level=None) -> np.ndarray:
     """Row ``i`` of the matrix as float32, decoded by the C side."""
     ffi, lib = build.load("forward", level)

@@ -1,0 +1,358 @@
+/* The prompt in integers: a GEMM whose products are int8 by int8, for ggml's 32-element block
+ * types whose weights are an integer times the block's scale (Q8_0, Q4_0, Q5_0).
+ * Included by forward.c (one translation unit), after blocks.c.
+ *
+ * y (rows x N) = x (rows x K) W^T, W's N rows in the file's blocks. The activations are
+ * rounded as ggml rounds them for a Q8_0 product (one f16 scale and 32 int8 a block); each
+ * block of each (row, column) pair is then an exact integer sum of 32 products, scaled by
+ * d_w d_x and summed in float, as ggml's own dot does (the order of the float sums differs).
+ *
+ * The weights are unpacked 32 columns at a time into a panel, one thread's own: per block,
+ * 8 steps of 4 consecutive k for each of the 32 columns (the int32 lane of a vector is one
+ * column's 4 bytes), then the block's 32 scales as floats. The panel is made once per product
+ * and read by every row of the prompt, so its cost is shared by the rows (a GEMM's packing).
+ * With vpdpbusd (one operand unsigned) the panel holds w + 128 and each row block's integer
+ * sum starts from -128 sum(x): the sum of (w + 128) x from there is sum(w x) exactly. Without
+ * it, the panel holds w signed and the AVX2 path moves w's sign onto x (|w| by x sign(w), as
+ * ggml does, so vpmaddubsw's 16-bit pairs cannot saturate: 2 * 127 * 127 < 32768). */
+
+/* --8<-- [start:qgemm] */
+enum { QG_NR = 32, QG_KC = 16 /* blocks of k per pass over the rows: 16 KiB of panel */ };
+
+#if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
+#define QG_UNSIGNED 1
+#define QG_MR 4
+#elif defined(SM_AVX2) && defined(SM_AVX_VNNI)
+#define QG_UNSIGNED 1
+#define QG_MR 2
+#elif defined(SM_AVX2)
+#define QG_UNSIGNED 0
+#define QG_MR 2
+#else
+#define QG_UNSIGNED 0
+#define QG_MR 4
+#endif
+
+static int qg_supported(int type)
+{
+    return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0;
+}
+
+const char *sm_q_instruction(void)
+{
+#if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
+    return "vpdpbusd (AVX512-VNNI)";
+#elif defined(SM_AVX2) && defined(SM_AVX_VNNI)
+    return "vpdpbusd (AVX-VNNI)";
+#elif defined(SM_AVX2)
+    return "vpmaddubsw (AVX2)";
+#else
+    return "plain C";
+#endif
+}
+
+/* bytes of one thread's panel for rows of K */
+static long long qg_panel_bytes(int K)
+{
+    const long long nb = (K + 31) / 32;
+    return nb * (QG_NR * 32 + QG_NR * 4);
+}
+
+/* the 32 integers of block i of a weight row */
+static void qg_block_ints(int type, const uint8_t *row, int i, int8_t out[32], float *d)
+{
+    switch (type) {
+    case T_Q8_0: {
+        const blk_q8_0 *b = (const blk_q8_0 *)row + i;
+        memcpy(out, b->qs, 32);
+        *d = h2f(b->d);
+        return;
+    }
+    case T_Q4_0: {
+        const blk_q4_0 *b = (const blk_q4_0 *)row + i;
+        for (int j = 0; j < 16; j++) {
+            out[j] = (int8_t)((b->qs[j] & 0xF) - 8);
+            out[j + 16] = (int8_t)((b->qs[j] >> 4) - 8);
+        }
+        *d = h2f(b->d);
+        return;
+    }
+    default: { /* T_Q5_0 */
+        const blk_q5_0 *b = (const blk_q5_0 *)row + i;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        for (int j = 0; j < 16; j++) {
+            out[j] = (int8_t)(((b->qs[j] & 0xF) | ((qh >> j) & 1) << 4) - 16);
+            out[j + 16] = (int8_t)(((b->qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+        }
+        *d = h2f(b->d);
+        return;
+    }
+    }
+}
+
+/* columns n0 .. n0 + 31 of W (rows past N as zeros) into the panel layout above: each 4 bytes
+ * of a block one 32-bit word, flipped to w + 128 (the top bit) where the kernel wants it */
+static void qg_pack(const sm_mat *W, int n0, uint8_t *panel)
+{
+    const int nb = W->K / 32;
+    const uint32_t flip = QG_UNSIGNED ? 0x80808080u : 0u;
+    int8_t v[32];
+    float d;
+    for (int c = 0; c < QG_NR; c++) {
+        const int n = n0 + c;
+        const uint8_t *row = n < W->N ? W->w + (size_t)n * (size_t)W->row_bytes : NULL;
+        for (int i = 0; i < nb; i++) {
+            uint8_t *pb = panel + (size_t)i * (QG_NR * 32 + QG_NR * 4);
+            const int8_t *src = v;
+            if (!row) {
+                memset(v, 0, 32);
+                d = 0.0f;
+            } else if (W->type == T_Q8_0) {
+                const blk_q8_0 *b = (const blk_q8_0 *)row + i;
+                src = b->qs;
+                d = h2f(b->d);
+            } else {
+                qg_block_ints(W->type, row, i, v, &d);
+            }
+            for (int s = 0; s < 8; s++) {
+                uint32_t word;
+                memcpy(&word, src + 4 * s, 4);
+                word ^= flip;
+                memcpy(pb + (s * QG_NR + c) * 4, &word, 4);
+            }
+            memcpy(pb + QG_NR * 32 + 4 * c, &d, 4);
+        }
+    }
+}
+
+/* The activations: each row's Q8_0 blocks (ggml's rounding), and per (row, block) the
+ * block's scale as a float and -128 times the sum of its integers. */
+typedef struct {
+    const blk_q8_0 *q;  /* rows x nb */
+    const float *d;     /* rows x nb */
+    const int32_t *neg; /* rows x nb */
+    int nb;
+} qg_act;
+
+static void qg_quantize(const float *x, int rows, int K, blk_q8_0 *q, float *d, int32_t *neg)
+{
+    const int nb = K / 32;
+    for (int r = 0; r < rows; r++) {
+        blk_q8_0 *qr = q + (size_t)r * nb;
+        sm_g_quantize(T_Q8_0, x + (size_t)r * K, K, qr);
+        for (int i = 0; i < nb; i++) {
+            int s = 0;
+            for (int j = 0; j < 32; j++) s += qr[i].qs[j];
+            d[(size_t)r * nb + i] = h2f(qr[i].d);
+            neg[(size_t)r * nb + i] = -128 * s;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ the micro-kernels */
+/* rows r0 .. r0 + R_ - 1 by the panel's 32 columns, blocks b0 .. b1 - 1,
+ * into y (+= where add): ncols of the 32 are stored */
+#if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
+INLINE void qg_tile(const int R_, const qg_act *a, int r0, const uint8_t *panel, int b0, int b1,
+                    float *y, int ldy, int ncols, int add)
+{
+    __m512 f[QG_MR][2];
+    for (int i = 0; i < R_; i++) f[i][0] = f[i][1] = _mm512_setzero_ps();
+    const size_t nb = (size_t)a->nb;
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *pb = panel + (size_t)b * (QG_NR * 32 + QG_NR * 4);
+        __m512i s[QG_MR][2];
+        const int8_t *xq[QG_MR];
+        for (int i = 0; i < R_; i++) {
+            s[i][0] = s[i][1] = _mm512_set1_epi32(a->neg[(r0 + i) * nb + b]);
+            xq[i] = a->q[(r0 + i) * nb + b].qs;
+        }
+        for (int k = 0; k < 8; k++) {
+            const __m512i w0 = _mm512_loadu_si512(pb + k * 128), w1 = _mm512_loadu_si512(pb + k * 128 + 64);
+            for (int i = 0; i < R_; i++) {
+                int32_t x4;
+                memcpy(&x4, xq[i] + 4 * k, 4);
+                const __m512i xb = _mm512_set1_epi32(x4);
+                s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xb);
+                s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xb);
+            }
+        }
+        const __m512 d0 = _mm512_loadu_ps((const float *)(pb + QG_NR * 32)),
+                     d1 = _mm512_loadu_ps((const float *)(pb + QG_NR * 32 + 64));
+        for (int i = 0; i < R_; i++) {
+            const __m512 dx = _mm512_set1_ps(a->d[(r0 + i) * nb + b]);
+            f[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][0]), _mm512_mul_ps(d0, dx), f[i][0]);
+            f[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i][1]), _mm512_mul_ps(d1, dx), f[i][1]);
+        }
+    }
+    const __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
+    const __mmask16 m1 = ncols >= 32 ? 0xffff : ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
+    for (int i = 0; i < R_; i++) {
+        float *yr = y + (size_t)i * ldy;
+        if (add) {
+            f[i][0] = _mm512_add_ps(f[i][0], _mm512_maskz_loadu_ps(m0, yr));
+            f[i][1] = _mm512_add_ps(f[i][1], _mm512_maskz_loadu_ps(m1, yr + 16));
+        }
+        _mm512_mask_storeu_ps(yr, m0, f[i][0]);
+        _mm512_mask_storeu_ps(yr + 16, m1, f[i][1]);
+    }
+}
+#elif defined(SM_AVX2)
+/* 16 columns a call (two ymm): a 16-register file holds R_ x 2 sums, R_ x 2 floats, the two
+ * weight vectors and a broadcast */
+INLINE __m256i qg_dot(__m256i acc, __m256i w, __m256i x)
+{
+#if QG_UNSIGNED
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+}
+INLINE void qg_half(const int R_, const qg_act *a, int r0, const uint8_t *panel, int half,
+                    int b0, int b1, float *y, int ldy, int ncols, int add)
+{
+    __m256 f[QG_MR][2];
+    for (int i = 0; i < R_; i++) f[i][0] = f[i][1] = _mm256_setzero_ps();
+    const size_t nb = (size_t)a->nb;
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *pb = panel + (size_t)b * (QG_NR * 32 + QG_NR * 4) + 64 * half;
+        __m256i s[QG_MR][2];
+        const int8_t *xq[QG_MR];
+        for (int i = 0; i < R_; i++) {
+            s[i][0] = s[i][1] = _mm256_set1_epi32(QG_UNSIGNED ? a->neg[(r0 + i) * nb + b] : 0);
+            xq[i] = a->q[(r0 + i) * nb + b].qs;
+        }
+        for (int k = 0; k < 8; k++) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(pb + k * 128)),
+                          w1 = _mm256_loadu_si256((const __m256i *)(pb + k * 128 + 32));
+            for (int i = 0; i < R_; i++) {
+                int32_t x4;
+                memcpy(&x4, xq[i] + 4 * k, 4);
+                const __m256i xb = _mm256_set1_epi32(x4);
+                s[i][0] = qg_dot(s[i][0], w0, xb);
+                s[i][1] = qg_dot(s[i][1], w1, xb);
+            }
+        }
+        const float *ds = (const float *)(pb - 64 * half + QG_NR * 32) + 16 * half;
+        const __m256 d0 = _mm256_loadu_ps(ds), d1 = _mm256_loadu_ps(ds + 8);
+        for (int i = 0; i < R_; i++) {
+            const __m256 dx = _mm256_set1_ps(a->d[(r0 + i) * nb + b]);
+            f[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][0]), _mm256_mul_ps(d0, dx), f[i][0]);
+            f[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][1]), _mm256_mul_ps(d1, dx), f[i][1]);
+        }
+    }
+    for (int i = 0; i < R_; i++) {
+        float out[16], *yr = y + (size_t)i * ldy;
+        _mm256_storeu_ps(out, f[i][0]);
+        _mm256_storeu_ps(out + 8, f[i][1]);
+        for (int c = 0; c < ncols; c++) yr[c] = add ? yr[c] + out[c] : out[c];
+    }
+}
+INLINE void qg_tile(const int R_, const qg_act *a, int r0, const uint8_t *panel, int b0, int b1,
+                    float *y, int ldy, int ncols, int add)
+{
+    qg_half(R_, a, r0, panel, 0, b0, b1, y, ldy, ncols < 16 ? ncols : 16, add);
+    if (ncols > 16) qg_half(R_, a, r0, panel, 1, b0, b1, y + 16, ldy, ncols - 16, add);
+}
+#else
+static void qg_tile(const int R_, const qg_act *a, int r0, const uint8_t *panel, int b0, int b1,
+                    float *y, int ldy, int ncols, int add)
+{
+    const size_t nb = (size_t)a->nb;
+    for (int i = 0; i < R_; i++) {
+        float f[QG_NR] = {0};
+        for (int b = b0; b < b1; b++) {
+            const uint8_t *pb = panel + (size_t)b * (QG_NR * 32 + QG_NR * 4);
+            const int8_t *xq = a->q[(r0 + i) * nb + b].qs;
+            const float dx = a->d[(r0 + i) * nb + b];
+            for (int c = 0; c < QG_NR; c++) {
+                int s = 0;
+                for (int k = 0; k < 32; k++)
+                    s += (int8_t)pb[((k / 4) * QG_NR + c) * 4 + k % 4] * xq[k];
+                float dw;
+                memcpy(&dw, pb + QG_NR * 32 + 4 * c, 4);
+                f[c] += (float)s * (dw * dx);
+            }
+        }
+        float *yr = y + (size_t)i * ldy;
+        for (int c = 0; c < ncols; c++) yr[c] = add ? yr[c] + f[c] : f[c];
+    }
+}
+#endif
+
+static void qg_tiles(const qg_act *a, int rows, const uint8_t *panel, int b0, int b1, float *y,
+                     int ldy, int ncols, int add)
+{
+    int r = 0;
+    for (; r + QG_MR <= rows; r += QG_MR)
+        qg_tile(QG_MR, a, r, panel, b0, b1, y + (size_t)r * ldy, ldy, ncols, add);
+    switch (rows - r) { /* the last rows, each count its own unrolled tile */
+#if QG_MR > 5
+    case 5: qg_tile(5, a, r, panel, b0, b1, y + (size_t)r * ldy, ldy, ncols, add); break;
+    case 4: qg_tile(4, a, r, panel, b0, b1, y + (size_t)r * ldy, ldy, ncols, add); break;
+#endif
+#if QG_MR > 3
+    case 3: qg_tile(3, a, r, panel, b0, b1, y + (size_t)r * ldy, ldy, ncols, add); break;
+    case 2: qg_tile(2, a, r, panel, b0, b1, y + (size_t)r * ldy, ldy, ncols, add); break;
+#endif
+    case 1: qg_tile(1, a, r, panel, b0, b1, y + (size_t)r * ldy, ldy, ncols, add); break;
+    default: break;
+    }
+}
+
+/* y (rows x N) = x W^T (+ y where acc), with act rows * K / 32 Q8_0 blocks plus rows * K / 32
+ * floats and int32s of scratch, and panels nthreads * qg_panel_bytes(K) bytes: each thread
+ * takes a share of the 32-column groups, packs each once, and runs every row through it in
+ * passes of QG_KC blocks (the panel's slice stays in L1 while the rows stream past). */
+static void qg_product(const sm_mat *W, const float *x, int rows, float *y, int acc, void *act,
+                       uint8_t *panels, int nthreads)
+{
+    const int K = W->K, N = W->N, nb = K / 32;
+    blk_q8_0 *q = act;
+    float *d = (float *)((uint8_t *)act + ((size_t)rows * nb * sizeof(blk_q8_0) + 63) / 64 * 64);
+    int32_t *neg = (int32_t *)(d + (size_t)rows * nb);
+    qg_quantize(x, rows, K, q, d, neg);
+    const qg_act a = {q, d, neg, nb};
+    const int groups = (N + QG_NR - 1) / QG_NR, nt = nthreads < groups ? nthreads : groups;
+    #pragma omp parallel for schedule(static) num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        uint8_t *panel = panels + (size_t)t * (size_t)qg_panel_bytes(K);
+        const int g0 = (int)((long long)groups * t / nt), g1 = (int)((long long)groups * (t + 1) / nt);
+        for (int g = g0; g < g1; g++) {
+            const int n0 = g * QG_NR, ncols = N - n0 < QG_NR ? N - n0 : QG_NR;
+            qg_pack(W, n0, panel);
+            for (int b0 = 0; b0 < nb; b0 += QG_KC) {
+                const int b1 = nb - b0 < QG_KC ? nb : b0 + QG_KC;
+                qg_tiles(&a, rows, panel, b0, b1, y + n0, N, ncols, acc || b0 > 0);
+            }
+        }
+    }
+}
+/* --8<-- [end:qgemm] */
+
+/* the bytes of scratch qg_product wants for its activations */
+static long long qg_act_bytes(int rows, int K)
+{
+    return (long long)rows * (K / 32) * (34 + 4 + 4) + 128;
+}
+
+/* One product through the int8 GEMM, for tests and timing: 0, or -1 for a type it does not
+ * take or a K that is not whole blocks, -2 where memory ran out. */
+int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads)
+{
+    if (w->kind != KIND_BLOCKS || !qg_supported(w->type) || w->K % 32 || rows < 1) return -1;
+    const int nt = nthreads < 1 ? 1 : nthreads;
+    void *act = malloc((size_t)qg_act_bytes(rows, w->K));
+    uint8_t *panels = malloc((size_t)nt * (size_t)qg_panel_bytes(w->K));
+    if (!act || !panels) {
+        free(act);
+        free(panels);
+        return -2;
+    }
+    qg_product(w, x, rows, y, 0, act, panels, nt);
+    free(act);
+    free(panels);
+    return 0;
+}
