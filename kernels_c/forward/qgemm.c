@@ -16,7 +16,6 @@
  * it, the panel holds w signed and the AVX2 path moves w's sign onto x (|w| by x sign(w), as
  * ggml does, so vpmaddubsw's 16-bit pairs cannot saturate: 2 * 127 * 127 < 32768). */
 
-/* --8<-- [start:qgemm] */
 enum { QG_NR = 32, QG_KC = 16 /* blocks of k per pass over the rows: 16 KiB of panel */ };
 
 #if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
@@ -154,6 +153,7 @@ static void qg_quantize(const float *x, int rows, int K, blk_q8_0 *q, float *d, 
 /* rows r0 .. r0 + R_ - 1 by the panel's 32 columns, blocks b0 .. b1 - 1,
  * into y (+= where add): ncols of the 32 are stored */
 #if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
+/* --8<-- [start:qgemm] */
 INLINE void qg_tile(const int R_, const qg_act *a, int r0, const uint8_t *panel, int b0, int b1,
                     float *y, int ldy, int ncols, int add)
 {
@@ -198,6 +198,7 @@ INLINE void qg_tile(const int R_, const qg_act *a, int r0, const uint8_t *panel,
         _mm512_mask_storeu_ps(yr + 16, m1, f[i][1]);
     }
 }
+/* --8<-- [end:qgemm] */
 #elif defined(SM_AVX2)
 /* 16 columns a call (two ymm): a 16-register file holds R_ x 2 sums, R_ x 2 floats, the two
  * weight vectors and a broadcast */
@@ -330,7 +331,6 @@ static void qg_product(const sm_mat *W, const float *x, int rows, float *y, int 
         }
     }
 }
-/* --8<-- [end:qgemm] */
 
 /* the bytes of scratch qg_product wants for its activations */
 static long long qg_act_bytes(int rows, int K)

@@ -102,15 +102,25 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
 def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
     """The prompt's bound, measured: chapter 2's GEMM on the forward's team and dtype, at
     the shape of the file's gate product (``rows`` tokens by the hidden width by d, the
-    largest of a block's products), ``reps`` calls in Gop/s. A prompt can go no faster than
-    its products at the best of them."""
+    largest of a block's products), ``reps`` calls in Gop/s: the integer GEMM on Q8_0 blocks
+    where the forward's prompt takes it. A prompt can go no faster than its products at the
+    best of them."""
     from smallem.product import gemm
 
     h = fw.h
     rng = np.random.default_rng(0)
     a = rng.standard_normal((rows, h.d), np.float32)
     b = rng.standard_normal((h.hidden, h.d), np.float32)
-    if fw.prompt_dtype == "bf16":
+    if fw.prompt_dtype == "int8":  # the integer GEMM, on the Q8_0 blocks of b
+        from smallem.generating.gguf_file import Tensor
+
+        q = np.clip(np.rint(b.reshape(-1, 32) * 127 / 4), -127, 127).astype(np.int8)
+        blocks = np.zeros((q.shape[0], 34), np.uint8)
+        blocks[:, :2] = np.full(len(q), 4 / 127, np.float16).view(np.uint8).reshape(-1, 2)
+        blocks[:, 2:] = q.view(np.uint8)
+        probe = Tensor("probe", "Q8_0", (h.d, h.hidden), blocks.reshape(h.hidden, -1))
+        call = lambda: gguf_run.int8_matmul(probe, a, threads=fw.team)  # noqa: E731
+    elif fw.prompt_dtype == "bf16":
         a, b = gemm.f32_to_bf16(a), gemm.f32_to_bf16(b)
         call = lambda: gemm.matmul_bf16(a, b, trans_b=True, threads=fw.team)  # noqa: E731
     else:
@@ -138,6 +148,7 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
         "quick": quick, "threads": threads, "prompt": PROMPT, "feed": 8 if quick else FEED,
         "pp": 64 if quick else PP, "rounds": 2 if quick else ROUNDS, "llama_reps": LLAMA_REPS,
         "instruction": gguf_run.instruction(), "rows_per_call": gguf_run.ROWS,
+        "int8_instruction": gguf_run.int8_instruction(),
         "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},
         "llama_cpp": llama.peer_settings(tools)})
     missing = {}
