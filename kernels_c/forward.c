@@ -507,6 +507,98 @@ static void attend_f16(const sm_model *m, int l, const float *q, int lo, int p, 
 }
 /* --8<-- [end:attend] */
 
+#if defined(SM_AVX512)
+/* --8<-- [start:attend_block] */
+/* The prompt's attention (the GEMM branch's calls, cache 1): the same softmax over the same
+ * keys, taken 16 at a time. One work item is a kv head and up to AT_Q of its queries (a few
+ * rows times the G heads that share the kv head). For each block of 16 keys the keys are
+ * widened once into a (hd x 16) f32 tile and the values into 16 f32 rows; then each query
+ * scores the 16 keys in one vector (hd multiply-adds of a broadcast query feature, four
+ * chains), masks the keys past its position or before its window, rescales its running sum
+ * once a block, and adds the 16 values weighted. Row by row, each key costs a horizontal sum
+ * and an expf; here both are vectors shared by 16 keys, and the widening by every query of
+ * the item. The sum is kept in f32, not in ggml's f16 accumulator. */
+enum { AT_Q = 64, AT_MAXD = 256 };
+
+static void attend_block(const sm_model *m, int l, const float *qb, size_t qs, float *att,
+                         int r0, int r1, int p0, int window, int kvh)
+{
+    const int H = m->n_head, nkv = m->n_kv_head, hd = m->head_dim, vd = m->v_dim, G = H / nkv;
+    const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * vd;
+    const uint16_t *K = (const uint16_t *)m->k_cache + (size_t)l * m->context * kstride + (size_t)kvh * hd;
+    const uint16_t *V = (const uint16_t *)m->v_cache + (size_t)l * m->context * vstride + (size_t)kvh * vd;
+    const float scale = m->q_prescaled ? 1.0f : m->attn_scale;
+    float kt[AT_MAXD * 16], vt[16 * AT_MAXD], row[AT_MAXD], Mx[AT_Q], S[AT_Q];
+    const int nq = (r1 - r0) * G;
+    for (int i = 0; i < nq; i++) {
+        Mx[i] = -INFINITY;
+        S[i] = 0.0f;
+        float *o = att + ((size_t)(r0 + i / G) * H + kvh * G + i % G) * vd;
+        memset(o, 0, sizeof(float) * (size_t)vd);
+    }
+    const int hi = p0 + r1 - 1, first = p0 + r0;
+    const int lo = window > 0 && first - window + 1 > 0 ? first - window + 1 : 0;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int t0 = lo / 16 * 16; t0 <= hi; t0 += 16) {
+        const int n = hi + 1 - t0 < 16 ? hi + 1 - t0 : 16;
+        for (int j = 0; j < 16; j++) {      /* the keys widened and turned: kt[i][j] */
+            if (j < n) {
+                for (int i = 0; i < hd; i += 16)
+                    _mm512_storeu_ps(row + i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                  (const __m256i *)(K + (size_t)(t0 + j) * kstride + i))));
+                for (int i = 0; i < hd; i++) kt[i * 16 + j] = row[i];
+                for (int i = 0; i < vd; i += 16)
+                    _mm512_storeu_ps(vt + j * vd + i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                  (const __m256i *)(V + (size_t)(t0 + j) * vstride + i))));
+            } else {
+                for (int i = 0; i < hd; i++) kt[i * 16 + j] = 0.0f;
+                memset(vt + j * vd, 0, sizeof(float) * (size_t)vd);
+            }
+        }
+        for (int qi = 0; qi < nq; qi++) {
+            const int r = r0 + qi / G, h = kvh * G + qi % G, p = p0 + r;
+            const int lo_q = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            if (t0 > p || t0 + 15 < lo_q) continue;
+            const float *q = qb + (size_t)r * qs + (size_t)h * hd;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int i = 0; i < hd; i += 4) {
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_loadu_ps(kt + i * 16), a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 1]), _mm512_loadu_ps(kt + i * 16 + 16), a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 2]), _mm512_loadu_ps(kt + i * 16 + 32), a2);
+                a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 3]), _mm512_loadu_ps(kt + i * 16 + 48), a3);
+            }
+            const __m512 sc = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                            _mm512_set1_ps(scale));
+            const __m512i t = _mm512_add_epi32(lane, _mm512_set1_epi32(t0));
+            const __mmask16 ok = _mm512_cmple_epi32_mask(t, _mm512_set1_epi32(p))
+                                 & _mm512_cmpge_epi32_mask(t, _mm512_set1_epi32(lo_q));
+            const float mb = _mm512_mask_reduce_max_ps(ok, sc);
+            const float Mn = mb > Mx[qi] ? mb : Mx[qi];
+            const float f = Mx[qi] == -INFINITY ? 0.0f : expf(Mx[qi] - Mn);
+            const __m512 pr = _mm512_maskz_mov_ps(ok, exp_vec(_mm512_sub_ps(sc, _mm512_set1_ps(Mn))));
+            Mx[qi] = Mn;
+            S[qi] = S[qi] * f + _mm512_reduce_add_ps(pr);
+            float pj[16];
+            _mm512_storeu_ps(pj, pr);
+            float *o = att + ((size_t)r * H + h) * vd;
+            for (int i = 0; i < vd; i += 16) {
+                __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(o + i), _mm512_set1_ps(f));
+                for (int j = 0; j < n; j++)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(pj[j]), _mm512_loadu_ps(vt + j * vd + i), acc);
+                _mm512_storeu_ps(o + i, acc);
+            }
+        }
+    }
+    for (int qi = 0; qi < nq; qi++) {
+        const int r = r0 + qi / G, h = kvh * G + qi % G;
+        float *o = att + ((size_t)r * H + h) * vd;
+        const float inv = S[qi] == 0.0f ? 0.0f : 1.0f / S[qi];
+        for (int i = 0; i < vd; i++) o[i] *= inv;
+    }
+}
+/* --8<-- [end:attend_block] */
+#endif
+
 /* ------------------------------------------------------------------ the work space */
 typedef struct {
     float *x, *t, *qkv, *att, *o, *u, *g, *scores, *xs, *panel, *scratch, *gemm;
@@ -552,7 +644,7 @@ static long long carve(const sm_model *m, work_t *w)
     TAKE(xb, uint16_t, gemm ? ((long long)R * kmax + 1) / 2 : 0);
     TAKE(panel, float, (long long)panel_rows * kmax);
     TAKE(scratch, float, gemm ? (long long)nt * kmax : 0);
-    TAKE(qpanel, uint8_t, gemm && m->gemm_int8 ? (nt * qg_panel_bytes(kmax) + 3) / 4 : 0);
+    TAKE(qpanel, uint8_t, gemm ? (nt * qg_panel_bytes(kmax) + 3) / 4 : 0);
     TAKE(gemm, float, gemm ? gemm_work_floats(max2(nc, max2(m->vocab, max2(2 * hid, qd + kd + vd))),
                                               kmax, m->gemm_mc, m->gemm_kc, nc, nt) : 0);
 #undef TAKE
@@ -578,12 +670,22 @@ static int team(const sm_model *m, long long bytes, int nthreads)
  * Chapter 4's weights have their plain f32 matrix (K x N, or N x K where plain_trans); a GGUF matrix is dequantised nc rows
  * at a time (the GEMM's own column block, so the panels add no packing the GEMM would not do)
  * into bf16 where the machine's bf16 path beats its f32 GEMM (gemm_bf16 >= 0: chapter 2's
- * path number), else into f32. The activations are rounded to bf16 once per product. */
+ * path number), else into f32. The activations are rounded to bf16 once per product. Where
+ * gemm_int8 is set, a matrix with an integer form (a GGUF Q8_0, Q4_0 or Q5_0 matrix, or
+ * chapter 4's int8 weights, given as Q8_0 blocks in w) goes through the integer GEMM instead
+ * (forward/qgemm.c). */
 static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int rows, float *y,
                         int acc, work_t *w, int nthreads)
 {
     const int K = W->K, N = W->N;
     const float beta = acc ? 1.0f : 0.0f;
+    if (m->gemm_int8 && W->w && qg_supported(W->type) && K % 32 == 0) { /* the integer GEMM */
+        qg_product(W, x, rows, y, acc, w->act, w->qpanel, nthreads);
+        if (W->bias)
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < N; j++) y[(size_t)r * N + j] += W->bias[j];
+        return 1;
+    }
     if (W->kind != KIND_BLOCKS) {
         if (!W->plain) return 0;
         gemm_f32(0, W->plain_trans, rows, N, K, 1.0f, x, K, W->plain, W->plain_trans ? K : N,
@@ -591,10 +693,6 @@ static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int 
         if (W->bias)
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < N; j++) y[(size_t)r * N + j] += W->bias[j];
-        return 1;
-    }
-    if (m->gemm_int8 && qg_supported(W->type) && K % 32 == 0) { /* the integer GEMM */
-        qg_product(W, x, rows, y, acc, w->act, w->qpanel, nthreads);
         return 1;
     }
     const int bf16 = m->gemm_bf16 >= 0, nc = m->gemm_nc;
@@ -778,6 +876,20 @@ static void attention(const sm_model *m, int l, work_t *w, int rows, int p0, int
     const float qscale = m->q_prescaled ? m->attn_scale : 1.0f;
     const long long bytes = 2LL * (p0 + rows) * H * (hd + vd) * rows;
     const int nt = team(m, bytes, nthreads);
+#if defined(SM_AVX512)
+    if (m->gemm_block_rows > 0 && rows >= m->gemm_rows && hd % 16 == 0 && vd % 16 == 0
+        && hd <= AT_MAXD && vd <= AT_MAXD && G <= AT_Q) {   /* a prompt: keys 16 at a time */
+        for (int r = 0; r < rows; r++)
+            for (int i = 0; i < qd; i++) qb[(size_t)r * qs + i] = h2f(f2h(qb[(size_t)r * qs + i] * qscale));
+        const int per = AT_Q / G, blocks = (rows + per - 1) / per, work = nkv * blocks;
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(nt < work ? nt : work)
+        for (int it = 0; it < work; it++) {
+            const int kvh = it % nkv, r0 = it / nkv * per, r1 = r0 + per < rows ? r0 + per : rows;
+            attend_block(m, l, qb, qs, w->att, r0, r1, p0, L->window, kvh);
+        }
+        return;
+    }
+#endif
     #pragma omp parallel for schedule(static) num_threads(nt < items ? nt : items)
     for (int it = 0; it < items; it++) {
         const int r = it / H, h = it % H, p = p0 + r;

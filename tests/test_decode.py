@@ -378,7 +378,7 @@ def test_the_measured_prompt_path_gives_the_same_logits(block):
     leaves are those of the int8 call's path (the same decode follows)."""
     m = _model(block, context=4 * 4 * 32)  # half the context is past the short prompt
     auto = decode.Decoder(m, "int8", 2, prefill="auto")
-    assert set(auto.prefill_choice.values()) <= {"c", "gemm"}
+    assert set(auto.prefill_choice.values()) <= {"c", "gemm", "int8"}
     assert len(auto.prefill_choice) == 2 and auto.pos == 0
     ref = decode.Decoder(m, "int8", 2, prefill="c")
     rng = np.random.default_rng(3)
@@ -390,7 +390,7 @@ def test_the_measured_prompt_path_gives_the_same_logits(block):
         assert_close(a, r, atol=0.05, rtol=0.05, name=f"prompt of {n} ({auto._prefill_path(n)})")
         assert_close(auto.step(5).copy(), ref.step(5).copy(), atol=0.05, rtol=0.05,
                      name="the step after it")
-    with pytest.raises(ValueError, match="'c', 'gemm' or 'auto'"):
+    with pytest.raises(ValueError, match="'c', 'gemm', 'int8', 'auto'"):
         decode.Decoder(m, "int8", 1, prefill="fast")
 
 
@@ -413,3 +413,29 @@ def test_the_prompt_has_its_own_threads():
     assert one.pos == 0
     for i in ("c_call", "int8"):
         assert decode.rung_decoder(i, m, threads=2).prompt_threads == 2
+
+
+@pytest.mark.parametrize("block", ["gpt2", "modern"])
+def test_the_int8_decoders_prompt_through_the_integer_gemm(block):
+    """prefill="int8": the int8 weights as Q8_0 rows through kernels_c/forward/qgemm.c, the
+    activations rounded per block of 32 (the C path's one scale a row is coarser): the
+    prompt's logits and the step after it agree with the C path's to int8's error, the
+    decoder's copy holds the tiles' own integers, and an f32 decoder is refused the path."""
+    m = _model(block, context=4 * 4 * 32)
+    q = decode.Decoder(m, "int8", 2, prefill="int8")
+    ref = decode.Decoder(m, "int8", 2, prefill="c")
+    assert q.int8_prompt and not ref.int8_prompt
+    toks = np.random.default_rng(4).integers(0, m.config.vocab, 150)
+    assert_close(q.prefill(toks).copy(), ref.prefill(toks).copy(), atol=0.05, rtol=0.05,
+                 name="prompt through the integer GEMM")
+    assert_close(q.step(5).copy(), ref.step(5).copy(), atol=0.05, rtol=0.05, name="the step after")
+    t = q.spec.layers[0]["qkv"]
+    qq, ss = t.pk.q8
+    blocks = t.q8_0.reshape(t.N, -1, 34)
+    assert np.array_equal(blocks[:, :, 2:].view(np.int8).transpose(1, 2, 0).reshape(t.K, t.N),
+                          qq[:t.K])
+    assert np.array_equal(blocks[:, :, :2].copy().view(np.float16)[..., 0].T, ss.astype(np.float16))
+    with pytest.raises(ValueError, match="int8"):
+        decode.Decoder(m, "f32", 1, prefill="int8")
+    with pytest.raises(ValueError, match="path"):
+        ref.forward([1, 2], path="int8")

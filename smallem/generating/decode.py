@@ -176,6 +176,9 @@ class NumpyCache:
 
 
 # ================================================================ rungs 2-5
+PREFILLS = ("c", "gemm", "int8", "auto")
+
+
 class Tiles:
     """One of the model's matrices for the C forward: chapter 4's tiles (:class:`Packed`, f32
     or int8, with its bias), and where the prompt may take the GEMM its plain f32 copy
@@ -185,12 +188,33 @@ class Tiles:
         self.pk = Packed(w, dtype, bias)
         self.plain = np.array(w, np.float32, order="C") if plain else None
         self.K, self.N, self.kind, self.nbytes = self.pk.K, self.pk.N, self.pk.kind, self.pk.nbytes
+        # int8 weights where the prompt may take the GEMM: the same integers and scales as
+        # ggml's Q8_0 rows too (one row of K / 32 blocks a column), for the integer GEMM
+        self.q8_0 = q8_0_rows(*self.pk.q8) if plain and dtype == "int8" and self.K % 32 == 0 else None
+        self.int8_type = Q8_0_TYPE if self.q8_0 is not None else -1
 
     def fill(self, ffi, mat):
         self.pk.fill(ffi, mat)
         if self.plain is not None:
             mat.plain = ffi.cast("float *", self.plain.ctypes.data)
             mat.plain_trans = 0
+        if self.q8_0 is not None:
+            mat.type, mat.row_bytes = Q8_0_TYPE, self.q8_0.shape[1]
+            mat.w = ffi.cast("const uint8_t *", self.q8_0.ctypes.data)
+
+
+Q8_0_TYPE = 8  # ggml's type number of Q8_0
+
+
+def q8_0_rows(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Chapter 4's int8 weights (q (K, N) int8 and s (K / 32, N) f16, :func:`quantize_q8`) as
+    ggml's Q8_0 rows: (N, K / 32 * 34) bytes, each block its f16 scale then its 32 integers."""
+    K, N = q.shape
+    nb = K // 32
+    out = np.empty((N, nb, 34), np.uint8)
+    out[:, :, :2] = np.ascontiguousarray(s.astype(np.float16).T).view(np.uint8).reshape(N, nb, 2)
+    out[:, :, 2:] = q.reshape(nb, 32, N).transpose(2, 0, 1).view(np.uint8)
+    return out.reshape(N, nb * 34)
 
 
 def gpt_spec(model: GPT, dtype: str, plain: bool) -> Spec:
@@ -239,8 +263,9 @@ class Decoder(Forward):
     biases stay f32); ``threads`` for every product and the attention (None: every core);
     ``pool`` runs them on chapter 3's pool; ``prefill`` "c" sends the prompt through the
     tiles' products in blocks of rows, "gemm" through the same call's GEMM branch (chapter
-    2's f32 GEMM on the weights' plain copy), "auto" through whichever of the two ran faster
-    here, timed when the decoder is made on a short and a long prompt
+    2's f32 GEMM on the weights' plain copy), "int8" through the integer GEMM
+    (``kernels_c/forward/qgemm.c``, on the int8 weights as Q8_0 rows; int8 decoders only),
+    "auto" through whichever of them ran faster here, timed when the decoder is made on a short and a long prompt
     (:attr:`prefill_choice`); ``prompt_threads`` the GEMM branch's threads (None:
     ``threads``). The weights are copied into the decoder's layout when it is
     made: changing the model afterwards does not change the decoder.
@@ -250,32 +275,39 @@ class Decoder(Forward):
                  prefill: str = "c", par_min_bytes: int | None = None, prompt_threads=None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-        if prefill not in ("c", "gemm", "auto"):
-            raise ValueError(f"prefill: expected 'c', 'gemm' or 'auto', got {prefill!r}")
+        if prefill not in PREFILLS:
+            raise ValueError(f"prefill: expected one of {', '.join(map(repr, PREFILLS))}, "
+                             f"got {prefill!r}")
+        if prefill == "int8" and dtype != "int8":
+            raise ValueError("prefill='int8': the integer GEMM takes the int8 decoder's weights")
         self.model, self.config = model, model.config
         self.dtype, self.prefill_mode = dtype, prefill
         gemm = prefill != "c"
         super().__init__(gpt_spec(model, dtype, plain=gemm), threads, pool,
                          par_min_bytes=par_min_bytes, gemm_rows=2 if gemm else None,
                          prompt_dtype="f32" if gemm else None, prompt_threads=prompt_threads)
+        if prefill == "int8" and not self.int8_prompt:
+            raise ValueError(f"prefill='int8': the integer GEMM takes widths in blocks of 32, "
+                             f"this model's are {self.config.d_model} and {self.config.mlp_hidden}")
         self.prefill_choice = {}  # prompt length measured -> the faster path there ("auto")
         if prefill == "auto":
             self._choose_prefill()
 
     def _choose_prefill(self):
-        """Time both prompt paths from position 0 on a short prompt (a few of the C path's
+        """Time the prompt paths from position 0 on a short prompt (a few of the C path's
         row blocks) and a long one (half the context), each warmed once and then timed
         twice (the faster kept): the int8 tiles stream their weights once per block of rows,
-        the f32 GEMM gets faster as the prompt widens its products, so which wins depends on
-        the machine and the length. A prompt takes the path measured faster at the nearer
+        the f32 GEMM and the integer GEMM (an int8 decoder's third path) get faster as the
+        prompt widens their products, so which wins depends on the machine and the length. A prompt takes the path measured faster at the nearer
         of the two lengths (on a log scale)."""
         c = self.config
         short = min(c.context, 4 * int(self.lib.sm_rows()))
         lengths = sorted({short, max(short, c.context // 2)})
         tokens = np.arange(max(lengths), dtype=np.int64) % c.vocab
+        modes = ("c", "gemm", "int8") if self.int8_prompt else ("c", "gemm")
         for n in lengths:
             took = {}
-            for mode in ("c", "gemm"):
+            for mode in modes:
                 self.prefill_mode = mode
                 best = math.inf
                 for i in range(3):

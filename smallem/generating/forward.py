@@ -222,6 +222,11 @@ class Forward:
                            if floats == "bf16" else -1)
             m.gemm_int8 = int(self.prompt_dtype == "int8")
         m.gemm_rows = INT_MAX
+        # a matrix with an integer form: a GGUF type the integer GEMM takes, or chapter 4's
+        # int8 weights with their Q8_0 copy
+        self.int8_prompt = self.gemm_rows is not None and any(
+            int(getattr(w, "int8_type", getattr(w, "type", -1))) in INT8_TYPE_IDS
+            for w in self.mats)
         self.work = np.zeros(int(lib.sm_work_floats(m)), np.float32)
         m.work, m.work_floats = ffi.cast("float *", self.work.ctypes.data), self.work.size
         m.par_min_bytes = 0
@@ -291,22 +296,30 @@ class Forward:
 
     def forward(self, tokens, all_logits: bool = False, path: str | None = None) -> np.ndarray:
         """The logits after ``tokens`` (the last row's, or every row's with ``all_logits``).
-        ``path`` "c": the products of each matrix's own kind; "gemm": chapter 2's GEMM for the
-        rows' products (where this forward has the branch); None: :meth:`path`."""
+        ``path`` "c": the products of each matrix's own kind; "gemm": the GEMM branch for the
+        rows' products (where this forward has it: the integer GEMM for the matrices that have
+        an integer form where ``prompt_dtype`` is "int8", chapter 2's float GEMM for the rest);
+        "int8": the GEMM branch with the integer GEMM wherever a matrix has an integer form;
+        None: :meth:`path`."""
         t = self._check(tokens)
         n = t.size
         path = path or self.path(n)
-        if path not in ("c", "gemm"):
-            raise ValueError(f"path: expected 'c' or 'gemm', got {path!r}")
-        if path == "gemm" and self.gemm_rows is None:
-            raise ValueError("path='gemm': this forward was made without the GEMM branch")
+        if path not in ("c", "gemm", "int8"):
+            raise ValueError(f"path: expected 'c', 'gemm' or 'int8', got {path!r}")
+        if path != "c" and self.gemm_rows is None:
+            raise ValueError(f"path={path!r}: this forward was made without the GEMM branch")
+        if path == "int8" and not self.int8_prompt:
+            raise ValueError("path='int8': no matrix of this forward has an integer form")
         out = np.empty((n if all_logits else 1, self.spec.vocab), np.float32)
-        self._m.gemm_rows = 1 if path == "gemm" else INT_MAX
+        keep = self._m.gemm_int8
+        self._m.gemm_rows = 1 if path != "c" else INT_MAX
+        self._m.gemm_int8 = 1 if path == "int8" else keep
         try:
             self._run(t, out, all_logits,
-                      self.prompt_threads if path == "gemm" else self.threads)
+                      self.prompt_threads if path != "c" else self.threads)
         finally:
             self._m.gemm_rows = INT_MAX
+            self._m.gemm_int8 = keep
         return out if all_logits else out[0]
 
     def _run(self, t, out, all_logits, threads):
@@ -330,6 +343,7 @@ class Forward:
 
 
 PROMPT_DTYPES = ("int8", "bf16", "f32")
+INT8_TYPE_IDS = (8, 2, 6)  # ggml's Q8_0, Q4_0, Q5_0: the types kernels_c/forward/qgemm.c takes
 DEFAULT_CONTEXT = 4096  # a GGUF model's cache positions unless the caller asks for more (or fewer)
 GGUF_ROWS = 64     # a GGUF prompt's rows per C call off the GEMM: each block of 4 weight rows
                    # meets all of them in L1

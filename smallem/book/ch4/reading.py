@@ -175,7 +175,7 @@ def _peer_rows(rec) -> list[list[str]]:
 def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.ladder_config"] = cfg
     p5 = _one(rec, "prefill", rung=AT["prompt_path"])
-    path = {"c": "the int8 call", "gemm": "the f32 GEMM"}
+    path = {"c": "the int8 call", "gemm": "the f32 GEMM", "int8": "the integer GEMM"}
     values["ch4.rung5_prompt_path"] = (
         f"{path[p5['params']['prefill_path']]} (measured faster at "
         + ", ".join(f"{n} tokens: {path[v]}" for n, v in p5["params"]["prefill_choice"].items())
