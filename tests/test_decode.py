@@ -331,6 +331,9 @@ def test_generate_command_errors(tmp_path):
     assert r.returncode == 2 and "longer than the model's context" in r.stderr
     r = run()
     assert r.returncode == 2 and "--checkpoint" in r.stderr
+    r = run("--config", "s", "--dtype", "f32", "--prefill", "int8", "--tokens", "2")
+    assert r.returncode == 2 and "int8" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_decoder_bad_input():

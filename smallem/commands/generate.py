@@ -23,10 +23,11 @@ def add_generate_arguments(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="int8", choices=DTYPES)
     p.add_argument("--threads", type=count(1), help="threads (default: every usable core)")
-    p.add_argument("--prefill", default="c", choices=("c", "gemm", "auto"),
+    p.add_argument("--prefill", default="c", choices=("c", "gemm", "int8", "auto"),
                    help="the prompt's path: c (default), the same call as each token, so a "
-                        "seed gives the same text; gemm, the f32 GEMM; auto, whichever is "
-                        "timed faster at start (the text can then change with the clock)")
+                        "seed gives the same text; gemm, the f32 GEMM; int8, the integer GEMM "
+                        "(int8 weights only); auto, whichever is timed faster at start (the "
+                        "text can then change with the clock)")
     p.add_argument("--raw", action="store_true",
                    help="write the bytes as they are even to a terminal (a pipe or file always "
                         "gets them raw; a terminal gets control bytes and bad UTF-8 escaped)")
