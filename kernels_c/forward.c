@@ -572,7 +572,7 @@ static void attend_block(const sm_model *m, int l, const float *qb, size_t qs, f
             const __m512i t = _mm512_add_epi32(lane, _mm512_set1_epi32(t0));
             const __mmask16 ok = _mm512_cmple_epi32_mask(t, _mm512_set1_epi32(p))
                                  & _mm512_cmpge_epi32_mask(t, _mm512_set1_epi32(lo_q));
-            const float mb = _mm512_mask_reduce_max_ps(ok, sc);
+            const float mb = _mm512_reduce_max_ps(_mm512_mask_blend_ps(ok, _mm512_set1_ps(-INFINITY), sc));
             const float Mn = mb > Mx[qi] ? mb : Mx[qi];
             const float f = Mx[qi] == -INFINITY ? 0.0f : expf(Mx[qi] - Mn);
             const __m512 pr = _mm512_maskz_mov_ps(ok, exp_vec(_mm512_sub_ps(sc, _mm512_set1_ps(Mn))));
