@@ -259,9 +259,10 @@ def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, ar
     scale = np.abs(want).max()
     # f32 against float64 with the f16 cache; bf16 inputs: 8-bit mantissas, as coarse as the
     # C path's 8-bit activations
-    assert np.abs(b - want).max() <= (2e-3 if dtype == "f32" else 3e-2) * scale
+    # bf16 inputs: 8-bit mantissas; with the blocked attention (f32 sums, not ggml's f16)
+    assert np.abs(b - want).max() <= (2e-3 if dtype == "f32" else 4e-2) * scale
     assert g.prompt_dtype == dtype
-    assert np.abs(a - b).max() <= 3e-2 * scale           # the C path's 8-bit activations
+    assert np.abs(a - b).max() <= 4e-2 * scale           # the C path's 8-bit activations, f16 sums
     assert c.pos == g.pos == len(ids)
     for t in (5, 6, 7):
         x, y = c.forward([t]), g.forward([t])
