@@ -37,18 +37,8 @@ static int qg_supported(int type)
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0;
 }
 
-const char *sm_q_instruction(void)
-{
-#if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
-    return "vpdpbusd (AVX512-VNNI)";
-#elif defined(SM_AVX2) && defined(SM_AVX_VNNI)
-    return "vpdpbusd (AVX-VNNI)";
-#elif defined(SM_AVX2)
-    return "vpmaddubsw (AVX2)";
-#else
-    return "plain C";
-#endif
-}
+/* the integer GEMM runs the instruction chapter 4's int8 tiles run (the same #if chain) */
+const char *sm_q_instruction(void) { return sm_int8_instruction(); }
 
 /* bytes of one thread's panel for rows of K */
 static long long qg_panel_bytes(int K)
