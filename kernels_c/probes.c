@@ -120,27 +120,55 @@ double probe_fma_f32(long long iters, int nthreads, float *sink)
 /* Independent chains in the AVX-512 dot probes. A vdpbf16ps or vpdpbusd takes
  * several cycles before its result can be used, and a core may start up to two
  * a cycle, so at least latency x 2 chains must be in flight, or the probe times
- * the latency, not the rate. 24 chains (of the 32 zmm registers) cover a
- * latency of up to 12 cycles. */
-#define DOT_CHAINS 24
+ * the latency, not the rate. Too many can be as bad: on Zen 4, 24 chains run
+ * about a sixth slower than 8 to 16 (measured; the scheduler, not the pipes,
+ * is then full). No count suits every core, so the probe takes the count as an
+ * argument, one of DOT_CHAINS below, and chapter 1 keeps the fastest. */
+#define DOT_CHAIN_COUNTS 8, 12, 16, 24
+static const int DOT_CHAINS[] = {DOT_CHAIN_COUNTS};
+enum { N_DOT_CHAINS = sizeof DOT_CHAINS / sizeof DOT_CHAINS[0] };
+
+int probe_dot_chain_count(int i)
+{
+    return i >= 0 && i < N_DOT_CHAINS ? DOT_CHAINS[i] : 0;
+}
+
+static int dot_chains_valid(int chains)
+{
+    for (int i = 0; i < N_DOT_CHAINS; i++)
+        if (DOT_CHAINS[i] == chains) return 1;
+    return 0;
+}
+
+/* One switch case a chain count: each count its own loop, its accumulators in
+ * registers (an array indexed at run time would live in memory). */
+#define DOT_SWITCH(chains, BODY) \
+    switch (chains) { case 8: BODY(8) case 12: BODY(12) case 16: BODY(16) default: BODY(24) }
 
 /* --8<-- [start:bf16] */
 /* bf16 dot: vdpbf16ps multiplies 32 pairs of bf16 and adds them, two by two,
  * into 16 f32 lanes: 64 operations per instruction, twice the f32 FMA's 32.
  * Without it (AVX2, or AVX-512 without BF16) a bf16 number is widened to f32
  * by a 16-bit shift and the product is an ordinary FMA. */
-static float bf16_one_thread(long long iters)
-{
 #if defined(SM_AVX512_BF16)
-    enum { NACC = DOT_CHAINS };
-    __m512 acc[NACC];
+#define BF16_CHAINS(NACC)                                                         \
+    {                                                                             \
+        __m512 acc[NACC];                                                         \
+        for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_ps(1.0f + k);         \
+        for (long long i = 0; i < iters; i++)                                     \
+            for (int k = 0; k < NACC; k++) acc[k] = _mm512_dpbf16_ps(acc[k], a, b); \
+        for (int k = 1; k < NACC; k++) acc[0] = _mm512_add_ps(acc[0], acc[k]);    \
+        return _mm512_reduce_add_ps(acc[0]);                                      \
+    }
+#endif
+
+static float bf16_one_thread(long long iters, int chains)
+{
+    (void)chains;
+#if defined(SM_AVX512_BF16)
     __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);   /* 1.0 */
     __m512bh b = (__m512bh)_mm512_set1_epi16(0x0000);   /* 0.0: acc stays put */
-    for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_ps(1.0f + k);
-    for (long long i = 0; i < iters; i++)
-        for (int k = 0; k < NACC; k++) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
-    for (int k = 1; k < NACC; k++) acc[0] = _mm512_add_ps(acc[0], acc[k]);
-    return _mm512_reduce_add_ps(acc[0]);
+    DOT_SWITCH(chains, BF16_CHAINS)
 #elif defined(SM_AVX2)
     /* 8 f32 lanes per register: each iteration widens a fresh pair of bf16
      * vectors (the empty asm makes them "fresh") into even and odd halves.
@@ -190,10 +218,11 @@ static float bf16_one_thread(long long iters)
 #endif
 }
 
-static double bf16_ops_per_iter(void)
+static double bf16_ops_per_iter(int chains)
 {
+    (void)chains;
 #if defined(SM_AVX512_BF16)
-    return DOT_CHAINS * 64;
+    return chains * 64.0;
 #elif defined(SM_AVX2)
     return 8 * 2 * 8 * 2;   /* 8 accumulators x 2 FMAs x 8 lanes x 2 ops */
 #else
@@ -202,10 +231,13 @@ static double bf16_ops_per_iter(void)
 }
 /* --8<-- [end:bf16] */
 
-double probe_dot_bf16(long long iters, int nthreads, float *sink)
+/* chains: one of DOT_CHAINS (the AVX-512 probe's accumulators; the other paths
+ * have their own fixed count and ignore it); any other count returns -1. */
+double probe_dot_bf16(long long iters, int nthreads, int chains, float *sink)
 {
-    ON_THREADS(nthreads, float, bf16_one_thread(iters), sink);
-    return (double)iters * bf16_ops_per_iter() * nthreads;
+    if (!dot_chains_valid(chains)) return -1.0;
+    ON_THREADS(nthreads, float, bf16_one_thread(iters, chains), sink);
+    return (double)iters * bf16_ops_per_iter(chains) * nthreads;
 }
 
 /* --8<-- [start:int8] */
@@ -213,17 +245,24 @@ double probe_dot_bf16(long long iters, int nthreads, float *sink)
  * them, four by four, into 16 int32 lanes: 128 operations per instruction.
  * AVX2 needs three instructions for 32 pairs: vpmaddubsw (pairs to int16),
  * vpmaddwd by ones (int16 pairs to int32), vpaddd (accumulate). */
-static int32_t int8_one_thread(long long iters)
-{
 #if defined(SM_AVX512_VNNI)
-    enum { NACC = DOT_CHAINS };
-    __m512i acc[NACC];
+#define INT8_CHAINS(NACC)                                                          \
+    {                                                                              \
+        __m512i acc[NACC];                                                         \
+        for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_epi32(k);              \
+        for (long long i = 0; i < iters; i++)                                      \
+            for (int k = 0; k < NACC; k++) acc[k] = _mm512_dpbusd_epi32(acc[k], a, b); \
+        for (int k = 1; k < NACC; k++) acc[0] = _mm512_add_epi32(acc[0], acc[k]);  \
+        return _mm512_reduce_add_epi32(acc[0]);                                    \
+    }
+#endif
+
+static int32_t int8_one_thread(long long iters, int chains)
+{
+    (void)chains;
+#if defined(SM_AVX512_VNNI)
     __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(1);
-    for (int k = 0; k < NACC; k++) acc[k] = _mm512_set1_epi32(k);
-    for (long long i = 0; i < iters; i++)
-        for (int k = 0; k < NACC; k++) acc[k] = _mm512_dpbusd_epi32(acc[k], a, b);
-    for (int k = 1; k < NACC; k++) acc[0] = _mm512_add_epi32(acc[0], acc[k]);
-    return _mm512_reduce_add_epi32(acc[0]);
+    DOT_SWITCH(chains, INT8_CHAINS)
 #elif defined(SM_AVX2)
     enum { NACC = 6 };
     __m256i acc[NACC], a[NACC];
@@ -259,10 +298,11 @@ static int32_t int8_one_thread(long long iters)
 #endif
 }
 
-static double int8_ops_per_iter(void)
+static double int8_ops_per_iter(int chains)
 {
+    (void)chains;
 #if defined(SM_AVX512_VNNI)
-    return DOT_CHAINS * 128;
+    return chains * 128.0;
 #elif defined(SM_AVX2)
     return 6 * 32 * 2;
 #else
@@ -271,10 +311,11 @@ static double int8_ops_per_iter(void)
 }
 /* --8<-- [end:int8] */
 
-double probe_dot_int8(long long iters, int nthreads, int32_t *sink)
+double probe_dot_int8(long long iters, int nthreads, int chains, int32_t *sink)
 {
-    ON_THREADS(nthreads, int32_t, int8_one_thread(iters), sink);
-    return (double)iters * int8_ops_per_iter() * nthreads;
+    if (!dot_chains_valid(chains)) return -1.0;
+    ON_THREADS(nthreads, int32_t, int8_one_thread(iters, chains), sink);
+    return (double)iters * int8_ops_per_iter(chains) * nthreads;
 }
 
 /* --8<-- [start:amx] */

@@ -1,8 +1,9 @@
 double probe_add_chain(long long iters);
 double probe_mul_chain(long long iters);
 double probe_fma_f32(long long iters, int nthreads, float *sink);
-double probe_dot_bf16(long long iters, int nthreads, float *sink);
-double probe_dot_int8(long long iters, int nthreads, int32_t *sink);
+int probe_dot_chain_count(int i);
+double probe_dot_bf16(long long iters, int nthreads, int chains, float *sink);
+double probe_dot_int8(long long iters, int nthreads, int chains, int32_t *sink);
 double probe_amx_bf16(long long iters, int nthreads, float *sink);
 double probe_amx_int8(long long iters, int nthreads, int32_t *sink);
 int probe_has_amx(void);

@@ -63,7 +63,8 @@ def test_fma_probe_matches_numpy_model(level, threads):
 def test_peak_probes_count_operations(level, kind, monkeypatch):
     monkeypatch.setenv("SMALLEM_QUICK", "1")
     r = machine.measure_peak(kind, 1, repeats=1)
-    _, gop = machine.peak_probe(kind, 1)
+    _, gop = machine.peak_probe(kind, 1, chains=r.get("chains"))
+    assert ("chains" in r) == (kind in machine.DOT_KINDS)
     # the rate is the probe's own count of operations over the sample's seconds
     assert r["value"]["median"] * r["seconds"]["median"] == pytest.approx(gop, rel=1e-9)
     # and a count a core could do: more than 0.1 Gop/s, and no more than 256 operations a
@@ -394,17 +395,25 @@ def test_dot_probes_compute_what_they_count(level, kind):
     ffi, lib = build.load("probes", level)
     if not machine.native(kind, level):
         pytest.skip(f"the {kind} fallback: its operations are counted, not checked here")
-    iters, threads, chains = 5, 2, 24
-    if kind == "bf16":  # acc += 1.0 * 0.0: each of 16 lanes of each chain keeps 1 + k
-        sink = ffi.new("float *")
-        ops = lib.probe_dot_bf16(iters, threads, sink)
-        assert sink[0] == threads * 16 * sum(1 + k for k in range(chains))
-        assert ops == iters * chains * 64 * threads
-    else:  # acc += 1*1 four times a lane: each lane of chain k ends at k + 4 iters
-        sink = ffi.new("int32_t *")
-        ops = lib.probe_dot_int8(iters, threads, sink)
-        assert sink[0] == threads * 16 * sum(k + 4 * iters for k in range(chains))
-        assert ops == iters * chains * 128 * threads
+    iters, threads = 5, 2
+    counts = machine.dot_chain_counts(level)
+    assert counts and len(set(counts)) == len(counts) and min(counts) >= 8
+    for chains in counts:
+        if kind == "bf16":  # acc += 1.0 * 0.0: each of 16 lanes of each chain keeps 1 + k
+            sink = ffi.new("float *")
+            ops = lib.probe_dot_bf16(iters, threads, chains, sink)
+            assert sink[0] == threads * 16 * sum(1 + k for k in range(chains))
+            assert ops == iters * chains * 64 * threads
+        else:  # acc += 1*1 four times a lane: each lane of chain k ends at k + 4 iters
+            sink = ffi.new("int32_t *")
+            ops = lib.probe_dot_int8(iters, threads, chains, sink)
+            assert sink[0] == threads * 16 * sum(k + 4 * iters for k in range(chains))
+            assert ops == iters * chains * 128 * threads
+    fn = lib.probe_dot_bf16 if kind == "bf16" else lib.probe_dot_int8
+    assert fn(iters, threads, 7, ffi.new("float *" if kind == "bf16" else "int32_t *")) == -1
+    with pytest.raises(ValueError, match="chains"):
+        machine.peak_probe(kind, 1, iters=5, level=level, chains=7)
+    assert machine.fastest_dot_chains(kind, level=level) in counts
 
 
 @pytest.mark.parametrize("kind", ["amx_bf16", "amx_int8"])

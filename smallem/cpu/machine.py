@@ -234,9 +234,24 @@ def measure_clock(repeats: int = 5, chain: str = "add") -> dict:
 PROBES = ("f32", "bf16", "int8", "amx_bf16", "amx_int8")
 
 
-def peak_probe(kind: str, threads: int, iters: int | None = None, level: str | None = None):
+DOT_KINDS = ("bf16", "int8")  # the probes whose chains of accumulators are an argument
+
+
+def dot_chain_counts(level: str | None = None) -> tuple[int, ...]:
+    """The numbers of independent accumulators the bf16 and int8 dot probes can keep."""
+    _, lib = _probes(level)
+    counts, i = [], 0
+    while (c := lib.probe_dot_chain_count(i)) > 0:
+        counts.append(c)
+        i += 1
+    return tuple(counts)
+
+
+def peak_probe(kind: str, threads: int, iters: int | None = None, level: str | None = None,
+               chains: int | None = None):
     """One of the compute probes (:data:`PROBES`) on ``threads`` threads, ready to time:
-    (a function that runs it once, the Gop one run does)."""
+    (a function that runs it once, the Gop one run does). ``chains``: the dot probes'
+    accumulators (one of :func:`dot_chain_counts`; the largest when not given)."""
     threads = checks.positive_int(threads, "threads", limit=4096)
     ffi, lib = _probes(level)
     fn = {"f32": lib.probe_fma_f32, "bf16": lib.probe_dot_bf16, "int8": lib.probe_dot_int8,
@@ -245,6 +260,12 @@ def peak_probe(kind: str, threads: int, iters: int | None = None, level: str | N
         raise ValueError(f"kind: expected one of {PROBES}, got {kind!r}")
     if kind.startswith("amx") and not native(kind, level):
         raise ValueError(f"kind: {kind!r} needs AMX tiles, which this build or CPU lacks")
+    if kind in DOT_KINDS:
+        counts = dot_chain_counts(level)
+        chains = max(counts) if chains is None else chains
+        if chains not in counts:
+            raise ValueError(f"chains: expected one of {list(counts)}, got {chains!r}")
+        fn = (lambda f, c: lambda n, t, s: f(n, t, c, s))(fn, chains)
     sink = ffi.new("int32_t *" if kind.endswith("int8") else "float *")
     if iters is None:  # ~40 ms a sample: longer than a host hiccup (a tile op does 512 FMAs' work)
         iters = 200_000 if quick_mode() else 20_000_000
@@ -253,12 +274,38 @@ def peak_probe(kind: str, threads: int, iters: int | None = None, level: str | N
     return (lambda: fn(iters, threads, sink)), ops / 1e9
 
 
-def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
-    """Gop/s of one of the compute probes (:data:`PROBES`) on ``threads`` threads."""
-    run_once, gop = peak_probe(kind, threads)
-    t = measure(run_once, repeats=repeats, warmup=0)
-    return {"value": t.rate(gop), "seconds": t.stats()}
+def fastest_dot_chains(kind: str, threads: int = 1, level: str | None = None) -> int:
+    """The number of accumulators at which the ``kind`` dot probe runs fastest here: each
+    count timed on ``threads`` threads, three short runs in turn, the best of each kept.
+    Too few chains time the instruction's latency; too many can fill the core's scheduler
+    (on Zen 4, 24 run about a sixth slower than 8 to 16)."""
+    if kind not in DOT_KINDS:
+        raise ValueError(f"kind: expected one of {DOT_KINDS}, got {kind!r}")
+    runs = {}
+    for c in dot_chain_counts(level):
+        run_once, gop = peak_probe(kind, threads, iters=(20_000 if quick_mode() else 2_000_000)
+                                   * 8 // c, level=level, chains=c)
+        runs[c] = (run_once, gop)
+    best = {c: 0.0 for c in runs}
+    for _ in range(3):
+        for c, (run_once, gop) in runs.items():
+            t0 = time.perf_counter()
+            run_once()
+            best[c] = max(best[c], gop / (time.perf_counter() - t0))
+    return max(best, key=best.get)
 
+
+def measure_peak(kind: str, threads: int, repeats: int = 5) -> dict:
+    """Gop/s of one of the compute probes (:data:`PROBES`) on ``threads`` threads; the dot
+    probes at the chain count that runs fastest on one thread (:func:`fastest_dot_chains`),
+    kept in ``chains``."""
+    chains = fastest_dot_chains(kind) if kind in DOT_KINDS else None
+    run_once, gop = peak_probe(kind, threads, chains=chains)
+    t = measure(run_once, repeats=repeats, warmup=0)
+    out = {"value": t.rate(gop), "seconds": t.stats()}
+    if chains is not None:
+        out["chains"] = chains
+    return out
 
 
 def native(kind: str, level: str | None = None) -> bool:
@@ -359,7 +406,7 @@ def measure_stream_point(s: Stream, kernel: str, ws_bytes: int, threads: int,
 
 # ---------------------------------------------------------------- what the GEMM's model weighs
 
-FEEDS_VERSION = 1  # bump when feeds() measures differently: older files are measured again
+FEEDS_VERSION = 2  # bump when feeds() measures differently: older files are measured again
 
 
 def feeds(level: str, refresh: bool = False) -> dict:
@@ -407,7 +454,8 @@ def measure_feeds(level: str, repeats: int = 5) -> dict:
     """:func:`feeds`, measured: the best of ``repeats`` short runs of each probe."""
     out = {}
     for kind in ("f32", "bf16"):
-        run_once, gop = peak_probe(kind, 1, iters=400_000, level=level)
+        chains = fastest_dot_chains(kind, level=level) if kind in DOT_KINDS else None
+        run_once, gop = peak_probe(kind, 1, iters=400_000, level=level, chains=chains)
         out[f"{kind}_gops_core"] = measure(run_once, repeats=repeats, warmup=0).rate(gop)["max"]
     caches, cores = machine_info.caches(), machine_info.usable_cores()
     l2 = caches["L2_bytes"] * cores

@@ -204,7 +204,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
                                     kinds=kinds, physical=physical)
     for (kind, th), r in peaks.items():
         rec.add("peak", "Gop/s", r["value"], seconds=r["seconds"], kind=kind, threads=th,
-                native=native(kind))
+                native=native(kind), **({"chains": r["chains"]} if "chains" in r else {}))
     for w in warnings:
         rec.warn(w)
 

@@ -173,6 +173,16 @@ def theory(rec: dict) -> dict:
                        physical, s["isa"], record_identity(rec["machine"]))
 
 
+OLD_DOT_CHAINS = 24  # the dot probes' one count before they chose among several
+
+
+def _chains_phrase(sm: dict) -> str:
+    """Which count of accumulators each native dot probe ran at, in words."""
+    parts = [f"{sm['chains'][k]} for the {k} probe" for k in ("bf16", "int8")
+             if sm["native"].get(k) and k in sm["chains"]]
+    return " and ".join(parts) if parts else "none: both probes ran their fallbacks here"
+
+
 def summary(rec: dict) -> dict:
     """The chapter's numbers, derived from one ``ch1.machine`` record."""
     s = rec["settings"]
@@ -199,6 +209,9 @@ def summary(rec: dict) -> dict:
         "theory": theory(rec),
         "peak": {k: v["value"]["median"] for k, v in peak.items()},
         "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
+        # the dot probes' accumulators on all cores (records before the probe chose: 24)
+        "chains": {k[0]: v["params"].get("chains", OLD_DOT_CHAINS) for k, v in peak.items()
+                   if k[0] in ("bf16", "int8") and k[1] == cores},
         "triad_plateaus": stairs,
         "triad_spans": extents,
         # the read-only stream, where the record has it (records before it: absent)
@@ -475,6 +488,7 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.int8_peak_all": f(sm["peak"][("int8", cores)], "Gop/s"),
         "ch1.bf16_native": "native" if sm["native"]["bf16"] else "emulated (no AVX512_BF16 here)",
         "ch1.int8_native": "native" if sm["native"]["int8"] else "emulated (no AVX512_VNNI here)",
+        "ch1.dot_chains": _chains_phrase(sm),
         "ch1.amx": "measured" if ("amx_bf16", 1) in sm["peak"] else "not on this CPU",
         "ch1.naive_n": str(n),
         "ch1.naive_gops": f(sm["naive_gops"], "Gop/s"),
