@@ -671,7 +671,7 @@ static int team(const sm_model *m, long long bytes, int nthreads)
  * at a time (the GEMM's own column block, so the panels add no packing the GEMM would not do)
  * into bf16 where the machine's bf16 path beats its f32 GEMM (gemm_bf16 >= 0: chapter 2's
  * path number), else into f32. The activations are rounded to bf16 once per product. Where
- * gemm_int8 is set, a matrix with an integer form (a GGUF Q8_0, Q4_0 or Q5_0 matrix, or
+ * gemm_int8 is set, a matrix with an integer form (a GGUF Q8_0, Q4_0, Q5_0, Q4_K or Q6_K matrix, or
  * chapter 4's int8 weights, given as Q8_0 blocks in w) goes through the integer GEMM instead
  * (forward/qgemm.c). */
 static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int rows, float *y,
@@ -679,7 +679,7 @@ static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int 
 {
     const int K = W->K, N = W->N;
     const float beta = acc ? 1.0f : 0.0f;
-    if (m->gemm_int8 && W->w && qg_supported(W->type) && K % 32 == 0) { /* the integer GEMM */
+    if (m->gemm_int8 && W->w && qg_supported(W->type) && K % qg_k_multiple(W->type) == 0) { /* the integer GEMM */
         qg_product(W, x, rows, y, acc, w->act, w->qpanel, nthreads);
         if (W->bias)
             for (int r = 0; r < rows; r++)

@@ -301,9 +301,13 @@ def test_int8_gemm_against_float64(level, qtype, rng):
     """kernels_c/forward/qgemm.c on this level: the rows rounded to Q8_0 blocks as llama.cpp
     rounds them, then every block's integer sum exact and scaled, on awkward shapes: one row,
     rows past and short of the micro-tile, columns short of a 32-column group and one past it,
-    K of one block and of more than one pass over the panel (16 blocks), on 1 and 2 threads."""
-    for rows, N, K, threads in [(1, 1, 32, 1), (5, 33, 64, 2), (7, 31, 544, 1), (13, 70, 96, 2),
-                                (64, 96, 1056, 2)]:
+    K of one block (one super-block for Q4_K and Q6_K) and of more than one pass over the panel
+    (16 blocks), on 1 and 2 threads."""
+    shapes = [(1, 1, 32, 1), (5, 33, 64, 2), (7, 31, 544, 1), (13, 70, 96, 2), (64, 96, 1056, 2)]
+    if qtype.endswith("_K"):  # whole super-blocks of 256
+        shapes = [(1, 1, 256, 1), (5, 33, 512, 2), (7, 31, 768, 1), (13, 70, 256, 2),
+                  (64, 96, 1280, 2)]
+    for rows, N, K, threads in shapes:
         t = random_tensor(qtype, N, K, rng)
         x = rng.normal(0, 1, (rows, K)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros: its scale 0
@@ -321,6 +325,6 @@ def test_int8_gemm_instruction_and_refusals(level, rng):
                        else "vpmaddubsw (AVX2)")}[level]
     assert gguf_run.int8_instruction() == want
     with pytest.raises(ValueError, match="takes Q8_0"):
-        gguf_run.int8_matmul(random_tensor("Q4_K", 2, 256, rng), np.zeros((1, 256), np.float32))
+        gguf_run.int8_matmul(random_tensor("F16", 2, 256, rng), np.zeros((1, 256), np.float32))
     with pytest.raises(ValueError, match="expected"):
         gguf_run.int8_matmul(random_tensor("Q8_0", 2, 64, rng), np.zeros((1, 63), np.float32))

@@ -343,7 +343,8 @@ class Forward:
 
 
 PROMPT_DTYPES = ("int8", "bf16", "f32")
-INT8_TYPE_IDS = (8, 2, 6)  # ggml's Q8_0, Q4_0, Q5_0: the types kernels_c/forward/qgemm.c takes
+# ggml's Q8_0, Q4_0, Q5_0, Q4_K, Q6_K: the types kernels_c/forward/qgemm.c takes
+INT8_TYPE_IDS = (8, 2, 6, 12, 14)
 DEFAULT_CONTEXT = 4096  # a GGUF model's cache positions unless the caller asks for more (or fewer)
 GGUF_ROWS = 64     # a GGUF prompt's rows per C call off the GEMM: each block of 4 weight rows
                    # meets all of them in L1

@@ -72,7 +72,7 @@ def matmul(t: Tensor, x, threads=1, level=None) -> np.ndarray:
     return y
 
 
-INT8_TYPES = ("Q8_0", "Q4_0", "Q5_0")  # the types the prompt's integer GEMM takes
+INT8_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")  # the types the prompt's integer GEMM takes
 
 
 def int8_instruction(level=None) -> str:
