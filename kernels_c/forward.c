@@ -95,8 +95,12 @@
  * Q4_K's mins) are handled as llama.cpp's formats intend: Q4_0/Q5_0 subtract before the
  * product (a signed weight, whose sign moves onto the activation), Q6_K and Q4_K take the
  * activation's block sums (Q8_K's bsums). The AVX-512 level multiplies two 32-weight blocks
- * per zmm for Q8_0, Q4_0 and Q5_0; the K-quants' 256-weight blocks stay on ymm at every level
- * (their scales change every 16 or 32 weights). Plain C does the same sums with ints.
+ * per zmm for Q8_0, Q4_0 and Q5_0, against an activation stored once in pairs of blocks
+ * (blk_q8_0x2, with each lane's scale as a float and each block's sum); with VNNI, Q8_0's
+ * weights go in flipped to w + 128 and the sum starts from -128 times the block's sum of the
+ * activation. The K-quants' 256-weight blocks stay on ymm at every level (their scales change
+ * every 16 or 32 weights). Plain C does the same sums with ints. Every product prefetches
+ * its rows a page ahead (blocks.c, PREFETCH_AHEAD).
  *
  * Threads split a product's rows (static: a thread reads the same slice of each matrix at
  * every token); a matrix smaller than par_min_bytes stays on one core. A prompt of n rows
@@ -150,7 +154,7 @@ double sm_time_product(const sm_mat *w, int reps)
         clock_gettime(CLOCK_MONOTONIC, &t0);
         if (w->kind == KIND_BLOCKS) {
             sm_g_quantize(w->type, x, K, a);
-            block_product(w, a, act, 1, y, 1);
+            block_product(w, a, act, 1, y, 1, PREFETCH_AHEAD);
         } else {
             if (w->kind == KIND_INT8) sm_quantize_rows(x, 1, K, (int8_t *)a, &xs);
             sm_matmul(w, x, (int8_t *)a, &xs, y, 1, 0, 1);
@@ -754,7 +758,7 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
         const long long p0 = total * t / nt, p1 = total * (t + 1) / nt;
         for (int i = 0; i < count; i++) {
             const int j0 = at_rows(ws[i], start[i], p0), j1 = at_rows(ws[i], start[i], p1);
-            if (j1 > j0) rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1);
+            if (j1 > j0) rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1, m->ahead);
         }
     }
 }

@@ -33,6 +33,7 @@ typedef struct {
     float *work;
     long long work_floats;
     long long par_min_bytes;
+    long long ahead; /* bytes a decode step's weight rows are prefetched ahead (blocks.c) */
 } sm_model;
 int sm_rows(void);
 int sm_block_rows(void);
@@ -47,7 +48,7 @@ long long sm_g_act_bytes(int type, int K);
 void sm_g_quantize(int type, const float *x, int K, void *act);
 void sm_g_act_values(int type, const void *act, int K, double *out);
 void sm_g_row(const sm_mat *w, int row, float *out);
-void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads);
+void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads, long long ahead);
 double sm_time_product(const sm_mat *w, int reps);
 const char *sm_q_instruction(void);
 int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads);

@@ -81,3 +81,20 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
     print(k, "| decode:", figures.plain(values[f"others.{k}.tg_vs_llama"]), "| bound:",
           figures.plain(values[f"others.{k}.tg_vs_bound"]), "| prompt:",
           figures.plain(values[f"others.{k}.pp_vs_llama"]))
+
+# %% [markdown]
+# ## Reading ahead
+#
+# Each decode row prefetches the bytes one page further on. The same decoder at other
+# distances (0: none), timed in the same rounds, and each file's rates: the arithmetic alone
+# (a gate matrix's rows in L2), the memory alone (chapter 1's read-only stream), the step.
+
+# %%
+display(Markdown((figures.tables_dir() / "others_ahead.md").read_text()))
+print("the forward's distance:", values["others.ahead"], "| fastest here:",
+      figures.plain(values["others.ahead_best"]))
+for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
+    print(k, "| with the prefetch:", figures.plain(values[f"others.{k}.tg_prefetch"]),
+          "| arithmetic", figures.plain(values[f"others.{k}.dot_rate"]),
+          "| memory", figures.plain(values[f"others.{k}.mem_rate"]),
+          "| step", figures.plain(values[f"others.{k}.tg_rate"]))

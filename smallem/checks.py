@@ -90,6 +90,15 @@ def positive_int(n, name: str, limit: int = 2**31 - 1) -> int:
     return int(n)
 
 
+def nonnegative_int(n, name: str, limit: int = 2**62) -> int:
+    """An int in [0, limit]."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(n).__name__}")
+    if not 0 <= n <= limit:
+        raise ValueError(f"{name}: expected 0 <= {name} <= {limit}, got {n}")
+    return int(n)
+
+
 def threads(n) -> int:
     """A thread count: None means every core this process may use."""
     if n is None:

@@ -141,6 +141,31 @@ def test_every_int8_path(lvl, without, monkeypatch, rng):
                            t.dequantize().astype(np.float64), f"GEMM {qtype} {lvl}")
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0"])
+def test_every_block_count_and_prefetch_distance(qtype, level, rng):
+    """Block counts that leave every tail of the dots (the eight-block steps of Q8_0, a last
+    pair, a last block alone), at every level; and the prefetch changes no bit of a result,
+    at any distance, on one thread or two."""
+    for K in (32, 64, 96, 256, 288, 320, 352, 896):
+        t = random_tensor(qtype, 21, K, rng)
+        x = rng.normal(0, 1, (1, K)).astype(np.float32)
+        a = np.stack([gguf_run.quantize(qtype, r, level)[1] for r in x])
+        y = gguf_run.matmul(t, x, threads=2, level=level)
+        assert_product(y, a, t.dequantize().astype(np.float64), f"{qtype} K={K} {level}")
+        for ahead, threads in ((0, 1), (64, 2), (4096, 2), (1 << 20, 1)):
+            got = gguf_run.matmul(t, x, threads=threads, level=level, ahead=ahead)
+            assert np.array_equal(got, y), (qtype, K, ahead, threads)
+
+
+def test_a_bad_prefetch_distance_is_one_clear_error(rng):
+    t = random_tensor("Q8_0", 4, 64, rng)
+    x = np.zeros((1, 64), np.float32)
+    with pytest.raises(ValueError, match="ahead"):
+        gguf_run.matmul(t, x, ahead=-1)
+    with pytest.raises(TypeError, match="ahead"):
+        gguf_run.matmul(t, x, ahead=1.5)
+
+
 def test_the_instruction_is_the_levels(level):
     exts = isa.extensions(level)
     want = {"generic": "plain C",
@@ -279,17 +304,20 @@ def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, ar
 def test_every_type_is_supported_and_rounds_its_activation_as_llama_does(level):
     """The C side multiplies every type the reader accepts and none other, and pairs each with
     the activation type ggml's vec_dot_type names (on AVX-512, Q4_0 and Q5_0 take the
-    paired Q8_0 layout, which holds the same Q8_0 values)."""
+    paired Q8_0 layout, which holds the same Q8_0 values, and Q8_0 does too where the level
+    has VNNI)."""
     from smallem.plumbing import build
     ffi, lib = build.load("forward", level)
     for name in TYPES:
         assert lib.sm_g_supported(gguf_run.type_id(name)) == 1, name
     for name in ("Q2_K", "Q3_K", "IQ4_NL"):
         assert lib.sm_g_supported(gguf_run.type_id(name)) == 0, name
-    pairs = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_K": "Q8_K",
-             "Q6_K": "Q8_K"}
+    pairs = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_K": "Q8_K", "Q6_K": "Q8_K"}
     for w, a in pairs.items():
         assert lib.sm_g_act_type(gguf_run.type_id(w)) == gguf_run.type_id(a), w
+    paired_q8 = level == "avx512" and "VNNI" in gguf_run.instruction(level)
+    assert lib.sm_g_act_type(gguf_run.type_id("Q8_0")) == (
+        1000 if paired_q8 else gguf_run.type_id("Q8_0"))
     for w in ("Q4_0", "Q5_0"):
         got = lib.sm_g_act_type(gguf_run.type_id(w))
         assert got == (1000 if level == "avx512" else gguf_run.type_id("Q8_0")), w

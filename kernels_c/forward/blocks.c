@@ -55,7 +55,11 @@ int sm_g_act_type(int type)
     switch (type) {
     case T_F16: return T_F16;
     case T_BF16: return T_BF16;
+#if defined(SM_AVX512) && defined(SM_AVX512_VNNI)
+    case T_Q8_0: return T_Q8_0X2;
+#else
     case T_Q8_0: return T_Q8_0;
+#endif
 #if defined(SM_AVX512)
     case T_Q4_0: case T_Q5_0: return T_Q8_0X2;
 #else
@@ -105,6 +109,43 @@ static void pair_q8_0(const blk_q8_0 *q, int nb, blk_q8_0x2 *o)
     }
 }
 
+/* One row of K floats as ggml's Q8_0 blocks (K a multiple of 32). */
+static void quantize_q8_0(const float *x, int K, blk_q8_0 *b)
+{
+    for (int i = 0; i < K / 32; i++, x += 32) {
+#if defined(SM_AVX2)
+        /* the same arithmetic in vectors: |x| max, x id rounded to nearest even by the
+         * conversion (the default rounding mode, as nearbyintf), packed to bytes (values
+         * within +-127, so the saturating packs are exact; the permute undoes their
+         * 128-bit lane order) */
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8),
+                     v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                       _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        b[i].d = f2h(amax / 127.0f);
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, id)),
+                                               _mm256_cvtps_epi32(_mm256_mul_ps(v1, id)));
+        const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, id)),
+                                               _mm256_cvtps_epi32(_mm256_mul_ps(v3, id)));
+        const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)b[i].qs, q);
+#else
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        b[i].d = f2h(amax / 127.0f);
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)nearest_even(x[j] * id);
+#endif
+    }
+}
+
 /* --8<-- [start:quantize] */
 /* One activation row of K floats in the form the weights' type pairs with. */
 void sm_g_quantize(int type, const float *x, int K, void *act)
@@ -123,48 +164,15 @@ void sm_g_quantize(int type, const float *x, int K, void *act)
         for (int k = 0; k < K; k++) o[k] = f2bf(x[k]);
         break;
     }
-    case T_Q8_0: {
-        blk_q8_0 *b = act;
-        for (int i = 0; i < K / 32; i++, x += 32) {
-#if defined(SM_AVX2)
-            /* the same arithmetic in vectors: |x| max, x id rounded to nearest even by the
-             * conversion (the default rounding mode, as nearbyintf), packed to bytes (values
-             * within +-127, so the saturating packs are exact; the permute undoes their
-             * 128-bit lane order) */
-            const __m256 sign = _mm256_set1_ps(-0.0f);
-            const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8),
-                         v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
-            const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                           _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_max_ss(h, _mm_movehdup_ps(h));
-            const float amax = _mm_cvtss_f32(h);
-            b[i].d = f2h(amax / 127.0f);
-            const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-            const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, id)),
-                                                   _mm256_cvtps_epi32(_mm256_mul_ps(v1, id)));
-            const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, id)),
-                                                   _mm256_cvtps_epi32(_mm256_mul_ps(v3, id)));
-            const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23),
-                                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)b[i].qs, q);
-#else
-            float amax = 0.0f;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-            b[i].d = f2h(amax / 127.0f);
-            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)nearest_even(x[j] * id);
-#endif
-        }
+    case T_Q8_0:
+        quantize_q8_0(x, K, act);
         break;
-    }
     case T_Q8_0X2: {
         blk_q8_0 tmp[2];
         blk_q8_0x2 *o = act;
         for (int i = 0; i < K / 32; i += 2, x += 64, o++) {
             const int n = K / 32 - i < 2 ? K / 32 - i : 2;
-            sm_g_quantize(T_Q8_0, x, 32 * n, tmp);
+            quantize_q8_0(x, 32 * n, tmp);
             pair_q8_0(tmp, n, o);
         }
         break;
@@ -567,7 +575,74 @@ static float dot_q5_0(const uint8_t *wp, const void *ap, int nb)
     if (i < nb) STEP_Q5_0(0);
     return _mm512_reduce_add_ps(acc);
 }
+#if defined(SM_AVX512_VNNI)
+/* Q8_0 by the paired activation too: the two blocks' 64 weights put in its order (halves of
+ * 16 interleaved: one permutation of 64-bit words), flipped to w + 128 so that they are
+ * vpdpbusd's unsigned side, and the sum started from -128 times the activation's block sums:
+ * sum (w + 128) x - 128 sum x = sum w x, exactly. Against the signed product of the other
+ * levels this saves the sign's transfer (three instructions a pair) and widens no scale of
+ * the activation, which the pairing stored as floats once for every row. */
+INLINE __m512i q8_pair(const blk_q8_0 *w0, const blk_q8_0 *w1)
+{
+    const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)w0->qs));
+    const __m512i b = w1 ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)w1->qs))
+                         : _mm512_setzero_si512();
+    const __m512i order = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    return _mm512_xor_si512(_mm512_permutex2var_epi64(a, order, b), _mm512_set1_epi8((char)0x80));
+}
+#define STEP_Q8_0(TWO)                                                                         \
+    do {                                                                                       \
+        const __m512i u = q8_pair(&w[i], (TWO) ? &w[i + 1] : NULL);                           \
+        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a->init), 7);               \
+        const __m512i p = _mm512_dpbusd_epi32(init, u, _mm512_loadu_si512(a->qs));             \
+        const __m512 d = _mm512_mul_ps(scales2(w[i].d, (TWO) ? w[i + 1].d : 0),                \
+                                       _mm512_loadu_ps(a->d));                                 \
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, acc);                                  \
+    } while (0)
+/* eight blocks' f16 scales widened at once: two 64-bit words assembled from the blocks
+ * (scalar loads and shifts, off the vector ports), one conversion, then one permutation a
+ * pair into the activation's lane order ([s0 x4, s1 x4, s0 x4, s1 x4]) */
+INLINE __m512 q8_scales8(const blk_q8_0 *w)
+{
+    uint64_t lo = 0, hi = 0;
+    for (int j = 0; j < 4; j++) {
+        lo |= (uint64_t)w[j].d << (16 * j);
+        hi |= (uint64_t)w[4 + j].d << (16 * j);
+    }
+    return _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo)));
+}
+#define STEP_Q8_0_OF8(P, ACC)                                                                  \
+    do {                                                                                       \
+        const __m512i u = q8_pair(&w[i + 2 * (P)], &w[i + 2 * (P) + 1]);                       \
+        const __m512i init = _mm512_slli_epi32(_mm512_loadu_si512(a[P].init), 7);             \
+        const __m512i p = _mm512_dpbusd_epi32(init, u, _mm512_loadu_si512(a[P].qs));           \
+        const __m512i pick = _mm512_setr_epi32(2 * (P), 2 * (P), 2 * (P), 2 * (P),             \
+            2 * (P) + 1, 2 * (P) + 1, 2 * (P) + 1, 2 * (P) + 1, 2 * (P), 2 * (P), 2 * (P),     \
+            2 * (P), 2 * (P) + 1, 2 * (P) + 1, 2 * (P) + 1, 2 * (P) + 1);                      \
+        const __m512 d = _mm512_mul_ps(_mm512_permutexvar_ps(pick, s8), _mm512_loadu_ps(a[P].d)); \
+        ACC = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), d, ACC);                                  \
+    } while (0)
+static float dot_q8_0(const uint8_t *wp, const void *ap, int nb)
+{
+    const blk_q8_0 *w = (const blk_q8_0 *)wp;
+    const blk_q8_0x2 *a = ap;
+    __m512 acc = _mm512_setzero_ps(), acc1 = acc, acc2 = acc, acc3 = acc;
+    int i = 0;
+    for (; i + 8 <= nb; i += 8, a += 4) { /* four sums: the adds' latency is not a chain */
+        const __m512 s8 = q8_scales8(&w[i]);
+        STEP_Q8_0_OF8(0, acc);
+        STEP_Q8_0_OF8(1, acc1);
+        STEP_Q8_0_OF8(2, acc2);
+        STEP_Q8_0_OF8(3, acc3);
+    }
+    acc = _mm512_add_ps(_mm512_add_ps(acc, acc1), _mm512_add_ps(acc2, acc3));
+    for (; i + 2 <= nb; i += 2, a++) STEP_Q8_0(1);
+    if (i < nb) STEP_Q8_0(0);
+    return _mm512_reduce_add_ps(acc);
+}
+#else
 DOT32(dot_q8_0, blk_q8_0, WEIGHTS_Q8_0)
+#endif
 #elif defined(SM_AVX2)
 DOT32(dot_q8_0, blk_q8_0, WEIGHTS_Q8_0)
 DOT32(dot_q4_0, blk_q4_0, WEIGHTS_Q4_0)
@@ -814,14 +889,44 @@ static dot_fn dot_of(int type, int K, int *count)
 /* ------------------------------------------------------------------ products */
 #define RB 4 /* weight rows kept in L1 while every activation row passes them */
 
-/* y (rows, N) = act (rows, already rounded, ab bytes each) by w's rows j0..j1 */
+/* --8<-- [start:ahead] */
+/* A thread's rows are one stream of bytes, but the hardware prefetchers stop at each 4 KiB
+ * page, and the loads the dots issue themselves do not run far enough ahead to cover a miss
+ * to memory: at every page the stream starts again from such misses, and the time of the
+ * memory adds to the time of the arithmetic instead of hiding under it. So each row of a
+ * decode step (each group of RB rows of a short prompt) first asks for the bytes
+ * PREFETCH_AHEAD further on, one page, never past the thread's last row: the next page's
+ * lines are in flight while the dots work through this one. The hint is prefetcht2 (locality
+ * 1): the lines need not come into L1, where the activation row every dot reads lives. Appendix B times the distances 0 to 16 KiB on each
+ * machine. */
+#define PREFETCH_AHEAD 4096
+
+static inline void prefetch_span(const uint8_t *p, size_t n, const uint8_t *end)
+{
+    for (const uint8_t *q = p; q < p + n && q < end; q += 64) __builtin_prefetch(q, 0, 1);
+}
+/* --8<-- [end:ahead] */
+
+/* y (rows, N) = act (rows, already rounded, ab bytes each) by w's rows j0..j1, each group
+ * of rows after a prefetch of the bytes `ahead` further on (0: none) */
 static void rows_span(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
-                      int j0, int j1)
+                      int j0, int j1, long long ahead)
 {
     int count;
     const dot_fn dot = dot_of(w->type, w->K, &count);
+    const size_t rb = (size_t)w->row_bytes;
+    const uint8_t *end = w->w + (size_t)j1 * rb;
+    if (rows == 1) { /* a decode step: row by row, each after its own prefetch */
+        for (int j = j0; j < j1; j++) {
+            const uint8_t *row = w->w + (size_t)j * rb;
+            if (ahead > 0) prefetch_span(row + (size_t)ahead, rb, end);
+            y[j] = dot(row, act, count);
+        }
+        return;
+    }
     for (int j = j0; j < j1; j += RB) {
         const int nj = j1 - j < RB ? j1 - j : RB;
+        if (ahead > 0) prefetch_span(w->w + (size_t)j * rb + (size_t)ahead, (size_t)nj * rb, end);
         for (int r = 0; r < rows; r++)
             for (int jj = 0; jj < nj; jj++)
                 y[(size_t)r * w->N + j + jj] =
@@ -830,12 +935,12 @@ static void rows_span(const sm_mat *w, const uint8_t *act, long long ab, int row
 }
 
 static void block_product(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
-                    int nthreads)
+                          int nthreads, long long ahead)
 {
     const int chunks = (w->N + 15) / 16;
     const int nt = nthreads < chunks ? nthreads : chunks;
     if (nt <= 1) {
-        rows_span(w, act, ab, rows, y, 0, w->N);
+        rows_span(w, act, ab, rows, y, 0, w->N, ahead);
         return;
     }
     #pragma omp parallel for schedule(static) num_threads(nt)
@@ -843,7 +948,7 @@ static void block_product(const sm_mat *w, const uint8_t *act, long long ab, int
         /* contiguous slices of 16-row chunks, one a thread */
         const int c0 = (int)((long long)chunks * t / nt), c1 = (int)((long long)chunks * (t + 1) / nt);
         const int j0 = 16 * c0, j1 = 16 * c1 < w->N ? 16 * c1 : w->N;
-        rows_span(w, act, ab, rows, y, j0, j1);
+        rows_span(w, act, ab, rows, y, j0, j1, ahead);
     }
 }
 
@@ -856,18 +961,19 @@ static void quantize_rows(int type, const float *x, int rows, int K, uint8_t *ac
 /* y (rows, N) = x (rows, K) by the matrix: the rows rounded as the type wants, then the
  * product (act is scratch of rows * sm_g_act_bytes bytes). */
 static void matmul_with(const sm_mat *w, const float *x, int rows, float *y, uint8_t *act,
-                        int nthreads)
+                        int nthreads, long long ahead)
 {
     quantize_rows(w->type, x, rows, w->K, act);
-    block_product(w, act, sm_g_act_bytes(w->type, w->K), rows, y, nthreads);
+    block_product(w, act, sm_g_act_bytes(w->type, w->K), rows, y, nthreads, ahead);
 }
 
-void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads)
+/* the product on its own, prefetching `ahead` bytes further on (-1: PREFETCH_AHEAD) */
+void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads, long long ahead)
 {
     const size_t bytes = (size_t)rows * (size_t)sm_g_act_bytes(w->type, w->K) + 64;
     uint8_t *act = malloc(bytes);
     if (!act) return;
-    matmul_with(w, x, rows, y, act, nthreads);
+    matmul_with(w, x, rows, y, act, nthreads, ahead < 0 ? PREFETCH_AHEAD : ahead);
     free(act);
 }
 

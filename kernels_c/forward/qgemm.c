@@ -206,7 +206,7 @@ static void qg_quantize(const float *x, int rows, int K, blk_q8_0 *q, float *d, 
     const int nb = K / 32;
     for (int r = 0; r < rows; r++) {
         blk_q8_0 *qr = q + (size_t)r * nb;
-        sm_g_quantize(T_Q8_0, x + (size_t)r * K, K, qr);
+        quantize_q8_0(x + (size_t)r * K, K, qr);
         for (int i = 0; i < nb; i++) {
             int s = 0, slo;
             for (int j = 0; j < 16; j++) s += qr[i].qs[j];

@@ -130,7 +130,9 @@ class Forward:
     form); ``prompt_dtype`` that branch's inputs for GGUF blocks ("int8", "f32" or "bf16"; None:
     :func:`default_prompt_dtype`); ``prompt_threads`` the threads of that branch's calls
     (None: ``threads``), so a decoder whose tokens run on one core can still take its prompt
-    through chapter 2's GEMM on every core, as chapter 4's rungs 1 to 4 do."""
+    through chapter 2's GEMM on every core, as chapter 4's rungs 1 to 4 do; ``ahead`` the
+    bytes ahead of its reading that a GGUF matrix's product prefetches (None:
+    :func:`prefetch_ahead`, kernels_c/forward/blocks.c's PREFETCH_AHEAD; 0: none)."""
 
     # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
     # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
@@ -139,7 +141,8 @@ class Forward:
     SYNC_SHARE = 32
 
     def __init__(self, spec: Spec, threads=None, pool: bool = True, par_min_bytes=None,
-                 level=None, gemm_rows=None, prompt_dtype=None, prompt_threads=None):
+                 level=None, gemm_rows=None, prompt_dtype=None, prompt_threads=None,
+                 ahead=None):
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("rope", ROPES), ("cache", CACHES)):
             if getattr(spec, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(spec, name)!r}")
@@ -230,6 +233,8 @@ class Forward:
         self.work = np.zeros(int(lib.sm_work_floats(m)), np.float32)
         m.work, m.work_floats = ffi.cast("float *", self.work.ctypes.data), self.work.size
         m.par_min_bytes = 0
+        self.ahead = m.ahead = (prefetch_ahead() if ahead is None
+                                else checks.nonnegative_int(ahead, "ahead"))
         self.par_min_bytes = (int(par_min_bytes) if par_min_bytes is not None
                               else self._par_min_bytes())
         m.par_min_bytes = self.par_min_bytes
@@ -408,6 +413,12 @@ def default_prompt_dtype(level=None) -> str:
     float GEMM here, else :func:`float_prompt_dtype`'s."""
     r = prompt_rates(level)
     return "int8" if r["int8"] > r["float"] else float_prompt_dtype(level)
+
+
+def prefetch_ahead() -> int:
+    """The bytes a GGUF product prefetches ahead of its reading by default: PREFETCH_AHEAD of
+    kernels_c/forward/blocks.c."""
+    return int(build.header_constant("PREFETCH_AHEAD", "forward/blocks.c"))
 
 
 def gguf_spec(mf, context=None) -> Spec:

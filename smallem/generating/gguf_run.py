@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from smallem import checks
 from smallem.plumbing import build, pool as _pool
 from smallem.generating.forward import GGUF_ROWS as ROWS, Blocks  # noqa: F401 (the appendix quotes ROWS)
 from smallem.generating.gguf_file import TYPES, Tensor
@@ -57,8 +58,11 @@ def quantize(type_name: str, x, level=None) -> tuple[np.ndarray, np.ndarray]:
     return out, vals
 
 
-def matmul(t: Tensor, x, threads=1, level=None) -> np.ndarray:
-    """x (rows, K) by the file's matrix ``t`` (N rows of K): (rows, N) in float32."""
+def matmul(t: Tensor, x, threads=1, level=None, ahead=None) -> np.ndarray:
+    """x (rows, K) by the file's matrix ``t`` (N rows of K): (rows, N) in float32, each group
+    of weight rows prefetched ``ahead`` bytes further on (None: the kernel's PREFETCH_AHEAD;
+    0: no prefetch)."""
+    ahead = -1 if ahead is None else checks.nonnegative_int(ahead, "ahead")
     team = _pool.team(threads)
     ffi, lib = _lib(team, level)
     x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
@@ -68,8 +72,22 @@ def matmul(t: Tensor, x, threads=1, level=None) -> np.ndarray:
     _fill(ffi, m, t)
     y = np.zeros((x.shape[0], m.N), np.float32)
     lib.sm_g_matmul(m, ffi.cast("float *", x.ctypes.data), x.shape[0],
-                    ffi.cast("float *", y.ctypes.data), team.n)
+                    ffi.cast("float *", y.ctypes.data), team.n, ahead)
     return y
+
+
+def product_seconds(t: Tensor, reps: int = 20, level=None) -> float:
+    """Seconds of one row's product by the file's matrix ``t`` on one thread, the best of
+    ``reps`` calls (the row rounded as the product rounds it; no Python, no threads in
+    the timing)."""
+    reps = checks.positive_int(reps, "reps")
+    ffi, lib = _lib(_pool.team(1), level)
+    m = ffi.new("sm_mat *")
+    _fill(ffi, m, t)
+    secs = lib.sm_time_product(m, reps)
+    if secs <= 0:
+        raise MemoryError("no memory for the product's timing")
+    return float(secs)
 
 
 INT8_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")  # the types the prompt's integer GEMM takes

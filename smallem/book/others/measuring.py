@@ -26,8 +26,11 @@ QUICK_CASES = (("tiny-qwen2", "Q8_0"), ("tiny-llama", "Q4_0"))
 PROMPT = 16        # tokens in the cache before the timed decode steps (llama-bench's -d)
 FEED = 32          # decode steps timed per round (llama-bench's -n)
 PP = 512           # the prompt timed (llama-bench's pp512)
-ROUNDS = 5         # rounds: 5 of 5 is the fewest a one-sided test of signs or signed ranks at 5 % can decide on
+ROUNDS = 7         # rounds: 5 of 5 is the fewest a one-sided test at 5 % can decide on, 6 a two-sided one
 PAUSE = 0.05
+# prefetch distances (bytes) timed beside the forward's own on the first file: 0 is none
+AHEADS = (0, 2048, 8192, 16384)
+DOT_BYTES = 256 << 10  # the arithmetic's probe: this much of a matrix, in every captured L2
 LLAMA_REPS = 1     # llama-bench repetitions a round, after llama-bench's own warm-up run
 
 
@@ -47,24 +50,33 @@ def _add(rec, name, t: Timing, tokens: int, **params):
             **params)
 
 
-def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, quick: bool):
+def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, quick: bool,
+                 sweep: bool = False):
+    """One file's decode and prompt, ours and llama.cpp's, in the same rounds; with them our
+    decode without its prefetch (and, where ``sweep``, at each of :data:`AHEADS`)."""
     mf = gguf_file.open_model(path)
     feed, pp = (8, 64) if quick else (FEED, PP)
     prompt_ids, feed_ids, pp_ids = _tokens(PROMPT, 1), _tokens(feed, 2), _tokens(pp, 3)
     fw = Forward.from_gguf(mf, threads=threads, context=max(PROMPT + feed, pp))
+    aheads = [a for a in (AHEADS if sweep else (0,)) if a != fw.ahead]
+    other = {a: Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, ahead=a,
+                                  par_min_bytes=fw.par_min_bytes) for a in aheads}
 
-    def decode_setup():
-        fw.reset()
-        fw.forward(prompt_ids)
+    def decode_case(f):
+        def setup():
+            f.reset()
+            f.forward(prompt_ids)
 
-    def decode():
-        for t in feed_ids:
-            fw.forward([t])
+        def run():
+            for t in feed_ids:
+                f.forward([t])
+        return setup, run
 
     def prefill():
         fw.forward(pp_ids)
 
-    cases = {"tg": (decode_setup, decode), "pp": (fw.reset, prefill)}
+    cases = {"tg": decode_case(fw), "pp": (fw.reset, prefill),
+             **{f"tg_ahead_{a}": decode_case(f) for a, f in other.items()}}
     peer = {"tg": llama.Rates(), "pp": llama.Rates()}
     if tools:
         def llama_tg():
@@ -84,7 +96,10 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
               "weight_bytes": mf.weight_bytes_per_token, "file_bytes": path.stat().st_size,
               "params": int(sum(np.prod(t.ne) for t in mf.tensors.values())),
               "type_bytes": mix}
-    _add(rec, "decode", ts["tg"], feed, **params, par_min_bytes=fw.par_min_bytes)
+    _add(rec, "decode", ts["tg"], feed, **params, par_min_bytes=fw.par_min_bytes, ahead=fw.ahead)
+    for a in other:
+        _add(rec, "decode_ahead", ts[f"tg_ahead_{a}"], feed, **params, ahead=a)
+    rec.add("dot_rate", "GB/s", dot_rate(mf, threads, 5 if quick else 40), **params)
     _add(rec, "prefill", ts["pp"], pp, **params, prompt_dtype=fw.prompt_dtype,
          products_per_token=mf.products_per_token)
     rec.add("prompt_gemm", "Gop/s", gemm_rate, **params, prompt_dtype=fw.prompt_dtype,
@@ -97,6 +112,35 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
         elif vals.why:  # the peer died on this file: said under the table, never fatal
             rec.data["settings"].setdefault("missing", {})[
                 f"llama.cpp {test} ({shape} {qtype})"] = vals.why
+
+
+def dot_rate(mf, threads: int, reps: int) -> dict:
+    """The decode products' arithmetic on its own, in GB/s of weights on ``threads`` cores:
+    for each type the file's matrices hold, the first rows of its first matrix that fill
+    DOT_BYTES (in every captured core's L2), multiplied by one row on one core, the best of
+    ``reps`` calls each, five times; the step's bytes over the sum of each type's bytes over
+    its rate, times the cores. Beside the memory's rate it says which of the two a step waits
+    on, and what their overlap can reach."""
+    from smallem.generating.gguf_file import Tensor
+
+    by_type, first = {}, {}
+    for name, t in mf.tensors.items():
+        if name.endswith(".weight") and len(t.ne) == 2 and t.ne[1] > 1 and (
+                name.startswith("blk.") or name in ("token_embd.weight", "output.weight")):
+            by_type[t.type] = by_type.get(t.type, 0) + t.nbytes
+            first.setdefault(t.type, t)
+    rates = []
+    for _ in range(5):
+        secs = 0.0
+        for ty, nbytes in by_type.items():
+            t = first[ty]
+            row = t.nbytes // t.ne[1]
+            rows = max(1, min(t.ne[1], DOT_BYTES // row))
+            part = Tensor(t.name, t.type, (t.ne[0], rows), np.asarray(t.data)[:rows])
+            secs += nbytes / (rows * row / gguf_run.product_seconds(part, reps))
+        rates.append(threads * sum(by_type.values()) / secs / 1e9)
+    rates.sort()
+    return {"median": rates[len(rates) // 2], "min": rates[0], "max": rates[-1], "n": len(rates)}
 
 
 def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
@@ -155,7 +199,7 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
     if why or llama.find() is None:
         missing["llama.cpp"] = why or "not found (`make llama`)"
     with tempfile.TemporaryDirectory() as tmp:
-        made = {}
+        made, made_one = {}, False
         for shape, qtype in (QUICK_CASES if quick else CASES):
             t0 = time.perf_counter()
             if shape not in made:
@@ -164,7 +208,8 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
             if path is None:
                 missing[f"{shape} {qtype}"] = "needs llama-quantize (`make llama`)"
                 continue
-            measure_file(rec, path, shape, qtype, threads, tools, quick)
+            measure_file(rec, path, shape, qtype, threads, tools, quick, sweep=not made_one)
+            made_one = True
             path.unlink()
             if progress:
                 print(f"{shape} {qtype}: {time.perf_counter() - t0:.0f} s", flush=True)

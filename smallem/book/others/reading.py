@@ -21,7 +21,8 @@ PP_TARGETS = {"vnni": 2.0, "avx2": 1.3}
 # scales (convert, the two scales' product, the FMA), all on the same vector pipes
 INT8_SHARE = 8 / 11
 # the values the page quotes for each file (its numbers are in the table)
-FIELDS = ("tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate", "pp_share")
+FIELDS = ("tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate", "pp_share",
+          "tg_prefetch", "dot_rate", "tg_rate", "mem_rate", "tg_none", "tg_full")
 
 
 def slug(shape: str, qtype: str) -> str:
@@ -45,7 +46,46 @@ def _missing(note: str) -> dict:
                                         "others.logits_tol": _logits_tol(),
                                         "others.prompt_int8": False, "others.int8_instruction": note,
                                         "others.int8_predicted": note,
-                                        "others.pp_target": f"{PP_TARGETS['vnni']:g}"}
+                                        "others.pp_target": f"{PP_TARGETS['vnni']:g}"} | _ahead(None)
+
+
+def _kib(n: int) -> str:
+    return "none" if n == 0 else f"{n / 1024:g} KiB"
+
+
+def _ahead(rec) -> dict:
+    """The prefetch distances timed on the first file (measuring.AHEADS) beside the
+    forward's own: a table, and the distance that ran fastest against the default."""
+    from smallem.generating.forward import prefetch_ahead
+
+    base = {"others.ahead": _kib(prefetch_ahead())}
+    runs = records.results(rec, "decode_ahead") if rec else []
+    if not runs:
+        figures.write_table("others_ahead", [], ["(nothing measured)"],
+                            "No prefetch distances in this record.")
+        return base | {"others.ahead_swept": False, "others.ahead_file": "none",
+                       "others.ahead_best": (records.not_measured(rec, "a record from before "
+                                                                  "the prefetch") if rec else
+                                             "not measured here (no record others.decode)"),
+                       "others.ahead_default_best": False}
+    shape, qtype = runs[0]["params"]["model"], runs[0]["params"]["type"]
+    mine = _one(rec, "decode", model=shape, type=qtype)
+    same = [r for r in runs if r["params"]["model"] == shape and r["params"]["type"] == qtype]
+    every = sorted(same + [mine], key=lambda r: r["params"]["ahead"])
+    wb = mine["params"]["weight_bytes"]
+    rows = [[_kib(r["params"]["ahead"]) + (" (the forward's)" if r is mine else ""),
+             f(r["value"]["median"]), f(r["value"]["median"] * wb / 1e9),
+             "—" if r is mine else compare.versus(r, mine)] for r in every]
+    figures.write_table(
+        "others_ahead", rows, ["prefetch distance", "decode (tokens/s)", "weights read (GB/s)",
+                               "against the forward's"],
+        f"{shape} {qtype}, the same decoder at each distance, timed in the same rounds "
+        f"(medians). {figures.machine_line(rec)}.")
+    best = max(every, key=lambda r: r["value"]["median"])
+    return base | {"others.ahead_swept": True, "others.ahead_file": f"{shape} {qtype}",
+                   "others.ahead_best": _kib(best["params"]["ahead"]),
+                   "others.ahead_default_best": best is mine
+                   or compare.difference(best, mine).sign <= 0}
 
 
 def _logits_tol() -> str:
@@ -104,6 +144,24 @@ def _one(rec, name, **params):
     return found[0] if found else None
 
 
+def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
+    """One file's decode rates: with its prefetch against without, the arithmetic alone
+    (dot_rate), the memory alone (``bw``, chapter 1's), the step, and what the two allow
+    done in turn and perfectly overlapped, in GB/s of weights."""
+    p = ours["params"]
+    bare = _one(rec, "decode_ahead", model=p["model"], type=p["type"], ahead=0)
+    dots = _one(rec, "dot_rate", model=p["model"], type=p["type"])
+    no = records.not_measured(rec, "a record from before the prefetch")
+    dot = dots["value"]["median"] if dots else None
+    both = dot is not None and bw is not None
+    return {key + "tg_prefetch": compare.versus(ours, bare) if bare else no,
+            key + "dot_rate": f(dot, "GB/s") if dots else no,
+            key + "tg_rate": f(ours["value"]["median"] * p["weight_bytes"] / 1e9, "GB/s"),
+            key + "mem_rate": f(bw, "GB/s") if bw is not None else "no chapter 1 record",
+            key + "tg_none": f(1 / (1 / dot + 1 / bw), "GB/s") if both else no,
+            key + "tg_full": f(min(dot, bw), "GB/s") if both else no}
+
+
 def report(rec_dir=None) -> dict:
     if not records.exists(RECORD, rec_dir):
         return _missing("not measured here (no record others.decode: run `smallem bench-others`)")
@@ -143,12 +201,14 @@ def report(rec_dir=None) -> dict:
             key + "tg_vs_bound": (bv.text(f"{100 * bv.ratio:.0f} % of the bound, target "
                                           f"{100 * BOUND_SHARE:.0f} %") if bv else "no chapter 1 record"),
             key + "pp_vs_llama": pv.text() if pv else no,
+
             key + "pp_bound": f(pp_bound, "tokens/s") if gm else "not measured in this record",
             key + "gemm_rate": (f(gm["value"]["max"], "Gop/s") + f" ({pre['params']['prompt_dtype']})"
                                 if gm else "not measured in this record"),
             key + "pp_share": (f"{100 * pre['value']['median'] / pp_bound:.0f} %" if gm
                                else "not measured in this record"),
         })
+        values.update(_rates(rec, key, ours, bw if facts else None))
         mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
                         for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
         rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level, f(bound),
@@ -178,6 +238,7 @@ def report(rec_dir=None) -> dict:
     values["others.int8_predicted"] = _int8_predicted(facts, th, int8_ins)
     values["others.rows"], values["others.rb"] = str(s["rows_per_call"]), _rb()
     values["others.logits_tol"] = _logits_tol()
+    values |= _ahead(rec)
     values["others.llama"] = (f"llama.cpp {ll['version']}" + (f" ({ll['flags_why']})" if ll.get("flags_why") else "")
                               if ll else s.get("missing", {}).get("llama.cpp", "not found"))
     return values
