@@ -91,10 +91,8 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
 
 # %%
 display(Markdown((figures.tables_dir() / "others_ahead.md").read_text()))
+display(Markdown((figures.tables_dir() / "others_rates.md").read_text()))
 print("the forward's distance:", values["others.ahead"], "| fastest here:",
       figures.plain(values["others.ahead_best"]))
 for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
-    print(k, "| with the prefetch:", figures.plain(values[f"others.{k}.tg_prefetch"]),
-          "| arithmetic", figures.plain(values[f"others.{k}.dot_rate"]),
-          "| memory", figures.plain(values[f"others.{k}.mem_rate"]),
-          "| step", figures.plain(values[f"others.{k}.tg_rate"]))
+    print(k, "| with the prefetch:", figures.plain(values[f"others.{k}.tg_prefetch"]))

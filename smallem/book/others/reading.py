@@ -22,7 +22,10 @@ PP_TARGETS = {"vnni": 2.0, "avx2": 1.3}
 INT8_SHARE = 8 / 11
 # the values the page quotes for each file (its numbers are in the table)
 FIELDS = ("tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate", "pp_share",
-          "tg_prefetch", "dot_rate", "tg_rate", "mem_rate", "tg_none", "tg_full")
+          "tg_prefetch")
+# the decode's rates (arithmetic, memory, in turn, overlapped, the step): a table for every
+# file, and values for the first file's, which the page works through
+RATES = ("dot_rate", "mem_rate", "tg_none", "tg_full", "tg_rate")
 
 
 def slug(shape: str, qtype: str) -> str:
@@ -35,13 +38,15 @@ STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
 
 
 def keys() -> list[str]:
-    return [f"others.{slug(s, t)}.{k}" for s, t in CASES for k in FIELDS]
+    return ([f"others.{slug(s, t)}.{k}" for s, t in CASES for k in FIELDS]
+            + [f"others.{slug(*CASES[0])}.{k}" for k in RATES])
 
 
 def _missing(note: str) -> dict:
     figures.write_table("others_speed", [], ["(nothing measured)"], note)
     figures.write_table("others_types", *types_table(None))
-    return {k: note for k in keys()} | {"others.instruction": note, "others.llama": note,
+    figures.write_table("others_rates", [], ["(nothing measured)"], note)
+    return {k: note for k in keys()} | {"others.prefetch_measured": False} | {"others.instruction": note, "others.llama": note,
                                         "others.rows": note, "others.rb": _rb(),
                                         "others.logits_tol": _logits_tol(),
                                         "others.prompt_int8": False, "others.int8_instruction": note,
@@ -144,6 +149,9 @@ def _one(rec, name, **params):
     return found[0] if found else None
 
 
+RATE_FIELDS = (*RATES, "tg_prefetch")
+
+
 def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
     """One file's decode rates: with its prefetch against without, the arithmetic alone
     (dot_rate), the memory alone (``bw``, chapter 1's), the step, and what the two allow
@@ -162,6 +170,19 @@ def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
             key + "tg_full": f(min(dot, bw), "GB/s") if both else no}
 
 
+def _rates_table(rec, rows: list, threads: int):
+    figures.write_table(
+        "others_rates", rows,
+        ["file", "arithmetic alone", "memory alone", "the two in turn", "the two overlapped",
+         "the step", "the step against no prefetch"],
+        "GB/s of weights a decode step reads. Arithmetic: each type's products over the first "
+        "rows of one of its matrices in L2, on one core, weighted by the type's bytes in the "
+        f"file, times {threads} cores. Memory: chapter 1's read-only stream at the level that "
+        "holds the weights. In turn: one over the sum of their inverses; overlapped: the "
+        f"lower. {figures.machine_line(rec)}.")
+    return bool(records.results(rec, "dot_rate"))
+
+
 def report(rec_dir=None) -> dict:
     if not records.exists(RECORD, rec_dir):
         return _missing("not measured here (no record others.decode: run `smallem bench-others`)")
@@ -171,7 +192,7 @@ def report(rec_dir=None) -> dict:
     th = s["threads"]
     int8_ins = s.get("int8_instruction", s["instruction"])
     pp_target = PP_TARGETS["vnni" if "VNNI" in int8_ins else "avx2"]
-    rows, values = [], {}
+    rows, values, rate_rows = [], {}, []
     weights = None
     for shape, qtype in CASES:
         key = f"others.{slug(shape, qtype)}."
@@ -201,14 +222,16 @@ def report(rec_dir=None) -> dict:
             key + "tg_vs_bound": (bv.text(f"{100 * bv.ratio:.0f} % of the bound, target "
                                           f"{100 * BOUND_SHARE:.0f} %") if bv else "no chapter 1 record"),
             key + "pp_vs_llama": pv.text() if pv else no,
-
             key + "pp_bound": f(pp_bound, "tokens/s") if gm else "not measured in this record",
             key + "gemm_rate": (f(gm["value"]["max"], "Gop/s") + f" ({pre['params']['prompt_dtype']})"
                                 if gm else "not measured in this record"),
             key + "pp_share": (f"{100 * pre['value']['median'] / pp_bound:.0f} %" if gm
                                else "not measured in this record"),
         })
-        values.update(_rates(rec, key, ours, bw if facts else None))
+        rates = _rates(rec, key, ours, bw if facts else None)
+        rate_rows.append([f"{shape} {qtype}"] + [rates[key + k] for k in RATE_FIELDS])
+        values.update({k: v for k, v in rates.items()
+                       if (shape, qtype) == CASES[0] or k == key + "tg_prefetch"})
         mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
                         for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
         rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level, f(bound),
@@ -229,16 +252,22 @@ def report(rec_dir=None) -> dict:
         f"two operations a weight a token. {figures.machine_line(rec)}."
         + figures.peer_notes(s.get("llama_cpp"), s.get("missing") or {}))
     figures.write_table("others_types", *types_table(facts, weights))
+    values["others.prefetch_measured"] = _rates_table(rec, rate_rows, th)
+    return values | _ahead(rec) | _settings(rec, facts, int8_ins, pp_target)
+
+
+def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
+    """The values that come from the record's settings rather than its files' rows."""
+    s = rec["settings"]
     ll = s.get("llama_cpp")
-    values["others.instruction"] = s["instruction"]
-    values["others.prompt_int8"] = any(r["params"].get("prompt_dtype") == "int8"
-                                       for r in records.results(rec, "prefill"))
-    values["others.int8_instruction"] = int8_ins
-    values["others.pp_target"] = f"{pp_target:g}"
-    values["others.int8_predicted"] = _int8_predicted(facts, th, int8_ins)
-    values["others.rows"], values["others.rb"] = str(s["rows_per_call"]), _rb()
-    values["others.logits_tol"] = _logits_tol()
-    values |= _ahead(rec)
-    values["others.llama"] = (f"llama.cpp {ll['version']}" + (f" ({ll['flags_why']})" if ll.get("flags_why") else "")
-                              if ll else s.get("missing", {}).get("llama.cpp", "not found"))
-    return values
+    return {
+        "others.instruction": s["instruction"],
+        "others.prompt_int8": any(r["params"].get("prompt_dtype") == "int8"
+                                  for r in records.results(rec, "prefill")),
+        "others.int8_instruction": int8_ins, "others.pp_target": f"{pp_target:g}",
+        "others.int8_predicted": _int8_predicted(facts, s["threads"], int8_ins),
+        "others.rows": str(s["rows_per_call"]), "others.rb": _rb(),
+        "others.logits_tol": _logits_tol(),
+        "others.llama": (f"llama.cpp {ll['version']}"
+                         + (f" ({ll['flags_why']})" if ll.get("flags_why") else "")
+                         if ll else s.get("missing", {}).get("llama.cpp", "not found"))}
