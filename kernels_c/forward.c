@@ -758,7 +758,12 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
         const long long p0 = total * t / nt, p1 = total * (t + 1) / nt;
         for (int i = 0; i < count; i++) {
             const int j0 = at_rows(ws[i], start[i], p0), j1 = at_rows(ws[i], start[i], p1);
-            if (j1 > j0) rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1, m->ahead);
+            if (j1 <= j0) continue;
+            if (m->products_off) /* the probe of the rest of a step: the same regions, no weight read */
+                for (int r = 0; r < rows; r++)
+                    memset(ys[i] + (size_t)r * ws[i]->N + j0, 0, sizeof(float) * (size_t)(j1 - j0));
+            else
+                rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1, m->ahead);
         }
     }
 }

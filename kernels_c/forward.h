@@ -34,6 +34,7 @@ typedef struct {
     long long work_floats;
     long long par_min_bytes;
     long long ahead; /* bytes a decode step's weight rows are prefetched ahead (blocks.c) */
+    int products_off; /* a probe: GGUF products write zeros and read no weight (appendix B) */
 } sm_model;
 int sm_rows(void);
 int sm_block_rows(void);

@@ -264,6 +264,24 @@ def test_the_forward_refuses_what_does_not_fit(tmp_path):
         fw.forward([1])
 
 
+def test_the_rest_of_a_step_reads_no_weight(tmp_path):
+    """The appendix's probe of a step without its products (products=False): every product
+    below the GEMM branch writes zeros, so the logits are zeros, the cache still advances;
+    the same file's decoder with its products and with any prefetch distance gives the same
+    logits, bit for bit."""
+    src = gguf_models.write(tmp_path / "m.gguf", "llama", None, d=64, hidden=96)
+    mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", "Q8_0"))
+    ids = [3, 1, 4, 1, 5]
+    rest = Forward.from_gguf(mf, threads=2, par_min_bytes=0, products=False)
+    out = rest.forward(ids, all_logits=True, path="c")
+    assert rest.pos == len(ids) and not out.any()
+    logits = [Forward.from_gguf(mf, threads=2, par_min_bytes=0, ahead=a).forward(ids, path="c")
+              for a in (None, 0, 128)]
+    assert logits[0].any() and all(np.array_equal(x, logits[0]) for x in logits[1:])
+    with pytest.raises(ValueError, match="ahead"):
+        Forward.from_gguf(mf, ahead=-4096)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])
 @pytest.mark.parametrize("arch", list(gguf_file.ARCHS))
 def test_the_prompt_through_the_gemm_continues_as_the_c_path(tmp_path, level, arch, dtype):

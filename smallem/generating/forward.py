@@ -132,7 +132,10 @@ class Forward:
     (None: ``threads``), so a decoder whose tokens run on one core can still take its prompt
     through chapter 2's GEMM on every core, as chapter 4's rungs 1 to 4 do; ``ahead`` the
     bytes ahead of its reading that a GGUF matrix's product prefetches (None:
-    :func:`prefetch_ahead`, kernels_c/forward/blocks.c's PREFETCH_AHEAD; 0: none)."""
+    :func:`prefetch_ahead`, kernels_c/forward/blocks.c's PREFETCH_AHEAD; 0: none);
+    ``products`` False, a probe: every GGUF product of a call below the GEMM branch writes
+    zeros instead of reading its weights, so that a decode step times everything else (the
+    same parallel regions, the norms, the attention, the roundings of the activations)."""
 
     # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
     # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
@@ -142,7 +145,7 @@ class Forward:
 
     def __init__(self, spec: Spec, threads=None, pool: bool = True, par_min_bytes=None,
                  level=None, gemm_rows=None, prompt_dtype=None, prompt_threads=None,
-                 ahead=None):
+                 ahead=None, products: bool = True):
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("rope", ROPES), ("cache", CACHES)):
             if getattr(spec, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(spec, name)!r}")
@@ -235,6 +238,7 @@ class Forward:
         m.par_min_bytes = 0
         self.ahead = m.ahead = (prefetch_ahead() if ahead is None
                                 else checks.nonnegative_int(ahead, "ahead"))
+        m.products_off = int(not products)
         self.par_min_bytes = (int(par_min_bytes) if par_min_bytes is not None
                               else self._par_min_bytes())
         m.par_min_bytes = self.par_min_bytes

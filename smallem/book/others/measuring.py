@@ -53,7 +53,8 @@ def _add(rec, name, t: Timing, tokens: int, **params):
 def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, quick: bool,
                  sweep: bool = False):
     """One file's decode and prompt, ours and llama.cpp's, in the same rounds; with them our
-    decode without its prefetch (and, where ``sweep``, at each of :data:`AHEADS`)."""
+    decode without its prefetch (and, where ``sweep``, at each of :data:`AHEADS`), and the
+    rest of its step (every product writing zeros instead of reading its weights)."""
     mf = gguf_file.open_model(path)
     feed, pp = (8, 64) if quick else (FEED, PP)
     prompt_ids, feed_ids, pp_ids = _tokens(PROMPT, 1), _tokens(feed, 2), _tokens(pp, 3)
@@ -61,6 +62,9 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     aheads = [a for a in (AHEADS if sweep else (0,)) if a != fw.ahead]
     other = {a: Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, ahead=a,
                                   par_min_bytes=fw.par_min_bytes) for a in aheads}
+    # the rest of a step: the same decoder with every product writing zeros, reading nothing
+    rest = Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, products=False,
+                             par_min_bytes=fw.par_min_bytes)
 
     def decode_case(f):
         def setup():
@@ -75,7 +79,7 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     def prefill():
         fw.forward(pp_ids)
 
-    cases = {"tg": decode_case(fw), "pp": (fw.reset, prefill),
+    cases = {"tg": decode_case(fw), "pp": (fw.reset, prefill), "tg_rest": decode_case(rest),
              **{f"tg_ahead_{a}": decode_case(f) for a, f in other.items()}}
     peer = {"tg": llama.Rates(), "pp": llama.Rates()}
     if tools:
@@ -99,6 +103,7 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     _add(rec, "decode", ts["tg"], feed, **params, par_min_bytes=fw.par_min_bytes, ahead=fw.ahead)
     for a in other:
         _add(rec, "decode_ahead", ts[f"tg_ahead_{a}"], feed, **params, ahead=a)
+    _add(rec, "decode_rest", ts["tg_rest"], feed, **params)
     rec.add("dot_rate", "GB/s", dot_rate(mf, threads, 5 if quick else 40), **params)
     _add(rec, "prefill", ts["pp"], pp, **params, prompt_dtype=fw.prompt_dtype,
          products_per_token=mf.products_per_token)

@@ -22,10 +22,10 @@ PP_TARGETS = {"vnni": 2.0, "avx2": 1.3}
 INT8_SHARE = 8 / 11
 # the values the page quotes for each file (its numbers are in the table)
 FIELDS = ("tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate", "pp_share",
-          "tg_prefetch")
+          "tg_prefetch", "tg_rest")
 # the decode's rates (arithmetic, memory, in turn, overlapped, the step): a table for every
 # file, and values for the first file's, which the page works through
-RATES = ("dot_rate", "mem_rate", "tg_none", "tg_full", "tg_rate")
+RATES = ("dot_rate", "mem_rate", "tg_none", "tg_full", "tg_rate", "tg_products")
 
 
 def slug(shape: str, qtype: str) -> str:
@@ -149,7 +149,7 @@ def _one(rec, name, **params):
     return found[0] if found else None
 
 
-RATE_FIELDS = (*RATES, "tg_prefetch")
+RATE_FIELDS = (*RATES, "tg_rest", "tg_prefetch")
 
 
 def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
@@ -158,6 +158,8 @@ def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
     done in turn and perfectly overlapped, in GB/s of weights."""
     p = ours["params"]
     bare = _one(rec, "decode_ahead", model=p["model"], type=p["type"], ahead=0)
+    rest = _one(rec, "decode_rest", model=p["model"], type=p["type"])
+    step_s, rest_s = (1 / r["value"]["median"] if r else None for r in (ours, rest))
     dots = _one(rec, "dot_rate", model=p["model"], type=p["type"])
     no = records.not_measured(rec, "a record from before the prefetch")
     dot = dots["value"]["median"] if dots else None
@@ -167,19 +169,25 @@ def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
             key + "tg_rate": f(ours["value"]["median"] * p["weight_bytes"] / 1e9, "GB/s"),
             key + "mem_rate": f(bw, "GB/s") if bw is not None else "no chapter 1 record",
             key + "tg_none": f(1 / (1 / dot + 1 / bw), "GB/s") if both else no,
-            key + "tg_full": f(min(dot, bw), "GB/s") if both else no}
+            key + "tg_full": f(min(dot, bw), "GB/s") if both else no,
+            key + "tg_rest": (f"{1e3 * rest_s:.2f} ms a token, {100 * rest_s / step_s:.0f} % of "
+                              "the step" if rest else no),
+            key + "tg_products": (f(p["weight_bytes"] / (step_s - rest_s) / 1e9, "GB/s")
+                                  if rest and step_s > rest_s else no)}
 
 
 def _rates_table(rec, rows: list, threads: int):
     figures.write_table(
         "others_rates", rows,
         ["file", "arithmetic alone", "memory alone", "the two in turn", "the two overlapped",
-         "the step", "the step against no prefetch"],
+         "the step", "its products (the step less the rest)", "the rest",
+         "the step against no prefetch"],
         "GB/s of weights a decode step reads. Arithmetic: each type's products over the first "
         "rows of one of its matrices in L2, on one core, weighted by the type's bytes in the "
         f"file, times {threads} cores. Memory: chapter 1's read-only stream at the level that "
         "holds the weights. In turn: one over the sum of their inverses; overlapped: the "
-        f"lower. {figures.machine_line(rec)}.")
+        "lower. The rest: the same step with every product writing zeros instead of reading "
+        f"its weights, timed in the same rounds. {figures.machine_line(rec)}.")
     return bool(records.results(rec, "dot_rate"))
 
 
@@ -231,7 +239,7 @@ def report(rec_dir=None) -> dict:
         rates = _rates(rec, key, ours, bw if facts else None)
         rate_rows.append([f"{shape} {qtype}"] + [rates[key + k] for k in RATE_FIELDS])
         values.update({k: v for k, v in rates.items()
-                       if (shape, qtype) == CASES[0] or k == key + "tg_prefetch"})
+                       if (shape, qtype) == CASES[0] or k in (key + "tg_prefetch", key + "tg_rest")})
         mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
                         for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
         rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level, f(bound),
