@@ -30,31 +30,29 @@
  * token is the weight bytes divided by the bandwidth of whatever level of the memory holds
  * them. Two things follow, and the tiles are built on them:
  *
- * once and used for two operations (a multiply and an add), so the time per token is the
- * weight bytes divided by the bandwidth of whatever level of the memory holds them. Two
- * things follow, and this file is built on them:
- *
  * - The weights are repacked once into the order the product reads them: tiles of
  *   TILE = 16 output columns, each tile's K rows one after another. One tile row is one
  *   64-byte line (16 f32, or for int8 16 outputs x 4 inputs), so the product streams
- *   every matrix front to back with one vector load per line.
+ *   every matrix front to back with one vector load per line, and no output ends in a
+ *   horizontal reduction: a vector holds 16 outputs, not 16 terms of one.
  * - Fewer bytes per weight is the only lever left once the stream runs at the level's
  *   bandwidth: int8 weights (kind 1) read a quarter of f32's bytes. A weight column is
  *   cut into blocks of QBLOCK = 32 along K, each with its own scale s (an f16, as in
  *   llama.cpp's Q8_0, so the same bytes can be exported): w = s q, q in [-127, 127].
- *   The activation row is quantised once per matrix with one scale a: x = a p.
- *   Then y_j = a sum_b s_jb sum_{k in b} p_k q_kj, the inner sums exact in int32.
+ *   The activation row is quantised per block of 32 as ggml's Q8_0 (sm_quantize_rows):
+ *   x = a_b p in block b. Then y_j = sum_b s_jb a_b sum_{k in b} p_k q_kj, the inner sums
+ *   exact in int32, each scaled and added in float as llama.cpp's Q8_0 dot does.
  *
  * The inner sum is vpdpbusd on AVX512-VNNI: four u8 x s8 products added into each of 16
  * int32 lanes, one instruction per 64 weights. It wants the activations unsigned, so
  * they go in as p + 128 (p xor 0x80), which adds 128 sum_{k in b} q_kj to each block's
- * sum: the correction corr_j = sum_b s_jb sum_{k in b} q_kj is computed when the weights
- * are packed, and y_j = a (sum_b s_jb acc_jb - 128 corr_j). On AVX2 there is no VNNI;
- * vpmaddubsw multiplies u8 by s8 into pairs of int16 that would overflow with p + 128,
- * so it takes |p| and moves p's sign onto q (vpsignb), and needs no correction. Where the
- * CPU has AVX-VNNI (vpdpbusd on ymm, VEX: Alder Lake and later, Zen 5) the AVX2 level takes
- * vpdpbusd with the same +128 and correction, on two ymm halves of each line. Plain C
- * does the same sums with ints.
+ * sum; one more vpdpbusd per line, of ones against the weights, counts that sum (once for
+ * every row of a prompt), and it is taken out of the block's int32 sum before the scaling.
+ * On AVX2 there is no VNNI; vpmaddubsw multiplies u8 by s8 into pairs of int16 that would
+ * overflow with p + 128, so it takes |q| and moves q's sign onto p (vpsignb), and needs no
+ * correction. Where the CPU has AVX-VNNI (vpdpbusd on ymm, VEX: Alder Lake and later, Zen
+ * 5) the AVX2 level takes vpdpbusd with the same +128 and count, on two ymm halves of each
+ * line. Plain C does the same sums with ints.
  *
  * Layouts (N16 = N rounded up to 16, K32 = K rounded up to 32, zero-padded). A line is
  * one tile's 64 bytes for one k (f32) or one group of four k (int8). The tiles go in groups
@@ -64,8 +62,10 @@
  *   f32:  f[group][K][n_g][16]
  *   int8: q[group][K32/4][n_g][16][4]  (four consecutive k per output, as vpdpbusd wants)
  *         s[group][K32/32][n_g][16]    (f16 scale per output and block)
- *         corr[N16]
- * Threads split a product's tiles (static schedule: a thread reads the same slice of
+ * Threads split a product's tiles (static schedule: a thread reads the same slice of each
+ * matrix at every token). A GGUF Q8_0 matrix has the same int8 values and f16 scales as
+ * this int8 form, so it is repacked once into these tiles too (blocks.c, sm_g_tile_q8_0),
+ * and its products below the GEMM branch stream the tiles instead of the file's rows.
  *
  * Others' blocks.
  *
@@ -99,8 +99,9 @@
  * (blk_q8_0x2, with each lane's scale as a float and each block's sum); with VNNI, Q8_0's
  * weights go in flipped to w + 128 and the sum starts from -128 times the block's sum of the
  * activation. The K-quants' 256-weight blocks stay on ymm at every level (their scales change
- * every 16 or 32 weights). Plain C does the same sums with ints. Every product prefetches
- * its rows a page ahead (blocks.c, PREFETCH_AHEAD).
+ * every 16 or 32 weights). Plain C does the same sums with ints. Every product on the rows
+ * prefetches them a page ahead (blocks.c, PREFETCH_AHEAD); a Q8_0 matrix's decode reads its
+ * tiles instead (above), one stream a group that the hardware prefetchers follow.
  *
  * Threads split a product's rows (static: a thread reads the same slice of each matrix at
  * every token); a matrix smaller than par_min_bytes stays on one core. A prompt of n rows
@@ -138,26 +139,29 @@ enum { CACHE_TILES = 0, CACHE_F16 = 1 };                           /* sm_model.c
  * it). Returns -1 where the scratch cannot be had. */
 double sm_time_product(const sm_mat *w, int reps)
 {
-    const int K = w->K, K32 = PAD(K, QBLOCK);
-    const long long act = w->kind == KIND_BLOCKS ? sm_g_act_bytes(w->type, K) : K32;
-    float *x = malloc(sizeof(float) * ((size_t)K + (size_t)w->N + 16));
+    const int K = w->K, K32 = PAD(K, QBLOCK), tiled = w->kind == KIND_INT8 || w->q;
+    const long long act = tiled ? K32 : sm_g_act_bytes(w->type, K);
+    float *x = malloc(sizeof(float) * ((size_t)K + (size_t)w->N + (size_t)(K32 / QBLOCK) + 16));
     uint8_t *a = malloc((size_t)act + 64);
     if (!x || !a) {
         free(x), free(a);
         return -1.0;
     }
-    float *y = x + K, xs = 0.0f;
+    float *y = x + K, *xs = y + w->N;
     for (int k = 0; k < K; k++) x[k] = 1.0f;
     double best = 1e30;
     for (int i = 0; i < reps; i++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        if (w->kind == KIND_BLOCKS) {
+        if (tiled) {
+            sm_quantize_rows(x, 1, K, (int8_t *)a, xs);
+            if (w->kind == KIND_BLOCKS) tiles_span(w, (int8_t *)a, xs, 1, y, 0, w->N);
+            else sm_matmul(w, x, (int8_t *)a, xs, y, 1, 0, 1);
+        } else if (w->kind == KIND_BLOCKS) {
             sm_g_quantize(w->type, x, K, a);
             block_product(w, a, act, 1, y, 1, PREFETCH_AHEAD);
         } else {
-            if (w->kind == KIND_INT8) sm_quantize_rows(x, 1, K, (int8_t *)a, &xs);
-            sm_matmul(w, x, (int8_t *)a, &xs, y, 1, 0, 1);
+            sm_matmul(w, x, NULL, NULL, y, 1, 0, 1);
         }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         const double t = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
@@ -641,7 +645,7 @@ static long long carve(const sm_model *m, work_t *w)
     TAKE(u, float, (long long)R * 2 * hid);
     TAKE(g, float, (long long)R * hid);
     TAKE(scores, float, m->cache == CACHE_TILES ? (long long)R * m->n_head * PAD(m->context, 16) : 0);
-    TAKE(xs, float, R);
+    TAKE(xs, float, (long long)R * (PAD(kmax, QBLOCK) / QBLOCK)); /* int8 rows' block scales */
     /* the rounded inputs: up to three at once (q, k, v), at most 8 bytes a weight (the
      * paired Q8_0 takes 6), or int8 tiles' byte a weight */
     TAKE(act, uint8_t, ((long long)R * 24 * PAD(kmax, 256) + 768) / 4);
@@ -730,7 +734,10 @@ static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int 
  * Together they stay on one core below par_min_bytes. */
 static int at_rows(const sm_mat *w, long long start, long long P)
 {
-    const long long r = P <= start ? 0 : ((P - start) / w->row_bytes + 8) / 16 * 16;
+    const long long u = w->q ? TILE * TILE_RUN : 16; /* a tiled matrix in whole runs of tiles */
+    if (P >= start + (long long)w->N * w->row_bytes) return w->N; /* past its end: all of it,
+                                                                    * however few rows it has */
+    const long long r = P <= start ? 0 : ((P - start) / w->row_bytes + u / 2) / u * u;
     return r < w->N ? (int)r : w->N;
 }
 
@@ -738,18 +745,27 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
                            int count, const float *x, int rows, work_t *wk, int nthreads)
 {
     const uint8_t *act[3];
+    const float *xs[3] = {NULL, NULL, NULL};
     long long ab[3], start[4] = {0};
     uint8_t *a = wk->act;
     for (int i = 0; i < count; i++) {
-        ab[i] = sm_g_act_bytes(ws[i]->type, ws[i]->K);
+        const int tiled = ws[i]->q != NULL, K32 = PAD(ws[i]->K, QBLOCK);
+        ab[i] = tiled ? K32 : sm_g_act_bytes(ws[i]->type, ws[i]->K);
         start[i + 1] = start[i] + (long long)ws[i]->N * ws[i]->row_bytes;
-        if (i > 0 && sm_g_act_type(ws[i]->type) == sm_g_act_type(ws[i - 1]->type)) {
-            act[i] = act[i - 1]; /* the same rounding of the same input: made once */
+        if (i > 0 && tiled == (ws[i - 1]->q != NULL) && ws[i]->K == ws[i - 1]->K &&
+            (tiled || sm_g_act_type(ws[i]->type) == sm_g_act_type(ws[i - 1]->type))) {
+            act[i] = act[i - 1], xs[i] = xs[i - 1]; /* the same rounding of the same input: made once */
             continue;
         }
-        quantize_rows(ws[i]->type, x, rows, ws[i]->K, a);
         act[i] = a;
-        a += (rows * ab[i] + 63) / 64 * 64;
+        if (tiled) { /* int8 per block of 32, the scales after the values */
+            xs[i] = (const float *)(const void *)(a + ((long long)rows * K32 + 63) / 64 * 64);
+            sm_quantize_rows(x, rows, ws[i]->K, (int8_t *)a, (float *)xs[i]);
+            a += ((long long)rows * K32 + 63) / 64 * 64 + ((long long)rows * (K32 / QBLOCK) * 4 + 63) / 64 * 64;
+        } else {
+            quantize_rows(ws[i]->type, x, rows, ws[i]->K, a);
+            a += (rows * ab[i] + 63) / 64 * 64;
+        }
     }
     const long long total = start[count];
     const int nt = team(m, total, nthreads);
@@ -762,6 +778,8 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
             if (m->products_off) /* the probe of the rest of a step: the same regions, no weight read */
                 for (int r = 0; r < rows; r++)
                     memset(ys[i] + (size_t)r * ws[i]->N + j0, 0, sizeof(float) * (size_t)(j1 - j0));
+            else if (ws[i]->q)
+                tiles_span(ws[i], (const int8_t *)act[i], xs[i], rows, ys[i], j0, j1);
             else
                 rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1, m->ahead);
         }

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import gguf_models
-from smallem.generating import gguf_file, gguf_model, gguf_run
+from smallem.generating import gguf_file, gguf_model, gguf_run, quant
 from smallem.cpu import isa
-from smallem.generating.forward import Forward
+from smallem.generating.forward import Forward, Tiled
 from smallem.checks import assert_close
 from smallem.generating.gguf_file import TYPES, Tensor
 
@@ -135,6 +135,9 @@ def test_every_int8_path(lvl, without, monkeypatch, rng):
         a = np.stack([gguf_run.quantize(qtype, r)[1] for r in x])
         assert_product(gguf_run.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
                        f"{qtype} {lvl} without {without or 'nothing'}")
+        if qtype == "Q8_0":  # the decode layout in tiles on the same path
+            assert_product(gguf_run.matmul(t, x, threads=2, tiles=True), a,
+                           t.dequantize().astype(np.float64), f"tiles {lvl}")
         if qtype in gguf_run.INT8_TYPES:  # the prompt's integer GEMM on the same path
             a8 = np.stack([gguf_run.quantize("Q8_0", r)[1] for r in x])
             assert_product(gguf_run.int8_matmul(t, x, threads=2), a8,
@@ -155,6 +158,30 @@ def test_every_block_count_and_prefetch_distance(qtype, level, rng):
         for ahead, threads in ((0, 1), (64, 2), (4096, 2), (1 << 20, 1)):
             got = gguf_run.matmul(t, x, threads=threads, level=level, ahead=ahead)
             assert np.array_equal(got, y), (qtype, K, ahead, threads)
+
+
+def test_q8_0_tiles_against_float64(level, rng):
+    """A Q8_0 matrix repacked into chapter 4's tiles (sm_g_tile_q8_0) and multiplied there:
+    the rounded activations by the file's values, in float64, at block counts that leave
+    every tail, outputs short of a tile, past one and past a thread's run of tiles, one row
+    and several, one thread and two; an all-zero block of activations (scale 0) included."""
+    for K in (32, 64, 96, 288, 896):
+        for rows, N in ((1, 1), (1, 17), (2, 33), (5, 40), (1, 300), (3, 129)):
+            t = random_tensor("Q8_0", N, K, rng)
+            x = rng.normal(0, 1, (rows, K)).astype(np.float32)
+            x[0, :32] = 0
+            a = np.stack([gguf_run.quantize("Q8_0", r, level)[1] for r in x])
+            w = t.dequantize().astype(np.float64)
+            for threads in (1, 2):
+                y = gguf_run.matmul(t, x, threads=threads, level=level, tiles=True)
+                assert_product(y, a, w, f"tiles {rows}x{K}x{N} threads={threads} {level}")
+
+
+def test_only_q8_0_has_tiles(rng):
+    for qtype in ("Q4_0", "Q4_K", "F32"):
+        t = random_tensor(qtype, 4, 256, rng)
+        with pytest.raises(ValueError, match="only a Q8_0"):
+            gguf_run.matmul(t, np.zeros((1, 256), np.float32), tiles=True)
 
 
 def test_a_bad_prefetch_distance_is_one_clear_error(rng):
@@ -280,6 +307,31 @@ def test_the_rest_of_a_step_reads_no_weight(tmp_path):
     assert logits[0].any() and all(np.array_equal(x, logits[0]) for x in logits[1:])
     with pytest.raises(ValueError, match="ahead"):
         Forward.from_gguf(mf, ahead=-4096)
+
+
+def test_a_q8_0_file_decodes_through_its_tiles(tmp_path, level):
+    """Forward repacks each Q8_0 matrix (not the embedding) into tiles once a Spec and decodes
+    through them: the tiles hold the file's integers and scales, and the logits of a prompt
+    and of the steps after it equal those of the same decoder on the file's rows up to the
+    order of float32 sums (the integers and their scales are the same)."""
+    src = gguf_models.write(tmp_path / "m.gguf", "llama", None, d=64, hidden=96)
+    mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", "Q8_0"))
+    tiles = Forward.from_gguf(mf, threads=2, par_min_bytes=0)
+    rows = Forward.from_gguf(mf, threads=2, par_min_bytes=0, repack=False)
+    kept = [w for w in tiles._keep if isinstance(w, Tiled)]
+    assert kept and not any(isinstance(w, Tiled) for w in rows._keep)
+    assert all(w.blocks.t.name != "token_embd.weight" for w in kept)
+    for w in kept:  # the layout chapter 4's packer writes, from the file's blocks
+        blocks = w.blocks.data.reshape(w.N, -1, 34)
+        q = blocks[:, :, 2:].copy().view(np.int8).reshape(w.N, w.K).T
+        d = blocks[:, :, :2].copy().view(np.float16)[..., 0].T
+        wq, ws = quant.pack_q8(q, d)
+        assert np.array_equal(w.q, wq) and np.array_equal(w.s, ws), w.blocks.t.name
+    ids = [3, 1, 4, 1, 5, 9, 2]
+    for a, b in ((tiles.forward(ids, all_logits=True, path="c"),
+                  rows.forward(ids, all_logits=True, path="c")),
+                 (tiles.forward([6]), rows.forward([6]))):
+        assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "int8"])

@@ -243,9 +243,9 @@ def test_decoder_product(level, rows, K, N, kind, accumulate, threads, pool, see
     wd = pk.dequantized()
     if kind == "int8":
         xq, xs = decode.quantize_rows(x)
-        xin = xq[:, :K].astype(np.float64) * xs[:, None]
-        # the terms the f32 sums add: per 32-row block, scale x (|q| + 128 for the VNNI shift)
-        mag = (np.abs(xq[:, :K]) + 128.0) * xs[:, None] @ np.abs(wd)
+        xin = decode.dequantize_rows(xq, xs, K)
+        # the terms the f32 sums add: per 32-row block, its scale x |q| (the integer sums exact)
+        mag = decode.dequantize_rows(np.abs(xq.astype(np.int32)), xs, K) @ np.abs(wd)
         allowed = 4 * (K // QBLOCK + 8) * U32 * mag
     else:
         xin = x.astype(np.float64)
@@ -262,11 +262,16 @@ def test_quantize_rows(rows, K, seed, zero_row):
     if zero_row:
         x[0] = 0
     p, a = decode.quantize_rows(x)
-    assert p.shape == (rows, -(-K // QBLOCK) * QBLOCK) and (p[:, K:] == 0).all()
-    np.testing.assert_allclose(a, np.abs(x).max(1) / 127, rtol=4 * U32)
+    K32 = -(-K // QBLOCK) * QBLOCK
+    assert p.shape == (rows, K32) and a.shape == (rows, K32 // QBLOCK) and (p[:, K:] == 0).all()
+    xp = np.zeros((rows, K32), np.float32)
+    xp[:, :K] = x
+    amax = np.abs(xp).reshape(rows, -1, QBLOCK).max(axis=2)
+    np.testing.assert_array_equal(a, (amax / np.float32(127)).astype(np.float16).astype(np.float32))
     assert np.abs(p).max(initial=0) <= 127
-    err = np.abs(p[:, :K] * a[:, None].astype(np.float64) - x)
-    assert (err <= 0.5 * a[:, None] * (1 + 1e-5) + 1e-30).all()
+    err = np.abs(decode.dequantize_rows(p, a, K) - x)
+    step = np.repeat(a.astype(np.float64), QBLOCK, axis=1)[:, :K]
+    assert (err <= (0.5 + 127 * 2.0**-11) * step * (1 + 1e-6) + 1e-30).all()
 
 
 # ---------------------------------------------------------------- the sampler

@@ -109,41 +109,10 @@ static void pair_q8_0(const blk_q8_0 *q, int nb, blk_q8_0x2 *o)
     }
 }
 
-/* One row of K floats as ggml's Q8_0 blocks (K a multiple of 32). */
+/* One row of K floats as ggml's Q8_0 blocks (K a multiple of 32): tiles.c's q8_0_of. */
 static void quantize_q8_0(const float *x, int K, blk_q8_0 *b)
 {
-    for (int i = 0; i < K / 32; i++, x += 32) {
-#if defined(SM_AVX2)
-        /* the same arithmetic in vectors: |x| max, x id rounded to nearest even by the
-         * conversion (the default rounding mode, as nearbyintf), packed to bytes (values
-         * within +-127, so the saturating packs are exact; the permute undoes their
-         * 128-bit lane order) */
-        const __m256 sign = _mm256_set1_ps(-0.0f);
-        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8),
-                     v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
-        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                       _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h);
-        b[i].d = f2h(amax / 127.0f);
-        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-        const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, id)),
-                                               _mm256_cvtps_epi32(_mm256_mul_ps(v1, id)));
-        const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, id)),
-                                               _mm256_cvtps_epi32(_mm256_mul_ps(v3, id)));
-        const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23),
-                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)b[i].qs, q);
-#else
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        b[i].d = f2h(amax / 127.0f);
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        for (int j = 0; j < 32; j++) b[i].qs[j] = (int8_t)nearest_even(x[j] * id);
-#endif
-    }
+    for (int i = 0; i < K / 32; i++, x += 32) q8_0_of(x, b[i].qs, &b[i].d);
 }
 
 /* --8<-- [start:quantize] */
@@ -934,6 +903,54 @@ static void rows_span(const sm_mat *w, const uint8_t *act, long long ab, int row
     }
 }
 
+/* --8<-- [start:tile_q8_0] */
+/* A Q8_0 matrix's decode layout: its rows repacked once into chapter 4's int8 tiles (tiles.c,
+ * forward.c's opening comment), the same int8 values and f16 scales in the order the tile
+ * product streams them: 16 rows side by side, four values of each in a 4-byte group, so one
+ * 64-byte line meets one broadcast of four activations and no row ends in a reduction. q
+ * holds N16 K bytes and s N16 K / 32 halves, both zeroed by the caller (the padding rows stay
+ * zero). Returns 0, or -1 for a matrix that is not Q8_0 of a K a multiple of 32. */
+int sm_g_tile_q8_0(const sm_mat *w, int8_t *q, uint16_t *s)
+{
+    if (w->kind != KIND_BLOCKS || w->type != T_Q8_0 || w->K % QBLOCK) return -1;
+    const int nb = w->K / QBLOCK, tiles = PAD(w->N, TILE) / TILE;
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        size_t base, ls, sbase, ss;
+        lines_of(t, tiles, (size_t)w->K / 4, &base, &ls);
+        lines_of(t, tiles, (size_t)nb, &sbase, &ss);
+        for (int l = 0; l < TILE && t * TILE + l < w->N; l++) {
+            const blk_q8_0 *row = (const blk_q8_0 *)(w->w + (size_t)(t * TILE + l) * (size_t)w->row_bytes);
+            for (int b = 0; b < nb; b++) {
+                s[(sbase + (size_t)b * ss) * TILE + l] = row[b].d;
+                for (int g = 0; g < QBLOCK / 4; g++)
+                    memcpy(q + (base + ((size_t)b * (QBLOCK / 4) + g) * ls) * 64 + 4 * l,
+                           row[b].qs + 4 * g, 4);
+            }
+        }
+    }
+    return 0;
+}
+/* --8<-- [end:tile_q8_0] */
+
+/* y (rows, N) = the int8 rows (xq, their block scales xs: sm_quantize_rows) by w's tiles,
+ * for its rows j0..j1 (j0 a multiple of 16 TILE_RUN: whole runs of tiles inside a group),
+ * tile-major: one decode row takes DNT tiles at a time, a prompt's rows four at a time
+ * against two tiles (tiles.c's run_block). */
+#define TILE_RUN DNT
+static void tiles_span(const sm_mat *w, const int8_t *xq, const float *xs, int rows, float *y,
+                       int j0, int j1)
+{
+    const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK, G = rows == 1 ? DNT : 2;
+    const int t1 = (j1 + TILE - 1) / TILE;
+    for (int t = j0 / TILE; t < t1; t += G) {
+        const int nt = t1 - t < G ? t1 - t : G;
+        for (int r0 = 0; r0 < rows; r0 += MAXRB)
+            run_block(w, t, nt, rows - r0 < MAXRB ? rows - r0 : MAXRB, NULL,
+                      xq + (size_t)r0 * K32, xs + (size_t)r0 * nb, y + (size_t)r0 * w->N, 0);
+    }
+}
+
 static void block_product(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
                           int nthreads, long long ahead)
 {
@@ -967,13 +984,28 @@ static void matmul_with(const sm_mat *w, const float *x, int rows, float *y, uin
     block_product(w, act, sm_g_act_bytes(w->type, w->K), rows, y, nthreads, ahead);
 }
 
-/* the product on its own, prefetching `ahead` bytes further on (-1: PREFETCH_AHEAD) */
+/* the product on its own, prefetching `ahead` bytes further on (-1: PREFETCH_AHEAD); a
+ * matrix with tiles (sm_g_tile_q8_0) takes them, in runs of TILE_RUN tiles a thread */
 void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads, long long ahead)
 {
-    const size_t bytes = (size_t)rows * (size_t)sm_g_act_bytes(w->type, w->K) + 64;
+    const int K32 = PAD(w->K, QBLOCK);
+    const size_t bytes = w->q ? (size_t)rows * ((size_t)K32 + sizeof(float) * (size_t)(K32 / QBLOCK)) + 64
+                              : (size_t)rows * (size_t)sm_g_act_bytes(w->type, w->K) + 64;
     uint8_t *act = malloc(bytes);
     if (!act) return;
-    matmul_with(w, x, rows, y, act, nthreads, ahead < 0 ? PREFETCH_AHEAD : ahead);
+    if (w->q) {
+        float *xs = (float *)(void *)(act + ((size_t)rows * K32 + 63) / 64 * 64);
+        sm_quantize_rows(x, rows, w->K, (int8_t *)act, xs);
+        const int runs = (w->N + TILE * TILE_RUN - 1) / (TILE * TILE_RUN);
+        const int nt = nthreads < runs ? nthreads : runs;
+        #pragma omp parallel for schedule(static) num_threads(nt > 0 ? nt : 1)
+        for (int t = 0; t < nt; t++) {
+            const int c0 = (int)((long long)runs * t / nt), c1 = (int)((long long)runs * (t + 1) / nt);
+            const int j1 = TILE * TILE_RUN * c1 < w->N ? TILE * TILE_RUN * c1 : w->N;
+            tiles_span(w, (int8_t *)act, xs, rows, y, TILE * TILE_RUN * c0, j1);
+        }
+    } else {
+        matmul_with(w, x, rows, y, act, nthreads, ahead < 0 ? PREFETCH_AHEAD : ahead);
+    }
     free(act);
 }
-

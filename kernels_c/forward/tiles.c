@@ -33,28 +33,62 @@ const char *sm_int8_instruction(void)
 int sm_tile(void) { return TILE; }
 
 /* --8<-- [start:quantize] */
-/* Each row of K floats to int8 with one scale: a = max|x| / 127, p = round(x / a);
- * the row is zero-padded to K32 so that the product never reads past a block. */
+/* 32 floats as one of ggml's Q8_0 blocks: d = max|x| / 127 kept as an f16, and
+ * q = round-half-even(x 127 / max|x|), as llama.cpp's x86 code quantises an activation. */
+static void q8_0_of(const float *x, int8_t *q, uint16_t *d)
+{
+#if defined(SM_AVX2)
+    /* the same arithmetic in vectors: |x| max, x id rounded to nearest even by the conversion
+     * (the default rounding mode, as nearbyintf), packed to bytes (values within +-127, so the
+     * saturating packs are exact; the permute undoes their 128-bit lane order) */
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8),
+                 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    *d = sm_f32_to_f16(amax / 127.0f);
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, id)),
+                                           _mm256_cvtps_epi32(_mm256_mul_ps(v1, id)));
+    const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, id)),
+                                           _mm256_cvtps_epi32(_mm256_mul_ps(v3, id)));
+    const __m256i v = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23),
+                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, v);
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    *d = sm_f32_to_f16(amax / 127.0f);
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < 32; j++) q[j] = (int8_t)(int)nearbyintf(x[j] * id);
+#endif
+}
+
+/* Each row of K floats to int8 per block of 32, as ggml's Q8_0 (q8_0_of): the row's int8
+ * values zero-padded to K32 (so the product never reads past a block) and each block's
+ * scale a_b, the f16 widened to a float. */
 void sm_quantize_rows(const float *x, int rows, int K, int8_t *xq, float *xs)
 {
-    const int K32 = PAD(K, QBLOCK);
+    const int K32 = PAD(K, QBLOCK), nb = K32 / QBLOCK;
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * K;
         int8_t *p = xq + (size_t)r * K32;
-        float amax = 0.0f;
-        #pragma omp simd reduction(max:amax)
-        for (int k = 0; k < K; k++) {
-            const float a = fabsf(xr[k]);
-            amax = a > amax ? a : amax;
+        for (int b = 0; b < nb; b++) {
+            float tail[QBLOCK];
+            const float *src = xr + (size_t)b * QBLOCK;
+            if ((b + 1) * QBLOCK > K) { /* the last block of a K that is not a multiple of 32 */
+                memset(tail, 0, sizeof tail);
+                memcpy(tail, src, sizeof(float) * (size_t)(K - b * QBLOCK));
+                src = tail;
+            }
+            uint16_t d;
+            q8_0_of(src, p + (size_t)b * QBLOCK, &d);
+            xs[(size_t)r * nb + b] = sm_f16_to_f32(d);
         }
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        #pragma omp simd
-        for (int k = 0; k < K; k++) {
-            const float v = xr[k] * inv;
-            p[k] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
-        }
-        for (int k = K; k < K32; k++) p[k] = 0;
-        xs[r] = amax / 127.0f;
     }
 }
 /* --8<-- [end:quantize] */
@@ -148,29 +182,38 @@ INLINE void f32_block(const sm_mat *w, int t0, const int NT, const int RB, const
 
 /* ------------------------------------------------------------------ int8 tiles */
 /* --8<-- [start:q8_block] */
+/* Rows 0..RB-1 (int8 per block of 32, row r's block b scaled by xs[r nb + b]), tiles
+ * t0..t0+NT-1: each block's sums exact in int32, then scaled by s_jb a_b into a float
+ * accumulator, as ggml's Q8_0 dot does. */
 INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const int8_t *xq,
                      int ldq, const float *xs, float *y, int ldy, int accumulate)
 {
-    const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK;
+    const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK, lds = ldq / QBLOCK;
     size_t base, ls, sbase, ss;
     lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)K32 / 4, &base, &ls);
     lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)nb, &sbase, &ss);
     const int8_t *wt = w->q + base * 64;            /* tile t0+i, k-group kk: (kk ls + i) 64 */
     const uint16_t *st = w->s + sbase * TILE;       /* its block b's scales: (b ss + i) 16 */
 #if defined(SM_AVX512_VNNI)
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    /* the activations go in as p + 128 (unsigned); the block's weight sums, counted by one
+     * more vpdpbusd against ones and shared by every row, take 128 sum q back out */
+    const __m512i x80 = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
     __m512 facc[MAXRB][MAXNT];
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NT; i++) facc[r][i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m512i iacc[MAXRB][MAXNT];
-        for (int r = 0; r < RB; r++)
-            for (int i = 0; i < NT; i++) iacc[r][i] = _mm512_setzero_si512();
+        __m512i iacc[MAXRB][MAXNT], qsum[MAXNT];
+        for (int i = 0; i < NT; i++) {
+            qsum[i] = _mm512_setzero_si512();
+            for (int r = 0; r < RB; r++) iacc[r][i] = _mm512_setzero_si512();
+        }
         for (int g = 0; g < QBLOCK / 4; g++) {
             const size_t kk = (size_t)b * (QBLOCK / 4) + g;
             __m512i wv[MAXNT];
-            for (int i = 0; i < NT; i++)
+            for (int i = 0; i < NT; i++) {
                 wv[i] = _mm512_loadu_si512((const void *)(wt + (kk * ls + i) * 64));
+                qsum[i] = _mm512_dpbusd_epi32(qsum[i], ones, wv[i]);
+            }
             for (int r = 0; r < RB; r++) {
                 int32_t x4;
                 memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
@@ -181,80 +224,87 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
         for (int i = 0; i < NT; i++) {
             const __m512 sc = _mm512_cvtph_ps(
                 _mm256_loadu_si256((const __m256i *)(st + ((size_t)b * ss + i) * TILE)));
-            for (int r = 0; r < RB; r++)
-                facc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][i]), sc, facc[r][i]);
+            const __m512i q128 = _mm512_slli_epi32(qsum[i], 7);
+            for (int r = 0; r < RB; r++) {
+                const __m512 d = _mm512_mul_ps(sc, _mm512_set1_ps(xs[(size_t)r * lds + b]));
+                facc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[r][i], q128)),
+                                             d, facc[r][i]);
+            }
         }
     }
-    for (int i = 0; i < NT; i++) {
-        const __m512 c = _mm512_mul_ps(_mm512_loadu_ps(w->corr + (size_t)(t0 + i) * TILE),
-                                       _mm512_set1_ps(128.0f));
+    for (int i = 0; i < NT; i++)
         for (int r = 0; r < RB; r++) {
             float v[TILE];
-            _mm512_storeu_ps(v, _mm512_mul_ps(_mm512_sub_ps(facc[r][i], c), _mm512_set1_ps(xs[r])));
+            _mm512_storeu_ps(v, facc[r][i]);
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
         }
-    }
 #elif defined(SM_AVX2)
     /* Each 64-byte line is two ymm halves of 8 outputs. With AVX-VNNI the same vpdpbusd on
-     * ymm, activations as p + 128 and the correction at the end; without it vpmaddubsw on
-     * |p| and q with p's sign (vpsignb), pairs of int16 summed to int32 by vpmaddwd. */
+     * ymm, activations as p + 128 and the weight sums taken back out per block; without it
+     * vpmaddubsw on |q| (unsigned, so a GGUF file's -128 is exact) and p with q's sign
+     * (vpsignb), pairs of int16 summed to int32 by vpmaddwd, exact with nothing to take out. */
 #if defined(SM_AVX_VNNI)
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    const __m256i x80 = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8(1);
 #define Q8_ROW(x4) _mm256_xor_si256(_mm256_set1_epi32(x4), x80) /* p + 128 */
 #define Q8_DOT(acc, xb, wv) _mm256_dpbusd_avx_epi32(acc, xb, wv)
+#define Q8_SUM(s, wv) ((s) = _mm256_dpbusd_avx_epi32(s, ones, wv))
+#define Q8_EXACT(acc, s) _mm256_sub_epi32(acc, _mm256_slli_epi32(s, 7))
 #else
     const __m256i ones = _mm256_set1_epi16(1);
 #define Q8_ROW(x4) _mm256_set1_epi32(x4)
 #define Q8_DOT(acc, xb, wv) _mm256_add_epi32(acc, _mm256_madd_epi16(                     \
-        _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(wv, xb)), ones))
+        _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xb, wv)), ones))
+#define Q8_SUM(s, wv) ((void)(s))
+#define Q8_EXACT(acc, s) (acc)
 #endif
     __m256 facc[MAXRB][MAXNT][2];
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NT; i++) facc[r][i][0] = facc[r][i][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m256i iacc[MAXRB][MAXNT][2];
-        for (int r = 0; r < RB; r++)
-            for (int i = 0; i < NT; i++) iacc[r][i][0] = iacc[r][i][1] = _mm256_setzero_si256();
+        __m256i iacc[MAXRB][MAXNT][2], qsum[MAXNT][2];
+        for (int i = 0; i < NT; i++) {
+            qsum[i][0] = qsum[i][1] = _mm256_setzero_si256();
+            for (int r = 0; r < RB; r++) iacc[r][i][0] = iacc[r][i][1] = _mm256_setzero_si256();
+        }
         for (int g = 0; g < QBLOCK / 4; g++) {
             const size_t kk = (size_t)b * (QBLOCK / 4) + g;
+            __m256i wv[MAXNT][2];
+            for (int i = 0; i < NT; i++)
+                for (int hh = 0; hh < 2; hh++) {
+                    wv[i][hh] = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
+                    Q8_SUM(qsum[i][hh], wv[i][hh]);
+                }
             for (int r = 0; r < RB; r++) {
                 int32_t x4;
                 memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
                 const __m256i xb = Q8_ROW(x4);
                 for (int i = 0; i < NT; i++)
-                    for (int hh = 0; hh < 2; hh++) {
-                        const __m256i wv = _mm256_loadu_si256(
-                            (const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
-                        iacc[r][i][hh] = Q8_DOT(iacc[r][i][hh], xb, wv);
-                    }
+                    for (int hh = 0; hh < 2; hh++)
+                        iacc[r][i][hh] = Q8_DOT(iacc[r][i][hh], xb, wv[i][hh]);
             }
         }
         for (int i = 0; i < NT; i++)
             for (int hh = 0; hh < 2; hh++) {
                 const __m256 sc = _mm256_cvtph_ps(
                     _mm_loadu_si128((const __m128i *)(st + ((size_t)b * ss + i) * TILE + 8 * hh)));
-                for (int r = 0; r < RB; r++)
-                    facc[r][i][hh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][i][hh]), sc,
-                                                     facc[r][i][hh]);
+                for (int r = 0; r < RB; r++) {
+                    const __m256 d = _mm256_mul_ps(sc, _mm256_set1_ps(xs[(size_t)r * lds + b]));
+                    facc[r][i][hh] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(Q8_EXACT(iacc[r][i][hh], qsum[i][hh])), d, facc[r][i][hh]);
+                }
             }
     }
 #undef Q8_ROW
 #undef Q8_DOT
-    for (int i = 0; i < NT; i++) {
-#if defined(SM_AVX_VNNI)
-        const float *corr = w->corr + (size_t)(t0 + i) * TILE;
-        const __m256 c0 = _mm256_mul_ps(_mm256_loadu_ps(corr), _mm256_set1_ps(128.0f));
-        const __m256 c1 = _mm256_mul_ps(_mm256_loadu_ps(corr + 8), _mm256_set1_ps(128.0f));
-#else
-        const __m256 c0 = _mm256_setzero_ps(), c1 = c0; /* no +128: nothing to correct */
-#endif
+#undef Q8_SUM
+#undef Q8_EXACT
+    for (int i = 0; i < NT; i++)
         for (int r = 0; r < RB; r++) {
             float v[TILE];
-            _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][0], c0), _mm256_set1_ps(xs[r])));
-            _mm256_storeu_ps(v + 8, _mm256_mul_ps(_mm256_sub_ps(facc[r][i][1], c1), _mm256_set1_ps(xs[r])));
+            _mm256_storeu_ps(v, facc[r][i][0]);
+            _mm256_storeu_ps(v + 8, facc[r][i][1]);
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
         }
-    }
 #else
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NT; i++) {
@@ -265,9 +315,10 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
                     int32_t acc = 0;
                     for (int k = b * QBLOCK; k < (b + 1) * QBLOCK; k++)
                         acc += (int32_t)xr[k] * wt[((size_t)(k / 4) * ls + i) * 64 + l * 4 + k % 4];
-                    v[l] += (float)acc * sm_f16_to_f32(st[((size_t)b * ss + i) * TILE + l]);
+                    const float d = sm_f16_to_f32(st[((size_t)b * ss + i) * TILE + l]) *
+                                    xs[(size_t)r * lds + b];
+                    v[l] = fmaf((float)acc, d, v[l]);
                 }
-            for (int l = 0; l < TILE; l++) v[l] *= xs[r];
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
         }
 #endif
@@ -286,13 +337,13 @@ static void run_block(const sm_mat *w, int t0, int nt, int rb, const float *x,
     else if (nt == DNT) for (int r = 0; r < rb; r++) {
         const float *xr = x + (size_t)r * K; const int8_t *qr = xq + (size_t)r * K32;
         float *yr = y + (size_t)r * N;
-        (w->kind ? q8_block(w, t0, DNT, 1, qr, K32, xs + r, yr, N, acc)
+        (w->kind ? q8_block(w, t0, DNT, 1, qr, K32, xs + (size_t)r * (K32 / QBLOCK), yr, N, acc)
                  : f32_block(w, t0, DNT, 1, xr, K, yr, N, acc));
     }
     else for (int r = 0; r < rb; r++) for (int i = 0; i < nt; i++) {
         const float *xr = x + (size_t)r * K; const int8_t *qr = xq + (size_t)r * K32;
         float *yr = y + (size_t)r * N;
-        (w->kind ? q8_block(w, t0 + i, 1, 1, qr, K32, xs + r, yr, N, acc)
+        (w->kind ? q8_block(w, t0 + i, 1, 1, qr, K32, xs + (size_t)r * (K32 / QBLOCK), yr, N, acc)
                  : f32_block(w, t0 + i, 1, 1, xr, K, yr, N, acc));
     }
 }
@@ -314,7 +365,7 @@ void sm_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *x
         const int t0 = (it / rgroups) * G, r0 = (it % rgroups) * MAXRB;
         const int nt = tiles - t0 < G ? tiles - t0 : G, rb = rows - r0 < MAXRB ? rows - r0 : MAXRB;
         run_block(w, t0, nt, rb, x ? x + (size_t)r0 * K : NULL,
-                  xq ? xq + (size_t)r0 * K32 : NULL, xs ? xs + r0 : NULL,
+                  xq ? xq + (size_t)r0 * K32 : NULL, xs ? xs + (size_t)r0 * (K32 / QBLOCK) : NULL,
                   y + (size_t)r0 * w->N, accumulate);
     }
 }

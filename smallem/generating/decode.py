@@ -343,7 +343,7 @@ class Decoder(Forward):
 def matmul(pk: Packed, x: np.ndarray, threads=1, pool: bool = False, y=None,
            accumulate: bool = False) -> np.ndarray:
     """y (rows, N) = x (rows, K) W through the decoder's product, W packed in ``pk``
-    (int8: ``x`` quantised per row first, as the decoder does). For tests and benchmarks."""
+    (int8: ``x`` quantised per block of 32 first, as the decoder does). For tests and benchmarks."""
     x = np.asarray(x)
     if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != pk.K:
         raise ValueError(f"x: expected float32 (rows, {pk.K}), got {x.dtype}{x.shape}")
@@ -368,16 +368,23 @@ def matmul(pk: Packed, x: np.ndarray, threads=1, pool: bool = False, y=None,
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row of x (rows, K) to int8 with one scale, as the decoder quantises activations:
-    (p int8 (rows, K32), a float32 (rows,)), x ~ a p."""
+    """Each row of x (rows, K) to int8 per block of 32 as ggml's Q8_0, as the decoder quantises
+    activations: (p int8 (rows, K32), a float32 (rows, K32 / 32)), x ~ a_b p in block b."""
     x = np.ascontiguousarray(x, np.float32)
     rows, K = x.shape
-    xq = np.zeros((rows, -(-K // 32) * 32), np.int8)
-    xs = np.zeros(rows, np.float32)
+    K32 = -(-K // 32) * 32
+    xq = np.zeros((rows, K32), np.int8)
+    xs = np.zeros((rows, K32 // 32), np.float32)
     ffi, lib = build.load("forward")
     lib.sm_quantize_rows(ffi.cast("float *", x.ctypes.data), rows, K,
                          ffi.cast("int8_t *", xq.ctypes.data), ffi.cast("float *", xs.ctypes.data))
     return xq, xs
+
+
+def dequantize_rows(p: np.ndarray, a: np.ndarray, K: int, dtype=np.float64) -> np.ndarray:
+    """The rows :func:`quantize_rows` stands for: (rows, K) in ``dtype``, each block's values
+    times its scale."""
+    return (p.astype(dtype) * np.repeat(a.astype(dtype), 32, axis=1))[:, :K]
 
 
 # The ladder: (rung, what it adds, decoder factory). Every rung decodes the same model.

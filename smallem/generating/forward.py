@@ -32,6 +32,7 @@ CACHES = ("tiles", "f16")           # chapter 4's f32 key tiles, or llama.cpp's 
 INT_MAX = 2**31 - 1
 GEMM_BLOCK = 512   # a prompt's rows per C call on the GEMM branch: wide enough for the GEMM
 KIND_BLOCKS = 2    # sm_mat.kind of a GGUF tensor (0, 1: chapter 4's f32 and int8 tiles)
+Q8_0_ID = 8        # ggml's type number of Q8_0
 
 ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
           -4: "a token id outside the vocabulary",
@@ -90,7 +91,7 @@ class Blocks:
         data = np.asarray(t.data)
         if not data.flags.c_contiguous:
             raise ValueError(f"tensor {t.name!r}: its bytes are not contiguous")
-        self.t, self.data = t, data
+        self.t, self.data, self.tiled = t, data, None
         self.K, self.N = t.ne[0], (t.ne[1] if len(t.ne) > 1 else 1)
         self.type = int(gguf.GGMLQuantizationType[t.type])
         self.nbytes = t.nbytes
@@ -99,6 +100,37 @@ class Blocks:
         mat.kind, mat.type, mat.K, mat.N = KIND_BLOCKS, self.type, self.K, self.N
         mat.w = ffi.cast("const uint8_t *", self.data.ctypes.data)
         mat.row_bytes = self.nbytes // self.N
+
+
+class Tiled:
+    """A GGUF Q8_0 tensor with its decode layout: the file's blocks (the prompt's GEMM and
+    the embedding read them) and, beside them, the same int8 values and f16 scales repacked
+    once into chapter 4's tiles (``sm_g_tile_q8_0``), which every product below the GEMM
+    branch streams instead of the rows. ``nbytes``: the tiles' bytes, what a token reads."""
+
+    def __init__(self, blocks: Blocks, ffi, lib):
+        if not tileable(blocks):
+            raise ValueError("only a Q8_0 matrix of a K a multiple of 32 has tiles")
+        self.blocks, self.K, self.N, self.type = blocks, blocks.K, blocks.N, blocks.type
+        n16 = -(-self.N // 16) * 16
+        self.q = np.zeros(n16 * self.K, np.int8)
+        self.s = np.zeros(n16 * self.K // 32, np.uint16)
+        src = ffi.new("sm_mat *")
+        blocks.fill(ffi, src)
+        if lib.sm_g_tile_q8_0(src, ffi.cast("int8_t *", self.q.ctypes.data),
+                              ffi.cast("uint16_t *", self.s.ctypes.data)):
+            raise ValueError("the C side refused to tile the matrix")
+        self.nbytes = self.q.nbytes + self.s.nbytes
+
+    def fill(self, ffi, mat):
+        self.blocks.fill(ffi, mat)
+        mat.q = ffi.cast("int8_t *", self.q.ctypes.data)
+        mat.s = ffi.cast("uint16_t *", self.s.ctypes.data)
+
+
+def tileable(w) -> bool:
+    """Whether a matrix has a decode layout in tiles: a GGUF Q8_0 tensor, K a multiple of 32."""
+    return isinstance(w, Blocks) and w.type == Q8_0_ID and w.K % 32 == 0
 
 
 class Rows:
@@ -135,7 +167,9 @@ class Forward:
     :func:`prefetch_ahead`, kernels_c/forward/blocks.c's PREFETCH_AHEAD; 0: none);
     ``products`` False, a probe: every GGUF product of a call below the GEMM branch writes
     zeros instead of reading its weights, so that a decode step times everything else (the
-    same parallel regions, the norms, the attention, the roundings of the activations)."""
+    same parallel regions, the norms, the attention, the roundings of the activations);
+    ``repack`` False keeps a GGUF Q8_0 matrix's products on the file's rows instead of its
+    tiles (:class:`Tiled`, made once a Spec and kept with it)."""
 
     # A product goes parallel when one core would take SYNC_SHARE fork-joins to stream it.
     # The fork-join is timed in a tight loop, where the waiting thread never stops spinning;
@@ -145,7 +179,7 @@ class Forward:
 
     def __init__(self, spec: Spec, threads=None, pool: bool = True, par_min_bytes=None,
                  level=None, gemm_rows=None, prompt_dtype=None, prompt_threads=None,
-                 ahead=None, products: bool = True):
+                 ahead=None, products: bool = True, repack: bool = True):
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("rope", ROPES), ("cache", CACHES)):
             if getattr(spec, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(spec, name)!r}")
@@ -173,6 +207,10 @@ class Forward:
             if w is None:
                 dst.N = 0
                 return
+            if repack and count and tileable(w):
+                if getattr(w, "tiled", None) is None:  # once a Spec: the copy is the model's size
+                    w.tiled = Tiled(w, ffi, lib)
+                w = w.tiled
             w.fill(ffi, dst)
             self._keep.append(w)
             if count:

@@ -16,7 +16,7 @@ import numpy as np
 
 from smallem import checks
 from smallem.plumbing import build, pool as _pool
-from smallem.generating.forward import GGUF_ROWS as ROWS, Blocks  # noqa: F401 (the appendix quotes ROWS)
+from smallem.generating.forward import GGUF_ROWS as ROWS, Blocks, Tiled, tileable  # noqa: F401 (the appendix quotes ROWS)
 from smallem.generating.gguf_file import TYPES, Tensor
 
 
@@ -58,21 +58,26 @@ def quantize(type_name: str, x, level=None) -> tuple[np.ndarray, np.ndarray]:
     return out, vals
 
 
-def matmul(t: Tensor, x, threads=1, level=None, ahead=None) -> np.ndarray:
+def matmul(t: Tensor, x, threads=1, level=None, ahead=None, tiles: bool = False) -> np.ndarray:
     """x (rows, K) by the file's matrix ``t`` (N rows of K): (rows, N) in float32, each group
     of weight rows prefetched ``ahead`` bytes further on (None: the kernel's PREFETCH_AHEAD;
-    0: no prefetch)."""
+    0: no prefetch); with ``tiles``, a Q8_0 matrix's decode layout instead of its rows
+    (:class:`smallem.generating.forward.Tiled`, repacked for this call)."""
     ahead = -1 if ahead is None else checks.nonnegative_int(ahead, "ahead")
+    if tiles and not tileable(Blocks(t)):
+        raise ValueError(f"tiles: only a Q8_0 matrix of a K a multiple of 32 has them, not {t.type}")
     team = _pool.team(threads)
     ffi, lib = _lib(team, level)
     x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
     if x.shape[1] != t.ne[0]:
         raise ValueError(f"x: rows of {x.shape[1]}, the matrix takes {t.ne[0]}")
     m = ffi.new("sm_mat *")
-    _fill(ffi, m, t)
+    w = Tiled(Blocks(t), ffi, lib) if tiles else Blocks(t)  # held until the call returns
+    w.fill(ffi, m)
     y = np.zeros((x.shape[0], m.N), np.float32)
     lib.sm_g_matmul(m, ffi.cast("float *", x.ctypes.data), x.shape[0],
                     ffi.cast("float *", y.ctypes.data), team.n, ahead)
+    del w
     return y
 
 

@@ -87,13 +87,9 @@ def pack_f32(w: np.ndarray) -> np.ndarray:
     return group_lines(wp.reshape(K, N16 // TILE, TILE).transpose(1, 0, 2))
 
 
-def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(q (K32, N), s (K32/32, N)) -> (int8 lines of tiles [N16/16][K32/4][16][4], grouped;
-    scales [N16/16][K32/32][16] as uint16 bits of float16, grouped the same way;
-    corr [N16] float32), each flat.
-
-    corr_j = sum_b s_jb sum_{k in b} q_kj: what vpdpbusd's +128 on the activations adds,
-    divided by 128 (``kernels_c/forward.c``)."""
+    scales [N16/16][K32/32][16] as uint16 bits of float16, grouped the same way), each flat."""
     K32, N = q.shape
     N16, nb = _pad(N, TILE), K32 // QBLOCK
     qp = np.zeros((K32, N16), np.int8)
@@ -102,9 +98,7 @@ def pack_q8(q: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     sp[:, :N] = s
     tiles = qp.reshape(K32 // 4, 4, N16 // TILE, TILE).transpose(2, 0, 3, 1)
     scales = sp.reshape(nb, N16 // TILE, TILE).transpose(1, 0, 2)
-    sums = qp.astype(np.int32).reshape(nb, QBLOCK, N16).sum(axis=1)          # (nb, N16)
-    corr = (sums.astype(np.float64) * sp.astype(np.float64)).sum(axis=0)
-    return group_lines(tiles), group_lines(scales).view(np.uint16), corr.astype(np.float32)
+    return group_lines(tiles), group_lines(scales).view(np.uint16)
 
 
 class Packed:
@@ -125,15 +119,15 @@ class Packed:
             raise ValueError(f"bias: expected shape ({self.N},), got {self.bias.shape}")
         if kind == "f32":
             self.f = pack_f32(np.asarray(w, np.float32))
-            self.q = self.s = self.corr = None
+            self.q = self.s = None
         else:
             self.q8 = quantize_q8(w)
             self.f = None
-            self.q, self.s, self.corr = pack_q8(*self.q8)
+            self.q, self.s = pack_q8(*self.q8)
 
     @property
     def nbytes(self) -> int:
-        """Bytes one product reads: the weights, with their scales and corrections."""
+        """Bytes one product reads: the weights, with their scales."""
         parts = (self.f,) if self.kind == "f32" else (self.q, self.s)
         return int(sum(p.nbytes for p in parts))
 
@@ -151,7 +145,6 @@ class Packed:
         mat.f = ffi.cast("float *", self.f.ctypes.data) if self.f is not None else null
         mat.q = ffi.cast("int8_t *", self.q.ctypes.data) if self.q is not None else null
         mat.s = ffi.cast("uint16_t *", self.s.ctypes.data) if self.s is not None else null
-        mat.corr = ffi.cast("float *", self.corr.ctypes.data) if self.corr is not None else null
         mat.bias = ffi.cast("float *", self.bias.ctypes.data) if self.bias is not None else null
 
 
