@@ -81,15 +81,19 @@ def matmul(t: Tensor, x, threads=1, level=None, ahead=None, tiles: bool = False)
     return y
 
 
-def product_seconds(t: Tensor, reps: int = 20, level=None) -> float:
+def product_seconds(t: Tensor, reps: int = 20, level=None, tiles: bool = False) -> float:
     """Seconds of one row's product by the file's matrix ``t`` on one thread, the best of
     ``reps`` calls (the row rounded as the product rounds it; no Python, no threads in
-    the timing)."""
+    the timing); with ``tiles``, a Q8_0 matrix's product in its decode layout."""
     reps = checks.positive_int(reps, "reps")
+    if tiles and not tileable(Blocks(t)):
+        raise ValueError(f"tiles: only a Q8_0 matrix of a K a multiple of 32 has them, not {t.type}")
     ffi, lib = _lib(_pool.team(1), level)
     m = ffi.new("sm_mat *")
-    _fill(ffi, m, t)
+    w = Tiled(Blocks(t), ffi, lib) if tiles else Blocks(t)  # held until the timing returns
+    w.fill(ffi, m)
     secs = lib.sm_time_product(m, reps)
+    del w
     if secs <= 0:
         raise MemoryError("no memory for the product's timing")
     return float(secs)

@@ -13,7 +13,7 @@ import numpy as np
 from smallem import checks
 from smallem.generating import gguf_file, gguf_run
 from smallem.cpu import timing
-from smallem.generating.forward import Forward
+from smallem.generating.forward import Forward, Tiled
 from smallem.cpu.timing import Timing, quick_mode
 from .. import records
 from ..ch4 import llama
@@ -59,9 +59,14 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     feed, pp = (8, 64) if quick else (FEED, PP)
     prompt_ids, feed_ids, pp_ids = _tokens(PROMPT, 1), _tokens(feed, 2), _tokens(pp, 3)
     fw = Forward.from_gguf(mf, threads=threads, context=max(PROMPT + feed, pp))
+    tiled = any(isinstance(w, Tiled) for w in fw.mats)
+    # the prefetch acts on the file's rows: its distances are timed there, and a file whose
+    # Q8_0 matrices decode through tiles is timed on its rows too, in the same rounds
     aheads = [a for a in (AHEADS if sweep else (0,)) if a != fw.ahead]
     other = {a: Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, ahead=a,
-                                  par_min_bytes=fw.par_min_bytes) for a in aheads}
+                                  par_min_bytes=fw.par_min_bytes, repack=False) for a in aheads}
+    rows = (Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, repack=False,
+                              par_min_bytes=fw.par_min_bytes) if tiled else None)
     # the rest of a step: the same decoder with every product writing zeros, reading nothing
     rest = Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, products=False,
                              par_min_bytes=fw.par_min_bytes)
@@ -80,7 +85,8 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
         fw.forward(pp_ids)
 
     cases = {"tg": decode_case(fw), "pp": (fw.reset, prefill), "tg_rest": decode_case(rest),
-             **{f"tg_ahead_{a}": decode_case(f) for a, f in other.items()}}
+             **{f"tg_ahead_{a}": decode_case(f) for a, f in other.items()},
+             **({"tg_rows": decode_case(rows)} if rows else {})}
     peer = {"tg": llama.Rates(), "pp": llama.Rates()}
     if tools:
         def llama_tg():
@@ -100,11 +106,18 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
               "weight_bytes": mf.weight_bytes_per_token, "file_bytes": path.stat().st_size,
               "params": int(sum(np.prod(t.ne) for t in mf.tensors.values())),
               "type_bytes": mix}
-    _add(rec, "decode", ts["tg"], feed, **params, par_min_bytes=fw.par_min_bytes, ahead=fw.ahead)
+    _add(rec, "decode", ts["tg"], feed, **params, par_min_bytes=fw.par_min_bytes, ahead=fw.ahead,
+         tiles=tiled, tile_bytes=sum(w.nbytes for w in fw.mats if isinstance(w, Tiled)))
+    if rows:
+        _add(rec, "decode_rows", ts["tg_rows"], feed, **params, ahead=fw.ahead)
     for a in other:
         _add(rec, "decode_ahead", ts[f"tg_ahead_{a}"], feed, **params, ahead=a)
     _add(rec, "decode_rest", ts["tg_rest"], feed, **params)
-    rec.add("dot_rate", "GB/s", dot_rate(mf, threads, 5 if quick else 40), **params)
+    rec.add("dot_rate", "GB/s", dot_rate(mf, threads, 5 if quick else 40, tiles=tiled),
+            **params, tiles=tiled)
+    if tiled:
+        rec.add("dot_rate", "GB/s", dot_rate(mf, threads, 5 if quick else 40), **params,
+                tiles=False)
     _add(rec, "prefill", ts["pp"], pp, **params, prompt_dtype=fw.prompt_dtype,
          products_per_token=mf.products_per_token)
     rec.add("prompt_gemm", "Gop/s", gemm_rate, **params, prompt_dtype=fw.prompt_dtype,
@@ -119,13 +132,14 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
                 f"llama.cpp {test} ({shape} {qtype})"] = vals.why
 
 
-def dot_rate(mf, threads: int, reps: int) -> dict:
+def dot_rate(mf, threads: int, reps: int, tiles: bool = False) -> dict:
     """The decode products' arithmetic on its own, in GB/s of weights on ``threads`` cores:
     for each type the file's matrices hold, the first rows of its first matrix that fill
     DOT_BYTES (in every captured core's L2), multiplied by one row on one core, the best of
     ``reps`` calls each, five times; the step's bytes over the sum of each type's bytes over
     its rate, times the cores. Beside the memory's rate it says which of the two a step waits
-    on, and what their overlap can reach."""
+    on, and what their overlap can reach. With ``tiles``, Q8_0's products in their tiles (the
+    decoder's layout for them), the others' on their rows."""
     from smallem.generating.gguf_file import Tensor
 
     by_type, first = {}, {}
@@ -142,7 +156,8 @@ def dot_rate(mf, threads: int, reps: int) -> dict:
             row = t.nbytes // t.ne[1]
             rows = max(1, min(t.ne[1], DOT_BYTES // row))
             part = Tensor(t.name, t.type, (t.ne[0], rows), np.asarray(t.data)[:rows])
-            secs += nbytes / (rows * row / gguf_run.product_seconds(part, reps))
+            secs += nbytes / (rows * row / gguf_run.product_seconds(
+                part, reps, tiles=tiles and ty == "Q8_0"))
         rates.append(threads * sum(by_type.values()) / secs / 1e9)
     rates.sort()
     return {"median": rates[len(rates) // 2], "min": rates[0], "max": rates[-1], "n": len(rates)}

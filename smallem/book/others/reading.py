@@ -51,7 +51,7 @@ def _missing(note: str) -> dict:
                                         "others.logits_tol": _logits_tol(),
                                         "others.prompt_int8": False, "others.int8_instruction": note,
                                         "others.int8_predicted": note,
-                                        "others.pp_target": f"{PP_TARGETS['vnni']:g}"} | _ahead(None)
+                                        "others.pp_target": f"{PP_TARGETS['vnni']:g}"} | _ahead(None) | _tiles(None, None)
 
 
 def _kib(n: int) -> str:
@@ -74,7 +74,7 @@ def _ahead(rec) -> dict:
                                              "not measured here (no record others.decode)"),
                        "others.ahead_default_best": False}
     shape, qtype = runs[0]["params"]["model"], runs[0]["params"]["type"]
-    mine = _one(rec, "decode", model=shape, type=qtype)
+    mine = _on_rows(rec, shape, qtype)
     same = [r for r in runs if r["params"]["model"] == shape and r["params"]["type"] == qtype]
     every = sorted(same + [mine], key=lambda r: r["params"]["ahead"])
     wb = mine["params"]["weight_bytes"]
@@ -149,6 +149,58 @@ def _one(rec, name, **params):
     return found[0] if found else None
 
 
+def _on_rows(rec, shape: str, qtype: str):
+    """The file's decode on its rows: the decoder's own, or, where its Q8_0 matrices decode
+    through tiles, the same decoder kept on the rows (timed in the same rounds)."""
+    return (_one(rec, "decode_rows", model=shape, type=qtype)
+            or _one(rec, "decode", model=shape, type=qtype))
+
+
+def _tiles(rec, facts) -> dict:
+    """Each file whose Q8_0 matrices decode through chapter 4's tiles, against the same
+    decoder on the file's rows, in the same rounds: a table, and the first such file's
+    values."""
+    runs = records.results(rec, "decode_rows") if rec else []
+    if not runs:
+        figures.write_table("others_tiles", [], ["(nothing measured)"],
+                            "No file decoded both ways in this record.")
+        why = (records.not_measured(rec, "a record from before the tiles") if rec
+               else "not measured here (no record others.decode)")
+        return {"others.tiles_measured": False, "others.tiles_file": "none",
+                "others.tiles_vs_rows": why, "others.tiles_dot": why, "others.rows_dot": why,
+                "others.tiles_share": why, "others.rows_share": why}
+    rows, values = [], {}
+    for r in runs:
+        p = r["params"]
+        mine = _one(rec, "decode", model=p["model"], type=p["type"])
+        dots = {t: _one(rec, "dot_rate", model=p["model"], type=p["type"], tiles=t)
+                for t in (True, False)}
+        wb = p["weight_bytes"]
+        bw = (ch1.level_of(facts, wb, rec["settings"]["threads"], ch1.read_stream(facts))[1]
+              if facts else None)
+        share = (lambda x: f"{100 * x['value']['median'] * wb / 1e9 / bw:.0f} %") if bw else (
+            lambda x: "no chapter 1 record")
+        dot = {t: f(d["value"]["median"], "GB/s") if d else "not measured" for t, d in dots.items()}
+        rows.append([f"{p['model']} {p['type']}", f(r["value"]["median"]),
+                     f(mine["value"]["median"]), dot[False], dot[True],
+                     share(r), share(mine), compare.versus(mine, r)])
+        if not values:
+            values = {"others.tiles_measured": True, "others.tiles_file": f"{p['model']} {p['type']}",
+                      "others.tiles_vs_rows": compare.versus(mine, r),
+                      "others.rows_dot": dot[False], "others.tiles_dot": dot[True],
+                      "others.rows_share": share(r), "others.tiles_share": share(mine)}
+    figures.write_table(
+        "others_tiles", rows,
+        ["file", "decode on the rows (tokens/s)", "decode in tiles (tokens/s)",
+         "arithmetic on the rows", "arithmetic in tiles", "rows ÷ read bound",
+         "tiles ÷ read bound", "tiles against rows"],
+        "The same decoder, its Q8_0 matrices multiplied on the file's rows or on the tiles "
+        "made from them once, timed in the same rounds (medians). Arithmetic: as in the rates "
+        "table (GB/s of weights, the products over rows held in L2). The read bound: chapter "
+        f"1's read-only stream at the level that holds the weights. {figures.machine_line(rec)}.")
+    return values
+
+
 RATE_FIELDS = (*RATES, "tg_rest", "tg_prefetch")
 
 
@@ -160,11 +212,13 @@ def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
     bare = _one(rec, "decode_ahead", model=p["model"], type=p["type"], ahead=0)
     rest = _one(rec, "decode_rest", model=p["model"], type=p["type"])
     step_s, rest_s = (1 / r["value"]["median"] if r else None for r in (ours, rest))
-    dots = _one(rec, "dot_rate", model=p["model"], type=p["type"])
+    dots = _one(rec, "dot_rate", model=p["model"], type=p["type"],
+                **({"tiles": True} if p.get("tiles") else {}))
     no = records.not_measured(rec, "a record from before the prefetch")
     dot = dots["value"]["median"] if dots else None
     both = dot is not None and bw is not None
-    return {key + "tg_prefetch": compare.versus(ours, bare) if bare else no,
+    return {key + "tg_prefetch": (compare.versus(_on_rows(rec, p["model"], p["type"]), bare)
+                                  if bare else no),
             key + "dot_rate": f(dot, "GB/s") if dots else no,
             key + "tg_rate": f(ours["value"]["median"] * p["weight_bytes"] / 1e9, "GB/s"),
             key + "mem_rate": f(bw, "GB/s") if bw is not None else "no chapter 1 record",
@@ -261,7 +315,7 @@ def report(rec_dir=None) -> dict:
         + figures.peer_notes(s.get("llama_cpp"), s.get("missing") or {}))
     figures.write_table("others_types", *types_table(facts, weights))
     values["others.prefetch_measured"] = _rates_table(rec, rate_rows, th)
-    return values | _ahead(rec) | _settings(rec, facts, int8_ins, pp_target)
+    return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
 
 
 def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
