@@ -374,6 +374,9 @@ void to_bf16(const float *x, uint16_t *out, long long n, int nthreads)
 /* ------------------------------------------------------------------ the modern block */
 #include "layers/modern.c"
 
+/* ------------------------------------------------------------------ a gated linear recurrence */
+#include "layers/scan.c"
+
 /* ------------------------------------------------------------------ cross-entropy */
 /* --8<-- [start:cross_entropy] */
 /* Softmax, loss and gradient of the loss in one pass per row of V logits:

@@ -29,3 +29,10 @@ void rmsnorm_backward(const float *dy, const float *x, const float *w, const flo
 void rope(float *q, float *k, const float *cos_t, const float *sin_t, int BH, int T, int hd, float sign, int nthreads);
 void swiglu_forward(const float *u, float *g, int N, int h, int nthreads);
 void swiglu_backward(const float *u, const float *dg, float *du, int N, int h, int nthreads);
+long long scan_work_floats(int T, int hd, int L);
+void scan_step_forward(const float *q, const float *k, const float *v, const float *lam, float *o, float *states, int BH, int T, int hd, int L, float *work);
+void scan_step_backward(const float *q, const float *k, const float *v, const float *lam, const float *states, const float *dout, float *dq, float *dk, float *dv, float *dlam, int BH, int T, int hd, int L, float *work);
+void scan_chunked_forward(void *gemm, const float *q, const float *k, const float *v, const float *lam, float *o, float *states, int BH, int T, int hd, int L, int order, int mc, int kc, int nc, float *gwork, float *work);
+void scan_chunked_backward(void *gemm, const float *q, const float *k, const float *v, const float *lam, const float *states, const float *dout, float *dq, float *dk, float *dv, float *dlam, int BH, int T, int hd, int L, int order, int mc, int kc, int nc, float *gwork, float *work);
+void scan_threaded_forward(void *gemm, const float *q, const float *k, const float *v, const float *lam, float *o, float *states, int BH, int T, int hd, int L, int order, int mc, int kc, int nc, float *gwork, long long gwork_per_thread, float *work, int nthreads);
+void scan_threaded_backward(void *gemm, const float *q, const float *k, const float *v, const float *lam, const float *states, const float *dout, float *dq, float *dk, float *dv, float *dlam, int BH, int T, int hd, int L, int order, int mc, int kc, int nc, float *gwork, long long gwork_per_thread, float *work, int nthreads);

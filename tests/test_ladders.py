@@ -14,12 +14,12 @@ from smallem import ladder
 from smallem.plumbing import cuda
 from smallem.generating import decode
 from smallem.product import gemm
-from smallem.training import train
+from smallem.training import layers, train
 from smallem.book.ch3 import measuring as ch3m
 
 ROOT = Path(__file__).resolve().parent.parent
 LADDERS = {"gemm": gemm.LADDER, "gpu": cuda.GPU_LADDER, "climb": train.RUNGS,
-           "decode": decode.RUNGS}
+           "decode": decode.RUNGS, "scan": layers.SCAN_LADDER}
 
 
 def _text(path: str) -> str:

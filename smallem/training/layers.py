@@ -460,6 +460,162 @@ def flash_backward(q, k, v, o, lse, dout, dq, dk, dv, scale, threads=None, work=
     return dq, dk, dv
 
 
+SCAN_RUNGS = ("step", "chunked", "threaded")
+
+
+def _scan_ladder():
+    """Appendix D's ladder: the scan's rungs, each with its kernel, page section, notebook
+    cell and test (``SCAN_LADDER["chunked"]``)."""
+    from smallem.ladder import Ladder, Rung, Where
+
+    page, nb = "chapters/d-recurrent.md:## The scan, three ways", \
+        "notebooks/08_recurrent.py:# ## The scan, three ways, against the definition"
+    test = "tests/test_scan.py::test_every_rung_against_the_reference"
+    what = {"step": ("scan_step", "the definition, one state update a step"),
+            "chunked": ("scan_chunk", "chunks, their products on chapter 2's GEMM"),
+            "threaded": ("scan_threaded", "the chunks' pairs on the threads")}
+    return Ladder("appendix D's scan", [
+        Rung(i, name, what[name][1], run=name,
+             where=Where(f"kernels_c/layers/scan.c:{what[name][0]}", page, nb, test))
+        for i, name in enumerate(SCAN_RUNGS)])
+
+
+SCAN_LADDER = _scan_ladder()
+
+
+def scan_chunk(hd: int, caches: dict | None = None) -> int:
+    """Steps per chunk of the chunked scan. Inside a chunk the masked products add about
+    2 L hd multiply-adds a step to the state's 2 hd^2, so a chunk longer than hd adds more
+    work than the state traffic it saves; and the chunk's blocks of Q, K, V and O (4 L hd
+    floats), its L x L masked scores and one state (hd^2) should stay in a core's L2, where
+    the GEMM's packing finds them. The longest chunk, in multiples of 8 from 16 to 128, no
+    longer than hd, that fits the L2 (16 where none does)."""
+    from smallem.cpu import machine_info
+
+    hd = checks.positive_int(hd, "hd")
+    l2 = (caches or machine_info.caches()).get("L2_bytes") or 256 * 1024
+    fits = [L for L in range(16, 129, 8)
+            if L <= max(hd, 16) and 4 * (4 * L * hd + L * L + hd * hd) <= l2]
+    return fits[-1] if fits else 16
+
+
+def _scan_inputs(q, k, v, lam, rung, chunk):
+    """(BH, T, hd, L), after checking q, k, v, lam, the rung and the chunk length."""
+    if rung not in SCAN_RUNGS:
+        raise ValueError(f"rung: expected one of {', '.join(SCAN_RUNGS)}, got {rung!r}")
+    BH, T, hd = _flash_shapes(q, k, v)
+    if not (BH and T and hd):
+        raise ValueError(f"q: expected (B*H, T, hd), none of them zero, got shape {q.shape}")
+    _f32(lam, "lam", (BH, T))
+    bad = ~(np.isfinite(lam) & (lam <= 0))
+    if bad.any():
+        at = np.unravel_index(np.argmax(bad), bad.shape)
+        raise ValueError(f"lam: expected finite log-decays <= 0 (log sigmoid of the gates); "
+                         f"{int(bad.sum())} of {lam.size} are not, the first {lam[at]} at "
+                         f"{tuple(int(i) for i in at)}")
+    L = checks.positive_int(scan_chunk(hd) if chunk is None else chunk, "chunk", limit=4096)
+    return BH, T, hd, L
+
+
+def _gemm_f32(team):
+    """(address of chapter 2's gemm_f32 on ``team``'s runtime, its (order, mc, kc, nc), the
+    gemm module's lib), for kernels that take it as a pointer."""
+    from smallem.product import gemm
+
+    gffi, glib = team.module("gemm")
+    fn = getattr(glib, "gemm_f32", None)
+    if fn is None or gffi.typeof(fn).cname != GEMM_F32_TYPE:
+        raise RuntimeError("kernels_c/gemm.c has no gemm_f32 with the expected prototype")
+    return int(gffi.cast("uintptr_t", gffi.addressof(glib, "gemm_f32"))), gemm.default_config(), glib
+
+
+def _scan_floats(T, hd, L, team, n):
+    """(scan scratch per thread, GEMM packing per thread) for ``n`` threads; 0 packing
+    where no GEMM runs (n = 0)."""
+    _, lib = team.module("layers")
+    own = int(lib.scan_work_floats(T, hd, L))
+    if not n:
+        return own, 0
+    _, (order, mc, kc, nc), glib = _gemm_f32(team)
+    sizes = (min(L, T), hd)
+    return own, max(int(glib.gemm_work_floats(N, K, mc, kc, nc, 1)) for N in sizes for K in sizes)
+
+
+def scan_work_floats(T, hd, chunk, threads=None) -> int:
+    """The floats of scratch :func:`scan_forward` and :func:`scan_backward` need, any rung:
+    per thread, the scan's own and the GEMM's packing buffer."""
+    from smallem.plumbing import pool
+
+    team = pool.team(threads)
+    T, hd = checks.positive_int(T, "T"), checks.positive_int(hd, "hd")
+    own, packing = _scan_floats(T, hd, checks.positive_int(chunk, "chunk", limit=4096), team, 1)
+    return (own + packing) * team.n
+
+
+def _scan_call(rung, T, hd, L, threads, work):
+    """(ffi, lib, gemm_f32's address or None, the C function's arguments after its sizes)."""
+    from smallem.plumbing import pool
+
+    team = pool.team(threads)
+    n = team.n if rung == "threaded" else 1
+    own, packing = _scan_floats(T, hd, L, team, 0 if rung == "step" else n)
+    need = (own + packing) * n
+    if work is None:
+        work = np.empty(need, np.float32)
+    _f32(work, "work", writable=True)
+    if work.ndim != 1 or work.size < need:
+        raise ValueError(f"work: expected a 1-D float32 array of at least {need} floats, "
+                         f"got shape {work.shape}")
+    ffi, lib = _lib(team)
+    scratch = _fp(ffi, work)
+    if rung == "step":
+        return ffi, lib, None, (scratch,)
+    addr, config, _ = _gemm_f32(team)
+    packs = _fp(ffi, work[own * n:])
+    tail = (*config, packs, scratch) if rung == "chunked" else (*config, packs, packing, scratch, n)
+    return ffi, lib, ffi.cast("void *", addr), tail
+
+
+def scan_forward(q, k, v, lam, o, states, chunk=None, rung="threaded", threads=None, work=None):
+    """The gated linear recurrence S_t = exp(lam_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t
+    (:mod:`smallem.training.scan` is its float64 reference), by ``rung``: "step" (the
+    definition), "chunked" (chunks of ``chunk`` steps, their products by chapter 2's GEMM)
+    or "threaded" (the chunks on ``threads``). q, k, v, o (B*H, T, hd); lam (B*H, T), each
+    <= 0. ``states`` (B*H, ceil(T / chunk) + 1, hd, hd) receives the state at the start of
+    every chunk and, last, the final state: what :func:`scan_backward` starts from, and what
+    a decoder continues from. ``chunk`` None: :func:`scan_chunk`."""
+    BH, T, hd, L = _scan_inputs(q, k, v, lam, rung, chunk)
+    _f32(o, "o", (BH, T, hd), writable=True)
+    _f32(states, "states", (BH, -(-T // L) + 1, hd, hd), writable=True)
+    ffi, lib, gemm, tail = _scan_call(rung, T, hd, L, threads, work)
+    arrays = [_fp(ffi, x) for x in (q, k, v, lam, o, states)]
+    if rung == "step":
+        lib.scan_step_forward(*arrays, BH, T, hd, L, *tail)
+    else:
+        getattr(lib, f"scan_{rung}_forward")(gemm, *arrays, BH, T, hd, L, *tail)
+    return o
+
+
+def scan_backward(q, k, v, lam, states, dout, dq, dk, dv, dlam, chunk=None, rung="threaded",
+                  threads=None, work=None):
+    """The gradients of :func:`scan_forward`'s o with respect to q, k, v and lam (dq, dk,
+    dv, dlam, overwritten), from dout and the forward's ``states`` (made with the same
+    ``chunk``); the states inside a chunk are recomputed, never stored."""
+    BH, T, hd, L = _scan_inputs(q, k, v, lam, rung, chunk)
+    _f32(states, "states", (BH, -(-T // L) + 1, hd, hd))
+    _f32(dout, "dout", (BH, T, hd))
+    for x, name in ((dq, "dq"), (dk, "dk"), (dv, "dv")):
+        _f32(x, name, (BH, T, hd), writable=True)
+    _f32(dlam, "dlam", (BH, T), writable=True)
+    ffi, lib, gemm, tail = _scan_call(rung, T, hd, L, threads, work)
+    arrays = [_fp(ffi, x) for x in (q, k, v, lam, states, dout, dq, dk, dv, dlam)]
+    if rung == "step":
+        lib.scan_step_backward(*arrays, BH, T, hd, L, *tail)
+    else:
+        getattr(lib, f"scan_{rung}_backward")(gemm, *arrays, BH, T, hd, L, *tail)
+    return dq, dk, dv, dlam
+
+
 def cross_entropy(logits, targets, losses, dlogits, threads=None):
     """Per-row losses and the gradient of their mean; returns the mean loss."""
     _f32(logits, "logits")
@@ -508,17 +664,10 @@ class BatchedGemm:
     """
 
     def __init__(self, threads=None):
-        from smallem.product import gemm
         from smallem.plumbing import pool
 
         self.team = pool.team(threads)
-        gffi, glib = self.team.module("gemm")
-        fn = getattr(glib, "gemm_f32", None)
-        if fn is None or gffi.typeof(fn).cname != GEMM_F32_TYPE:
-            raise RuntimeError("kernels_c/gemm.c has no gemm_f32 with the expected prototype")
-        self.addr = int(gffi.cast("uintptr_t", gffi.addressof(glib, "gemm_f32")))
-        self.config = gemm.default_config()  # (order, mc, kc, nc)
-        self.glib = glib
+        self.addr, self.config, self.glib = _gemm_f32(self.team)  # config: (order, mc, kc, nc)
         self.work = np.zeros(0, np.float32)
 
     def __call__(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0):
