@@ -15,8 +15,10 @@ TINY_UNTIED = Config("tiny-untied", d_model=8, n_layer=1, n_head=2, context=5, t
 TINY_MODERN = Config("tiny-modern", d_model=12, n_layer=2, n_head=3, context=7, block="modern")
 TINY_MODERN_UNTIED = Config("tiny-modern-untied", d_model=8, n_layer=1, n_head=2, context=5,
                             block="modern", tied=False)
-ALL_TINY = [TINY, TINY_UNTIED, TINY_MODERN, TINY_MODERN_UNTIED]
-ALL_IDS = ["tied", "untied", "modern", "modern-untied"]
+TINY_RECURRENT = Config("tiny-recurrent", d_model=12, n_layer=2, n_head=3, context=7,
+                        block="recurrent")
+ALL_TINY = [TINY, TINY_UNTIED, TINY_MODERN, TINY_MODERN_UNTIED, TINY_RECURRENT]
+ALL_IDS = ["tied", "untied", "modern", "modern-untied", "recurrent"]
 
 
 # ---------------------------------------------------------------- finite differences
@@ -143,6 +145,33 @@ def test_whole_model_backward_fd(cfg, rng):
     m.backward()
     g = m.grad_flat.copy()
     fd_check(lambda: m.forward(idx, tg), {"params": m.flat}, {"params": g}, rng, samples=150)
+
+
+def test_the_recurrent_model_across_chunks(monkeypatch, rng):
+    """The recurrent block with chunks shorter than the sequence (4 of 8 steps and a last
+    of 5 for T = 29): the kernels' loss and gradients against float64's, and float64's
+    gradients against finite differences; the gate biases start at decays whose half-lives
+    run from one token to the context."""
+    from smallem.training import model as model_mod
+
+    monkeypatch.setattr(layers, "scan_chunk", lambda hd, caches=None: 8)
+    cfg = Config("rec", d_model=16, n_layer=2, n_head=2, context=29, block="recurrent")
+    b = model_mod.gate_biases(cfg)
+    assert_close(1 / (1 + np.exp(-b)), 2.0 ** (-1.0 / np.array([1.0, 29.0])))  # sigmoid(b)
+    idx, tg = rng.integers(0, 256, (2, 29)), rng.integers(0, 256, (2, 29))
+    ref = GPT(cfg, "numpy", dtype=np.float64, seed=2)
+    ref.flat += rng.normal(0, 0.05, ref.flat.shape)
+    fast = GPT(cfg, "fused", threads=2, seed=2)
+    fast.load_flat(ref.flat.astype(np.float32))
+    assert fast.workspace(2, 29).layers[0].attn.states.shape == (4, 5, 8, 8)
+    losses = [m.forward(idx, tg) for m in (ref, fast)]
+    for m in (ref, fast):
+        m.backward()
+    assert abs(losses[0] - losses[1]) < 1e-5 * losses[0]
+    assert_close(fast.grad_flat, ref.grad_flat, rtol=1e-4,
+                 atol=2e-5 * np.abs(ref.grad_flat).max(), name="kernels against float64")
+    g = ref.grad_flat.copy()
+    fd_check(lambda: ref.forward(idx, tg), {"params": ref.flat}, {"params": g}, rng, samples=60)
 
 
 def test_adamw_numpy_matches_formula(rng):
@@ -793,7 +822,7 @@ def test_model_matches_pytorch(rng):
     pytest.importorskip("torch")
     from smallem.training import torch_gpt
 
-    for cfg in ALL_TINY:
+    for cfg in (c for c in ALL_TINY if c.block != "recurrent"):  # PyTorch's oracle has none
         m64 = GPT(cfg, "numpy", dtype=np.float64, seed=2)
         m64.flat += rng.normal(0, 0.05, m64.flat.shape)
         idx = rng.integers(0, 256, (2, cfg.context))
@@ -849,13 +878,15 @@ def test_configs_documented_sizes():
     xl = CONFIGS["xl"]
     assert 25e6 <= xl.n_params() <= 30e6
     assert list(CONFIGS) == ["s", "m", "l", "xl", "s-modern", "m-modern", "l-modern",
-                             "xl-modern"]
-    for block in ("gpt2", "modern"):
+                             "xl-modern", "s-recurrent", "m-recurrent", "l-recurrent",
+                             "xl-recurrent"]
+    for block in ("gpt2", "modern", "recurrent"):
         sizes = [c.n_params() for c in CONFIGS.values() if c.block == block]
         assert sizes == sorted(sizes)
-    for name in ("s", "m", "l", "xl"):  # the modern block keeps the size within 2 %
-        assert CONFIGS[name + "-modern"].n_params() == pytest.approx(CONFIGS[name].n_params(),
-                                                                     rel=0.02)
+    for name in ("s", "m", "l", "xl"):  # the other blocks keep the size within 2 %
+        for block in ("modern", "recurrent"):
+            assert CONFIGS[f"{name}-{block}"].n_params() == pytest.approx(
+                CONFIGS[name].n_params(), rel=0.02)
     # 6 FLOPs per matmul parameter per token, plus attention's 12 L d T
     assert xl.flops_per_token() == 6 * (8 * 12 * 512 ** 2 + 256 * 512) + 12 * 8 * 512 * 512
 

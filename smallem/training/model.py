@@ -20,13 +20,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from smallem.training import layers
 from smallem.training.ops import (BACKENDS, LN_EPS, Bf16Ops, FlashOps, FusedOps, KernelOps,  # noqa: F401
                   NumpyOps, make_ops, rope_tables)
 
 # ================================================================ the model
 
 VOCAB = 256  # byte-level tokens
-BLOCKS = ("gpt2", "modern")
+BLOCKS = ("gpt2", "modern", "recurrent")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class Config:
     context: int = 128
     vocab: int = VOCAB
     tied: bool = True  # LM head shares the token-embedding matrix
-    block: str = "gpt2"  # or "modern": RMSNorm, RoPE, SwiGLU, no biases
+    block: str = "gpt2"  # or "modern": RMSNorm, RoPE, SwiGLU, no biases; or "recurrent":
+    # the modern block with a gated linear recurrence in place of the attention (appendix D)
 
     def __post_init__(self):
         for k in ("d_model", "n_layer", "n_head", "context", "vocab"):
@@ -72,12 +74,12 @@ class Config:
     @property
     def mlp_in(self) -> int:
         """The width of the MLP's first product: 4d, or 2h for SwiGLU's W1 and W3 together."""
-        return self.mlp_hidden * (2 if self.block == "modern" else 1)
+        return self.mlp_hidden * (2 if self.block != "gpt2" else 1)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every parameter, in storage order: decayed matrices (the blocks' ones together),
         then the rest."""
-        if self.block == "modern":
+        if self.block != "gpt2":
             return self._modern_shapes()
         C, V = self.d_model, self.vocab
         decayed = {"wte": (V, C), "wpe": (self.context, C)}
@@ -99,12 +101,14 @@ class Config:
         shapes = {"wte": (V, C)}
         if not self.tied:
             shapes["lm_head"] = (V, C)
+        gates = self.block == "recurrent"  # one gate a head: its decay, from the token
         for i in range(self.n_layer):
             p = f"h{i}."
-            shapes.update({p + "attn.w": (C, 3 * C), p + "proj.w": (C, C),
-                           p + "fc.w": (C, 2 * h), p + "fc2.w": (h, C)})
+            shapes.update({p + "attn.w": (C, 3 * C), **({p + "gate.w": (C, self.n_head)} if gates else {}),
+                           p + "proj.w": (C, C), p + "fc.w": (C, 2 * h), p + "fc2.w": (h, C)})
         for i in range(self.n_layer):
-            shapes.update({f"h{i}.ln1.w": (C,), f"h{i}.ln2.w": (C,)})
+            shapes.update({f"h{i}.ln1.w": (C,), f"h{i}.ln2.w": (C,),
+                           **({f"h{i}.gate.b": (self.n_head,)} if gates else {})})
         shapes["lnf.w"] = (C,)
         return shapes
 
@@ -137,13 +141,19 @@ class Config:
         N counts the parameters that enter a matrix product (every weight matrix
         and the LM head, not the position table or biases): 2 FLOPs each forward,
         4 backward. The attention products QK^T and PV add 4 d T per layer
-        forward (counted over the full T x T square, as the kernels compute it).
+        forward (counted over the full T x T square, as the kernels compute it). The
+        recurrent block's mixer instead adds, per head and token, the state's update and its
+        read (2 hd^2 multiply-adds, 4 hd^2 FLOPs) forward, three times that with the
+        backward: 12 d hd a layer, whatever T (its definition's count; the chunked scan
+        moves some of it into products inside a chunk).
         """
         T = self.context if T is None else T
         C, L = self.d_model, self.n_layer
         mlp = C * self.mlp_in + self.mlp_hidden * C  # weights of the MLP's products
-        n_matmul = L * (4 * C * C + mlp) + self.vocab * C
-        return 6 * n_matmul + 12 * L * C * T
+        gates = C * self.n_head if self.block == "recurrent" else 0
+        n_matmul = L * (4 * C * C + gates + mlp) + self.vocab * C
+        mixer = C * self.head_dim if self.block == "recurrent" else C * T
+        return 6 * n_matmul + 12 * L * mixer
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,6 +171,11 @@ CONFIGS = {
     "m-modern": Config("m-modern", 256, 6, 8, 256, block="modern"),     # 4.89 M, 34 MFLOP/token
     "l-modern": Config("l-modern", 384, 8, 8, 256, block="modern"),     # 14.3 M, 95 MFLOP/token
     "xl-modern": Config("xl-modern", 512, 8, 8, 512, block="modern"),   # 25.4 M, 178 MFLOP/token
+    # and with the recurrent block (appendix D): a gated linear recurrence for the attention
+    "s-recurrent": Config("s-recurrent", 128, 4, 4, 128, block="recurrent"),  # 0.84 M, 5.2 MFLOP/token
+    "m-recurrent": Config("m-recurrent", 256, 6, 8, 256, block="recurrent"),  # 4.90 M, 30 MFLOP/token
+    "l-recurrent": Config("l-recurrent", 384, 8, 8, 256, block="recurrent"),  # 14.3 M, 87 MFLOP/token
+    "xl-recurrent": Config("xl-recurrent", 512, 8, 8, 512, block="recurrent"),  # 25.5 M, 156 MFLOP/token
 }
 
 
@@ -174,18 +189,35 @@ def get_config(name_or_config) -> Config:
     return CONFIGS[name_or_config]
 
 
+def gate_biases(cfg: Config) -> np.ndarray:
+    """The recurrent block's gate biases at initialisation, one a head: decays whose
+    half-lives spread geometrically from one token to the context, so that at the start some
+    heads keep the last few tokens and others the whole sequence. A decay a with half-life
+    tau (a^tau = 1/2) is sigmoid(b) for b = log(a / (1 - a))."""
+    H = cfg.n_head
+    tau = cfg.context ** (np.arange(H) / max(H - 1, 1))
+    a = 2.0 ** (-1.0 / tau)
+    return np.log(a / (1.0 - a))
+
+
 class AttnCache:
     """Per-layer attention buffers: q, k, v, the output o, and the probabilities P (or, for
     the attention in tiles, only each row's log-sum-exp)."""
 
-    def __init__(self, z, B, H, T, hd, shared, scores=True, rope=None):
+    def __init__(self, z, B, H, T, hd, shared, scores=True, rope=None, chunk=0):
         self.rope = rope  # (cos, sin) for the modern block's RoPE, or None
         self.q, self.k, self.v, self.o = (z(B, H, T, hd) for _ in range(4))
-        self.p = z(B, H, T, T) if scores else z(0)
-        self.lse = z(B, H, T)
+        self.p = z(B, H, T, T) if scores and not chunk else z(0)
+        self.lse = z(B, H, T) if not chunk else z(0)
+        # the recurrent block: each step's log-decay, and the state at the start of every
+        # chunk of ``chunk`` steps and at the end (layers.scan_forward)
+        self.chunk = chunk
+        self.lam = z(B, H, T) if chunk else z(0)
+        self.states = z(B * H, -(-T // chunk) + 1, hd, hd) if chunk else z(0)
         # backward scratch, shared by all layers (only one layer's backward runs at a time)
         self.do, self.dq, self.dk, self.dv, self.dp = (
             shared["do"], shared["dq"], shared["dk"], shared["dv"], shared["dp"])
+        self.dlam = shared.get("dlam", z(0))  # the recurrence's: absent for attention
 
 
 @dataclass
@@ -202,6 +234,7 @@ class _Layer:
     ln2_rstd: np.ndarray
     u: np.ndarray       # fc output (GELU input)
     g: np.ndarray       # GELU output
+    gz: np.ndarray      # the recurrent block's gate logits, one a head (else empty)
     attn: AttnCache = field(repr=False)
 
 
@@ -264,15 +297,18 @@ class Workspace:
     def _carve(self, cfg, z, scores):
         N, C, H, hd = self.B * self.T, cfg.d_model, cfg.n_head, cfg.head_dim
         B, T, modern = self.B, self.T, cfg.block == "modern"
+        rec = cfg.block == "recurrent"
+        chunk = self.chunk = layers.scan_chunk(hd) if rec else 0
         shared = {k: z(B, H, T, hd) for k in ("do", "dq", "dk", "dv")}
-        shared["dp"] = z(B, H, T, T) if scores else z(0)  # no (T, T) buffers in tiles
+        shared["dp"] = z(B, H, T, T) if scores and not rec else z(0)  # no (T, T) buffers in tiles
+        shared["dlam"] = z(B, H, T) if rec else z(0)
         self.rope_cos, self.rope_sin = (z(T, hd // 2), z(T, hd // 2)) if modern else (z(0), z(0))
         rope = (self.rope_cos, self.rope_sin) if modern else None
         self.layers = [
             _Layer(x=z(N, C), ln1=z(N, C), ln1_mean=z(N), ln1_rstd=z(N), qkv=z(N, 3 * C),
                    att=z(N, C), mid=z(N, C), ln2=z(N, C), ln2_mean=z(N), ln2_rstd=z(N),
-                   u=z(N, cfg.mlp_in), g=z(N, cfg.mlp_hidden),
-                   attn=AttnCache(z, B, H, T, hd, shared, scores, rope))
+                   u=z(N, cfg.mlp_in), g=z(N, cfg.mlp_hidden), gz=z(N, H) if rec else z(0),
+                   attn=AttnCache(z, B, H, T, hd, shared, scores, rope, chunk))
             for _ in range(cfg.n_layer)]
         self.out = z(N, C)            # the last block's output
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
@@ -284,7 +320,8 @@ class Workspace:
         self.dqkv = z(N, 3 * C)
         self.datt = z(N, C)
         self.dh = z(N, cfg.mlp_in)    # the MLP's first product's gradient
-        self.dg = z(N, cfg.mlp_hidden) if modern else z(0)  # SwiGLU's output's gradient
+        self.dg = z(N, cfg.mlp_hidden) if modern or rec else z(0)  # SwiGLU's output's gradient
+        self.dgz = z(N, H) if rec else z(0)  # the gate logits' gradient
 
 
 class GPT:
@@ -323,7 +360,9 @@ class GPT:
         rng = np.random.default_rng(seed)
         resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, p in self.params.items():
-            if name.endswith((".b",)):
+            if name.endswith("gate.b"):
+                p[...] = gate_biases(self.config)
+            elif name.endswith((".b",)):
                 p[...] = 0
             elif name.endswith(("ln1.w", "ln2.w")) or name == "lnf.w":
                 p[...] = 1
@@ -358,9 +397,10 @@ class GPT:
             raise ValueError(f"idx: empty batch, shape {idx.shape}")
         ws = self.ws = self.workspace(B, T)
         ws.idx[...] = idx
-        P, ops, modern = self.params, self.ops, self.config.block == "modern"
+        P, ops, modern = self.params, self.ops, self.config.block != "gpt2"
         ops.embedding(ws.idx, P["wte"], None if modern else P["wpe"], ws.layers[0].x)
-        block = self._modern_block_forward if modern else self._block_forward
+        block = {"gpt2": self._block_forward, "modern": self._modern_block_forward,
+                 "recurrent": self._recurrent_block_forward}[self.config.block]
         for i, L in enumerate(ws.layers):
             nxt = ws.layers[i + 1].x if i + 1 < len(ws.layers) else ws.out
             block(i, L, nxt)
@@ -404,13 +444,29 @@ class GPT:
         ops.add(L.mid, ws.tmp, out)
     # --8<-- [end:modern_block_forward]
 
+    # --8<-- [start:recurrent_block_forward]
+    def _recurrent_block_forward(self, i, L: _Layer, out):
+        P, ops, ws, p = self.params, self.ops, self.ws, f"h{i}."
+        ops.rmsnorm(L.x, P[p + "ln1.w"], L.ln1, L.ln1_rstd)
+        ops.linear(L.ln1, P[p + "attn.w"], None, L.qkv)         # N x C x 3C
+        ops.linear(L.ln1, P[p + "gate.w"], P[p + "gate.b"], L.gz)  # N x C x H: a decay a head
+        ops.recurrence(L.qkv, L.gz, L.att, L.attn)              # the state carried along T
+        ops.linear(L.att, P[p + "proj.w"], None, ws.tmp)        # N x C x C
+        ops.add(L.x, ws.tmp, L.mid)
+        ops.rmsnorm(L.mid, P[p + "ln2.w"], L.ln2, L.ln2_rstd)
+        ops.linear(L.ln2, P[p + "fc.w"], None, L.u)             # N x C x 2h: [W1 | W3]
+        ops.swiglu(L.u, L.g)
+        ops.linear(L.g, P[p + "fc2.w"], None, ws.tmp)           # N x h x C
+        ops.add(L.mid, ws.tmp, out)
+    # --8<-- [end:recurrent_block_forward]
+
     # ------------------------------------------------------------ backward
     def backward(self):
         """Gradients of the last forward's mean loss, into :attr:`grads` (overwritten)."""
         ws = self.ws
         if ws is None:
             raise RuntimeError("backward() before forward(idx, targets)")
-        P, G, ops, modern = self.params, self.grads, self.ops, self.config.block == "modern"
+        P, G, ops, modern = self.params, self.grads, self.ops, self.config.block != "gpt2"
         head = "wte" if self.config.tied else "lm_head"
         # LM head: writes dwte (tied) before the embedding adds its share below.
         ops.head_backward(ws.dlogits, ws.lnf, P[head], ws.dln, G[head])
@@ -420,7 +476,8 @@ class GPT:
         else:
             ops.layernorm_backward(ws.dln, ws.out, P["lnf.w"], ws.lnf_mean, ws.lnf_rstd, ws.dx,
                                    G["lnf.w"], G["lnf.b"])
-        block = self._modern_block_backward if modern else self._block_backward
+        block = {"gpt2": self._block_backward, "modern": self._modern_block_backward,
+                 "recurrent": self._recurrent_block_backward}[self.config.block]
         for i in reversed(range(self.config.n_layer)):
             block(i, ws.layers[i])
         if not self.config.tied:
@@ -461,6 +518,19 @@ class GPT:
         ops.linear_backward(ws.dx, L.att, P[p + "proj.w"], ws.datt, G[p + "proj.w"], None)
         ops.attention_backward(ws.datt, ws.dqkv, L.attn)
         ops.linear_backward(ws.dqkv, L.ln1, P[p + "attn.w"], ws.dln, G[p + "attn.w"], None)
+        ops.rmsnorm_backward(ws.dln, L.x, P[p + "ln1.w"], L.ln1_rstd, ws.dx, G[p + "ln1.w"])
+
+    def _recurrent_block_backward(self, i, L: _Layer):
+        P, G, ops, ws, p = self.params, self.grads, self.ops, self.ws, f"h{i}."
+        ops.linear_backward(ws.dx, L.g, P[p + "fc2.w"], ws.dg, G[p + "fc2.w"], None)
+        ops.swiglu_backward(L.u, ws.dg, ws.dh)
+        ops.linear_backward(ws.dh, L.ln2, P[p + "fc.w"], ws.dln, G[p + "fc.w"], None)
+        ops.rmsnorm_backward(ws.dln, L.mid, P[p + "ln2.w"], L.ln2_rstd, ws.dx, G[p + "ln2.w"])
+        ops.linear_backward(ws.dx, L.att, P[p + "proj.w"], ws.datt, G[p + "proj.w"], None)
+        ops.recurrence_backward(ws.datt, ws.dqkv, ws.dgz, L.attn)
+        ops.linear_backward(ws.dqkv, L.ln1, P[p + "attn.w"], ws.dln, G[p + "attn.w"], None)
+        ops.linear_backward(ws.dgz, L.ln1, P[p + "gate.w"], ws.dln, G[p + "gate.w"],
+                            G[p + "gate.b"], accumulate=True)
         ops.rmsnorm_backward(ws.dln, L.x, P[p + "ln1.w"], L.ln1_rstd, ws.dx, G[p + "ln1.w"])
 
     # ------------------------------------------------------------ generation

@@ -2,8 +2,9 @@
 
 Read it from top to bottom, as llm.c's ``train_gpt2.c``: the layers in the order the
 forward pass meets them: embedding, LayerNorm, linear (the attention's QKV and projection,
-the MLP's two layers), attention (as matrices, and in tiles), residual add, GELU, the
-modern block's RMSNorm, RoPE and SwiGLU, the element-wise layers that run in a row and so
+the MLP's two layers), attention (as matrices, and in tiles), the recurrent block's scan,
+residual add, GELU, the modern block's RMSNorm, RoPE and SwiGLU, the element-wise layers
+that run in a row and so
 can be fused, the tied head, cross-entropy; then AdamW and the gradient norm, which the
 trainer calls, and the bf16 products. Each layer is written twice:
 
@@ -41,7 +42,7 @@ import math
 import numpy as np
 
 from smallem.plumbing import build
-from smallem.training import layers
+from smallem.training import layers, scan
 
 def _scratch(ops, name: str, size: int, dtype=np.float32) -> np.ndarray:
     """The ops object's scratch array ``name``, of at least ``size`` elements: made on the
@@ -265,6 +266,70 @@ class FlashAttention:
             self.rope(a.dq, a.dk, *a.rope, inverse=True)
         layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
 # --8<-- [end:flash_attention]
+
+
+# ---------------------------------------------------------------- the recurrence
+# The recurrent block's mixer (appendix D), in place of the attention: per head a matrix
+# state S (hd x hd), decayed at each step by a gate and added the step's k v^T, read by the
+# query: S_t = exp(lam_t) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, with q scaled by 1/sqrt(hd)
+# and lam = log sigmoid(z), z the gate logits (one a head, from their own linear). The scan
+# itself is smallem.training.scan's (the float64 definition) or kernels_c/layers/scan.c's.
+# Backward: the scan's dq, dk, dv, dlam; dq scaled back; dz = dlam (1 - exp(lam)), since
+# d log sigmoid(z) / dz = 1 - sigmoid(z).
+
+# --8<-- [start:numpy_recurrence]
+class NumpyRecurrence:
+    def recurrence(self, qkv, z, out, a):
+        """qkv (B*T, 3C) and the gate logits z (B*T, H) -> out (B*T, C); keeps q (scaled),
+        k, v and lam in ``a``."""
+        B, H, T, hd = a.q.shape
+        x = qkv.reshape(B, T, 3, H, hd).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hd)
+        a.q[...], a.k[...], a.v[...] = x[0] / math.sqrt(hd), x[1], x[2]
+        a.lam[...] = -np.logaddexp(0.0, -z.reshape(B, T, H).transpose(0, 2, 1))
+        flat = lambda y: y.reshape(B * H, *y.shape[2:])  # noqa: E731
+        o, _ = scan.reference_forward(flat(a.q), flat(a.k), flat(a.v), flat(a.lam))
+        out[...] = o.reshape(B, H, T, hd).transpose(0, 2, 1, 3).reshape(B * T, H * hd)
+
+    def recurrence_backward(self, dout, dqkv, dz, a):
+        B, H, T, hd = a.q.shape
+        flat = lambda y: y.reshape(B * H, *y.shape[2:])  # noqa: E731
+        do = dout.reshape(B, T, H, hd).transpose(0, 2, 1, 3)
+        dq, dk, dv, dlam = scan.reference_backward(flat(a.q), flat(a.k), flat(a.v),
+                                                   flat(a.lam), flat(do))
+        d = np.stack([dq / math.sqrt(hd), dk, dv]).reshape(3, B, H, T, hd)
+        dqkv.reshape(B, T, 3, H, hd)[...] = d.transpose(1, 3, 0, 2, 4)
+        dz[...] = (dlam.reshape(B, H, T) * -np.expm1(a.lam)).transpose(0, 2, 1).reshape(B * T, H)
+# --8<-- [end:numpy_recurrence]
+
+
+# --8<-- [start:kernel_recurrence]
+class KernelRecurrence:
+    def scan_scratch(self, T, hd, chunk):  # one scratch for every layer
+        return _scratch(self, "_scan", layers.scan_work_floats(T, hd, chunk, self.threads))
+
+    def recurrence(self, qkv, z, out, a):
+        B, H, T, hd = a.q.shape
+        flat = lambda y: y.reshape(B * H, *y.shape[2:])  # noqa: E731
+        layers.heads_split(qkv, (a.q, a.k, a.v), B, T, H, self.threads)
+        a.q *= 1.0 / math.sqrt(hd)
+        np.negative(np.logaddexp(0.0, -z.reshape(B, T, H).transpose(0, 2, 1)), out=a.lam)
+        layers.scan_forward(flat(a.q), flat(a.k), flat(a.v), flat(a.lam), flat(a.o), a.states,
+                            chunk=a.chunk, threads=self.threads,
+                            work=self.scan_scratch(T, hd, a.chunk))
+        layers.heads_merge((a.o,), out, self.threads)
+
+    def recurrence_backward(self, dout, dqkv, dz, a):
+        B, H, T, hd = a.q.shape
+        flat = lambda y: y.reshape(B * H, *y.shape[2:])  # noqa: E731
+        layers.heads_split(dout, (a.do,), B, T, H, self.threads)
+        layers.scan_backward(*(flat(y) for y in (a.q, a.k, a.v, a.lam)), a.states,
+                             *(flat(y) for y in (a.do, a.dq, a.dk, a.dv, a.dlam)),
+                             chunk=a.chunk, threads=self.threads,
+                             work=self.scan_scratch(T, hd, a.chunk))
+        a.dq *= 1.0 / math.sqrt(hd)
+        layers.heads_merge((a.dq, a.dk, a.dv), dqkv, self.threads)
+        dz.reshape(B, T, H)[...] = (a.dlam * -np.expm1(a.lam)).transpose(0, 2, 1)
+# --8<-- [end:kernel_recurrence]
 
 
 # ---------------------------------------------------------------- residual add
@@ -542,7 +607,8 @@ class KernelBf16Products:
 
 # ================================================================ the two ops objects
 
-class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, NumpyResidual,
+class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, NumpyRecurrence,
+               NumpyResidual,
                NumpyGelu, NumpyRMSNorm, NumpyRope, NumpySwiGLU, UnfusedElementwise, NumpyHead,
                NumpyCrossEntropy, NumpyAdamW):
     """The reference: each layer in a few lines of numpy, any float dtype."""
@@ -554,8 +620,8 @@ class NumpyOps(NumpyEmbedding, NumpyLayerNorm, NumpyLinear, NumpyAttention, Nump
 
 
 class KernelOps(KernelEmbedding, KernelLayerNorm, KernelLinear, KernelAttention,
-                KernelResidual, KernelGelu, KernelRMSNorm, KernelRope, KernelSwiGLU,
-                UnfusedElementwise, KernelHead, KernelCrossEntropy, KernelAdamW):
+                KernelRecurrence, KernelResidual, KernelGelu, KernelRMSNorm, KernelRope,
+                KernelSwiGLU, UnfusedElementwise, KernelHead, KernelCrossEntropy, KernelAdamW):
     """Chapter 2's GEMM for every product, ``kernels_c/layers.c`` for the rest."""
 
     name = "kernels"

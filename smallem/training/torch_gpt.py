@@ -60,6 +60,8 @@ def forward(P: dict, cfg, idx, targets=None):
     """Loss (mean nats per token) or logits for ``idx`` (B, T)."""
     if getattr(cfg, "block", "gpt2") == "modern":
         return forward_modern(P, cfg, idx, targets)
+    if getattr(cfg, "block", "gpt2") != "gpt2":
+        raise ValueError(f"the PyTorch oracle has no {cfg.block} block")
     idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
     B, T = idx.shape
     C, H = cfg.d_model, cfg.n_head

@@ -126,7 +126,7 @@ def newton_schulz_flops(cfg, steps: int = NS_STEPS) -> int:
     total = 0
     for name in cfg.hidden_matrices():
         r, c = cfg.param_shapes()[name]
-        pieces = [c // 2] * 2 if cfg.block == "modern" and name.endswith("fc.w") else [c]
+        pieces = [c // 2] * 2 if cfg.block != "gpt2" and name.endswith("fc.w") else [c]
         for width in pieces:
             m, n = sorted((r, width))
             total += 2 * steps * (2 * m * m * n + m ** 3)
@@ -156,7 +156,7 @@ class Muon:
         self.pieces = []  # (name, columns, transposed, momentum)
         for name in cfg.hidden_matrices():
             rows, width = model.params[name].shape
-            halves = cfg.block == "modern" and name.endswith("fc.w")
+            halves = cfg.block != "gpt2" and name.endswith("fc.w")
             for c in ([slice(0, width // 2), slice(width // 2, None)] if halves else
                       [slice(None)]):
                 cols = len(range(width)[c])
@@ -309,7 +309,8 @@ class Trainer:
                                                         o.seed, o.lr, o.warmup)
         accumulate, optimizer = o.accumulate, o.optimizer
         self.config = get_config(config)
-        d = DEFAULTS.get(self.config.name.removesuffix("-modern"), DEFAULTS["m"])
+        d = DEFAULTS.get(self.config.name.removesuffix("-modern").removesuffix("-recurrent"),
+                         DEFAULTS["m"])
         self.corpus = corpus if isinstance(corpus, data.Corpus) else data.load_corpus(corpus)
         self.B = int(batch_size or d["batch"])
         self.T = int(seq_len or self.config.context)
