@@ -128,7 +128,7 @@ enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_BLOCKS = 2 };            /* sm_mat.kind
 enum { NORM_LAYER = 0, NORM_RMS = 1 };                             /* sm_model.norm */
 enum { MLP_GELU = 0, MLP_SWIGLU = 1, MLP_GEGLU = 2 };              /* sm_model.mlp */
 enum { ROPE_NONE = 0, ROPE_PAIRS = 1, ROPE_NEOX = 2 };             /* sm_model.rope */
-enum { CACHE_TILES = 0, CACHE_F16 = 1 };                           /* sm_model.cache */
+enum { CACHE_TILES = 0, CACHE_F16 = 1, CACHE_STATE = 2 };                           /* sm_model.cache */
 
 #include "forward/tiles.c"
 #include "forward/blocks.c"
@@ -644,7 +644,8 @@ static long long carve(const sm_model *m, work_t *w)
     TAKE(o, float, (long long)R * d);
     TAKE(u, float, (long long)R * 2 * hid);
     TAKE(g, float, (long long)R * hid);
-    TAKE(scores, float, m->cache == CACHE_TILES ? (long long)R * m->n_head * PAD(m->context, 16) : 0);
+    TAKE(scores, float, m->cache == CACHE_TILES ? (long long)R * m->n_head * PAD(m->context, 16)
+                        : m->cache == CACHE_STATE ? (long long)R * m->n_head : 0); /* or gates */
     TAKE(xs, float, (long long)R * (PAD(kmax, QBLOCK) / QBLOCK)); /* int8 rows' block scales */
     /* the rounded inputs: up to three at once (q, k, v), at most 8 bytes a weight (the
      * paired Q8_0 takes 6), or int8 tiles' byte a weight */
@@ -846,6 +847,42 @@ static void add_bias(float *y, size_t stride, const float *b, int rows, int N)
 }
 
 /* ------------------------------------------------------------------ one layer */
+/* --8<-- [start:recur] */
+/* The recurrent block's mixer (appendix D) for rows at consecutive positions: per head a
+ * state S (hd x hd, the cache: [layer][head][hd][hd]), decayed by sigmoid(z) of the head's
+ * gate logit z and added k v^T, then read by the scaled query: o = S^T q attn_scale. The
+ * same work at every position, whatever the context: 2 hd^2 multiply-adds a head a token,
+ * and the state's hd^2 floats read and written. Heads in parallel, rows in order. */
+static void recur(const sm_model *m, int l, const float *qb, size_t qs, const float *kb,
+                  size_t ks, const float *vb, size_t vs, const float *z, float *att, int rows,
+                  int nthreads)
+{
+    const int H = m->n_head, hd = m->head_dim;
+    const int nt = team(m, 8LL * H * hd * hd * rows, nthreads);
+    #pragma omp parallel for schedule(static) num_threads(nt < H ? nt : H)
+    for (int h = 0; h < H; h++) {
+        float *S = (float *)m->k_cache + ((size_t)l * H + h) * hd * hd;
+        for (int r = 0; r < rows; r++) {
+            const float a = 1.0f / (1.0f + expf(-z[(size_t)r * H + h]));
+            const float *q = qb + (size_t)r * qs + (size_t)h * hd;
+            const float *k = kb + (size_t)r * ks + (size_t)h * hd;
+            const float *v = vb + (size_t)r * vs + (size_t)h * hd;
+            float *o = att + ((size_t)r * H + h) * hd;
+            for (int j = 0; j < hd; j++) o[j] = 0.0f;
+            for (int i = 0; i < hd; i++) {
+                float *Si = S + (size_t)i * hd;
+                const float ki = k[i], qi = q[i] * m->attn_scale;
+                #pragma omp simd
+                for (int j = 0; j < hd; j++) {
+                    Si[j] = a * Si[j] + ki * v[j];
+                    o[j] += qi * Si[j];
+                }
+            }
+        }
+    }
+}
+/* --8<-- [end:recur] */
+
 /* --8<-- [start:attention] */
 /* q, k, v for the block's rows (rows at positions p0 ..): their norms and RoPE, k and v into
  * the cache, and each row's attention over the cache into w->att. */
@@ -869,6 +906,11 @@ static void attention(const sm_model *m, int l, work_t *w, int rows, int p0, int
     add_bias(qb, qs, L->bq, rows, qd);
     add_bias(kb, ks, L->bk, rows, kd);
     add_bias(vb, vs, L->bv, rows, vdt);
+    if (m->cache == CACHE_STATE) { /* the recurrent block: its gates, then the state */
+        product(m, &L->decay, w->t, rows, w->scores, 0, w, nthreads);
+        recur(m, l, qb, qs, kb, ks, vb, vs, w->scores, w->att, rows, nthreads);
+        return;
+    }
     for (int r = 0; r < rows; r++) {
         const int p = p0 + r;
         float *qr = qb + (size_t)r * qs, *kr = kb + (size_t)r * ks, *vr = vb + (size_t)r * vs;
@@ -965,6 +1007,8 @@ int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logi
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->vocab) return -4;
     if (m->cache == CACHE_TILES && m->v_dim != m->head_dim) return -5;
+    if (m->cache == CACHE_STATE && (m->v_dim != m->head_dim || m->n_kv_head != m->n_head ||
+                                    m->layers[0].decay.N != m->n_head)) return -5;
     for (int l = 0; l < m->n_layer; l++)
         if (m->cache == CACHE_TILES && m->layers[l].window > 0) return -5;
     if (nthreads < 1 || nthreads > (m->max_threads > 0 ? m->max_threads : 1)) return -6;

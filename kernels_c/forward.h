@@ -14,7 +14,7 @@ typedef struct {
 typedef struct {
     const float *norm1_w, *norm1_b, *norm2_w, *norm2_b, *post1_w, *post2_w;
     const float *q_norm, *k_norm, *bq, *bk, *bv;
-    sm_mat qkv, q, k, v, o, up, gate, down;
+    sm_mat qkv, q, k, v, o, up, gate, down, decay;
     int window;
     const float *rope_cos, *rope_sin;
 } sm_layer;

@@ -443,3 +443,35 @@ def test_the_int8_decoders_prompt_through_the_integer_gemm(block):
         decode.Decoder(m, "f32", 1, prefill="int8")
     with pytest.raises(ValueError, match="path"):
         ref.forward([1, 2], path="int8")
+
+
+# ---------------------------------------------------------------- the recurrent block
+
+@pytest.mark.parametrize("prefill", ["c", "gemm"])
+def test_the_recurrent_decoder_carries_its_state(level, prefill):
+    """Appendix D's decode: the C forward with one state a head in place of the KV cache
+    gives the training model's logits for a prompt and every step after it (f32: to
+    float32's rounding; int8: to int8's), on one thread and two; reset() starts from a zero
+    state again; the rung-1 KV cache refuses the block in one line."""
+    m = _model("recurrent", context=80)
+    toks = np.random.default_rng(2).integers(0, 256, 70)
+    want = m.forward(toks[None].astype(np.int32))[49:].astype(np.float64)
+    scale = np.abs(want).max()
+    for dtype, tol in (("f32", 1e-5), ("int8", 0.06)):
+        for threads in (1, 2) if dtype == "f32" else (2,):
+            d = decode.Decoder(m, dtype, threads, prefill=prefill)
+            got = [d.prefill(toks[:50]).copy()] + [d.step(int(t)).copy() for t in toks[50:]]
+            err = np.abs(np.vstack(got) - want).max() / scale
+            assert err <= tol, (dtype, threads, err)
+            assert d.k.shape == (2, 4, 16, 16) and d.k.any()
+            d.reset()
+            assert not d.k.any() and np.array_equal(d.prefill(toks[:50]), got[0])
+    with pytest.raises(ValueError, match="no keys and values"):
+        decode.NumpyCache(m)
+
+
+def test_the_recurrent_model_generates():
+    m = _model("recurrent", context=64)
+    g = decode.Generator(m, dtype="int8", threads=2)
+    a = b"".join(g.generate(b"def ", 20, temperature=0.9, top_k=40, seed=3))
+    assert a == b"".join(g.generate(b"def ", 20, temperature=0.9, top_k=40, seed=3))

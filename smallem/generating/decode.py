@@ -75,6 +75,15 @@ def _check_tokens(tokens, vocab: int, pos: int, context: int) -> np.ndarray:
 
 
 # ================================================================ rung 0
+def _with_attention(model: GPT, what: str) -> None:
+    """One clear line where a decoder that caches keys and values meets a model without
+    them: the recurrent block carries a state instead, and only rung 0 (the model's own
+    forward over the whole prefix) decodes it so far."""
+    if model.config.block == "recurrent":
+        raise ValueError(f"{what}: the recurrent block ({model.config.name}) has no keys and "
+                         f"values to cache; it decodes by rerunning its prefix (rung 0, NoCache)")
+
+
 class NoCache:
     """Rung 0: no memory between tokens; each one reruns the whole prefix."""
 
@@ -112,6 +121,7 @@ class NumpyCache:
     GEMM), then each token in numpy: its products are matrix-vector ones."""
 
     def __init__(self, model: GPT):
+        _with_attention(model, "the KV cache")
         self.model, self.config = model, model.config
         c = self.config
         shape = (c.n_layer, c.n_head, c.context, c.head_dim)
@@ -220,9 +230,11 @@ def q8_0_rows(q: np.ndarray, s: np.ndarray) -> np.ndarray:
 def gpt_spec(model: GPT, dtype: str, plain: bool) -> Spec:
     """A chapter 3 model as the one C forward takes it: GPT-2's block (LayerNorm with biases,
     learned positions, GELU) or the modern one (RMSNorm, RoPE in pairs, SwiGLU with gate and
-    up in one matrix), q, k and v in one matrix, the cache in chapter 4's f32 key tiles."""
+    up in one matrix), q, k and v in one matrix, the cache in chapter 4's f32 key tiles; or
+    the recurrent block (the modern one without RoPE, its gates a matrix with a bias, one
+    state a head in place of the cache)."""
     c, P = model.config, model.params
-    modern = c.block == "modern"
+    modern, rec = c.block != "gpt2", c.block == "recurrent"
     bias = (lambda name: None) if modern else (lambda name: P[name])  # noqa: E731
     mat = lambda n, w, b=None: Tiles(w, dtype, None if modern else b, plain)  # noqa: E731
     layers = []
@@ -235,14 +247,16 @@ def gpt_spec(model: GPT, dtype: str, plain: bool) -> Spec:
             "o": mat(n, P[n + "proj.w"], bias(n + "proj.b")),
             "up": mat(n, P[n + "fc.w"], bias(n + "fc.b")),
             "down": mat(n, P[n + "fc2.w"], bias(n + "fc2.b"))})
+        if rec:
+            layers[-1]["decay"] = Tiles(P[n + "gate.w"], dtype, P[n + "gate.b"], plain)
     cos = sin = None
-    if modern:
+    if c.block == "modern":
         cos, sin = rope_tables(c.context, c.head_dim)
     return Spec(n_layer=c.n_layer, d=c.d_model, n_head=c.n_head, n_kv_head=c.n_head,
                 head_dim=c.head_dim, v_dim=c.head_dim, hidden=c.mlp_hidden, vocab=c.vocab,
                 context=c.context, norm="rms" if modern else "layer",
-                mlp="swiglu" if modern else "gelu", rope="pairs" if modern else None,
-                rope_dim=c.head_dim, cache="tiles", eps=LN_EPS,
+                mlp="swiglu" if modern else "gelu", rope="pairs" if cos is not None else None,
+                rope_dim=c.head_dim, cache="state" if rec else "tiles", eps=LN_EPS,
                 attn_scale=1.0 / math.sqrt(c.head_dim), embd=Rows(P["wte"]),
                 head=mat("", (P["wte"] if c.tied else P["lm_head"]).T), layers=layers,
                 wpe=None if modern else P["wpe"], out_norm_w=P["lnf.w"],

@@ -28,7 +28,8 @@ from smallem.plumbing import pool as _pool
 NORMS = ("layer", "rms")            # the C side's numbers: 0, 1
 MLPS = ("gelu", "swiglu", "geglu")
 ROPES = (None, "pairs", "neox")
-CACHES = ("tiles", "f16")           # chapter 4's f32 key tiles, or llama.cpp's f16 rows
+CACHES = ("tiles", "f16", "state")  # chapter 4's f32 key tiles, llama.cpp's f16 rows, or
+#                                     the recurrent block's state (appendix D)
 INT_MAX = 2**31 - 1
 GEMM_BLOCK = 512   # a prompt's rows per C call on the GEMM branch: wide enough for the GEMM
 KIND_BLOCKS = 2    # sm_mat.kind of a GGUF tensor (0, 1: chapter 4's f32 and int8 tiles)
@@ -221,7 +222,7 @@ class Forward:
             for name, value in L.items():
                 if name == "window":
                     dst.window = int(value)
-                elif name in ("qkv", "q", "k", "v", "o", "up", "gate", "down"):
+                elif name in ("qkv", "q", "k", "v", "o", "up", "gate", "down", "decay"):
                     mat(getattr(dst, name), value)
                 else:
                     setattr(dst, name, vec(value))
@@ -239,7 +240,10 @@ class Forward:
         m.rope_cos, m.rope_sin = vec(s.rope_cos), vec(s.rope_sin)
         m.layers = layers
         C, nkv = s.context, s.n_kv_head
-        if s.cache == "tiles":  # keys in tiles of 16 positions, (context/16, hd, 16) per head
+        if s.cache == "state":  # the recurrent block: one hd x hd state a head, no positions
+            self.k = np.zeros((s.n_layer, s.n_head, s.head_dim, s.head_dim), np.float32)
+            self.v = np.zeros(1, np.float32)
+        elif s.cache == "tiles":  # keys in tiles of 16 positions, (context/16, hd, 16) per head
             self.k = np.zeros((s.n_layer, nkv, -(-C // 16), s.head_dim, 16), np.float32)
             self.v = np.zeros((s.n_layer, nkv, C, s.v_dim), np.float32)
         else:
@@ -322,6 +326,8 @@ class Forward:
     # ------------------------------------------------------------ the calls
     def reset(self):
         self.pos = 0
+        if self.spec.cache == "state":  # a state holds the whole past: a new start is zero
+            self.k[...] = 0
 
     def _check(self, tokens) -> np.ndarray:
         t = np.asarray(tokens)

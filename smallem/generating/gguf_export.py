@@ -102,6 +102,8 @@ def export(model: GPT, path, dtype: str = "f32", overwrite: bool = False) -> Pat
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if model.config.block == "recurrent":
+        raise ValueError("GGUF export knows the GPT-2 and llama blocks, not the recurrent one")
     if model.config.vocab != 256:
         raise ValueError(f"GGUF export knows the byte vocabulary (256), not {model.config.vocab}")
     path = Path(path)
