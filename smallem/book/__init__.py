@@ -29,6 +29,7 @@ CHAPTERS = (
     "mpi",   # the appendix: beyond one machine, data-parallel training on MPI
     "others",  # appendix B: others' models (GGUF files) beside llama.cpp
     "machines",  # appendix C: every captured machine side by side (reads, never measures)
+    "recurrent",  # appendix D: a block without attention, its state carried along the sequence
 )
 
 
@@ -74,7 +75,7 @@ def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> di
 
 # how "How we measure" names the chapters whose measurements run paired rounds
 ROUNDS_NAMES = {"ch2": "chapter 2", "ch3": "chapter 3", "ch4": "chapter 4",
-                "mpi": "the MPI appendix", "others": "appendix B"}
+                "mpi": "the MPI appendix", "others": "appendix B", "recurrent": "appendix D"}
 
 
 def rounds_by_chapter() -> str:

@@ -1,0 +1,144 @@
+"""Appendix D's record read into its tables and values: the scan's rungs beside the f32
+peak, the training step of both blocks at each context, one decoded token's cost at each
+position beside the bound its bytes set, and the bits per byte after the same time."""
+
+from __future__ import annotations
+
+from smallem.training.layers import SCAN_LADDER
+from .. import ch1, compare, figures, records
+from .measuring import RECORD
+
+f = figures.fmt
+SCAN_TARGET = 5.0   # the issue's: the chunked, threaded scan against the step-by-step one
+FLAT = 0.9          # decode at the longest position against the shortest: flat within 10 %
+KEYS = ("chunk", "scan_shape", "chunked_vs_step", "threaded_vs_step", "scan_target",
+        "step_share", "train_size", "train_short", "train_long", "decode_flat",
+        "attn_fall", "attn_fall_predicted", "positions", "bpb_modern", "bpb_recurrent",
+        "run_minutes", "run_config")
+
+
+def _missing(note: str) -> dict:
+    for name in ("recurrent_scan", "recurrent_train", "recurrent_decode"):
+        figures.write_table(name, [], ["(nothing measured)"], note)
+    return {f"rec.{k}": note for k in KEYS} | {"rec.recurrent_wins": False,
+                                               "rec.measured": False, "rec.scan_reached": False}
+
+
+def _one(rec, name, **params):
+    found = records.results(rec, name, **params)
+    return found[0] if found else None
+
+
+def _scan(rec, facts) -> dict:
+    runs = {r["params"]["rung"]: r for r in records.results(rec, "scan")}
+    step = runs["step"]
+    rows = []
+    for rung, r in runs.items():
+        p = r["params"]
+        peak = facts["peak"].get(("f32", p["threads"])) if facts else None
+        rows.append([rung, SCAN_LADDER[rung].what, str(p["threads"]), f(r["seconds"]["median"], "s"),
+                     f(r["value"]["median"], "GFLOP/s"),
+                     "—" if r is step else compare.versus(r, step),
+                     f(peak, "GFLOP/s") if peak else "no chapter 1 record",
+                     f"{100 * r['value']['median'] / peak:.0f} %" if peak else "—"])
+    p = step["params"]
+    figures.write_table(
+        "recurrent_scan", rows,
+        ["rung", "what it does", "threads", "forward and backward", "rate", "against step by step",
+         "chapter 1's f32 peak on its threads", "share of the peak"],
+        f"One sequence of {p['BH']} heads of {p['hd']} features, T = {p['T']}, chunks of "
+        f"{p['chunk']} steps; the rate counts the definition's operations (4 hd² a step and "
+        f"head forward, three times that with the backward) whatever a rung does; medians of "
+        f"{len(step['seconds']['samples'])} rounds in turn. {figures.machine_line(rec)}.")
+    v = compare.against(runs["threaded"], step, SCAN_TARGET)
+    peak1 = facts["peak"].get(("f32", 1)) if facts else None
+    return {"rec.chunk": str(p["chunk"]), "rec.scan_shape": f"T = {p['T']}, {p['BH']} heads of {p['hd']}",
+            "rec.chunked_vs_step": compare.versus(runs["chunked"], step),
+            "rec.threaded_vs_step": compare.versus(runs["threaded"], step),
+            "rec.scan_target": v.text(), "rec.scan_reached": v.met,
+            "rec.step_share": (f"{100 * step['value']['median'] / peak1:.0f} %" if peak1
+                               else "no chapter 1 record")}
+
+
+def _train(rec) -> dict:
+    runs = {(r["params"]["block"], r["params"]["T"]): r for r in records.results(rec, "train_step")}
+    Ts = sorted({T for _, T in runs})
+    rows = []
+    for T in Ts:
+        a, r = runs[("modern", T)], runs[("recurrent", T)]
+        rows.append([str(T), str(a["params"]["batch"]), f(a["value"]["median"]),
+                     f(a["params"]["flops_per_token"] / 1e6), f(r["value"]["median"]),
+                     f(r["params"]["flops_per_token"] / 1e6), compare.versus(r, a)])
+    figures.write_table(
+        "recurrent_train", rows,
+        ["context T", "sequences a step", "attention (tokens/s)", "its MFLOP a token",
+         "recurrent (tokens/s)", "its MFLOP a token", "recurrent against attention"],
+        "One forward and backward of each model (the same size, the same tokens a step at "
+        "every context; f32, the attention in tiles), timed in the same rounds (medians). "
+        f"{figures.machine_line(rec)}.")
+    ratio = lambda T: runs[("recurrent", T)]["value"]["median"] / runs[("modern", T)]["value"]["median"]  # noqa: E731
+    return {"rec.train_size": f"{runs[('modern', Ts[0])]['params']['params'] / 1e6:.1f} million parameters",
+            "rec.train_short": f"{ratio(Ts[0]):.2f} times at T = {Ts[0]}",
+            "rec.train_long": f"{ratio(Ts[-1]):.2f} times at T = {Ts[-1]}"}
+
+
+def _bound(facts, nbytes: float, threads: int) -> float | None:
+    """Tokens/s a step reading ``nbytes`` can reach at chapter 1's read-only stream of the
+    level that holds them."""
+    if not facts:
+        return None
+    _, bw = ch1.level_of(facts, nbytes, threads, ch1.read_stream(facts))
+    return bw * 1e9 / nbytes
+
+
+def _decode(rec, facts) -> dict:
+    runs = {(r["params"]["block"], r["params"]["position"]): r for r in records.results(rec, "decode")}
+    ps = sorted({p for _, p in runs})
+    th = rec["settings"]["threads"]
+    rows = []
+    for p in ps:
+        row = [str(p)]
+        for b in ("modern", "recurrent"):
+            r = runs[(b, p)]
+            nbytes = r["params"]["weight_bytes"] + r["params"]["cache_bytes"]
+            bound = _bound(facts, nbytes, th)
+            row += [f(r["value"]["median"]), f(nbytes / 2**20), f(bound) if bound else "—"]
+        rows.append(row)
+    figures.write_table(
+        "recurrent_decode", rows,
+        ["position", "attention (tokens/s)", "its MiB a token", "its bound (tokens/s)",
+         "recurrent (tokens/s)", "its MiB a token", "its bound (tokens/s)"],
+        "One token decoded at each position, int8 weights, the same rounds for both models. "
+        "MiB a token: the weights and, for attention, the keys and values cached so far (f32), "
+        "for the recurrent model its states read and written. The bound: those bytes over "
+        "chapter 1's read-only stream at the level that holds them. "
+        f"{figures.machine_line(rec)}.")
+    a0, a1 = runs[("modern", ps[0])], runs[("modern", ps[-1])]
+    bytes_of = lambda r: r["params"]["weight_bytes"] + r["params"]["cache_bytes"]  # noqa: E731
+    return {"rec.decode_flat": compare.against(runs[("recurrent", ps[-1])],
+                                               runs[("recurrent", ps[0])], FLAT).text(),
+            "rec.attn_fall": f"{a1['value']['median'] / a0['value']['median']:.2f} times",
+            "rec.attn_fall_predicted": (
+                f"{_bound(facts, bytes_of(a1), th) / _bound(facts, bytes_of(a0), th):.2f} times"
+                if facts else "no prediction (no chapter 1 record)"),
+            "rec.positions": f"{ps[0]} to {ps[-1]}"}
+
+
+def _runs(rec) -> dict:
+    runs = {r["params"]["block"]: r for r in records.results(rec, "run")}
+    a, r = runs["modern"], runs["recurrent"]
+    bpb = lambda x: x["value"]["median"]  # noqa: E731
+    return {"rec.bpb_modern": f"{bpb(a):.3f} bits/byte after {a['params']['steps']} steps",
+            "rec.bpb_recurrent": f"{bpb(r):.3f} bits/byte after {r['params']['steps']} steps",
+            "rec.recurrent_wins": bpb(r) < bpb(a),
+            "rec.run_minutes": f"{60 * rec['settings']['run_minutes']:.0f} s",
+            "rec.run_config": f"{a['params']['config']} and {r['params']['config']}"}
+
+
+def report(rec_dir=None) -> dict:
+    if not records.exists(RECORD, rec_dir):
+        return _missing("not measured here (no record recurrent.scan: run `smallem bench-recurrent`)")
+    rec = records.load(RECORD, rec_dir)
+    facts = ch1.facts(rec_dir)
+    return ({"rec.measured": True} | _scan(rec, facts) | _train(rec) | _decode(rec, facts)
+            | _runs(rec))
