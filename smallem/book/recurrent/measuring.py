@@ -27,7 +27,12 @@ SIZE = "m"                           # the models compared: chapter 3's m shape,
 CONTEXTS = (512, 1024, 2048, 4096)   # the training step's
 STEP_TOKENS = 4096                   # tokens a step at every context (batch = 4096 / T)
 POSITIONS = (256, 1024, 4096, 16384)  # decode: the position a token is decoded at
-FEED = 16                            # decode steps timed a sample
+FEED = 32                            # decode steps timed a sample
+# decode on one core: the question is the cost against the position, and with a second
+# thread the samples of a few milliseconds came out bimodal on a Zen 4 (a worker asleep
+# between a step's many parallel regions, or spinning: several times a token's time), which
+# no position explains
+DECODE_THREADS = 1
 RUN_MINUTES = 0.75                   # training time of each model for the bits per byte
 BLOCKS = ("modern", "recurrent")     # attention (RMSNorm, RoPE, SwiGLU) and the recurrence
 
@@ -110,15 +115,19 @@ def _stepper(trainer):
 def _fill(dec, pos: int) -> None:
     """Stand the decoder at position ``pos``: the KV cache's first ``pos`` rows hold zeros
     instead of a prompt's keys and values, which a step reads all the same (its cost
-    depends on how many there are, not on what they hold); a state holds what it holds."""
+    depends on how many there are, not on what they hold); a state holds what it holds.
+    Then one untimed step, on the threads the sample runs on: it wakes them after the
+    pause between samples (timing.measure_interleaved's setup stands in for its untimed
+    call), so that a sample of a few milliseconds does not time a wake-up."""
     dec.reset()
     dec.pos = pos
+    dec.step(0)
 
 
 def decode_positions(rec, threads: int, quick: bool) -> None:
     """One token's cost at each position, both blocks, int8 weights, in the same rounds."""
     positions = (64, 256) if quick else POSITIONS
-    models = {b: GPT(model_config(b, max(positions) + FEED + 1, quick), "kernels", seed=0)
+    models = {b: GPT(model_config(b, max(positions) + FEED + 2, quick), "kernels", seed=0)
               for b in BLOCKS}
     decs = {b: decode.Decoder(m, "int8", threads) for b, m in models.items()}
     feed = [int(t) for t in np.random.default_rng(1).integers(0, 256, FEED)]
@@ -127,8 +136,8 @@ def decode_positions(rec, threads: int, quick: bool) -> None:
         for p in positions:
             setup[(b, p)] = (lambda d=dec, p=p: _fill(d, p))
             cases[(b, p)] = (lambda d=dec: [d.step(t) for t in feed])
-    ts = timing.measure_interleaved(cases, setup=setup, repeats=2 if quick else 5, warmup=0,
-                                    pause=PAUSE)
+    ts = timing.measure_interleaved(cases, setup=setup, repeats=2 if quick else ROUNDS,
+                                    warmup=0, pause=PAUSE)
     for (b, p), t in ts.items():
         dec, c = decs[b], models[b].config
         kv = 2 * 4 * c.n_layer * c.d_model * p if b == "modern" else 0  # f32 keys and values
@@ -167,10 +176,11 @@ def bench_recurrent(quick: bool | None = None, progress: bool = True, threads=No
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": threads, "rounds": 2 if quick else ROUNDS,
         "size": "s" if quick else SIZE, "run_minutes": 0.05 if quick else RUN_MINUTES,
-        "feed": FEED, "step_tokens": 256 if quick else STEP_TOKENS})
+        "feed": FEED, "step_tokens": 256 if quick else STEP_TOKENS,
+        "decode_threads": DECODE_THREADS})
     for part in (scan_rungs, training_steps, decode_positions):
         t0 = time.perf_counter()
-        part(rec, threads, quick)
+        part(rec, DECODE_THREADS if part is decode_positions else threads, quick)
         if progress:
             print(f"{part.__name__}: {time.perf_counter() - t0:.0f} s", flush=True)
     same_time_runs(rec, threads, quick, progress)

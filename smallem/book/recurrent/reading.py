@@ -13,7 +13,8 @@ SCAN_TARGET = 5.0   # the issue's: the chunked, threaded scan against the step-b
 FLAT = 0.9          # decode at the longest position against the shortest: flat within 10 %
 KEYS = ("chunk", "scan_shape", "chunked_vs_step", "threaded_vs_step", "scan_target",
         "step_share", "train_size", "train_short", "train_long", "decode_flat",
-        "attn_fall", "attn_fall_predicted", "positions", "bpb_modern", "bpb_recurrent",
+        "attn_fall", "attn_fall_predicted", "positions", "decode_threads", "bpb_modern",
+        "bpb_recurrent",
         "run_minutes", "run_config")
 
 
@@ -94,7 +95,7 @@ def _bound(facts, nbytes: float, threads: int) -> float | None:
 def _decode(rec, facts) -> dict:
     runs = {(r["params"]["block"], r["params"]["position"]): r for r in records.results(rec, "decode")}
     ps = sorted({p for _, p in runs})
-    th = rec["settings"]["threads"]
+    th = rec["settings"].get("decode_threads", rec["settings"]["threads"])
     rows = []
     for p in ps:
         row = [str(p)]
@@ -108,7 +109,8 @@ def _decode(rec, facts) -> dict:
         "recurrent_decode", rows,
         ["position", "attention (tokens/s)", "its MiB a token", "its bound (tokens/s)",
          "recurrent (tokens/s)", "its MiB a token", "its bound (tokens/s)"],
-        "One token decoded at each position, int8 weights, the same rounds for both models. "
+        f"One token decoded at each position, int8 weights, on {th} thread{'s' * (th > 1)}, "
+        "the same rounds for both models. "
         "MiB a token: the weights and, for attention, the keys and values cached so far (f32), "
         "for the recurrent model its states read and written. The bound: those bytes over "
         "chapter 1's read-only stream at the level that holds them. "
@@ -121,7 +123,8 @@ def _decode(rec, facts) -> dict:
             "rec.attn_fall_predicted": (
                 f"{_bound(facts, bytes_of(a1), th) / _bound(facts, bytes_of(a0), th):.2f} times"
                 if facts else "no prediction (no chapter 1 record)"),
-            "rec.positions": f"{ps[0]} to {ps[-1]}"}
+            "rec.positions": f"{ps[0]} to {ps[-1]}",
+            "rec.decode_threads": f"{th} thread{'s' * (th > 1)}"}
 
 
 def _runs(rec) -> dict:
