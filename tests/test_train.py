@@ -122,11 +122,13 @@ def test_accumulate_is_refused_with_distributed(text_corpus):
 
 
 MODERN = Config("tiny-modern", d_model=16, n_layer=2, n_head=2, context=16, block="modern")
+RECURRENT = Config("tiny-recurrent", d_model=16, n_layer=2, n_head=2, context=16,
+                   block="recurrent")
 
 
 @pytest.mark.parametrize("backend,cfg,optimizer", [
     ("numpy", TINY, "adamw"), ("kernels", TINY, "adamw"), ("kernels", MODERN, "muon"),
-    ("bf16", MODERN, "muon")])
+    ("bf16", MODERN, "muon"), ("fused", RECURRENT, "muon")])
 def test_interrupt_and_resume_equals_uninterrupted(backend, cfg, optimizer, text_corpus,
                                                    tmp_path):
     kw = dict(corpus=text_corpus, batch_size=3, steps=8, seed=7, backend=backend,
