@@ -509,24 +509,26 @@ class GPT:
                                G[p + "ln1.w"], G[p + "ln1.b"])
     # --8<-- [end:block_backward]
 
-    def _modern_block_backward(self, i, L: _Layer):
+    def _swiglu_branch_backward(self, i, L: _Layer):
+        """The modern and recurrent blocks' MLP branch backward, then their output
+        projection's: ws.datt holds the gradient of the mixer's output on return."""
         P, G, ops, ws, p = self.params, self.grads, self.ops, self.ws, f"h{i}."
         ops.linear_backward(ws.dx, L.g, P[p + "fc2.w"], ws.dg, G[p + "fc2.w"], None)
         ops.swiglu_backward(L.u, ws.dg, ws.dh)
         ops.linear_backward(ws.dh, L.ln2, P[p + "fc.w"], ws.dln, G[p + "fc.w"], None)
         ops.rmsnorm_backward(ws.dln, L.mid, P[p + "ln2.w"], L.ln2_rstd, ws.dx, G[p + "ln2.w"])
         ops.linear_backward(ws.dx, L.att, P[p + "proj.w"], ws.datt, G[p + "proj.w"], None)
+
+    def _modern_block_backward(self, i, L: _Layer):
+        P, G, ops, ws, p = self.params, self.grads, self.ops, self.ws, f"h{i}."
+        self._swiglu_branch_backward(i, L)
         ops.attention_backward(ws.datt, ws.dqkv, L.attn)
         ops.linear_backward(ws.dqkv, L.ln1, P[p + "attn.w"], ws.dln, G[p + "attn.w"], None)
         ops.rmsnorm_backward(ws.dln, L.x, P[p + "ln1.w"], L.ln1_rstd, ws.dx, G[p + "ln1.w"])
 
     def _recurrent_block_backward(self, i, L: _Layer):
         P, G, ops, ws, p = self.params, self.grads, self.ops, self.ws, f"h{i}."
-        ops.linear_backward(ws.dx, L.g, P[p + "fc2.w"], ws.dg, G[p + "fc2.w"], None)
-        ops.swiglu_backward(L.u, ws.dg, ws.dh)
-        ops.linear_backward(ws.dh, L.ln2, P[p + "fc.w"], ws.dln, G[p + "fc.w"], None)
-        ops.rmsnorm_backward(ws.dln, L.mid, P[p + "ln2.w"], L.ln2_rstd, ws.dx, G[p + "ln2.w"])
-        ops.linear_backward(ws.dx, L.att, P[p + "proj.w"], ws.datt, G[p + "proj.w"], None)
+        self._swiglu_branch_backward(i, L)
         ops.recurrence_backward(ws.datt, ws.dqkv, ws.dgz, L.attn)
         ops.linear_backward(ws.dqkv, L.ln1, P[p + "attn.w"], ws.dln, G[p + "attn.w"], None)
         ops.linear_backward(ws.dgz, L.ln1, P[p + "gate.w"], ws.dln, G[p + "gate.w"],
