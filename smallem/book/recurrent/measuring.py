@@ -92,7 +92,7 @@ def training_steps(rec, threads: int, quick: bool) -> None:
                         backend="fused", threads=threads)
             cases[(block, T)] = t
     ts = timing.measure_interleaved({key: _stepper(t) for key, t in cases.items()},
-                                    repeats=2 if quick else 5, pause=PAUSE)
+                                    repeats=2 if quick else ROUNDS, pause=PAUSE)
     for (block, T), t in ts.items():
         tr = cases[(block, T)]
         rec.add("train_step", "tokens/s", t.rate(tr.B * T), seconds=_seconds(t), block=block,
