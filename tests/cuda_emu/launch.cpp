@@ -1,37 +1,10 @@
 /* Appended after emu.h and gemm.cu: the launcher Python calls through ctypes. */
-#include <functional>
-#include <thread>
-#include <vector>
-
-thread_local emu_dim3 threadIdx;
-emu_dim3 blockIdx, blockDim, gridDim;
-std::barrier<> *emu_block_barrier;
-std::barrier<> *emu_warp_barrier[32];
-alignas(128) unsigned char emu_dyn_smem[65536];
+/* emu_run, the globals and the barriers are in emu.h */
 
 static void emu_run(unsigned gx, unsigned gy, unsigned bx, unsigned by,
                     const std::function<void()> &body)
 {
-    unsigned n = bx * by;
-    gridDim = {gx, gy, 1};
-    blockDim = {bx, by, 1};
-    std::barrier<> block(n);
-    std::vector<std::barrier<> *> warps;
-    for (unsigned w = 0; w < (n + 31) / 32; w++) warps.push_back(new std::barrier<>(32));
-    emu_block_barrier = &block;
-    for (unsigned w = 0; w < warps.size(); w++) emu_warp_barrier[w] = warps[w];
-    for (unsigned y = 0; y < gy; y++)
-        for (unsigned x = 0; x < gx; x++) {
-            blockIdx = {x, y, 0};
-            std::vector<std::thread> threads;
-            for (unsigned t = 0; t < n; t++)
-                threads.emplace_back([&, t] {
-                    threadIdx = {t % bx, t / bx, 0};
-                    body();
-                });
-            for (auto &th : threads) th.join();
-        }
-    for (auto *w : warps) delete w;
+    emu_run(emu_dim3{gx, gy, 1}, emu_dim3{bx, by, 1}, body);
 }
 
 extern "C" int emu_gemm(const char *name, unsigned gx, unsigned gy, unsigned bx, unsigned by,
@@ -46,6 +19,7 @@ extern "C" int emu_gemm(const char *name, unsigned gx, unsigned gy, unsigned bx,
     SM_F32(sgemm_prefetch) SM_F32(sgemm_prefetch_nt) SM_F32(sgemm_prefetch_tn)
     SM_H16(hgemm_wmma) SM_H16(hgemm_wmma_nt) SM_H16(hgemm_wmma_tn)
     SM_H16(hgemm_async) SM_H16(hgemm_async_nt) SM_H16(hgemm_async_tn)
+    SM_H16(hgemm_mma) SM_H16(hgemm_mma_nt) SM_H16(hgemm_mma_tn)
     return -1;
 }
 
