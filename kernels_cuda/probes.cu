@@ -69,6 +69,114 @@ extern "C" __global__ void mma_bf16(float *out, int iters, unsigned seed)
 }
 /* --8<-- [end:mma] */
 
+/* --8<-- [start:wgmma] */
+/* bf16 tensor-core peak on Hopper (sm_90a): wgmma, the instruction of Hopper's own matrix
+ * kernels. mma_bf16 above issues the Ampere-era warp instruction, which a Hopper SM runs at a
+ * fraction of its tensor rate. Here a warpgroup - 4 consecutive warps, one on each of the SM's
+ * four tensor cores - issues wgmma.mma_async m64n128k16: a 64 x 16 tile of A times a 16 x 128
+ * tile of B (2 x 64 x 128 x 16 = 262144 FLOP), both read by the tensor cores straight from
+ * shared memory through matrix descriptors, the 64 x 128 f32 sums spread over the registers of
+ * the 128 threads (64 each). The instruction is asynchronous: the warps queue WG_UNROLL x
+ * WG_CHAINS of them, commit them as one group and wait only for the group before
+ * (wgmma.wait_group 1), so the tensor cores always have the next group waiting. Products into
+ * the same accumulators are chained in order by the hardware; WG_CHAINS accumulators add
+ * independent ones. Blocks of 256 threads: two warpgroups reading the same tiles.
+ * FLOP = 2 * WG_M * WG_N * WG_K * WG_CHAINS * WG_UNROLL * iters * threads / 128.
+ * Built for anything but sm_90a (which alone has wgmma), the kernel only writes NaN. */
+#define WG_M 64
+#define WG_N 128
+#define WG_K 16
+#define WG_CHAINS 2
+#define WG_UNROLL 4
+#define WG_ACC (WG_M * WG_N / 128)  /* f32 sums a thread holds per chain */
+#define WG_STR_(x) #x
+#define WG_STR(x) WG_STR_(x)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+static_assert(WG_ACC == 64, "wg_mma below names 64 accumulator registers");
+
+/* A shared-memory matrix descriptor: start address, the byte offset between core matrices
+ * (8 rows of 16 bytes, stored as 128 contiguous bytes) neighbouring along K (LBO: 128) and
+ * along M or N (SBO: 256), no swizzle (bits 62-63 zero); addresses and offsets in 16 bytes. */
+__device__ __forceinline__ unsigned long long wg_desc(const void *p)
+{
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return (unsigned long long)((a & 0x3ffff) >> 4) | (unsigned long long)(128 >> 4) << 16 |
+           (unsigned long long)(256 >> 4) << 32;
+}
+
+#define WG_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WG_F16(i) WG_F4(i), WG_F4(i + 4), WG_F4(i + 8), WG_F4(i + 12)
+/* d += A B for the tiles the descriptors describe (scale-d 1: accumulate; no negation, both
+ * operands K-major) */
+__device__ __forceinline__ void wg_mma(float (&d)[WG_ACC], unsigned long long da,
+                                       unsigned long long db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m" WG_STR(WG_M) "n" WG_STR(WG_N) "k" WG_STR(WG_K)
+                 ".f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WG_F16(0), WG_F16(16), WG_F16(32), WG_F16(48)
+                 : "l"(da), "l"(db), "r"(1));
+}
+#undef WG_F16
+#undef WG_F4
+
+/* keeps the compiler from moving accesses to v across this point (the wgmma fence and waits
+ * order the tensor cores' register accesses, not the compiler's) */
+__device__ __forceinline__ void wg_pin(float &v) { asm volatile("" : "+f"(v) :: "memory"); }
+#endif
+
+extern "C" __global__ void __launch_bounds__(256) wgmma_bf16(float *out, int iters, unsigned seed)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __shared__ __align__(128) unsigned short sa[WG_M * WG_K], sb[WG_N * WG_K];
+    for (int e = threadIdx.x; e < WG_N * WG_K; e += blockDim.x) {
+        /* bf16 in [2^-7, 2^-6) that depend on the seed: the sums stay far from overflow */
+        unsigned short v = (unsigned short)(0x3c00 | ((seed ^ (e * 0x9e3779b9u)) >> 25));
+        if (e < WG_M * WG_K) sa[e] = v;
+        sb[e] = v ^ 0x15;
+    }
+    /* the tensor cores read shared memory through the async proxy: order our stores first */
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    unsigned long long da = wg_desc(sa), db = wg_desc(sb);
+    float d[WG_CHAINS][WG_ACC];
+#pragma unroll
+    for (int c = 0; c < WG_CHAINS; c++)
+#pragma unroll
+        for (int q = 0; q < WG_ACC; q++) { d[c][q] = 0.0f; wg_pin(d[c][q]); }
+    for (int i = 0; i < iters; i++) {
+        /* before a group: the accumulators' last writes by ordinary instructions (the zeros)
+         * are ordered before the tensor cores read them; as cheap as the rest of the issue */
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int u = 0; u < WG_UNROLL; u++)
+#pragma unroll
+            for (int c = 0; c < WG_CHAINS; c++) wg_mma(d[c], da, db);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < WG_CHAINS; c++)
+#pragma unroll
+        for (int q = 0; q < WG_ACC; q++) { wg_pin(d[c][q]); s += d[c][q]; }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+#else
+    (void)iters;
+    (void)seed;
+    out[blockIdx.x * blockDim.x + threadIdx.x] = __int_as_float(0x7fc00000);  /* NaN */
+#endif
+}
+/* --8<-- [end:wgmma] */
+
 /* --8<-- [start:read] */
 /* The memory staircase: read a working set of n4 float4 (n4 a power of two) `total` float4
  * loads in all, so small sets are read many times over and stay in L2, large ones stream from

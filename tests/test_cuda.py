@@ -5,14 +5,17 @@ Tests that need a device are marked ``gpu`` and skip with the reason (no CuPy, n
 the compile tests need only NVRTC (through CuPy) or nvcc, and skip visibly if neither exists.
 """
 
+import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from smallem import checks
-from smallem.plumbing import cuda
+from smallem.plumbing import build, cuda
 
 REASON = cuda.why_unavailable()
 needs_gpu = pytest.mark.skipif(REASON is not None, reason=f"no GPU: {REASON}")
@@ -25,7 +28,7 @@ SHAPES = [(1, 1, 1), (1, 7, 3), (17, 31, 5), (33, 65, 9), (127, 129, 131), (128,
 
 # ---------------------------------------------------------------- without a GPU too
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 @pytest.mark.parametrize("name", cuda.kernel_names())
 def test_cu_compiles(name, arch):
     try:
@@ -126,7 +129,9 @@ def test_probe_flop_comes_from_the_probe_source(tmp_path, monkeypatch):
     src = cuda.source_path("probes").read_text()
     fma = gpu.measuring.probe_flop("fma_f32", 10, 3, 256)
     mma = gpu.measuring.probe_flop("mma_bf16", 10, 3, 256)
-    for name, new in (("FMA_CHAINS", 3), ("FMA_UNROLL", 5), ("MMA_CHAINS", 7)):
+    wg = gpu.measuring.probe_flop("wgmma_bf16", 10, 3, 256)
+    for name, new in (("FMA_CHAINS", 3), ("FMA_UNROLL", 5), ("MMA_CHAINS", 7), ("WG_N", 256),
+                      ("WG_CHAINS", 1), ("WG_UNROLL", 6)):
         assert f"#define {name} " in src
         src = "\n".join(f"#define {name} {new}" if line.startswith(f"#define {name} ") else line
                         for line in src.splitlines())
@@ -134,11 +139,132 @@ def test_probe_flop_comes_from_the_probe_source(tmp_path, monkeypatch):
     monkeypatch.setattr(cuda, "KERNELS_DIR", tmp_path)
     assert gpu.measuring.probe_flop("fma_f32", 10, 3, 256) == 2 * 3 * 5 * 10 * 3 * 256
     assert gpu.measuring.probe_flop("mma_bf16", 10, 3, 256) == 2 * 16**3 * 7 * 10 * 3 * 256 / 32
+    assert gpu.measuring.probe_flop("wgmma_bf16", 10, 3, 256) == \
+        2 * 64 * 256 * 16 * 1 * 6 * 10 * 3 * 256 / 128
     monkeypatch.undo()
-    assert (fma, mma) == (gpu.measuring.probe_flop("fma_f32", 10, 3, 256),
-                          gpu.measuring.probe_flop("mma_bf16", 10, 3, 256))
+    assert (fma, mma, wg) == (gpu.measuring.probe_flop("fma_f32", 10, 3, 256),
+                              gpu.measuring.probe_flop("mma_bf16", 10, 3, 256),
+                              gpu.measuring.probe_flop("wgmma_bf16", 10, 3, 256))
     with pytest.raises(ValueError, match="kernel"):
         gpu.measuring.probe_flop("copy", 1, 1, 1)
+
+
+def _nvcc(*args) -> subprocess.CompletedProcess:
+    nvcc = cuda.nvcc_path()
+    if nvcc is None:
+        pytest.skip("no nvcc: the ptxas report and the PTX text come from it")
+    return subprocess.run([nvcc, *args], capture_output=True, text=True)
+
+
+def _ptx(name: str, arch: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "k.ptx")
+        r = _nvcc("-ptx", *cuda.nvcc_arch(arch), *cuda.OPTIONS, str(cuda.source_path(name)),
+                  "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        return out.read_text()
+
+
+def ptxas_report(name: str, arch: str) -> tuple[dict, str]:
+    """({kernel: {"registers", "stack", "spill_stores", "spill_loads"}}, ptxas's whole output)
+    for kernels_cuda/<name>.cu built for ``arch`` by nvcc -Xptxas -v."""
+    with tempfile.TemporaryDirectory() as tmp:
+        r = _nvcc("-cubin", *cuda.nvcc_arch(arch), *cuda.OPTIONS, "-Xptxas", "-v",
+                  str(cuda.source_path(name)), "-o", str(Path(tmp, "k.cubin")))
+    assert r.returncode == 0, r.stderr
+    text = r.stdout + r.stderr
+    out, current = {}, None
+    for line in text.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            current = out.setdefault(m.group(1), {})
+        elif current is not None and (m := re.search(
+                r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+            current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                           spill_loads=int(m.group(3)))
+        elif current is not None and (m := re.search(r"Used (\d+) registers", line)):
+            current["registers"] = int(m.group(1))
+    return out, text
+
+
+# the kernels issue 54 added; every kernel of these files is checked, these must be there
+NEW_KERNELS = {"mma": {"hgemm_mma", "hgemm_mma_nt", "hgemm_mma_tn"}, "probes": {"wgmma_bf16"},
+               "decode": {"matvec_f32", "quantize_q8", "matvec_q8_dp4a", "matvec_q8_f32",
+                          "attend", "pick_token"},
+               "train": {f"attn_{k}_h{hd}" for k in ("fwd", "bwd_dkdv", "bwd_dq")
+                         for hd in (16, 32, 64)} | {"norm_fwd", "cross_entropy", "adamw"}}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
+@pytest.mark.parametrize("name", ["gemm", "mma", "probes", "decode", "train"])
+def test_kernels_keep_to_registers(name, arch):
+    """ptxas's report for chapter 1 and 2's kernels: no register spilled to local memory and
+    no stack frame (an accumulator array indexed at run time would show here), and for the
+    wgmma probe on sm_90a no wgmma the assembler had to serialize or fence for us."""
+    report, text = ptxas_report(name, arch)
+    assert NEW_KERNELS.get(name, set()) <= set(report), (sorted(report), text[-3000:])
+    bad = {k: v for k, v in report.items()
+           if v.get("spill_stores") or v.get("spill_loads") or v.get("stack")}
+    assert not bad, f"{name}.cu for {arch}: local memory in {bad}"
+    assert "serializ" not in text and "C7519" not in text, text[-3000:]
+
+
+def test_wgmma_probe_counts_the_instruction_it_issues():
+    """The sm_90a build of probes.cu issues wgmma of exactly the shape whose FLOP probe_flop
+    counts (WG_M x WG_N x WG_K from the source's constants), with WG_M * WG_N / 128 f32
+    accumulators a thread; other targets build a kernel of the same name without wgmma."""
+    from smallem.book import gpu
+    ptx = _ptx("probes", "sm_90a")
+    found = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m(\d+)n(\d+)k(\d+)\.f32\.bf16\.bf16\s*"
+                       r"\{([^}]*)\}", ptx)
+    assert found, "no bf16 wgmma in the sm_90a PTX of probes.cu"
+    shapes = {tuple(map(int, f[:3])) for f in found}
+    assert len(shapes) == 1, shapes
+    (m, n, k), = shapes
+    const = lambda c: build.header_constant(c, "probes.cu", cuda.KERNELS_DIR)  # noqa: E731
+    assert (m, n, k) == (const("WG_M"), const("WG_N"), const("WG_K"))
+    assert all(len(f[3].split(",")) == m * n // 128 for f in found)
+    flop = gpu.measuring.probe_flop("wgmma_bf16", 7, 5, 256)
+    assert flop == 2 * m * n * k * const("WG_CHAINS") * const("WG_UNROLL") * 7 * 5 * 256 / 128
+    for step in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
+                 "wgmma.wait_group.sync.aligned"):
+        assert step in ptx
+    for arch in ("sm_80", "sm_90"):
+        other = _ptx("probes", arch)
+        assert ".entry wgmma_bf16" in other and "wgmma.mma_async" not in other
+
+
+def test_probes_build_for_sm_90a_through_nvrtc(monkeypatch, tmp_path):
+    """On a compute capability 9.0 device probes.cu is compiled by NVRTC for sm_90a and handed
+    to CuPy as machine code: a RawModule built from source would get CuPy's own -arch=sm_90
+    beside ours. Checked with stand-ins for CuPy and its NVRTC binding."""
+    assert cuda.ARCH_SPECIFIC[("probes", "90")] == "sm_90a"
+    calls = {}
+
+    class NVRTC:
+        getVersion = staticmethod(lambda: (12, 9))
+        createProgram = staticmethod(lambda code, name, h, i: calls.setdefault("name", name))
+        compileProgram = staticmethod(lambda prog, opts: calls.setdefault("options", list(opts)))
+        getCUBIN = staticmethod(lambda prog: b"machine code")
+        destroyProgram = staticmethod(lambda prog: None)
+
+    class RawModule:
+        def __init__(self, **kw):
+            calls["module"] = kw
+
+        def compile(self):
+            calls["compiled"] = Path(calls["module"]["path"]).read_bytes()
+
+    monkeypatch.setitem(sys.modules, "cupy", type(sys)("cupy"))
+    monkeypatch.setattr(sys.modules["cupy"], "RawModule", RawModule, raising=False)
+    monkeypatch.setattr(cuda, "_nvrtc", lambda: NVRTC)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    cuda._module.cache_clear()
+    try:
+        cuda._module("probes", "d1", 0, "code", "sm_90a")
+    finally:
+        cuda._module.cache_clear()
+    assert calls["options"][0] == "-arch=sm_90a" and calls["name"] == "probes.cu"
+    assert set(calls["module"]) == {"path"} and calls["compiled"] == b"machine code"
 
 
 def test_bf16_bits_round_to_nearest_even():

@@ -1,9 +1,11 @@
-"""kernels_cuda/gemm.cu run on the CPU (tests/cuda_emu/emu.h), against numpy, on awkward shapes.
+"""kernels_cuda/gemm.cu and mma.cu run on the CPU (tests/cuda_emu/emu.h, mma.h), against
+numpy, on awkward shapes.
 
 No GPU is needed: every CUDA thread becomes a host thread, blocks run one after another and
-the wmma / cp.async helpers are replaced by plain C++ with the semantics of the PTX
-instructions. This checks what is most easily wrong in a kernel written without a GPU at
-hand - indices, tile edges, bounds, the transposed layouts - and nothing about speed.
+the wmma / cp.async / ldmatrix / mma helpers are replaced by plain C++ with the semantics of
+the PTX instructions (mma.h keeps the lanes' fragment layouts). This checks what is most
+easily wrong in a kernel written without a GPU at hand - indices, tile edges, bounds, the
+transposed layouts, the order of copies and waits - and nothing about speed.
 """
 
 import ctypes
@@ -16,27 +18,38 @@ import numpy as np
 import pytest
 
 from smallem import checks
-from smallem.plumbing import cuda
+from smallem.plumbing import build, cuda
 
 HERE = Path(__file__).parent / "cuda_emu"
 CXX = shutil.which("g++") or shutil.which("clang++")
 SHAPES = [(1, 1, 1), (17, 31, 5), (130, 70, 45), (33, 129, 72), (136, 72, 44)]
 
 
+def emu_headers() -> str:
+    """emu.h, and mma.h after it unless emu.h includes it itself."""
+    text = (HERE / "emu.h").read_text()
+    if '#include "mma.h"' not in text:
+        text += '\n#line 1 "tests/cuda_emu/mma.h"\n' + (HERE / "mma.h").read_text()
+    return text
+
+
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
     if CXX is None:
         pytest.skip("no C++ compiler (g++ or clang++) to build the CUDA emulator")
-    src = cuda.source_path("gemm").read_text()
     dyn = "extern __shared__ __align__(128) unsigned char dyn_smem[];"
-    assert dyn in src, "the emulator expects gemm.cu's dynamic shared memory declaration"
-    src = src.replace(dyn, "unsigned char *dyn_smem = emu_dyn_smem;")
+    text = emu_headers()
+    for name in ("gemm", "mma"):  # one unit: launch.cpp calls the kernels of both
+        src = cuda.source_path(name).read_text()
+        assert dyn in src, f"the emulator expects {name}.cu's dynamic shared memory declaration"
+        src = src.replace(dyn, "unsigned char *dyn_smem = emu_dyn_smem;")
+        text += f'\n#line 1 "kernels_cuda/{name}.cu"\n' + src
     tmp = tmp_path_factory.mktemp("emu")
     unit = tmp / "emu_gemm.cpp"
-    unit.write_text((HERE / "emu.h").read_text() + '\n#line 1 "kernels_cuda/gemm.cu"\n' + src
-                    + '\n#line 1 "tests/cuda_emu/launch.cpp"\n' + (HERE / "launch.cpp").read_text())
+    unit.write_text(text + '\n#line 1 "tests/cuda_emu/launch.cpp"\n'
+                    + (HERE / "launch.cpp").read_text())
     lib = tmp / "libemu.so"
-    r = subprocess.run([CXX, "-O2", "-std=c++20", "-pthread", "-shared", "-fPIC", "-w",
+    r = subprocess.run([CXX, "-O2", "-std=c++20", "-pthread", "-shared", "-fPIC", "-w", f"-I{HERE}",
                         str(unit), "-o", str(lib)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     return open_lib(lib)
@@ -54,8 +67,9 @@ def open_lib(path):
     return so
 
 
-def run(emu, func, rung, M, N, K, A, B):
-    C = np.full((M, N), np.nan, np.float32)  # NaN: an element never written shows up
+def run(emu, func, rung, M, N, K, A, B, C=None):
+    if C is None:
+        C = np.full((M, N), np.nan, np.float32)  # NaN: an element never written shows up
     gx, gy = rung.grid(M, N)
     bx, by = (tuple(rung.threads) + (1,))[:2]
     rc = emu.emu_gemm(func.encode(), gx, gy, bx, by, M, N, K, A.ctypes.data, B.ctypes.data,
@@ -128,6 +142,75 @@ def test_unaligned_rows_fall_back_to_scalar_loads(emu, rng):
     checks.assert_close(got, (A.astype(np.float64) @ B).astype(np.float32), k=K)
 
 
+# rung 9 (mma.cu) beyond SHAPES, whose K fit in 3 tiles of 32 - as many as its prologue
+# issues: K of 5 to 9 tiles, so the 4 stages wrap around and tile kt + 3 refills the stage tile
+# kt - 1 was read from; K a multiple of 8 (cp.async with zero fill) or not (element loads)
+MMA_SHAPES = [(70, 130, 200), (129, 72, 264), (40, 24, 136), (1, 9, 161)]
+MMA_KERNELS = {(False, False): "hgemm_mma", **cuda.TRANSPOSED["mma"]}
+
+
+def transposed_inputs(rng, M, N, K, ta, tb):
+    """bf16 bits of A (K x M if ta) and B (N x K if tb), and A B in float32."""
+    A, B, want = inputs(rng, M, N, K, "bf16")
+    a = cuda.bf16_bits(np.ascontiguousarray(A.T) if ta else A)
+    b = cuda.bf16_bits(np.ascontiguousarray(B.T) if tb else B)
+    return a, b, want
+
+
+@pytest.mark.parametrize("shape", MMA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("trans", sorted(MMA_KERNELS), ids=lambda t: MMA_KERNELS[t])
+def test_mma_pipeline_wraps_around(emu, trans, shape, rng):
+    M, N, K = shape
+    a, b, want = transposed_inputs(rng, M, N, K, *trans)
+    got = run(emu, MMA_KERNELS[trans], cuda.RUNGS["mma"], M, N, K, a, b)
+    checks.assert_close(got, want, k=K, name=f"{MMA_KERNELS[trans]} {shape} (emulated)")
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("func", sorted(cuda.TRANSPOSED["mma"].items()), ids=lambda kv: kv[1])
+def test_mma_transposed_on_cpu(emu, func, shape, rng):
+    (ta, tb), name = func
+    M, N, K = shape
+    a, b, want = transposed_inputs(rng, M, N, K, ta, tb)
+    got = run(emu, name, cuda.RUNGS["mma"], M, N, K, a, b)
+    checks.assert_close(got, want, k=K, name=f"{name} {shape} (emulated)")
+
+
+def _shifted(x):
+    """A copy of x whose data starts one element into its buffer (so 2 or 4 bytes past the
+    allocation's alignment)."""
+    buf = np.empty(x.size + 1, x.dtype)
+    y = buf[1:].reshape(x.shape)
+    y[...] = x
+    return y
+
+
+@pytest.mark.parametrize("trans", sorted(MMA_KERNELS), ids=lambda t: MMA_KERNELS[t])
+def test_mma_unaligned_rows_and_pointers(emu, trans, rng):
+    """Rung 9 where 16-byte loads are not allowed: rows whose length (K; M for A^T, N for B)
+    is no multiple of 8; then rows that are, in matrices that start 2 bytes (A, B) and 4 bytes
+    (C) into their buffers, so that only element loads and 4-byte stores are legal."""
+    func = MMA_KERNELS[trans]
+    for (M, N, K), shift in (((70, 130, 45), False), ((43, 29, 37), False), ((40, 72, 112), True)):
+        a, b, want = transposed_inputs(rng, M, N, K, *trans)
+        C = np.full((M, N), np.nan, np.float32)
+        if shift:
+            a, b, C = _shifted(a), _shifted(b), _shifted(C)
+            assert a.ctypes.data % 16 and b.ctypes.data % 16 and C.ctypes.data % 8
+        got = run(emu, func, cuda.RUNGS["mma"], M, N, K, a, b, C)
+        checks.assert_close(got, want, k=K, name=f"{func} {(M, N, K)} shifted={shift}")
+
+
+def test_mma_rung_declares_the_kernels_shared_memory():
+    """The ladder launches rung 9 with the tile, threads and dynamic shared memory that
+    mma.cu's constants give its four stages."""
+    const = lambda name: build.header_constant(name, "mma.cu", cuda.KERNELS_DIR)  # noqa: E731
+    stages = const("MM_STAGES") * 2 * const("MM_BM") * const("MM_BK") * 2
+    r = cuda.RUNGS["mma"]
+    assert r.smem == stages and r.tile == (const("MM_BM"), const("MM_BN")) and r.threads == (256,)
+    assert r.smem <= 64 * 1024, "rung 9 keeps to rung 8's 64 KB of shared memory a block"
+
+
 def test_f32_to_bf16_on_cpu(emu, rng):
     x = (rng.standard_normal(1001) * 1e3).astype(np.float32)
     x[:3] = [np.nan, np.inf, -0.0]
@@ -144,14 +227,15 @@ from smallem.plumbing import cuda
 from test_cuda_emu import open_lib
 so = open_lib({lib!r})
 kernels = [(r.func, r, r.dtype) for r in cuda.GPU_LADDER]
-kernels += [(name, cuda.RUNGS[cuda.FINAL_BF16 if kind == "bf16" else cuda.FINAL_F32], kind, ta, tb)
-            for (kind, ta, tb), name in cuda.VARIANTS.items()]
+kernels += [(name, cuda.RUNGS[rung], cuda.RUNGS[rung].dtype, ta, tb)
+            for rung, names in cuda.TRANSPOSED.items() for (ta, tb), name in names.items()]
 from test_cuda_emu import OTHER_VARIANTS
 kernels += [(n, cuda.RUNGS[r], cuda.RUNGS[r].dtype, ta, tb) for n, r, ta, tb in OTHER_VARIANTS]
+kernels = [k for k in kernels if k[0].startswith({only!r})]
 rng = np.random.default_rng(0)
 def guarded(a):
     return so.emu_guarded_copy(a.ctypes.data, a.nbytes)
-for M, N, K in [(17, 31, 5), (40, 24, 20), (136, 72, 44), (20, 136, 12), (130, 70, 45)]:
+for M, N, K in {shapes!r}:
     for spec in kernels:
         func, r, kind = spec[:3]
         ta, tb = (spec[3], spec[4]) if len(spec) > 3 else (False, False)
@@ -167,11 +251,25 @@ print("no access outside the matrices")
 """
 
 
+def guarded_run(emu, only: str, shapes: list):
+    """GUARD_CHILD in a child process, for the kernels whose names start with ``only``."""
+    code = GUARD_CHILD.format(root=str(HERE.parent.parent), tests=str(HERE.parent), lib=emu.path,
+                              only=only, shapes=shapes)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (f"a kernel touched memory outside its matrices (exit {r.returncode}); "
+                               f"last launch: {r.stdout.strip().splitlines()[-1:]}\n{r.stderr[-2000:]}")
+
+
 @pytest.mark.slow
 def test_no_access_outside_the_matrices(emu):
     """Each matrix ends (and starts) at an inaccessible page: reading a float4 or a 16-byte
     bf16 chunk past the last element, or storing past C, kills the child with SIGSEGV."""
-    code = GUARD_CHILD.format(root=str(HERE.parent.parent), tests=str(HERE.parent), lib=emu.path)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (f"a kernel touched memory outside its matrices (exit {r.returncode}); "
-                               f"last launch: {r.stdout.strip().splitlines()[-1:]}\n{r.stderr[-2000:]}")
+    guarded_run(emu, "", [(17, 31, 5), (40, 24, 20), (136, 72, 44), (20, 136, 12), (130, 70, 45)])
+
+
+def test_mma_touches_nothing_outside_the_matrices(emu):
+    """Rung 9 and its transposed kernels between guard pages, on shapes where the matrices
+    end on a 16-byte boundary (so cp.async and its zero fill are taken at every edge: rows past
+    M or N, k past K, in A, A^T, B and B^T) and on shapes where they do not."""
+    guarded_run(emu, "hgemm_mma", [(17, 31, 5), (33, 40, 24), (40, 24, 136), (130, 136, 72),
+                                   (129, 72, 264)])

@@ -132,6 +132,9 @@ def exists(name: str, folder: Path | None = None) -> bool:
     return (Path(folder or records_dir()) / f"{name}.json").is_file()
 
 
+NOT_ON_GPU = "not measured on a GPU yet"  # a GPU's cell before any GPU record exists
+
+
 def not_measured(rec: dict, why: str = "") -> str:
     """What a page says where a record predates the reading that needs one of its fields:
     "not measured at <commit>", the record's short commit, and why where given. A captured

@@ -38,6 +38,12 @@ INSTALL_HINT = ("pip install 'smallem[gpu]' (CuPy for CUDA 12 with its toolkit w
                 "CUDA 13 driver `pip install 'cupy-cuda13x[ctk]'` works too)")
 
 
+# The host transfers the library makes on purpose (the batch up, the losses or tokens down),
+# counted where it makes them: what chapter 3's GPU record reports per step. The fake CuPy
+# of the tests counts every transfer, so the tests check that there are no others.
+TRANSFERS = {"to_device": 0, "to_host": 0}
+
+
 class GPUUnavailable(RuntimeError):
     """A GPU entry was called where CuPy or a CUDA device is missing; the message says which."""
 
@@ -116,19 +122,42 @@ def kernel_names() -> list[str]:
     return sorted(p.stem for p in KERNELS_DIR.glob("*.cu"))
 
 
+# Files with kernels for one architecture only (an "a" target: wgmma, setmaxnreg), compiled for
+# it where the device has it: (file, compute capability) -> NVRTC target. Elsewhere they compile
+# for the device as every file does, and those kernels are stubs (see probes.cu).
+ARCH_SPECIFIC = {("probes", "90"): "sm_90a"}
+
+
 def module(name: str):
     """The CuPy ``RawModule`` of ``kernels_cuda/<name>.cu`` for the current device."""
     cp = require()
     code = source_path(name).read_text()
     digest = hashlib.sha256(code.encode()).hexdigest()[:16]
-    return _module(name, digest, cp.cuda.Device().id, code)
+    dev = cp.cuda.Device()
+    arch = ARCH_SPECIFIC.get((name, str(dev.compute_capability)))
+    return _module(name, digest, dev.id, code, arch)
 
 
 @functools.lru_cache(maxsize=None)
-def _module(name: str, digest: str, device: int, code: str):
+def _module(name: str, digest: str, device: int, code: str, arch: str | None = None):
     import cupy
-    mod = cupy.RawModule(code=code, options=OPTIONS, name_expressions=None)
-    mod.compile()  # compile now, so an error names the file rather than the first launch
+    nvrtc = _nvrtc() if arch else None
+    if nvrtc is None:
+        mod = cupy.RawModule(code=code, options=OPTIONS, name_expressions=None)
+    else:
+        # A RawModule made from source gets CuPy's own -arch=sm_XY for the device appended to
+        # our options (never an "a" target), so NVRTC would be handed two targets. We compile
+        # for `arch` ourselves and give CuPy the machine code, which it loads as it is.
+        cache = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache"))
+        version = "".join(map(str, nvrtc.getVersion()))
+        path = cache / f"smallem-{name}-{digest}-{arch}-nvrtc{version}.cubin"
+        if not path.is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(_nvrtc_cubin(nvrtc, code, f"{name}.cu", arch))
+            os.replace(tmp, path)  # atomic: a concurrent process reads a whole file or none
+        mod = cupy.RawModule(path=str(path))
+    mod.compile()  # compile (or load) now, so an error names the file rather than a launch
     return mod
 
 
@@ -145,7 +174,7 @@ _FUNCTIONS: dict = {}
 
 
 def compile_check(name: str, arch: str) -> str:
-    """Compile ``kernels_cuda/<name>.cu`` for ``arch`` (e.g. ``sm_80``) without a GPU.
+    """Compile ``kernels_cuda/<name>.cu`` for ``arch`` (e.g. ``sm_80``, ``sm_90a``) without a GPU.
 
     Uses the NVRTC that CuPy loads (the compiler the kernels meet at run time) and
     falls back to ``nvcc``; both produce machine code, so the PTX assembler checks
@@ -155,34 +184,48 @@ def compile_check(name: str, arch: str) -> str:
     src = source_path(name)
     nvrtc = _nvrtc()
     if nvrtc is not None:
-        prog = nvrtc.createProgram(src.read_text(), src.name, [], [])
-        try:
-            nvrtc.compileProgram(prog, [f"-arch={arch}", *OPTIONS])
-            nvrtc.getCUBIN(prog)
-        except Exception as e:
-            log = ""
-            try:
-                log = nvrtc.getProgramLog(prog)
-            except Exception:
-                pass
-            raise RuntimeError(f"NVRTC failed on {src} for {arch}: {e}\n{log}") from e
-        finally:
-            try:
-                nvrtc.destroyProgram(prog)
-            except Exception:
-                pass
+        _nvrtc_cubin(nvrtc, src.read_text(), src.name, arch, str(src))
         return "nvrtc"
     nvcc = nvcc_path()
     if nvcc is None:
         raise CompilerUnavailable(
             f"cannot compile {src}: neither CuPy's NVRTC ({INSTALL_HINT}) nor nvcc is available")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [nvcc, "-cubin", f"-arch={arch}", *OPTIONS, str(src), "-o", str(Path(tmp, "k.cubin"))]
+        cmd = [nvcc, "-cubin", *nvcc_arch(arch), *OPTIONS, str(src), "-o",
+               str(Path(tmp, "k.cubin"))]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed on {src} for {arch}:\n$ {' '.join(cmd)}\n"
                                f"{(r.stderr or r.stdout).strip()}")
     return "nvcc"
+
+
+def nvcc_arch(arch: str) -> list[str]:
+    """nvcc's options for machine code of ``arch`` alone (``sm_90a``: the -gencode form, since
+    the -arch=sm_90a shorthand of some nvcc versions also runs a plain sm_90 pass, which
+    rejects wgmma)."""
+    n = arch.removeprefix("sm_")
+    return [f"-gencode=arch=compute_{n},code=sm_{n}"]
+
+
+def _nvrtc_cubin(nvrtc, code: str, filename: str, arch: str, where: str | None = None) -> bytes:
+    """Machine code of ``code`` for ``arch`` through CuPy's NVRTC binding."""
+    prog = nvrtc.createProgram(code, filename, [], [])
+    try:
+        nvrtc.compileProgram(prog, [f"-arch={arch}", *OPTIONS])
+        return nvrtc.getCUBIN(prog)
+    except Exception as e:
+        log = ""
+        try:
+            log = nvrtc.getProgramLog(prog)
+        except Exception:
+            pass
+        raise RuntimeError(f"NVRTC failed on {where or filename} for {arch}: {e}\n{log}") from e
+    finally:
+        try:
+            nvrtc.destroyProgram(prog)
+        except Exception:
+            pass
 
 
 def _nvrtc():
@@ -270,9 +313,10 @@ def _cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Rung(ladder.Rung):
-    """One step of chapter 2's GPU ladder (:class:`smallem.ladder.Rung`): a kernel of gemm.cu
-    and how to launch it."""
+    """One step of chapter 2's GPU ladder (:class:`smallem.ladder.Rung`): a kernel of
+    kernels_cuda/<module>.cu and how to launch it."""
     func: str = ""
+    module: str = "gemm"          # the .cu file (the CuPy module) that holds func
     dtype: str = "f32"            # "f32" or "bf16" (inputs; outputs are always f32)
     threads: tuple = ()           # block shape
     tile: tuple = ()              # (rows of C, columns of C) one block computes
@@ -291,10 +335,10 @@ class Rung(ladder.Rung):
         return (gx, gy)
 
 
-def _gpu_where(marker: str, name: str) -> ladder.Where:
-    """Where a GPU rung is: its section of gemm.cu, the page's GPU section, the notebook's
+def _gpu_where(marker: str, name: str, module: str = "gemm") -> ladder.Where:
+    """Where a GPU rung is: its section of its .cu file, the page's GPU section, the notebook's
     GPU cell, the test of every rung on the CPU's emulation of CUDA."""
-    return ladder.Where(kernel=f"kernels_cuda/gemm.cu:{marker}",
+    return ladder.Where(kernel=f"kernels_cuda/{module}.cu:{marker}",
                         page="chapters/2-matmul.md:## The GPU beside it",
                         notebook='notebooks/02_matmul.py:gpu.notebook_section("ch2")',
                         test=f"tests/test_cuda_emu.py::test_rung_on_cpu[{name}]")
@@ -319,13 +363,22 @@ GPU_LADDER = ladder.Ladder("chapter 2's GPU product", [
          tile=(128, 128), rows_on_x=False, where=_gpu_where("wmma", "wmma")),
     Rung(8, "wmma_async", "bf16 wmma fed by cp.async, 3 tiles in flight", func="hgemm_async", dtype="bf16", threads=(256,),
          tile=(128, 128), rows_on_x=False, smem=61440, where=_gpu_where("async", "wmma_async")),
+    Rung(9, "mma", "bf16 mma.sync fed by ldmatrix, swizzled tiles, 4 in flight", func="hgemm_mma", module="mma", dtype="bf16", threads=(256,),
+         tile=(128, 128), rows_on_x=False, smem=65536, where=_gpu_where("mma", "mma", "mma")),
 ])
 RUNGS = GPU_LADDER  # by name: RUNGS["vec"]
 FINAL_F32 = "prefetch"
 FINAL_BF16 = "wmma_async"
-# the final kernels for A B^T and A^T B (same tiles and launch as their A B kernel)
-VARIANTS = {("f32", False, True): "sgemm_prefetch_nt", ("f32", True, False): "sgemm_prefetch_tn",
-            ("bf16", False, True): "hgemm_async_nt", ("bf16", True, False): "hgemm_async_tn"}
+# the rungs whose kernel also comes for A B^T and A^T B, by (trans_a, trans_b): same module,
+# tiles and launch as the rung's A B kernel (vec and wmma have them too, for tests only)
+TRANSPOSED = {
+    "prefetch": {(False, True): "sgemm_prefetch_nt", (True, False): "sgemm_prefetch_tn"},
+    "wmma_async": {(False, True): "hgemm_async_nt", (True, False): "hgemm_async_tn"},
+    "mma": {(False, True): "hgemm_mma_nt", (True, False): "hgemm_mma_tn"},
+}
+# the final kernels for A B^T and A^T B, which matmul calls
+VARIANTS = {(RUNGS[r].dtype, ta, tb): func for r in (FINAL_F32, FINAL_BF16)
+            for (ta, tb), func in TRANSPOSED[r].items()}
 
 
 def _sizes(A, B, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
@@ -378,7 +431,7 @@ def matmul(A, B, *, trans_a: bool = False, trans_b: bool = False, out=None):
 
 
 def _launch(func: str, r: Rung, M: int, N: int, K: int, A, B, out):
-    k = kernel("gemm", func)
+    k = kernel(r.module, func)
     if r.smem > 48 * 1024 and k.max_dynamic_shared_size_bytes < r.smem:
         k.max_dynamic_shared_size_bytes = r.smem  # opt in beyond the default 48 KB
     k(r.grid(M, N), r.threads, (np.int32(M), np.int32(N), np.int32(K), A, B, out),

@@ -15,7 +15,7 @@ from .. import figures, records
 CH1 = "ch1.gpu"
 CH2 = "ch2.gpu"
 RECORDS = (CH1, CH2)
-NOT_MEASURED = "not measured on a GPU yet"
+NOT_MEASURED = records.NOT_ON_GPU
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
 
@@ -51,13 +51,17 @@ def probe_flop(kernel: str, iters: int, blocks: int, threads: int) -> float:
     """FLOP one launch of a compute probe does, from the constants in its own source
     (kernels_cuda/probes.cu): "fma_f32", 2 FLOP an FMA, FMA_CHAINS x FMA_UNROLL of them a
     thread and iteration; "mma_bf16", MMA_CHAINS products of 16 x 16 x 16 (2 x 16^3 FLOP)
-    a warp and iteration."""
+    a warp and iteration; "wgmma_bf16", WG_CHAINS x WG_UNROLL products of WG_M x WG_N x WG_K
+    a warpgroup (128 threads) and iteration."""
     const = lambda name: build.header_constant(name, "probes.cu", cuda.KERNELS_DIR)  # noqa: E731
     if kernel == "fma_f32":
         return 2.0 * const("FMA_CHAINS") * const("FMA_UNROLL") * iters * blocks * threads
     if kernel == "mma_bf16":
         return 2.0 * 16**3 * const("MMA_CHAINS") * iters * blocks * threads / 32
-    raise ValueError(f"kernel: expected 'fma_f32' or 'mma_bf16', got {kernel!r}")
+    if kernel == "wgmma_bf16":
+        shape = const("WG_M") * const("WG_N") * const("WG_K")
+        return 2.0 * shape * const("WG_CHAINS") * const("WG_UNROLL") * iters * blocks * threads / 128
+    raise ValueError(f"kernel: expected 'fma_f32', 'mma_bf16' or 'wgmma_bf16', got {kernel!r}")
 
 
 def _peak(kernel: str, blocks_per_sm: int, iters: int, *args) -> tuple[Timing, float]:
@@ -77,8 +81,31 @@ def fma_peak(iters: int) -> tuple[Timing, float]:
 
 
 def mma_peak(iters: int) -> tuple[Timing, float]:
-    """(timing, FLOP per call) of the bf16 tensor-core probe."""
+    """(timing, FLOP per call) of the bf16 tensor-core probe (warp-level wmma, any GPU)."""
     return _peak("mma_bf16", 4, iters, np.uint32(12345))
+
+
+def has_wgmma() -> bool:
+    """Whether the device runs wgmma (compute capability 9.0: H100, H200), for which
+    :func:`smallem.plumbing.cuda.module` builds probes.cu for sm_90a."""
+    return str(cuda.device_info()["compute_capability"]) == "90"
+
+
+def wgmma_peak(iters: int) -> tuple[Timing, float]:
+    """(timing, FLOP per call) of the Hopper tensor-core probe (warpgroup wgmma): one block of
+    two warpgroups per SM. RuntimeError if the device has no wgmma, or if the probe was built
+    without it (it then writes NaN instead of its sums)."""
+    if not has_wgmma():
+        raise RuntimeError(f"wgmma_bf16 needs compute capability 9.0, the device has "
+                           f"{cuda.device_info()['compute_capability']}")
+    cp = cuda.require()
+    blocks, threads = cuda.device_info()["sms"], 256
+    out = cp.zeros(blocks * threads, dtype=cp.float32)
+    k = cuda.kernel("probes", "wgmma_bf16")
+    t = gpu_measure(lambda: k((blocks,), (threads,), (out, np.int32(iters), np.uint32(12345))))
+    if np.isnan(cp.asnumpy(out)).any():
+        raise RuntimeError("wgmma_bf16 ran its stub: probes.cu was not built for sm_90a")
+    return t, probe_flop("wgmma_bf16", iters, blocks, threads)
 
 
 def read_bandwidth(x, ws_bytes: int, total_bytes: int) -> tuple[Timing, float]:
@@ -159,10 +186,12 @@ def cublas_bf16(A, B, C):
 
 def ch1_settings(quick: bool) -> dict:
     if quick:
-        return {"quick": True, "fma_iters": 200, "mma_iters": 1000, "cublas_n": [512],
+        return {"quick": True, "fma_iters": 200, "mma_iters": 1000, "wgmma_iters": 100,
+                "cublas_n": [512],
                 "ws_bytes": [2**k for k in range(18, 27, 2)], "read_total_bytes": 64 * MiB,
                 "copy_bytes": 64 * MiB}
-    return {"quick": False, "fma_iters": 20000, "mma_iters": 100000, "cublas_n": [4096, 8192],
+    return {"quick": False, "fma_iters": 20000, "mma_iters": 100000, "wgmma_iters": 20000,
+            "cublas_n": [4096, 8192],
             "ws_bytes": [2**k for k in range(18, 33)], "read_total_bytes": 2 * GiB,
             "copy_bytes": 1 * GiB}
 
@@ -178,8 +207,12 @@ def run_ch1(quick: bool | None = None, progress: bool = True) -> records.Record:
     rec.add("fma_peak", "Gop/s", t.rate(flop / 1e9), seconds=t.stats(), kind="f32")
     t, flop = mma_peak(s["mma_iters"])
     rec.add("mma_peak", "Gop/s", t.rate(flop / 1e9), seconds=t.stats(), kind="bf16")
-    say(f"peaks: f32 {figures.fmt(records.value(rec.data, 'fma_peak'), 'Gop/s')}, "
-        f"bf16 {figures.fmt(records.value(rec.data, 'mma_peak'), 'Gop/s')}")
+    peaks = f"bf16 {figures.fmt(records.value(rec.data, 'mma_peak'), 'Gop/s')}"
+    if has_wgmma():  # Hopper: the warpgroup instruction, beside the warp one
+        t, flop = wgmma_peak(s["wgmma_iters"])
+        rec.add("wgmma_peak", "Gop/s", t.rate(flop / 1e9), seconds=t.stats(), kind="bf16")
+        peaks += f", bf16 wgmma {figures.fmt(records.value(rec.data, 'wgmma_peak'), 'Gop/s')}"
+    say(f"peaks: f32 {figures.fmt(records.value(rec.data, 'fma_peak'), 'Gop/s')}, {peaks}")
     for n in s["cublas_n"]:
         for dt in ("f32", "bf16"):
             t, flop = cublas_gemm(dt, n)

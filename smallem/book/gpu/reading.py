@@ -42,6 +42,17 @@ def _best_cublas(rec: dict, dtype: str) -> float:
     return max(vals) if vals else float("nan")
 
 
+def _wgmma(rec: dict) -> float | None:
+    """The wgmma probe's rate, where the record has one (compute capability 9.0)."""
+    found = records.results(rec, "wgmma_peak")
+    return found[0]["value"]["median"] if found else None
+
+
+def tensor_peak(rec: dict) -> float:
+    """The tensor cores' peak: the faster of the two probes (wgmma where the card has it)."""
+    return max(records.value(rec, "mma_peak"), _wgmma(rec) or 0.0)
+
+
 def peaks_rows(rec: dict | None) -> list[list]:
     if rec is None:
         return [[NOT_MEASURED, "-", "-", "-"]]
@@ -51,9 +62,12 @@ def peaks_rows(rec: dict | None) -> list[list]:
     ours, theirs = records.value(rec, "copy", impl="ours"), records.value(rec, "copy", impl="cupy")
     l2, hbm = l2_plateau(rec)
     pct = lambda a, b: f"{100 * a / b:.0f} %" if b == b and b else "-"
+    wg = _wgmma(rec)
     return [
         ["f32 FMA, CUDA cores", f(fma, "Gop/s"), f"cuBLAS f32 {f(cb32, 'Gop/s')}", pct(cb32, fma)],
         ["bf16 wmma, tensor cores", f(mma, "Gop/s"), f"cuBLAS bf16 {f(cb16, 'Gop/s')}", pct(cb16, mma)],
+        *([["bf16 wgmma, tensor cores (Hopper)", f(wg, "Gop/s"), f"cuBLAS bf16 {f(cb16, 'Gop/s')}",
+            pct(cb16, wg)]] if wg else []),
         ["HBM copy (read + write)", f(ours, "GB/s"), f"CuPy copy {f(theirs, 'GB/s')}", pct(theirs, ours)],
         ["L2 read", f(l2, "GB/s"), "-", "-"],
         ["HBM read", f(hbm, "GB/s"), "-", "-"],
@@ -226,7 +240,7 @@ def peak_values(rec: dict | None) -> dict:
                                                   "gpu.cublas_beats_mma": False,
                                                   "gpu.rated_bf16": NOT_MEASURED}
     f = figures.fmt
-    fma, mma = records.value(rec, "fma_peak"), records.value(rec, "mma_peak")
+    fma, mma = records.value(rec, "fma_peak"), tensor_peak(rec)
     cb32, cb16 = _best_cublas(rec, "f32"), _best_cublas(rec, "bf16")
     h200 = "H200" in rec["machine"].get("gpu", {}).get("name", "")
     rated = H200_RATED_BF16_GOPS
