@@ -186,3 +186,12 @@ print("corpus:", s["corpus"]["name"], s["corpus"]["files"], "files, sha256",
 
 # %%
 print(run_rec["settings"]["runs"]["f32"]["sample"])
+
+# %% [markdown]
+# ## The GPU beside it
+
+# %%
+# The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last
+# recorded GPU measurements with their machine and date, or a line saying there are none.
+from smallem.book import gpu
+_ = gpu.notebook_section("ch3")

@@ -142,3 +142,12 @@ display(Markdown((figures.tables_dir() / "ch4_sample.md").read_text()))
 
 # %%
 display(Markdown((figures.tables_dir() / "ch4_balance.md").read_text()))
+
+# %% [markdown]
+# ## The GPU beside it
+
+# %%
+# The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last
+# recorded GPU measurements with their machine and date, or a line saying there are none.
+from smallem.book import gpu
+_ = gpu.notebook_section("ch4")

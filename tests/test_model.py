@@ -855,7 +855,7 @@ def test_bad_configs():
     with pytest.raises(ValueError, match="longer than the context"):
         m.forward(np.zeros((1, TINY.context + 1), np.int32))
     with pytest.raises(ValueError, match="backend"):
-        GPT(TINY, "cuda")
+        GPT(TINY, "tpu")
     with pytest.raises(RuntimeError, match="forward"):
         GPT(TINY, "numpy").backward()
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from smallem.plumbing import cuda
 from smallem.training import layers
 from smallem.training.ops import (BACKENDS, LN_EPS, Bf16Ops, FlashOps, FusedOps, KernelOps,  # noqa: F401
                   NumpyOps, make_ops, rope_tables)
@@ -27,6 +28,7 @@ from smallem.training.ops import (BACKENDS, LN_EPS, Bf16Ops, FlashOps, FusedOps,
 # ================================================================ the model
 
 VOCAB = 256  # byte-level tokens
+TRANSFERS = cuda.TRANSFERS  # the host transfers GPT.upload and GPT.host make on the GPU
 BLOCKS = ("gpt2", "modern", "recurrent")
 
 
@@ -266,25 +268,34 @@ class Workspace:
     = 32 MiB. ``arena=False`` gives every buffer its own allocation instead: the step
     that allocates per call, which chapter 3 times against the arena. The token ids and
     targets (int32) are two small arrays of their own either way.
+
+    ``xp`` is the array module the buffers live in: numpy, or cupy for a model on the GPU
+    (the ops object says which: :attr:`GPT.xp`); RoPE's tables are then made on the host and
+    copied once.
     """
 
     def __init__(self, cfg: Config, B: int, T: int, dtype=np.float32, scores: bool = True,
-                 arena: bool = True):
+                 arena: bool = True, xp=np):
         self.B, self.T, self.dtype = B, T, np.dtype(dtype)
-        self.idx = np.zeros((B, T), np.int32)
-        self.targets = np.zeros(B * T, np.int32)
+        self.idx = xp.zeros((B, T), np.int32)
+        self.targets = xp.zeros(B * T, np.int32)
         if arena:
             size = _Arena(dtype)
             self._carve(cfg, size, scores)
-            raw = np.zeros(size.used + _Arena.ALIGN // self.dtype.itemsize, dtype)
-            skip = -raw.ctypes.data % _Arena.ALIGN // self.dtype.itemsize
+            raw = xp.zeros(size.used + _Arena.ALIGN // self.dtype.itemsize, dtype)
+            address = raw.ctypes.data if xp is np else raw.data.ptr
+            skip = -address % _Arena.ALIGN // self.dtype.itemsize
             self.arena = raw[skip:skip + size.used]  # starts on a cache line
             self._carve(cfg, _Arena(dtype, self.arena), scores)
         else:
             self.arena = None
-            self._carve(cfg, lambda *s: np.zeros(s, dtype), scores)
+            self._carve(cfg, lambda *s: xp.zeros(s, dtype), scores)
         if cfg.block == "modern":  # RoPE's angles, the same for every layer
-            self.rope_cos[...], self.rope_sin[...] = rope_tables(T, cfg.head_dim, dtype)
+            cos, sin = rope_tables(T, cfg.head_dim, dtype)
+            if xp is np:
+                self.rope_cos[...], self.rope_sin[...] = cos, sin
+            else:
+                self.rope_cos[...], self.rope_sin[...] = xp.asarray(cos), xp.asarray(sin)
 
     @staticmethod
     def floats(cfg: Config, B: int, T: int, scores: bool = True) -> int:
@@ -336,11 +347,17 @@ class GPT:
                              f"float64")
         self.ops = make_ops(backend, threads, pool)
         self.backend = backend
+        # where the arrays live: numpy's memory, or the GPU's for an ops object on CuPy
+        self.xp = getattr(self.ops, "xp", np)
+        runs = getattr(self.ops, "blocks", BLOCKS)
+        if cfg.block not in runs:
+            raise ValueError(f"backend {backend!r} runs the {' and '.join(runs)} blocks, not "
+                             f"{cfg.block!r} (config {cfg.name!r}): train it on a CPU backend")
         self.arena = bool(arena)  # False: a new Workspace, buffer by buffer, every forward
         self.shapes = cfg.param_shapes()
         n = cfg.n_params()
-        self.flat = np.zeros(n, self.dtype)
-        self.grad_flat = np.zeros(n, self.dtype)
+        self.flat = self.xp.zeros(n, self.dtype)
+        self.grad_flat = self.xp.zeros(n, self.dtype)
         self.params = self._views(self.flat)
         self.grads = self._views(self.grad_flat)
         self._workspaces: dict[tuple[int, int], Workspace] = {}
@@ -359,7 +376,9 @@ class GPT:
         """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
         rng = np.random.default_rng(seed)
         resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        for name, p in self.params.items():
+        on_host = self.xp is np  # else: made on the host, then one copy to the device
+        host = self.flat if on_host else np.zeros(self.flat.shape, self.dtype)
+        for name, p in (self.params if on_host else self._views(host)).items():
             if name.endswith("gate.b"):
                 p[...] = gate_biases(self.config)
             elif name.endswith((".b",)):
@@ -369,17 +388,35 @@ class GPT:
             else:
                 std = resid_std if name.endswith(("proj.w", "fc2.w")) else 0.02
                 p[...] = rng.normal(0.0, std, p.shape)
+        if not on_host:
+            self.load_flat(host)
 
     def load_flat(self, flat):
-        self.flat[...] = flat
+        self.flat[...] = flat if self.xp is np else self.xp.asarray(flat, self.dtype)
+
+    def host(self, x) -> np.ndarray:
+        """``x`` (one of this model's arrays) in host memory: itself on the CPU, a copy
+        from the GPU (one transfer) for a model there."""
+        if self.xp is np:
+            return x
+        TRANSFERS["to_host"] += 1
+        return self.xp.asnumpy(x)
+
+    def upload(self, dst, src):
+        """dst[...] = src, src a host array: for a model on the GPU, one copy to the device."""
+        if self.xp is np:
+            dst[...] = src
+        else:
+            TRANSFERS["to_device"] += 1
+            dst[...] = self.xp.asarray(np.ascontiguousarray(src, dst.dtype))
 
     def workspace(self, B: int, T: int) -> Workspace:
         key = (B, T)
         scores = getattr(self.ops, "needs_scores", True)
         if not self.arena:  # the step that allocates per call: nothing is kept
-            return Workspace(self.config, B, T, self.dtype, scores, arena=False)
+            return Workspace(self.config, B, T, self.dtype, scores, arena=False, xp=self.xp)
         if key not in self._workspaces:
-            self._workspaces[key] = Workspace(self.config, B, T, self.dtype, scores)
+            self._workspaces[key] = Workspace(self.config, B, T, self.dtype, scores, xp=self.xp)
         return self._workspaces[key]
 
     # ------------------------------------------------------------ forward
@@ -396,7 +433,7 @@ class GPT:
         if B < 1 or T < 1:
             raise ValueError(f"idx: empty batch, shape {idx.shape}")
         ws = self.ws = self.workspace(B, T)
-        ws.idx[...] = idx
+        self.upload(ws.idx, idx)
         P, ops, modern = self.params, self.ops, self.config.block != "gpt2"
         ops.embedding(ws.idx, P["wte"], None if modern else P["wpe"], ws.layers[0].x)
         block = {"gpt2": self._block_forward, "modern": self._modern_block_forward,
@@ -411,7 +448,7 @@ class GPT:
         ops.head(ws.lnf, P["wte"] if self.config.tied else P["lm_head"], ws.logits)
         if targets is None:
             return ws.logits
-        ws.targets[...] = np.asarray(targets).reshape(-1)
+        self.upload(ws.targets, np.asarray(targets).reshape(-1))
         return ops.cross_entropy(ws.logits, ws.targets, ws.losses, ws.dlogits)
 
     # --8<-- [start:block_forward]
@@ -548,7 +585,7 @@ class GPT:
         for _ in range(n):
             window = tokens[-T:]
             idx[0, :len(window)] = window  # later positions are padding the causal mask hides
-            logits = self.forward(idx)[len(window) - 1].astype(np.float64)
+            logits = self.host(self.forward(idx)[len(window) - 1]).astype(np.float64)
             z = logits / max(temperature, 1e-6)
             prob = np.exp(z - z.max())
             prob /= prob.sum()

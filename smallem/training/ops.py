@@ -670,11 +670,20 @@ class Bf16Ops(KernelBf16Products, FusedOps):
     name = "bf16"
 
 
+def cuda_ops(threads=None, pool=False):
+    """The training step on the GPU (smallem.training.gpu_ops.CudaOps), imported only when
+    asked for: CuPy is optional, and without it or a device this raises
+    smallem.plumbing.cuda.GPUUnavailable saying which is missing."""
+    from smallem.training.gpu_ops import CudaOps
+    return CudaOps(threads, pool=pool)
+
+
 # backend name -> ops class. The performance ladder's rungs (a persistent thread pool, tiled
 # attention, bf16 products, ...) are subclasses of KernelOps that override the methods they
-# change, registered here under their own names; the model code does not change.
+# change, registered here under their own names; the model code does not change. "cuda" is
+# the same model on the GPU: arrays on the device, every layer a kernel of kernels_cuda/train.cu.
 BACKENDS = {"numpy": NumpyOps, "kernels": KernelOps, "flash": FlashOps, "fused": FusedOps,
-            "bf16": Bf16Ops}
+            "bf16": Bf16Ops, "cuda": cuda_ops}
 
 
 def make_ops(backend: str, threads=None, pool: bool = False):

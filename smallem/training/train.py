@@ -50,8 +50,8 @@ class AdamW:
     def __init__(self, model: GPT, *, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                  clip=1.0, skip=None):
         self.model = model
-        self.m = np.zeros_like(model.flat)
-        self.v = np.zeros_like(model.flat)
+        self.m = model.xp.zeros_like(model.flat)  # on the model's device
+        self.v = model.xp.zeros_like(model.flat)
         self.t = 0
         self.betas, self.eps, self.wd, self.clip = betas, eps, weight_decay, clip
         nd = model.config.n_decayed()
@@ -61,7 +61,10 @@ class AdamW:
                       if j is None or j > i]
 
     def clip_scale(self) -> tuple[float, float]:
-        """The gradient's global norm, and the factor that clips it to ``clip``."""
+        """The gradient's global norm, and the factor that clips it to ``clip``. On the GPU
+        both are 0-d device arrays: AdamW reads the factor there, the host never waits."""
+        if self.model.xp is not np:
+            return self.model.ops.clip_scale(self.model.grad_flat, self.clip)
         norm = math.sqrt(self.model.ops.sum_squares(self.model.grad_flat))
         return norm, min(1.0, self.clip / (norm + 1e-6)) if self.clip else 1.0
 
@@ -91,15 +94,17 @@ NS_STEPS = 5
 
 def newton_schulz(g, ops=None, steps: int = NS_STEPS, work=None):
     """g (m, n), m <= n, orthogonalised, through ``ops.matmul`` (the model's products: bf16
-    for the bf16 backend) or numpy's where ``ops`` has none. ``work`` = (x, y, a, b): two
+    for the bf16 backend; on the GPU ``ops.ns_matmul``: bf16 on the tensor cores, see
+    smallem.training.gpu_ops) or numpy's where ``ops`` has none. ``work`` = (x, y, a, b): two
     scratch arrays (m, n) and two (m, m) of g's dtype (x may be g itself), made here if not
     given. Returns the one of x and y that holds the result."""
     m, n = g.shape
     if m > n:
         raise ValueError(f"g: expected a wide matrix (m <= n), got shape {g.shape}")
-    x, y, a, b = work or (np.empty((m, n), g.dtype), np.empty((m, n), g.dtype),
-                          np.empty((m, m), g.dtype), np.empty((m, m), g.dtype))
-    mm = getattr(ops, "matmul", None)
+    xp = getattr(ops, "xp", np)  # cupy for the GPU's ops: every array stays on the device
+    x, y, a, b = work or (xp.empty((m, n), g.dtype), xp.empty((m, n), g.dtype),
+                          xp.empty((m, m), g.dtype), xp.empty((m, m), g.dtype))
+    mm = getattr(ops, "ns_matmul", None) or getattr(ops, "matmul", None)
 
     def prod(p, q, out, trans_b=False, alpha=1.0, beta=0.0):  # out = alpha p q + beta out
         if mm is not None:
@@ -107,13 +112,16 @@ def newton_schulz(g, ops=None, steps: int = NS_STEPS, work=None):
         out[...] = alpha * (p @ (q.T if trans_b else q)) + (beta * out if beta else 0.0)
         return out
 
-    np.multiply(g, 1.0 / (math.sqrt(float(np.vdot(g, g))) + 1e-7), out=x)
+    if xp is np:
+        np.multiply(g, 1.0 / (math.sqrt(float(np.vdot(g, g))) + 1e-7), out=x)
+    else:  # |G| computed and applied on the device, never read by the host
+        ops.scale_to_unit_norm(g, x, 1e-7)
     ca, cb, cc = NS_COEFFS
     for _ in range(steps):
         prod(x, x, a, trans_b=True)               # A = X X^T
-        np.multiply(a, cb, out=b)
+        xp.multiply(a, cb, out=b)
         prod(a, a, b, alpha=cc, beta=1.0)         # B = b A + c A A
-        np.multiply(x, ca, out=y)
+        xp.multiply(x, ca, out=y)
         prod(b, x, y, beta=1.0)                   # X' = a X + B X
         x, y = y, x
     return x
@@ -162,7 +170,7 @@ class Muon:
                 cols = len(range(width)[c])
                 tall = rows > cols
                 shape = (cols, rows) if tall else (rows, cols)
-                self.pieces.append((name, c, tall, np.zeros(shape, model.flat.dtype)))
+                self.pieces.append((name, c, tall, model.xp.zeros(shape, model.flat.dtype)))
         self._work: dict = {}
 
     def state(self) -> dict:
@@ -170,13 +178,19 @@ class Muon:
         out = {n: np.zeros(self.model.params[n].shape, self.model.flat.dtype)
                for n in self.model.config.hidden_matrices()}
         for name, c, tall, mom in self.pieces:
+            mom = self.model.host(mom)
             out[name][:, c] = mom.T if tall else mom
         return out
 
     def load_state(self, state: dict):
+        xp = self.model.xp
         for name, c, tall, mom in self.pieces:
             view = state[name][:, c]
-            np.copyto(mom, view.T if tall else view)
+            view = view.T if tall else view
+            if xp is np:
+                np.copyto(mom, view)
+            else:  # one copy to the device
+                mom[...] = xp.asarray(np.ascontiguousarray(view))
 
     # the AdamW half's state, under the names the trainer and checkpoints use
     t = property(lambda self: self.adam.t, lambda self, v: setattr(self.adam, "t", v))
@@ -190,7 +204,7 @@ class Muon:
         norm, scale = self.adam.clip_scale()
         self.adam.step(lr, clipped=(norm, scale))
         lr_m = self.lr * lr / self.base_lr
-        P, G = self.model.params, self.model.grads
+        P, G, xp = self.model.params, self.model.grads, self.model.xp  # numpy, or cupy
         for name, c, tall, mom in self.pieces:
             w, g = P[name][:, c], G[name][:, c]     # (inputs, outputs), maybe strided
             step = lr_m * math.sqrt(max(1.0, w.shape[1] / w.shape[0]))
@@ -198,20 +212,20 @@ class Muon:
                 w, g = w.T, g.T
             if mom.shape not in self._work:
                 r, k = mom.shape
-                self._work[mom.shape] = tuple(np.empty(s, mom.dtype)
+                self._work[mom.shape] = tuple(xp.empty(s, mom.dtype)
                                               for s in ((r, k), (r, k), (r, r), (r, r), (r, k)))
             x, y, a, b, z = self._work[mom.shape]
-            np.copyto(y, g)                          # contiguous: numpy's ufuncs would
+            xp.copyto(y, g)                          # contiguous: numpy's ufuncs would
             y *= scale                               # buffer a strided operand
             mom *= self.mu
             mom += y                                 # momentum: m = mu m + g
-            np.multiply(mom, self.mu, out=x)
+            xp.multiply(mom, self.mu, out=x)
             x += y                                   # Nesterov: g + mu m
             o = newton_schulz(x, self.model.ops, work=(x, y, a, b))
             o *= step
-            np.copyto(z, w)
+            xp.copyto(z, w)
             z -= o
-            np.copyto(w, z)
+            xp.copyto(w, z)
         return norm
     # --8<-- [end:muon_step]
 
@@ -260,7 +274,7 @@ class TrainSettings:
         "adamw, or muon for the blocks' matrices (AdamW for the rest)", "choice",
         choices=OPTIMIZERS))
     backend: str = field(default="kernels", metadata=_option(
-        "kernels, flash, fused, bf16 (the climb's rungs) or numpy", "choice",
+        "kernels, flash, fused, bf16 (the climb's rungs), numpy, or cuda (the GPU)", "choice",
         choices=tuple(BACKENDS), how=True))
     threads: int | None = field(default=None, metadata=_option(
         "threads (default: every usable core)", "count", how=True))
@@ -371,7 +385,7 @@ class Trainer:
         more gradient-sized buffer."""
         A, B, g = self.accumulate, self.B, self.model.grad_flat
         if self._grad_sum is None:
-            self._grad_sum = np.empty_like(g)
+            self._grad_sum = self.model.xp.empty_like(g)
         total, loss = self._grad_sum, 0.0
         for i in range(A):
             loss += self.model.forward(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
@@ -380,7 +394,7 @@ class Trainer:
                 np.copyto(total, g)
             else:  # the model's own element-wise add: on its threads, and its pool
                 self.model.ops.add(total, g, total)
-        np.multiply(total, 1.0 / A, out=g)
+        self.model.xp.multiply(total, 1.0 / A, out=g)
         return loss / A
     # --8<-- [end:accumulate]
 
@@ -390,16 +404,16 @@ class Trainer:
         for i in range(batches):
             x, y = data.val_batch(self.corpus.val, i, self.B, self.T)
             total += self.model.forward(x, y)
-        return total / batches / LN2
+        return float(total / batches / LN2)  # on the GPU: the one read of the evaluation
 
     # ------------------------------------------------------------ checkpoints
     def save(self, folder):
         tensors = {}
         m = self.model
-        for name in m.params:
-            tensors["param." + name] = m.params[name]
+        for name, view in m._views(m.host(m.flat)).items():  # a model on the GPU: copied
+            tensors["param." + name] = view
         for key, buf in (("adam.m.", self.opt.m), ("adam.v.", self.opt.v)):
-            for name, view in m._views(buf).items():
+            for name, view in m._views(m.host(buf)).items():
                 tensors[key + name] = view
         if self.opt.name == "muon":
             for name, mom in self.opt.state().items():
@@ -440,10 +454,10 @@ class Trainer:
             expected.update({"muon.m." + k: m.shapes[k] for k in m.config.hidden_matrices()})
         checkpoint.check_tensors(tensors, expected, where)
         for name in m.params:
-            m.params[name][...] = tensors["param." + name]
+            m.upload(m.params[name], tensors["param." + name])
         for key, buf in (("adam.m.", t.opt.m), ("adam.v.", t.opt.v)):
             for name, view in m._views(buf).items():
-                view[...] = tensors[key + name]
+                m.upload(view, tensors[key + name])
         if muon:
             t.opt.load_state({n: tensors["muon.m." + n] for n in m.config.hidden_matrices()})
         t.step, t.opt.t = int(meta["step"]), int(meta["adam_t"])
@@ -478,6 +492,8 @@ def train(trainer: Trainer, *, log_path=None, eval_every=100, eval_batches=8,
         while trainer.step < trainer.total_steps:
             t0 = time.perf_counter()
             out = trainer.train_step()
+            # read now: the log and the bar show them (on the GPU: a wait for the step)
+            out["loss"], out["grad_norm"] = float(out["loss"]), float(out["grad_norm"])
             dt = time.perf_counter() - t0
             done += 1
             out.update(kind="train", tokens_per_s=tokens / dt, seconds=dt)
@@ -528,7 +544,8 @@ def estimate_steps(config, corpus, minutes, settings: TrainSettings | None = Non
     """Steps that fit in ``minutes``, from the median of 4 steps of a throwaway model trained
     with ``settings`` (and ``kw``, TrainSettings' fields)."""
     probe = Trainer(config, corpus=corpus, settings=settings, **{**kw, "steps": 10})
-    per_step = measure(probe.train_step, repeats=4, warmup=1).median
+    # the loss read: on the GPU a step returns before its kernels are done
+    per_step = measure(lambda: float(probe.train_step()["loss"]), repeats=4, warmup=1).median
     return max(1, int(60 * minutes / per_step))
 
 

@@ -492,6 +492,18 @@ def _quality(rec, values):
                             f"{100 * change:+.2f} %, target within {100 * QUALITY:g} %")]
 
 
+def _gpu_cell(rec_dir, chapter: str) -> str:
+    """Our GPU's figure for the balance sheet: the GPT-2 step (ch3.gpu) or the int8 decode
+    with its graph (ch4.gpu), or why there is none."""
+    name = f"{chapter}.gpu"
+    if not records.exists(name, rec_dir):
+        return records.NOT_ON_GPU
+    rec = records.load(name, rec_dir)
+    found = (records.results(rec, "gpu_step", block="gpt2") if chapter == "ch3" else
+             records.results(rec, "gpu_decode", dtype="int8", dp4a=True, graph=True))
+    return f(found[0]["value"]["median"], "tokens/s") if found else records.NOT_ON_GPU
+
+
 def _balance(values, rec_dir):
     """The series' balance sheet: training and generating, ours beside the reference's."""
     rows = []
@@ -501,7 +513,7 @@ def _balance(values, rec_dir):
         best = max(steps, key=lambda r: r["value"]["median"])
         rows.append(["train, xl step", f(best["value"]["median"], "tokens/s"),
                      f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
-                     f"{100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak", "not measured on a GPU yet"])
+                     f"{100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak", _gpu_cell(rec_dir, "ch3")])
     if records.exists(RECORD, rec_dir):
         rec = records.load(RECORD, rec_dir)
         top = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
@@ -510,7 +522,7 @@ def _balance(values, rec_dir):
             rows.append([f"generate, one sequence ({rec['settings']['ladder']['config']['name']})",
                          f(r["value"]["median"], "tokens/s"),
                          f"{reference.CH4_GEN_BEFORE_TOKS} → {f(reference.CH4_GEN_AFTER_TOKS)} tokens/s",
-                         f(reference.CH4_GEN_GPU_TOKS, "tokens/s"), "not measured on a GPU yet"])
+                         f(reference.CH4_GEN_GPU_TOKS, "tokens/s"), _gpu_cell(rec_dir, "ch4")])
     figures.write_table("ch4_balance", rows, ["", "ours, this machine", f"reference CPU "
                                               f"({reference.CORES} cores)", "reference GPU",
                                               "ours, GPU"],
