@@ -28,14 +28,28 @@ SHAPES = [(1, 1, 1), (1, 7, 3), (17, 31, 5), (33, 65, 9), (127, 129, 131), (128,
 
 # ---------------------------------------------------------------- without a GPU too
 
+@pytest.mark.parametrize("tool", ["nvrtc", "nvcc"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 @pytest.mark.parametrize("name", cuda.kernel_names())
-def test_cu_compiles(name, arch):
+def test_cu_compiles(name, arch, tool):
+    """Every file with both compilers: NVRTC (what CuPy compiles with at run time) and nvcc."""
     try:
-        tool = cuda.compile_check(name, arch)
+        used = cuda.compile_check(name, arch, tool)
     except cuda.CompilerUnavailable as e:
         pytest.skip(str(e))
-    assert tool in ("nvrtc", "nvcc")
+    assert used == tool
+
+
+def test_compile_check_reports_the_compilers_error(tmp_path, monkeypatch):
+    """A kernel that does not compile fails with the compiler's own message, whichever tool."""
+    (tmp_path / "broken.cu").write_text('extern "C" __global__ void k(int *x) { x[0] = y; }\n')
+    monkeypatch.setattr(cuda, "KERNELS_DIR", tmp_path)
+    tools = cuda.compile_tools()
+    if not tools:
+        pytest.skip("neither NVRTC nor nvcc here")
+    for tool in tools:
+        with pytest.raises(RuntimeError, match='"y" is undefined'):
+            cuda.compile_check("broken", "sm_80", tool)
 
 
 def test_kernel_files_found():

@@ -173,23 +173,35 @@ def kernel(name: str, func: str):
 _FUNCTIONS: dict = {}
 
 
-def compile_check(name: str, arch: str) -> str:
+def compile_tools() -> list[str]:
+    """The compilers :func:`compile_check` can use here: "nvrtc" (CuPy's binding, or the
+    NVRTC library of the ``nvidia-cuda-nvrtc`` wheel through ctypes) and "nvcc"."""
+    return [t for t, ok in (("nvrtc", _nvrtc() is not None), ("nvcc", nvcc_path() is not None))
+            if ok]
+
+
+def compile_check(name: str, arch: str, tool: str | None = None) -> str:
     """Compile ``kernels_cuda/<name>.cu`` for ``arch`` (e.g. ``sm_80``, ``sm_90a``) without a GPU.
 
-    Uses the NVRTC that CuPy loads (the compiler the kernels meet at run time) and
-    falls back to ``nvcc``; both produce machine code, so the PTX assembler checks
-    the inline ``asm`` too. Returns the tool used; raises RuntimeError quoting the
-    compiler on failure and :class:`CompilerUnavailable` if there is no compiler.
+    ``tool``: "nvrtc" (the compiler the kernels meet at run time: CuPy's binding, else the
+    NVRTC library of the ``nvidia-cuda-nvrtc`` wheel), "nvcc", or None for the first of the
+    two found. Both produce machine code, so the PTX assembler checks the inline ``asm`` too.
+    Returns the tool used; raises RuntimeError quoting the compiler on failure and
+    :class:`CompilerUnavailable` if the tool asked for (or any) is missing.
     """
     src = source_path(name)
-    nvrtc = _nvrtc()
+    if tool not in (None, "nvrtc", "nvcc"):
+        raise ValueError(f"tool: expected 'nvrtc', 'nvcc' or None, got {tool!r}")
+    nvrtc = _nvrtc() if tool in (None, "nvrtc") else None
     if nvrtc is not None:
         _nvrtc_cubin(nvrtc, src.read_text(), src.name, arch, str(src))
         return "nvrtc"
-    nvcc = nvcc_path()
+    nvcc = nvcc_path() if tool in (None, "nvcc") else None
     if nvcc is None:
         raise CompilerUnavailable(
-            f"cannot compile {src}: neither CuPy's NVRTC ({INSTALL_HINT}) nor nvcc is available")
+            f"cannot compile {src} with {tool or 'NVRTC or nvcc'}: no NVRTC (CuPy's, or the "
+            f"nvidia-cuda-nvrtc wheel's: {INSTALL_HINT}) and no nvcc" if tool != "nvcc" else
+            f"cannot compile {src} with nvcc: nvcc is not installed (set NVCC)")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [nvcc, "-cubin", *nvcc_arch(arch), *OPTIONS, str(src), "-o",
                str(Path(tmp, "k.cubin"))]
@@ -229,7 +241,8 @@ def _nvrtc_cubin(nvrtc, code: str, filename: str, arch: str, where: str | None =
 
 
 def _nvrtc():
-    """CuPy's low-level NVRTC binding if it can load the library, else None."""
+    """An NVRTC binding: CuPy's low-level one if it loads its library, else the NVRTC library
+    of the ``nvidia-cuda-nvrtc`` wheel through ctypes (:class:`_CtypesNVRTC`), else None."""
     mod = None
     for path in ("cupy_backends.cuda.libs.nvrtc", "cupy.cuda.nvrtc"):
         try:
@@ -237,13 +250,78 @@ def _nvrtc():
             break
         except Exception:
             continue
-    if mod is None:
-        return None
-    try:
-        mod.getVersion()
-    except Exception:  # CuPy without the NVRTC library
-        return None
-    return mod
+    if mod is not None:
+        try:
+            mod.getVersion()
+            return mod
+        except Exception:  # CuPy without the NVRTC library
+            pass
+    return _CtypesNVRTC.load()
+
+
+class _CtypesNVRTC:
+    """The five NVRTC calls :func:`_nvrtc_cubin` makes, on the library of the
+    ``nvidia-cuda-nvrtc`` wheel (a test dependency): NVRTC checked without CuPy or a GPU."""
+
+    _lib = None
+
+    @classmethod
+    def load(cls):
+        if cls._lib is None:
+            import ctypes
+            try:
+                import nvidia.cuda_nvrtc as pkg
+            except ImportError:
+                return None
+            folders = [Path(p) / "lib" for p in getattr(pkg, "__path__", [])]
+            libs = sorted(f for d in folders if d.is_dir() for f in d.glob("libnvrtc.so*")
+                          if "builtins" not in f.name and ".alt." not in f.name)
+            if not libs:
+                return None
+            try:
+                cls._lib = ctypes.CDLL(str(libs[-1]))
+            except OSError:
+                return None
+        return cls()
+
+    def _check(self, rc, what):
+        if rc != 0:
+            import ctypes
+            self._lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what}: {self._lib.nvrtcGetErrorString(rc).decode()}")
+
+    def createProgram(self, code, name, headers, includes):
+        import ctypes
+        prog = ctypes.c_void_p()
+        self._check(self._lib.nvrtcCreateProgram(ctypes.byref(prog), code.encode(),
+                                                 name.encode(), 0, None, None),
+                    "nvrtcCreateProgram")
+        return prog
+
+    def compileProgram(self, prog, options):
+        import ctypes
+        opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        self._check(self._lib.nvrtcCompileProgram(prog, len(options), opts),
+                    "nvrtcCompileProgram")
+
+    def _bytes(self, prog, size_fn, get_fn):
+        import ctypes
+        n = ctypes.c_size_t()
+        self._check(getattr(self._lib, size_fn)(prog, ctypes.byref(n)), size_fn)
+        buf = ctypes.create_string_buffer(n.value)
+        self._check(getattr(self._lib, get_fn)(prog, buf), get_fn)
+        return buf.raw
+
+    def getCUBIN(self, prog):
+        return self._bytes(prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN")
+
+    def getProgramLog(self, prog):
+        return self._bytes(prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog").decode(
+            errors="replace").rstrip("\x00")
+
+    def destroyProgram(self, prog):
+        import ctypes
+        self._lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
 def nvcc_path() -> str | None:

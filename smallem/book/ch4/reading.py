@@ -500,7 +500,7 @@ def _gpu_cell(rec_dir, chapter: str) -> str:
         return records.NOT_ON_GPU
     rec = records.load(name, rec_dir)
     found = (records.results(rec, "gpu_step", block="gpt2") if chapter == "ch3" else
-             records.results(rec, "gpu_decode", dtype="int8", dp4a=True, graph=True))
+             records.results(rec, "gpu_decode", dtype="int8", dp4a="auto", graph=True))
     return f(found[0]["value"]["median"], "tokens/s") if found else records.NOT_ON_GPU
 
 

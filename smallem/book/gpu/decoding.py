@@ -64,12 +64,15 @@ def measure_match(rec, s: dict, say) -> None:
         say(f"  greedy tokens equal to the CPU decoder's: {same} of {n} (graph {graph})")
 
 
-def measure_decode(rec, model, s: dict, say) -> None:
+def measure_decode(rec, model, s: dict, say, table: dict) -> None:
+    """Tokens per second of each decoder: f32 with its graph and without, int8 with dp4a
+    switched by ``table`` (the measured crossover), everywhere, and nowhere."""
     from smallem.generating import gpu_decode
     n, prompt = s["decode_tokens"], _prompt(16, model.config.vocab)
     for dtype, dp4a, graph in (("f32", False, True), ("f32", False, False),
-                               ("int8", True, True), ("int8", False, True)):
-        dec = gpu_decode.GPUDecoder(model, dtype, dp4a=dp4a, graph=graph)
+                               ("int8", "auto", True), ("int8", True, True),
+                               ("int8", False, True)):
+        dec = gpu_decode.GPUDecoder(model, dtype, dp4a=dp4a, graph=graph, dp4a_table=table)
         t = gpu_measure(lambda: dec.generate_greedy(prompt, n), repeats=s["rounds"],
                         warmup=1, max_time=None)
         rec.add("gpu_decode", "tokens/s", t.rate(n), seconds={**t.stats(), "samples": t.seconds},
@@ -100,19 +103,20 @@ def measure_prompt(rec, model, s: dict, say) -> None:
         f"token by token {figures.fmt(P / np.median(samples['tokenwise']), 'tokens/s')}")
 
 
-def measure_dp4a(rec, s: dict, say) -> None:
-    """The int8 product with and without dp4a at each width (a square layer), alternated."""
+def measure_dp4a(rec, s: dict, say) -> dict:
+    """The int8 product with and without dp4a at each width (a square layer): the decoder's
+    switch, {width: dp4a ahead}, taken from these medians (gpu_decode.dp4a_crossover)."""
     from smallem.generating import gpu_decode
+    times = {}
     for w in s["widths"]:
-        times = {}
         for dp4a in (True, False):
             fn = gpu_decode.int8_product_case(w, w, dp4a=dp4a)
-            t = gpu_measure(fn, repeats=s["rounds"], warmup=2)
-            times[dp4a] = t
+            t = times[w, dp4a] = gpu_measure(fn, repeats=s["rounds"], warmup=2)
             rec.add("int8_product", "GB/s", t.rate(w * w * 34 / 32 / 1e9),
                     seconds={**t.stats(), "samples": t.seconds}, width=w, dp4a=dp4a)
-        say(f"  int8 product {w:6d}: dp4a {times[True].median * 1e6:8.1f} us, "
-            f"without {times[False].median * 1e6:8.1f} us")
+        say(f"  int8 product {w:6d}: dp4a {times[w, True].median * 1e6:8.1f} us, "
+            f"without {times[w, False].median * 1e6:8.1f} us")
+    return gpu_decode.dp4a_crossover(s["widths"], lambda w, d: times[w, d].median)
 
 
 def run_ch4(quick: bool | None = None, progress: bool = True) -> records.Record:
@@ -126,8 +130,9 @@ def run_ch4(quick: bool | None = None, progress: bool = True) -> records.Record:
     rec.data["settings"]["model"] = model.config.to_dict()
     measure_match(rec, s, say)
     measure_prompt(rec, model, s, say)
-    measure_decode(rec, model, s, say)
-    measure_dp4a(rec, s, say)
+    table = measure_dp4a(rec, s, say)
+    rec.data["settings"]["dp4a_table"] = {str(w): bool(v) for w, v in table.items()}
+    measure_decode(rec, model, s, say, table)
     say(f"  chapter 4 on the GPU: {time.perf_counter() - t0:.0f} s")
     return rec
 
@@ -161,7 +166,8 @@ def decode_rows(rec: dict | None, rec_dir) -> list[list]:
     cpu = _cpu_decode(rec_dir)
     rows = []
     for dtype, label in (("f32", "decode, f32 weights"), ("int8", "decode, int8 weights")):
-        g = _one(rec, "gpu_decode", dtype=dtype, dp4a=dtype == "int8", graph=True)
+        g = _one(rec, "gpu_decode", dtype=dtype, dp4a="auto" if dtype == "int8" else False,
+                 graph=True)
         here = (f(cpu["value"]["median"], "tokens/s") + f" (rung {cpu['params']['rung']})"
                 if cpu else "no chapter 4 record on this machine")
         rows.append([label, here if dtype == "int8" else "—",

@@ -57,13 +57,15 @@ def _steps(trainer, n: int) -> list[float]:
     return gpu_ops.run_steps(trainer, n)
 
 
-def measure_steps(rec, s: dict, say) -> None:
-    """Each (config, optimizer): rounds of ``timed_steps`` steps between two CUDA events."""
+def measure_steps(rec, s: dict, say, products: str) -> None:
+    """Each (config, optimizer): rounds of ``timed_steps`` steps between two CUDA events,
+    the products where :func:`measure_products` found them faster."""
     B, n = s["batch"], s["timed_steps"]
     for config, optimizer in s["steps"]:
         cfg = _config(config)
         T = min(s["seq"], cfg.context)
         tr = _trainer(config, optimizer, "cuda", B, T)
+        tr.model.ops.products = products
         t = gpu_measure(lambda: _steps(tr, n), repeats=s["rounds"], warmup=1, max_time=None)
         per = Timing([x / n for x in t.seconds])
         toks = per.rate(B * T)
@@ -111,9 +113,10 @@ def _cpu_trainer(config, optimizer, B, T, n):
         return _trainer(config, optimizer, "numpy", B, T, steps=n), "numpy"
 
 
-def measure_products(rec, s: dict) -> None:
+def measure_products(rec, s: dict) -> str:
     """Our final f32 and bf16 GEMMs against cuBLAS at the step's largest product (the MLP's
-    N x C x 4C), one after the other in rounds: what `products=` should choose."""
+    N x C x 4C): the f32 one that is faster is what the step's products run on ("ours" or
+    "cublas", the ops' ``products``)."""
     cp = cuda.require()
     cfg = _config(s["steps"][0][0])
     M, K, N = s["batch"] * min(s["seq"], cfg.context), cfg.d_model, cfg.mlp_in
@@ -130,6 +133,8 @@ def measure_products(rec, s: dict) -> None:
         t = gpu_measure(fn, repeats=s["rounds"], warmup=2)
         rec.add("step_product", "Gop/s", t.rate(2.0 * M * N * K / 1e9),
                 seconds={**t.stats(), "samples": t.seconds}, impl=name, m=M, n=N, k=K)
+    rate = {r["params"]["impl"]: r["value"]["median"] for r in records.results(rec.data, "step_product")}
+    return "ours" if rate["ours_f32"] > rate["cublas_f32"] else "cublas"
 
 
 def run_ch3(quick: bool | None = None, progress: bool = True) -> records.Record:
@@ -139,9 +144,10 @@ def run_ch3(quick: bool | None = None, progress: bool = True) -> records.Record:
     rec = records.Record(CH3, settings=s, machine=machine())
     say = print if progress else (lambda *a, **k: None)
     t0 = time.perf_counter()
-    measure_products(rec, s)
+    products = measure_products(rec, s)
+    rec.data["settings"]["products"] = products
     measure_match(rec, s, say)
-    measure_steps(rec, s, say)
+    measure_steps(rec, s, say, products)
     say(f"  chapter 3 on the GPU: {time.perf_counter() - t0:.0f} s")
     return rec
 
@@ -202,12 +208,25 @@ def train_values(rec: dict | None) -> dict:
     ok = all(r["value"]["median"] <= LOSS_RTOL for r in m)
     f = figures.fmt
     return {"gpu.ch3_measured": True, "gpu.ch3_line": gpu_line(rec),
-            "gpu.ch3_products": (f"{used}: at the step's largest product ours ran "
+            "gpu.ch3_products": (f"{'our kernels' if used == 'ours' else 'cuBLAS'}, the faster at the "
+                                 f"step's largest product, where ours ran "
                                  f"{f(prods.get('ours_f32', 0), 'Gop/s')} in f32 against "
-                                 f"cuBLAS's {f(prods.get('cublas_f32', 0), 'Gop/s')}"),
-            "gpu.ch3_losses": ("equal to rounding" if ok else "not equal to rounding")
-                              + figures.note(f"largest relative difference at most "
-                                             f"{LOSS_RTOL:g} over every step")}
+                                 f"cuBLAS's {f(prods.get('cublas_f32', 0), 'Gop/s')}, and "
+                                 f"{f(prods.get('ours_bf16', 0), 'Gop/s')} in bf16 (Muon's "
+                                 f"Newton-Schulz) against {f(prods.get('cublas_bf16', 0), 'Gop/s')}"),
+            "gpu.ch3_losses": _losses_text(m, rec)}
+
+
+def _losses_text(m: list, rec: dict) -> str:
+    """"equal to rounding" where every step's loss is within LOSS_RTOL of the CPU's."""
+    if not m:
+        return records.not_measured(rec, "no loss comparison in the record")
+    worst = max(r["value"]["median"] for r in m)
+    steps = min(r["params"]["steps"] for r in m)
+    return (("equal to rounding" if worst <= LOSS_RTOL else "not equal to rounding")
+            + figures.note(f"the largest relative difference of a step's loss over {steps} "
+                           f"steps, both blocks, AdamW and Muon: {worst:.1e} (at most "
+                           f"{LOSS_RTOL:g} counts as rounding: float32 sums in other orders)"))
 
 
 def report_ch3(rec_dir) -> dict:
