@@ -260,7 +260,7 @@ def _nvrtc():
 
 
 class _CtypesNVRTC:
-    """The five NVRTC calls :func:`_nvrtc_cubin` makes, on the library of the
+    """The NVRTC calls :func:`_nvrtc_cubin` and :func:`_module` make, on the library of the
     ``nvidia-cuda-nvrtc`` wheel (a test dependency): NVRTC checked without CuPy or a GPU."""
 
     _lib = None
@@ -322,6 +322,13 @@ class _CtypesNVRTC:
     def destroyProgram(self, prog):
         import ctypes
         self._lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+    def getVersion(self):
+        import ctypes
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self._lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)),
+                    "nvrtcVersion")
+        return major.value, minor.value
 
 
 def nvcc_path() -> str | None:
