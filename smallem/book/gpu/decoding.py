@@ -72,7 +72,8 @@ def measure_decode(rec, model, s: dict, say, table: dict) -> None:
     for dtype, dp4a, graph in (("f32", False, True), ("f32", False, False),
                                ("int8", "auto", True), ("int8", True, True),
                                ("int8", False, True)):
-        dec = gpu_decode.GPUDecoder(model, dtype, dp4a=dp4a, graph=graph, dp4a_table=table)
+        dec = gpu_decode.GPUDecoder(model, dtype, dp4a=dp4a, graph=graph,
+                                    dp4a_table=table if dp4a == "auto" else None)
         t = gpu_measure(lambda: dec.generate_greedy(prompt, n), repeats=s["rounds"],
                         warmup=1, max_time=None)
         rec.add("gpu_decode", "tokens/s", t.rate(n), seconds={**t.stats(), "samples": t.seconds},
