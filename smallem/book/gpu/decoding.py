@@ -13,7 +13,7 @@ import numpy as np
 from smallem.plumbing import cuda
 from smallem.cpu.timing import Timing, quick_mode
 from .. import compare, figures, records
-from .measuring import NOT_MEASURED, gpu_measure, machine
+from .measuring import NOT_MEASURED, gpu_measure, gpu_rounds, machine
 
 CH4 = "ch4.gpu"
 ROUNDS = 7
@@ -92,10 +92,7 @@ def measure_prompt(rec, model, s: dict, say) -> None:
     dec = gpu_decode.GPUDecoder(model, "f32", graph=False)
     cases = {"gemm": lambda: (dec.reset(), dec.prefill(prompt)),
              "tokenwise": lambda: (dec.reset(), dec.prefill_tokenwise(prompt))}
-    samples = {k: [] for k in cases}
-    for i in range(s["rounds"]):
-        for k in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
-            samples[k] += gpu_measure(cases[k], repeats=1, warmup=1 if i == 0 else 0).seconds
+    samples = gpu_rounds(cases, s["rounds"])
     for k, sec in samples.items():
         t = Timing(sec)
         rec.add("prompt", "tokens/s", t.rate(P), seconds={**t.stats(), "samples": sec},

@@ -41,6 +41,17 @@ def gpu_measure(fn, *, repeats: int = 10, warmup: int = 2, max_time: float | Non
     return out
 
 
+def gpu_rounds(cases: dict, rounds: int, warmup: int = 1) -> dict:
+    """Paired rounds on the GPU: one CUDA-event sample of every case a round, the order
+    alternating from round to round, ``warmup`` untimed calls of each before the first.
+    Returns {case: [seconds, one a round]}, for :func:`smallem.book.compare.against`."""
+    samples = {k: [] for k in cases}
+    for i in range(rounds):
+        for k in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
+            samples[k] += gpu_measure(cases[k], repeats=1, warmup=warmup if i == 0 else 0).seconds
+    return samples
+
+
 def machine() -> dict:
     return {**machine_info.fingerprint(), "gpu": cuda.device_info()}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from smallem.plumbing import cuda
 from smallem.cpu.timing import Timing, quick_mode
 from .. import compare, records
-from .measuring import NOT_MEASURED, cublas_bf16, gpu_measure, random_matrix, run_ch2
+from .measuring import NOT_MEASURED, cublas_bf16, gpu_rounds, random_matrix, run_ch2
 
 TC_TARGET = 0.5   # our bf16 product at half cuBLAS's or more
 TC_N = 4096
@@ -24,10 +24,7 @@ def measure_tc_target(rec, quick: bool, rung: str | None = None) -> None:
     out = cp.empty((n, n), dtype=cp.float32)
     cases = {"ours": lambda: cuda.gemm(rung, a16, b16, out=out),
              "cublas": lambda: cublas_bf16(a16, b16, out)}
-    samples = {k: [] for k in cases}
-    for i in range(rounds):
-        for k in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
-            samples[k] += gpu_measure(cases[k], repeats=1, warmup=2 if i == 0 else 0).seconds
+    samples = gpu_rounds(cases, rounds, warmup=2)
     for k, sec in samples.items():
         t = Timing(sec)
         rec.add("tc_target", "Gop/s", t.rate(2.0 * n**3 / 1e9),
