@@ -2,7 +2,8 @@
 
 ``smallem figures`` computes, from the records, every value a page quotes and every fact a
 page's sentences depend on, and writes them to ``figures/tables/values.json`` (keys such as
-``ch1.f32_peak``, a string, or ``ch2.b_block_fits_l2``, a true/false fact). This hook renders
+``ch1.f32_peak``, a number the page formats with a filter, ``{{ ch1.f32_peak | num("Gop/s") }}``,
+or ``ch2.b_block_fits_l2``, a true/false fact). This hook renders
 each Markdown page as a Jinja template over those keys: ``{{ ch1.f32_peak }}`` puts a measured
 number into the prose, and ``{% if ch2.b_block_fits_l2 %} ... {% else %} ... {% endif %}``
 keeps the one sentence that holds on this machine, so each branch is written once, in the
@@ -65,6 +66,13 @@ def _protect_code(markdown: str) -> str:
 
 ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False,
                          keep_trailing_newline=True)
+# the page formats typed values itself: {{ ch1.peak | num("Gop/s") }}, {{ x | pct }},
+# {{ r | times }}, {{ n | plural("pipe") }} (one formatter, smallem.book.figures)
+try:
+    from smallem.book.figures import FILTERS
+except ImportError:  # the site built without the package: the pages then fail on a filter
+    FILTERS = {}
+ENV.filters.update(FILTERS)
 
 
 def render(markdown: str, values: dict, page: str = "page") -> str:

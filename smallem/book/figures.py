@@ -84,14 +84,46 @@ def write_table(name: str, rows: list[list], header: list[str], note: str = "") 
 
 
 def fmt(x: float, unit: str = "", digits: int = 3) -> str:
-    """A number for prose and tables: 3 significant digits, thin-space thousands."""
-    if x != x:  # NaN
+    """A number for prose and tables: ``digits`` significant digits, thin-space thousands,
+    never scientific notation (999.7 is "1 000", not "1e+03": a reader compares them, and
+    nothing may parse them back). NaN or None: "n/a" (a table cell; prose tests the value)."""
+    if x is None or x != x:  # missing or NaN
         return "n/a"
+    x = float(x)
+    if x and abs(x) < 1000:
+        # round to the digits first: 999.7 rounds to 1000 and then takes the thousands form
+        x = float(f"{x:.{digits}g}")
     if abs(x) >= 1000:
         s = f"{x:,.0f}".replace(",", "\u202f")
+    elif x and abs(x) < 10 ** -(digits + 1):
+        s = f"{x:.{digits}g}"  # tiny values (a tolerance): scientific is what a reader expects
     else:
-        s = f"{x:.{digits}g}"
+        s = f"{x:.{digits}g}" if "e" not in f"{x:.{digits}g}" else f"{x:.{digits + 3}f}".rstrip("0")
     return f"{s} {unit}".strip()
+
+
+def num(x, unit: str = "", digits: int = 3) -> str:
+    """The page's filter ``{{ v | num("Gop/s") }}``: :func:`fmt` for a typed value."""
+    return fmt(x, unit, digits)
+
+
+def pct(x, digits: int = 3) -> str:
+    """A fraction as a percentage: 0.464 -> "46.4 %"."""
+    return "n/a" if x is None or x != x else fmt(100 * float(x), "%", digits)
+
+
+def times(x, digits: int = 3) -> str:
+    """A ratio as a factor: 1.79 -> "1.79×"."""
+    return "n/a" if x is None or x != x else fmt(float(x), "", digits) + "\u00d7"
+
+
+def plural(n, word: str, many: str | None = None) -> str:
+    """"1 pipe", "2 pipes" (``many`` where the plural is not word + s)."""
+    one = n is not None and float(n) == 1
+    return f"{fmt(n)} {word if one else (many or word + 's')}"
+
+
+FILTERS = {"num": num, "pct": pct, "times": times, "plural": plural}
 
 
 def peer_notes(llama_cpp: dict | None, missing: dict) -> str:
