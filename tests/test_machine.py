@@ -2,6 +2,7 @@
 record-to-table logic on synthetic records."""
 
 import math
+import re
 import shutil
 import subprocess
 
@@ -522,3 +523,48 @@ def test_smt_siblings_count_as_one_core(tmp_path):
     caches = {"L1d_bytes": 48 << 10, "L2_bytes": 2 << 20, "L3_bytes": 32 << 20,
               "L1d_instances": 2, "L2_instances": 2, "L3_instances": 1}
     assert ch1.level_sizes(caches, 4) == {"L1": 96 << 10, "L2": 4 << 20, "L3": 32 << 20}
+
+
+def test_every_row_of_the_core_table_has_each_fact_and_a_citation():
+    """The one table of core facts: every row has every field, of its type or None (not
+    known from its source), and cites an anchor that bibliography.md has."""
+    anchors = set(re.findall(r'<span id="([^"]+)"></span>',
+                             (Path(__file__).parent.parent / "bibliography.md").read_text()))
+    types = {"vendor": str, "cite": str, "pipes": int, "pipe_bits": int, "how": str,
+             "loads_per_cycle": int, "load_bits": int, "l2_inclusive": bool,
+             "l3_inclusive": bool}
+    assert set(types) == set(machine.CORE_FIELDS)
+    for name, row in machine.CORE_FACTS.items():
+        assert set(row) == set(types), name
+        for key, kind in types.items():
+            assert row[key] is None or isinstance(row[key], kind), (name, key)
+        assert row["cite"] in anchors, (name, row["cite"])
+        assert row["vendor"] and row["pipes"] and row["pipe_bits"], name
+        assert machine.FMA_PIPES[name] == (row["pipes"], row["pipe_bits"], row["how"])
+
+
+def test_core_facts_key_on_isa_features_where_the_model_is_masked():
+    """A Xeon whose model number a hypervisor masks as a client core's (167) is a Xeon by its
+    AMX and AVX512_BF16; the FMA cross-check still looks it up by the model number."""
+    ident = {"vendor": "GenuineIntel", "family": 6, "model": 167, "model_name": "",
+             "flags": frozenset({"fma", "avx2", "avx512f", "avx512_bf16", "amx_tile"})}
+    assert machine.core_facts(ident)["core"].startswith("Intel Xeon")
+    assert machine.core_name(ident, by_model=True).startswith("Intel client")
+    assert machine.core_facts({**ident, "vendor": "HygonGenuine"}) is None
+
+
+@pytest.mark.parametrize("name", captured_machines.NAMES)
+def test_measured_fmas_a_cycle_times_lanes_is_the_measured_lanes(name):
+    """ch1.hw.fmas_per_cycle (measured) times the lanes of one instruction is chapter 1's
+    measured f32 lanes a cycle, on every captured machine; the table's facts are typed."""
+    rec = captured_machines.load(name).record("ch1.machine")
+    th = ch1.summary(rec)["theory"]
+    hw = ch1.reading.hw_values(rec, th)
+    assert isinstance(hw["ch1.hw.fmas_per_cycle"], int) and isinstance(hw["ch1.hw.lanes"], int)
+    assert hw["ch1.hw.fmas_per_cycle"] * hw["ch1.hw.lanes"] == th["lanes"]
+    assert hw["ch1.hw.lanes"] * 32 == hw["ch1.hw.vector_bits"]
+    if hw["ch1.hw.core"] is not None:
+        row = machine.CORE_FACTS[hw["ch1.hw.core"]]
+        assert hw["ch1.hw.cite"] == row["cite"] and hw["ch1.hw.pipes"] == row["pipes"]
+        # the table's pipes carry at least what was measured
+        assert row["pipes"] * row["pipe_bits"] >= th["lanes"] * 32

@@ -46,32 +46,75 @@ STREAM_KERNELS = {  # name: (arrays touched, bytes moved per element as STREAM c
 FMA_LANES = (4, 8, 16, 32, 64)  # f32 lanes a cycle of 1 to 4 FMA pipes of 128, 256 or 512 bits
 MAX_FMA_PIPES = 4
 
-# FMA pipes per core and bits per pipe, from the vendors' manuals (bibliography.md: amd-opt,
-# intel-opt, strix-point). A vector wider than a pipe is split across it in halves.
-FMA_PIPES = {  # core: (pipes, bits per pipe, how it runs AVX-512 where it has it)
-    "AMD Zen 1": (2, 128, ""),
-    "AMD Zen 2": (2, 256, ""),
-    "AMD Zen 3": (2, 256, ""),
-    "AMD Zen 4": (2, 256, "a 512-bit FMA runs as two 256-bit halves"),
-    "AMD Zen 5 (desktop, server)": (2, 512, ""),
-    "AMD Zen 5 (mobile: Strix, Krackan Point)": (2, 256, "256-bit datapaths: 512-bit ops in halves"),
-    "Intel Xeon with AVX-512 (Skylake-SP to Granite Rapids)": (
-        2, 512, "ports 0+1 fused, and port 5; a few low-end SKUs lack port 5's"),
-    "Intel client core with AVX-512 (Ice, Tiger, Rocket Lake)": (
-        2, 256, "one 512-bit FMA: ports 0 and 1 fused"),
-    "Intel core with AVX2 and FMA (Haswell on)": (2, 256, ""),
-    "Apple M-series": (4, 128, "NEON"),
+# The one table of core facts, from the manuals each row cites (anchors of bibliography.md),
+# keyed by vendor and ISA features through :func:`core_name`. Per row: the source named by its
+# citation ("vendor": the manual's author), FMA pipes and bits per pipe, how wider vectors run,
+# the L1's vector loads a cycle and their width in bits, whether the L2 is inclusive of the
+# L1 and whether the L3 is inclusive. None: the cited source does not settle it for every core
+# of the row (never a guess). Chapter 1 measures what it can (the FMAs a cycle, the plateaus);
+# this table is the rest, and every page states these facts from it (ch1.hw.*).
+CORE_FACTS = {
+    "AMD Zen 1": dict(
+        vendor="AMD", cite="amd-opt", pipes=2, pipe_bits=128, how="",
+        loads_per_cycle=2, load_bits=128, l2_inclusive=True, l3_inclusive=False),
+    "AMD Zen 2": dict(
+        vendor="AMD", cite="amd-opt", pipes=2, pipe_bits=256, how="",
+        loads_per_cycle=2, load_bits=256, l2_inclusive=True, l3_inclusive=False),
+    "AMD Zen 3": dict(
+        vendor="AMD", cite="amd-opt", pipes=2, pipe_bits=256, how="",
+        loads_per_cycle=2, load_bits=256, l2_inclusive=True, l3_inclusive=False),
+    "AMD Zen 4": dict(
+        vendor="AMD", cite="amd-opt", pipes=2, pipe_bits=256,
+        how="a 512-bit FMA runs as two 256-bit halves",
+        loads_per_cycle=2, load_bits=256, l2_inclusive=True, l3_inclusive=False),
+    "AMD Zen 5 (desktop, server)": dict(
+        vendor="AMD", cite="amd-opt", pipes=2, pipe_bits=512, how="",
+        loads_per_cycle=2, load_bits=512, l2_inclusive=True, l3_inclusive=False),
+    "AMD Zen 5 (mobile: Strix, Krackan Point)": dict(
+        vendor="Chips and Cheese", cite="strix-point", pipes=2, pipe_bits=256,
+        how="256-bit datapaths: 512-bit ops in halves",
+        loads_per_cycle=None, load_bits=None, l2_inclusive=None, l3_inclusive=None),
+    "Intel Xeon with AVX-512 (Skylake-SP to Granite Rapids)": dict(
+        vendor="Intel", cite="intel-opt", pipes=2, pipe_bits=512,
+        how="ports 0+1 fused, and port 5; a few low-end SKUs lack port 5's",
+        loads_per_cycle=2, load_bits=512, l2_inclusive=None, l3_inclusive=False),
+    "Intel client core with AVX-512 (Ice, Tiger, Rocket Lake)": dict(
+        vendor="Intel", cite="intel-opt", pipes=2, pipe_bits=256,
+        how="one 512-bit FMA: ports 0 and 1 fused",
+        loads_per_cycle=2, load_bits=512, l2_inclusive=None, l3_inclusive=None),
+    "Intel core with AVX2 and FMA (Haswell on)": dict(  # Haswell to Raptor Lake: loads differ
+        vendor="Intel", cite="intel-opt", pipes=2, pipe_bits=256, how="",
+        loads_per_cycle=None, load_bits=None, l2_inclusive=None, l3_inclusive=None),
+    "Apple M-series": dict(
+        vendor="Apple", cite="apple-opt", pipes=4, pipe_bits=128, how="NEON",
+        loads_per_cycle=None, load_bits=None, l2_inclusive=None, l3_inclusive=None),
 }
+CORE_FIELDS = ("vendor", "cite", "pipes", "pipe_bits", "how", "loads_per_cycle", "load_bits",
+               "l2_inclusive", "l3_inclusive")
+# FMA pipes per core and bits per pipe (the table's first columns, as before): a vector wider
+# than a pipe is split across it in halves.
+FMA_PIPES = {name: (row["pipes"], row["pipe_bits"], row["how"])
+             for name, row in CORE_FACTS.items()}
 # family 6 models of the Intel server cores with two 512-bit FMA pipes
 INTEL_SERVER_AVX512 = {0x55, 0x6A, 0x6C, 0x8F, 0xCF, 0xAD, 0xAE}
 # AMD family 1Ah (Zen 5) models with 256-bit datapaths: Strix Point and Krackan Point
 ZEN5_NARROW_MODELS = (range(0x20, 0x30), range(0x60, 0x70))
 
 
-def core_name(ident: dict | None = None) -> str | None:
-    """The :data:`FMA_PIPES` row of a CPU, or None for a core not in the table.
+# ISA features only Intel's server cores have among those with AVX-512 (Cooper Lake's
+# AVX512_BF16, Sapphire Rapids' AMX): a hypervisor that masks the model number leaves them
+INTEL_SERVER_FEATURES = frozenset({"avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
+
+
+def core_name(ident: dict | None = None, by_model: bool = False) -> str | None:
+    """The :data:`CORE_FACTS` (and :data:`FMA_PIPES`) row of a CPU, or None for a core not in
+    the table, by its vendor, family and ISA features.
 
     ``ident`` is :func:`smallem.cpu.isa.parse_cpuinfo`'s reading (default: this machine).
+    ``by_model``: an Intel core with AVX-512 by its model number alone, as the table was looked
+    up before issue 64 (the cross-check of :func:`peak_theory`, which shows a masked model:
+    a Granite-Rapids-class Xeon that reads as model 167 looks up as a client core); otherwise
+    its server-only features (:data:`INTEL_SERVER_FEATURES`) also make it a Xeon.
     """
     ident = ident or machine_info.cpu_identity()
     flags, family, model = ident["flags"], ident["family"], ident["model"]
@@ -85,8 +128,9 @@ def core_name(ident: dict | None = None) -> str | None:
             return "AMD Zen 5 (mobile: Strix, Krackan Point)" if narrow else "AMD Zen 5 (desktop, server)"
     if ident["vendor"] == "GenuineIntel" and family == 6 and "fma" in flags:
         if "avx512f" in flags:
-            return ("Intel Xeon with AVX-512 (Skylake-SP to Granite Rapids)"
-                    if model in INTEL_SERVER_AVX512 else
+            server = model in INTEL_SERVER_AVX512 or (
+                not by_model and bool(INTEL_SERVER_FEATURES & set(flags)))
+            return ("Intel Xeon with AVX-512 (Skylake-SP to Granite Rapids)" if server else
                     "Intel client core with AVX-512 (Ice, Tiger, Rocket Lake)")
         return "Intel core with AVX2 and FMA (Haswell on)"
     if platform.machine() in ("arm64", "aarch64") and (
@@ -95,12 +139,19 @@ def core_name(ident: dict | None = None) -> str | None:
     return None
 
 
+def core_facts(ident: dict | None = None) -> dict | None:
+    """The :data:`CORE_FACTS` row of a CPU with its name under "core" (a copy), or None for a
+    core not in the table. ``ident`` as :func:`core_name`'s."""
+    name = core_name(ident)
+    return None if name is None else {"core": name, **CORE_FACTS[name]}
+
+
 def fma_units(ident: dict | None = None) -> tuple[int, int, str]:
     """(FMA pipes per core, bits per pipe, where this came from) for a CPU, as the table of
-    vendors' manuals (:data:`FMA_PIPES`) gives them for its family and model: the cross-check
+    vendors' manuals (:data:`FMA_PIPES`) gives them for its family and model number: the cross-check
     of :func:`peak_theory`, never the peak itself. A core not in the table gets
     ``(0, 0, "unknown")``."""
-    name = core_name(ident)
+    name = core_name(ident, by_model=True)
     if name is None:
         return 0, 0, "unknown"
     pipes, bits, how = FMA_PIPES[name]
@@ -181,10 +232,10 @@ def peak_theory(clock_add_hz: float, clock_mul_hz: float, f32_one_hz: float, f32
     pipes = 32 * lanes // pipe_bits
     flops_per_cycle = 2 * lanes
     table = None
-    if ident is not None and core_name(ident) is not None:
+    if ident is not None and core_name(ident, by_model=True) is not None:
         t_pipes, t_bits, t_source = fma_units(ident)
         t_flops = 2 * t_pipes * min(width, t_bits) // 32
-        table = {"core": core_name(ident), "pipes": t_pipes, "pipe_bits": t_bits,
+        table = {"core": core_name(ident, by_model=True), "pipes": t_pipes, "pipe_bits": t_bits,
                  "source": t_source, "flops_per_cycle_per_core": t_flops,
                  "agrees": t_flops == flops_per_cycle,
                  "family": ident.get("family"), "model": ident.get("model")}

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from smallem.cpu import isa
-from smallem.cpu.machine import FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, peak_theory
+from smallem.cpu.machine import (FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, core_facts,
+                                 peak_theory)
 from .. import figures, records, reference
 from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, ONE_THREAD_FLOOR, RECORD,
                         SCALING_FLOOR, THEORY_BAND)
@@ -481,6 +482,7 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.clock_agreement": f"{100 * CLOCK_AGREEMENT:.0f} %",
         "ch1.mul_latency": str(MUL_LATENCY),
         **_theory_values(th, cores),
+        **hw_values(rec, th),
         "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
         "ch1.f32_peak_all": f(sm["peak"][("f32", cores)], "Gop/s"),
         "ch1.f32_fraction": f"{100 * sm['f32_fraction_of_theory']:.0f} %",
@@ -521,6 +523,31 @@ def _values(rec: dict, sm: dict) -> dict:
         values[f"ch1.{kind}_fastest_vs_f32"] = f(paths[-1][2] / sm["peak"]["f32", cores])
     values.update(_plateau_values(sm, top))
     return values
+
+
+def hw_values(rec: dict, th: dict | None = None) -> dict:
+    """The core's hardware facts every page states, typed (``ch1.hw.*``): the FMAs of the
+    kernels' vector width one core starts a cycle, measured (the f32 lanes a cycle of
+    :func:`smallem.cpu.machine.peak_theory` over the lanes of one instruction), and the rest
+    from the one table of the vendors' manuals (:data:`smallem.cpu.machine.CORE_FACTS`) for the
+    record's vendor, family and ISA features; None where the table has no row or no such fact."""
+    th = th or theory(rec)
+    ident = record_identity(rec["machine"])
+    row = core_facts(ident) if ident is not None else None
+    lanes = th["vector_bits"] // 32
+
+    def table(key):
+        return None if row is None else row[key]
+
+    return {"ch1.hw.core": table("core"), "ch1.hw.vendor": table("vendor"),
+            "ch1.hw.cite": table("cite"), "ch1.hw.pipes": table("pipes"),
+            "ch1.hw.pipe_bits": table("pipe_bits"),
+            "ch1.hw.vector_bits": th["vector_bits"], "ch1.hw.lanes": lanes,
+            "ch1.hw.fmas_per_cycle": max(1, th["lanes"] // lanes),
+            "ch1.hw.loads_per_cycle": table("loads_per_cycle"),
+            "ch1.hw.load_bits": table("load_bits"),
+            "ch1.hw.l2_inclusive": table("l2_inclusive"),
+            "ch1.hw.l3_inclusive": table("l3_inclusive")}
 
 
 def _theory_values(th: dict, cores: int) -> dict:
