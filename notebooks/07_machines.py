@@ -39,8 +39,8 @@ display(Markdown((figures.tables_dir() / "machines_across.md").read_text()))
 # ## What moves each number
 
 # %%
-for chapter in ("ch1", "ch2", "ch3", "ch4"):
-    print(chapter, "|", values[f"machines.why_{chapter}"])
+for line in reading.summary_lines(values):
+    print(line)
 
 # %% [markdown]
 # ## At a glance: this machine beside the reference series

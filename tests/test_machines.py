@@ -31,8 +31,11 @@ def test_both_tables_build_from_the_committed_records(scratch):
         assert reading.reader_name(d) in header and d.name not in header
     assert "GPU: NVIDIA H200" in header                          # the GPU's column
     assert across.count("\n| [") == len(reading.ROWS)
-    for key in ("machines.why_ch1", "machines.why_ch2", "machines.why_ch3", "machines.why_ch4"):
-        assert "times" in values[key], values[key]                # a computed ratio, not a stub
+    for ch in ("ch1", "ch2", "ch3", "ch4"):                      # typed: numbers and names
+        assert values[f"machines.{ch}.shown"] is True
+        assert isinstance(values[f"machines.{ch}.ratio"], float) and values[f"machines.{ch}.ratio"] >= 1
+        assert values[f"machines.{ch}.hi"] >= values[f"machines.{ch}.lo"]
+    assert "e+" not in across
     rows = [line for line in glance.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 1 + 8                                     # the header and eight rows
     assert figures.fmt(1314, "Gop/s") in glance                   # the reference's, quoted
@@ -44,10 +47,19 @@ def test_each_cell_is_its_machines_record(scratch):
     for d in reading.folders():
         col = reading.column(d)
         facts = ch1.facts(d / "records")
-        assert col["ch1.f32_peak_all"] == figures.fmt(facts["peak"][("f32", facts["cores"])], "Gop/s")
+        assert col["machines.f32_all"] == figures.fmt(facts["peak"][("f32", facts["cores"])], "Gop/s")
+        # chapter 1's rule for the one-core peak: the better of one thread and all cores / cores
+        best = max(facts["peak"][("f32", 1)], facts["peak"][("f32", facts["cores"])] / facts["cores"])
+        assert col["_numbers"]["f32_core"] == pytest.approx(best)
+        # the FMA facts: measured FMAs a cycle and the vendor's table, as chapter 1 states them
+        hw = ch1.hw_values(facts["record"], facts["theory"])
+        assert col["machines.fma_measured"].startswith(
+            f"{hw['ch1.hw.fmas_per_cycle']} × {hw['ch1.hw.vector_bits']}-bit")
+        if hw["ch1.hw.pipes"]:
+            assert col["machines.fma_table"].startswith(f"{hw['ch1.hw.pipes']} × {hw['ch1.hw.pipe_bits']} bits")
         s = records.load("ch2.gemm", d / "records")["settings"] if records.exists("ch2.gemm", d / "records") else {}
         if "ch2" in col["_missing"]:     # a record today's reading cannot read says so
-            assert col["machines.tile"].startswith(f"not measured at {col['_commit']}")
+            assert col["machines.tile"] == f"older record ({col['_commit']})"
         elif "mr" in s:
             assert col["machines.tile"] == f"{s['mr']} x {s['nr']}"
         assert col["_commit"] == records.load("ch1.machine", d / "records")["commit"][:7]
@@ -64,23 +76,29 @@ def test_a_machine_with_partial_records_says_what_it_lacks(scratch, monkeypatch)
     across = (figures.tables_dir() / "machines_across.md").read_text()
     commit = records.load("ch1.machine", src / "records")["commit"][:7]
     row = next(line for line in across.splitlines() if "1024³ product, last rung" in line)
-    assert f"not measured at {commit}" in row
+    assert f"absent ({commit})" in row
     row = next(line for line in across.splitlines() if "f32 peak, every core" in line)
     assert "Gop/s" in row
-    assert "fewer than two machines" in values["machines.why_ch2"]
+    assert values["machines.ch2.shown"] is False
 
 
 def test_differences_are_ratios_of_the_columns():
-    def col(name, peak, fpc, clock):
-        return {"_header": f"{name}: cpu", "ch1.f32_peak_core": f"{peak} Gop/s",
-                "_values": {"ch1.flops_per_cycle": str(fpc), "ch1.clock_f32": f"{clock} GHz",
-                            "machines.fma": "2 x 256 bits"}}
-    out = reading.differences([col("a", 100, 32, 3.0), col("b", 200, 64, 3.0)])
-    assert "2.00 times" in out["machines.why_ch1"] and "predict 2.00 times" in out["machines.why_ch1"]
-    assert "the FMA width and the clock move it most" in out["machines.why_ch1"]
-    out = reading.differences([col("a", 100, 32, 3.0), col("b", 300, 32, 3.0)])
-    assert "something else moves it more" in out["machines.why_ch1"]
-    assert reading.number("1\u202f429 tokens/s") == 1429.0
+    """The page's comparisons from typed numbers: the spread, the lanes and clock that predict
+    it (judged within the tolerance), never a number read back from a cell."""
+    def col(name, peak, lanes, clock):
+        return {"_header": f"{name}: cpu",
+                "_numbers": {"f32_core": peak, "lanes": lanes, "table_lanes": lanes,
+                             "clock": clock}}
+    out = reading.differences([col("a", 100.0, 16, 3.0), col("b", 200.0, 32, 3.0)])
+    assert out["machines.ch1.ratio"] == 2.0 and out["machines.ch1.predicted"] == 2.0
+    assert out["machines.ch1.holds"] and out["machines.ch1.by_lanes"]
+    assert not out["machines.ch1.by_clock"] and out["machines.ch1.lanes_from_table"]
+    out = reading.differences([col("a", 100.0, 16, 3.0), col("b", 400.0, 16, 3.0)])
+    assert not out["machines.ch1.holds"]                       # 1x predicted, 4x measured
+    assert out["machines.ch2.shown"] is False
+    assert reading.within(1.4, 1.0) and not reading.within(1.6, 1.0)
+    assert not reading.within(0.8, 1.3)                        # the other side of one
+    assert not hasattr(reading, "number")                      # nothing parsed back
 
 
 def _records_like(tmp_path, folder="recs", **change):

@@ -30,14 +30,19 @@ def report(rec_dir=None) -> dict:
     figures.write_table(
         "machines_across", rows, header,
         "Each column is one machine's records, as its own book quotes them (chapter 1's "
-        "figures on every core it had); \"not measured at <commit>\" where that machine's "
-        "records lack the chapter. Row labels link to the section each value comes from.")
+        "figures on every core it had); \"absent (<commit>)\" where that machine's "
+        "records, made at that commit, lack the chapter or the figure, \"older record\" where "
+        "today's reading cannot read it; \"—\" where a row does not apply to a GPU. The one-core "
+        "peak is chapter 1's: the better of one thread's probe and every core's over the "
+        "cores. FMA pipes: the vendor's table of chapter 1 (by vendor and ISA features); FMAs "
+        "a cycle: chapter 1's probe over the chain's clock. A level ends at the largest "
+        "working set one core's triad still ran at that level's plateau. Row labels link to "
+        "the section each value comes from.")
     values = reading.differences(cols)
-    values["machines.count"] = str(len(cols))
-    values["machines.names"] = ", ".join(c["_header"] for c in cols)
-    values["machines.gpu"] = gpu["_header"].split(": ", 1)[1] if gpu else "no GPU record"
+    values["machines.count"] = len(cols)
+    values["machines.gpu"] = gpu["_name"] if gpu else None
     here, _ = reading.harvest(rec_dir)
-    here.update(reading._facts_values(rec_dir))
+    here.update(reading._cells(reading.numbers(rec_dir)))
     g_rows, g_header = reading.glance_rows(here, rec_dir, gpu)
     figures.write_table(
         "machines_glance", g_rows, g_header,

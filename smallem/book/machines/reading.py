@@ -3,9 +3,10 @@
 Every folder of ``tests/machines/`` that holds a chapter-1 record is a machine: the records
 of a fresh clone's ``make book`` there. :func:`harvest` runs each chapter's own reading over
 such a folder (into a scratch folder, drawing no figure), so that each cell of the page is
-the value that machine's own book would print, or "not measured at <commit>" where its
-records lack the chapter. :func:`differences` computes, from the same records, the ratios the
-page explains. :func:`glance_rows` is the home page's table: the reference series' rows,
+the value that machine's own book would print, or "absent (<commit>)" where its records lack
+the chapter. :func:`numbers` computes the typed figures the page compares from the records
+themselves (nothing is read back from a formatted cell), and :func:`differences` the
+ratios, predictions and names the page's sentences are written from. :func:`glance_rows` is the home page's table: the reference series' rows,
 this machine's records beside them, and the GPU's where a GPU record exists.
 """
 
@@ -97,79 +98,180 @@ def harvest(rec_dir: Path) -> tuple[dict, dict]:
     return values, missing
 
 
-# (chapter, row label, the value's key, the page section it comes from)
+# (chapter, row label, the value's key, the page section it comes from, the unit of a typed
+# value, whether the row applies to a GPU)
 ROWS = (
-    ("ch1", "f32 peak, one core", "ch1.f32_peak_core", "1-cpu.md#measuring-the-peak"),
-    ("ch1", "f32 peak, every core", "ch1.f32_peak_all", "1-cpu.md#measuring-the-peak"),
-    ("ch1", "FMA pipes x width", "machines.fma", "1-cpu.md#the-peak-is-a-product-of-five-numbers"),
-    ("ch1", "clock under the f32 probe", "ch1.clock_f32", "1-cpu.md#measuring-the-clock"),
+    ("ch1", "f32 peak per core (chapter 1's rule)", "machines.f32_core", "1-cpu.md#measuring-the-peak"),
+    ("ch1", "f32 peak, every core", "machines.f32_all", "1-cpu.md#measuring-the-peak"),
+    ("ch1", "FMA pipes (vendor's table)", "machines.fma_table", "1-cpu.md#the-peak-is-a-product-of-five-numbers"),
+    ("ch1", "FMAs a cycle (measured)", "machines.fma_measured", "1-cpu.md#the-peak-is-a-product-of-five-numbers"),
+    ("ch1", "clock (dependent chain)", "machines.clock", "1-cpu.md#measuring-the-clock"),
     ("ch1", "fastest bf16 path, every core", "machines.bf16_all", "1-cpu.md#narrower-numbers-bf16-and-int8"),
     ("ch1", "fastest int8 path, every core", "machines.int8_all", "1-cpu.md#narrower-numbers-bf16-and-int8"),
-    ("ch1", "L3 triad, one core", "ch1.l3_core", "1-cpu.md#the-memory-staircase"),
-    ("ch1", "L3 triad, every core", "ch1.l3_all", "1-cpu.md#the-memory-staircase"),
-    ("ch1", "DRAM read, every core", "ch1.dram_read_all", "1-cpu.md#the-memory-staircase"),
+    ("ch1", "L3 triad, one core", "machines.l3_core", "1-cpu.md#the-memory-staircase"),
+    ("ch1", "L3 triad, every core", "machines.l3_all", "1-cpu.md#the-memory-staircase"),
+    ("ch1", "DRAM read, every core", "machines.dram_read_all", "1-cpu.md#the-memory-staircase"),
     ("ch1", "where L2 ends (one core's triad)", "machines.l2_end", "1-cpu.md#the-memory-staircase"),
     ("ch1", "where L3 ends (one core's triad)", "machines.l3_end", "1-cpu.md#the-memory-staircase"),
-    ("ch2", "1024³ product, three loops", "ch2.naive_gops", "2-matmul.md#rung-0-three-loops"),
-    ("ch2", "1024³ product, last rung", "ch2.final_gops", "2-matmul.md#rung-5-threads"),
-    ("ch2", "last rung's share of the peak", "ch2.final_pct_peak", "2-matmul.md#rung-5-threads"),
+    ("ch2", "1024³ product, three loops", "machines.naive_gops", "2-matmul.md#rung-0-three-loops"),
+    ("ch2", "1024³ product, last rung", "machines.final_gops", "2-matmul.md#rung-5-threads"),
+    ("ch2", "last rung's share of the f32 peak", "machines.final_share", "2-matmul.md#rung-5-threads"),
     ("ch2", "loop order the model chose", "ch2.order", "2-matmul.md#the-packages-gemm"),
     ("ch2", "micro-kernel (rows x columns)", "machines.tile", "2-matmul.md#rung-3-the-micro-kernel-in-registers"),
     ("ch2", "blocks mc, kc, nc of that order", "machines.blocks", "2-matmul.md#block-sizes-from-the-caches-not-from-tuning"),
     ("ch2", "bf16 path chosen", "ch2.bf16_chosen", "2-matmul.md#bf16-inputs"),
-    ("ch3", "xl step, kernels (f32)", "ch3.kernels_toks", "3-training.md#the-climb"),
+    ("ch3", "xl step, kernels (f32)", "machines.step_toks", "3-training.md#the-climb"),
     ("ch3", "xl step, top of the climb", "ch3.climb_top_toks", "3-training.md#the-climb"),
-    ("ch3", "f32 step's share of the peak (MFU)", "ch3.kernels_mfu", "3-training.md#against-the-targets"),
+    ("ch3", "f32 step's share of the f32 peak (MFU)", "machines.step_share", "3-training.md#against-the-targets"),
     ("ch3", "modern block with Muon", "ch3.rung7_toks", "3-training.md#the-modern-block-and-muon"),
     ("ch4", "generation, first rung", "ch4.rung0_toks", "4-generation.md#the-ladder"),
     ("ch4", "generation, top rung", "machines.gen_top", "4-generation.md#the-ladder"),
     ("ch4", "top rung against llama.cpp", "ch4.vs_llama_ladder", "4-generation.md#llamacpp-and-pytorch-beside-us"),
     ("ch4", "top rung's share of its read bound", "machines.gen_share", "4-generation.md#the-ladder"),
-    ("others", "Qwen2.5-0.5B Q8_0 decode", "others.qwen25_q8_0.tg", "b-others.md#beside-llamacpp"),
-    ("others", "SmolLM2-135M Q4_0 decode", "others.smollm2_q4_0.tg", "b-others.md#beside-llamacpp"),
+    ("others", "Qwen2.5-0.5B Q8_0 decode", "machines.others_qwen25_q8_0", "b-others.md#beside-llamacpp"),
+    ("others", "SmolLM2-135M Q4_0 decode", "machines.others_smollm2_q4_0", "b-others.md#beside-llamacpp"),
 )
+# the rows a GPU's record can fill; the others do not apply to a GPU ("—")
+GPU_ROWS = {"machines.f32_all", "machines.bf16_all", "machines.naive_gops", "machines.final_gops"}
+# the unit a typed value of a chapter is printed with in a cell
+UNITS = {"ch3.climb_top_toks": "tokens/s", "ch3.rung7_toks": "tokens/s",
+         "ch3.numpy_toks": "tokens/s", "ch3.modern_accumulated_toks": "tokens/s",
+         "ch3.s_tokens_per_s": "tokens/s", "ch4.rung0_toks": "tokens/s",
+         **{f"ch4.rung{i}_toks": "tokens/s" for i in range(12)},
+         "ch4.vs_llama_ladder": "×", "ch4.pp_vs_llama": "×"}
+# a prediction across machines holds within this factor (and the same direction)
+TOLERANCE = 1.5
 
 
-def _facts_values(rec_dir: Path) -> dict:
-    """Values the chapters do not quote in this form, computed from the same records: where
-    the triad's L2 and L3 plateaus end on one core, the micro-kernel's tile, the top decode
-    rung and its share of the read bound at the level that holds its weights."""
-    from .. import ch1
+def cell(v, unit: str = "") -> str:
+    """A table cell from a value, typed or already written by its chapter."""
+    if isinstance(v, bool) or v is None:
+        return "—" if v is None else ("yes" if v else "no")
+    if isinstance(v, (int, float)):
+        return (figures.times(v) if unit == "×" else figures.pct(v) if unit == "%"
+                else f(v, unit))
+    return str(v)
 
-    out = {}
+
+def numbers(rec_dir: Path) -> dict:
+    """The typed numbers the page compares across machines, each computed from the records
+    (never read back from a formatted cell): chapter 1's peaks (the one-core figure by
+    chapter 1's rule: the better of one thread and every core over the cores), the FMA facts
+    (measured, and the vendor's table), the chain's clock, the plateaus' ends, the last
+    rung of chapter 2, the f32 step of chapter 3, the top decode rung of chapter 4 and the
+    appendix B decode rates."""
+    from .. import ch1, ch2, ch3  # noqa: F401
+
+    out: dict = {}
     facts = ch1.facts(rec_dir)
-    if facts:
-        spans = facts["triad_spans"][1]
-        for lv in ("L2", "L3"):
-            if lv in spans:
-                out[f"machines.{lv.lower()}_end"] = _size(spans[lv]["last"])
-        th = facts["theory"]
-        out["machines.fma"] = f"{th['pipes']} x {th['pipe_bits']} bits"
-        for kind in ("bf16", "int8"):
-            best = max(((k, v) for (k, t), v in facts["peak"].items()
-                        if t == facts["cores"] and kind in k), key=lambda kv: kv[1], default=None)
-            if best:
-                out[f"machines.{kind}_all"] = f"{f(best[1], 'Gop/s')} ({best[0]})"
+    if not facts:
+        return out
+    th, cores = facts["theory"], facts["cores"]
+    hw = ch1.hw_values(facts["record"], th)
+    out.update({"f32_core": th["probe_gops_core"], "f32_core_from": th["probe_from"],
+                "f32_all": facts["peak"][("f32", cores)], "clock": th["clock_ghz"],
+                "lanes": th["lanes"], "vector_bits": hw["ch1.hw.vector_bits"],
+                "fmas": hw["ch1.hw.fmas_per_cycle"], "core": hw["ch1.hw.core"],
+                "pipes": hw["ch1.hw.pipes"], "pipe_bits": hw["ch1.hw.pipe_bits"],
+                "cores": cores,
+                "identified": ch1.record_identity(facts["record"]["machine"]) is not None})
+    if hw["ch1.hw.pipes"]:  # the vendor's f32 lanes a cycle at the kernels' width
+        out["table_lanes"] = hw["ch1.hw.pipes"] * min(hw["ch1.hw.pipe_bits"],
+                                                      hw["ch1.hw.vector_bits"]) // 32
+    try:
+        paths = ch1.narrow_paths(facts)
+    except (KeyError, TypeError):
+        paths = {}
+    for kind in ("bf16", "int8"):
+        if paths.get(kind):
+            name, _, every = paths[kind][-1]
+            out[f"{kind}_all"] = every
+            out[f"{kind}_path"] = (f"{kind} fallback, no dot-product instruction"
+                                   if "fallback" in name else name)
+    spans = facts["triad_spans"]
+    one = spans.get(1) or spans[min(spans)]
+    for lv in ("L2", "L3"):
+        if lv in one:
+            out[f"{lv.lower()}_end"] = one[lv]["last"]
+    stairs = facts["triad_plateaus"]
+    if 1 in stairs and "L3" in stairs[1]:
+        out["l3_core"] = stairs[1]["L3"]
+    if cores in stairs and "L3" in stairs[cores]:
+        out["l3_all"] = stairs[cores]["L3"]
+    if "read_plateaus" in facts and cores in facts["read_plateaus"]:
+        out["dram_read_all"] = facts["read_plateaus"][cores]["DRAM"]
     if records.exists("ch2.gemm", rec_dir):
-        s = records.load("ch2.gemm", rec_dir)["settings"]
-        if "mr" in s:
-            out["machines.tile"] = f"{s['mr']} x {s['nr']}"
-        b = s.get("blocks")
-        if isinstance(b, dict) and {"mc", "kc", "nc"} <= set(b):
-            out["machines.blocks"] = f"{b['mc']}, {b['kc']}, {b['nc']}"
-    if records.exists("ch4.decode", rec_dir) and facts:
+        rec = records.load("ch2.gemm", rec_dir)
+        try:
+            from ..ch2.reading import LADDER, _peak
+            n = rec["settings"]["n_ladder"]
+            out["final_gops"] = records.value(rec, "rung", rung=LADDER["threads"].index, M=n)
+            out["naive_gops"] = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
+            out["final_share"] = out["final_gops"] / _peak(rec, rec_dir)[0]
+        except (KeyError, IndexError, TypeError, ValueError):
+            pass
+    if records.exists("ch3.train_step", rec_dir):
+        rec = records.load("ch3.train_step", rec_dir)
+        from ..ch3.reading import AT
+        step = records.results(rec, "rung_step", rung=AT["arena"])
+        if step and "flops_per_token" in rec["settings"]:
+            toks = step[0]["value"]["median"]
+            peak = {t: v for (k, t), v in facts["peak"].items() if k == "f32"}
+            p = peak.get(rec["settings"]["threads"], peak[max(peak)])
+            out["step_toks"] = toks
+            out["step_share"] = toks * rec["settings"]["flops_per_token"] / (p * 1e9)
+    if records.exists("ch4.decode", rec_dir):
         rec = records.load("ch4.decode", rec_dir)
         rungs = sorted({r["params"]["rung"] for r in records.results(rec, "decode")
                         if isinstance(r["params"].get("rung"), int)})
-        top = [r for r in records.results(rec, "decode", rung=rungs[-1])] if rungs else []
+        top = records.results(rec, "decode", rung=rungs[-1]) if rungs else []
         if top and "weight_bytes" in top[0]["params"]:
             r = top[0]
-            wb, th = r["params"]["weight_bytes"], r["params"].get("threads", facts["cores"])
-            level, bw = ch1.level_of(facts, wb, th, ch1.read_stream(facts))
-            out["machines.gen_top"] = f(r["value"]["median"], "tokens/s")
-            out["machines.gen_share"] = (f"{100 * r['value']['median'] * wb / (bw * 1e9):.0f} % "
-                                         f"({level})")
-            out["machines.gen_read_gbs"] = bw
+            wb, t = r["params"]["weight_bytes"], r["params"].get("threads", cores)
+            level, bw = ch1.level_of(facts, wb, t, ch1.read_stream(facts))
+            out.update({"gen_top": r["value"]["median"], "gen_rung": rungs[-1],
+                        "gen_read_gbs": bw, "gen_level": level,
+                        "gen_share": r["value"]["median"] * wb / (bw * 1e9)})
+    from ..others.measuring import RECORD as OTHERS
+    if records.exists(OTHERS, rec_dir):
+        rec = records.load(OTHERS, rec_dir)
+        for shape, qtype in (("qwen2.5-0.5b", "Q8_0"), ("smollm2-135m", "Q4_0")):
+            found = records.results(rec, "decode", model=shape, type=qtype)
+            if found:
+                slug = f"{shape.split('-')[0].replace('.', '')}_{qtype.lower()}"
+                out[f"others_{slug}"] = found[0]["value"]["median"]
+    return out
+
+
+def _cells(nums: dict) -> dict:
+    """The table's cells of the numbers :func:`numbers` computed."""
+    out = {}
+    if "f32_core" in nums:
+        out["machines.f32_core"] = f(nums["f32_core"], "Gop/s") + f" ({nums['f32_core_from']})"
+        out["machines.f32_all"] = f(nums["f32_all"], "Gop/s")
+        out["machines.fma_table"] = (f"{nums['pipes']} × {nums['pipe_bits']} bits ({nums['core']})"
+                                     if nums.get("pipes") else "not in the table"
+                                     if nums["identified"] else "the record names no vendor")
+        out["machines.fma_measured"] = (f"{nums['fmas']} × {nums['vector_bits']}-bit "
+                                        f"({nums['lanes']} f32 lanes)")
+        out["machines.clock"] = f(nums["clock"], "GHz")
+    for kind in ("bf16", "int8"):
+        if f"{kind}_all" in nums:
+            out[f"machines.{kind}_all"] = f"{f(nums[f'{kind}_all'], 'Gop/s')} ({nums[f'{kind}_path']})"
+    for key, unit in (("l3_core", "GB/s"), ("l3_all", "GB/s"), ("dram_read_all", "GB/s"),
+                      ("naive_gops", "Gop/s"), ("final_gops", "Gop/s"), ("step_toks", "tokens/s"),
+                      ("gen_top", "tokens/s"), ("others_qwen25_q8_0", "tokens/s"),
+                      ("others_smollm2_q4_0", "tokens/s")):
+        if key in nums:
+            out[f"machines.{key}"] = f(nums[key], unit)
+    for key in ("l2_end", "l3_end"):
+        if key in nums:
+            out[f"machines.{key}"] = _size(nums[key])
+    for key in ("final_share", "step_share"):
+        if key in nums:
+            out[f"machines.{key}"] = figures.pct(nums[key])
+    if "gen_share" in nums:
+        out["machines.gen_share"] = f"{figures.pct(nums['gen_share'])} ({nums['gen_level']})"
     return out
 
 
@@ -178,30 +280,42 @@ def _size(nbytes: float) -> str:
 
 
 def column(folder: Path) -> dict:
-    """One machine's column: {key: text}, with "not measured at <commit>" where its records
-    lack the chapter, and its header."""
+    """One machine's column: {key: cell}, "not measured (records of <commit>)" where its
+    records lack the chapter, and its header; "_numbers" holds the typed numbers the page
+    compares (:func:`numbers`)."""
     rec_dir = folder / "records"
     values, missing = harvest(rec_dir)
-    values.update(_facts_values(rec_dir))
+    nums = numbers(rec_dir)
+    cells = {**{k: cell(v, UNITS.get(k, "")) for k, v in values.items()}, **_cells(nums)}
+    if records.exists("ch2.gemm", rec_dir):
+        s = records.load("ch2.gemm", rec_dir)["settings"]
+        if "mr" in s:
+            cells["machines.tile"] = f"{s['mr']} x {s['nr']}"
+        b = s.get("blocks")
+        if isinstance(b, dict) and {"mc", "kc", "nc"} <= set(b):
+            cells["machines.blocks"] = f"{b['mc']}, {b['kc']}, {b['nc']}"
     commit = commit_of(rec_dir)
     out = {}
     for chapter, _, key, _ in ROWS:
-        if chapter in missing or key not in values:
-            why = missing.get(chapter, "")
-            out[key] = f"not measured at {commit}" + (f" ({why})" if why.startswith("its") else "")
+        if chapter in missing and missing[chapter] != "no record":
+            out[key] = f"older record ({commit})"
+        elif key not in cells or str(cells[key]).startswith(("not measured", "n/a")):
+            out[key] = f"absent ({commit})"
         else:
-            out[key] = values[key]
+            out[key] = cells[key]
     out["_header"] = reader_name(folder)
     out["_folder"] = folder.name
     out["_commit"] = commit
     out["_missing"] = missing
     out["_values"] = values
+    out["_numbers"] = nums
     return out
 
 
 def gpu_column(rec_dirs: list[Path]) -> dict | None:
     """The GPU's cells from the first chapter-1 GPU record found (a GPU measured them), or
-    None where no folder holds one."""
+    None where no folder holds one. Its bf16 row is the fastest bf16 product measured: the
+    tensor cores' probe or cuBLAS, whichever ran faster, named."""
     for d in rec_dirs:
         if not records.exists("ch1.gpu", d):
             continue
@@ -209,22 +323,27 @@ def gpu_column(rec_dirs: list[Path]) -> dict | None:
         gpu = rec["machine"].get("gpu")
         if not gpu or not records.results(rec, "fma_peak"):
             continue
-        out = {"_header": f"GPU: {gpu.get('name', 'GPU')}", "_commit": rec.get("commit", "?")[:7]}
-        out["ch1.f32_peak_all"] = f(records.value(rec, "fma_peak", kind="f32"), "Gop/s")
-        mma = records.results(rec, "mma_peak")
-        if mma:
-            out["machines.bf16_all"] = f"{f(mma[0]['value']['median'], 'Gop/s')} (tensor cores)"
+        out = {"_header": f"GPU: {gpu.get('name', 'GPU')}", "_commit": rec.get("commit", "?")[:7],
+               "_name": gpu.get("name", "GPU")}
+        out["machines.f32_all"] = f(records.value(rec, "fma_peak", kind="f32"), "Gop/s")
+        bf16 = [(r["value"]["median"], "tensor-core probe")
+                for r in records.results(rec, "mma_peak")]
+        bf16 += [(r["value"]["median"], f"cuBLAS, n = {r['params']['n']}")
+                 for r in records.results(rec, "cublas") if r["params"].get("dtype") == "bf16"]
+        if bf16:
+            v, how = max(bf16)
+            out["machines.bf16_all"] = f"{f(v, 'Gop/s')} ({how})"
         if records.exists("ch2.gpu", d):
             g = records.load("ch2.gpu", d)
             ladder = [r for r in records.results(g, "gemm") if r["params"].get("dtype") == "f32"]
             if ladder:
                 top = max(ladder, key=lambda r: r["params"].get("number", 0))
-                out["ch2.final_gops"] = (f"{f(top['value']['median'], 'Gop/s')} "
-                                         f"(n = {top['params']['n']})")
+                out["machines.final_gops"] = (f"{f(top['value']['median'], 'Gop/s')} "
+                                              f"(n = {top['params']['n']})")
                 naive = [r for r in ladder if r["params"].get("number") == 0]
                 if naive:
-                    out["ch2.naive_gops"] = (f"{f(naive[0]['value']['median'], 'Gop/s')} "
-                                             f"(n = {naive[0]['params']['n']})")
+                    out["machines.naive_gops"] = (f"{f(naive[0]['value']['median'], 'Gop/s')} "
+                                                  f"(n = {naive[0]['params']['n']})")
         return out
     return None
 
@@ -235,118 +354,123 @@ def across_table(cols: list[dict], gpu: dict | None):
     for chapter, label, key, link in ROWS:
         row = [f"[{label}]({link})", *(c[key] for c in cols)]
         if gpu:
-            row.append(gpu.get(key, f"not measured at {gpu['_commit']}"))
+            row.append(gpu.get(key, f"absent ({gpu['_commit']})") if key in GPU_ROWS
+                       else "—")
         rows.append(row)
     return rows, header
 
 
-def number(text) -> float | None:
-    """The first number of a value as the chapters print it ("1 429 tokens/s" -> 1429.0)."""
-    m = re.search(r"-?[\d\u202f\u2009 ]*\d(?:\.\d+)?", str(text))
-    return float(re.sub(r"[\u202f\u2009 ]", "", m.group(0))) if m else None
-
-
-def _unmeasured(text) -> bool:
-    return str(text).startswith("not measured")
-
-
 def _spread(cols: list[dict], key: str):
-    """(lowest, highest) (value, column) over the machines that measured ``key``."""
-    got = [(number(c.get(key)), c) for c in cols if key in c and not _unmeasured(c[key])]
-    got = [(v, c) for v, c in got if v]
+    """((lowest value, its column), (highest value, its column)) over the machines whose
+    records hold the number ``key`` (:func:`numbers`), or None for fewer than two."""
+    got = [(c["_numbers"][key], c) for c in cols if c["_numbers"].get(key)]
     if len(got) < 2:
         return None
     return min(got, key=lambda t: t[0]), max(got, key=lambda t: t[0])
 
 
-def _name(c: dict) -> str:
-    return c["_header"]
-
-
-def moved_by(ratio: float, hw: float, hw_name: str, other_name: str) -> str:
-    """Which of two factors accounts for most of a ratio between two machines: the hardware
-    one (its own ratio ``hw``) where it leaves less than half of the ratio's logarithm
-    unexplained, else the other (how much of that hardware each machine reaches)."""
+def moved_by(ratio: float, hw: float) -> bool:
+    """Whether a hardware ratio ``hw`` accounts for most of a ratio between two machines:
+    it leaves less than half of the ratio's logarithm unexplained."""
     import math
 
     if not (ratio > 0 and hw > 0):
-        return "the records do not say which factor moves it"
-    rest = abs(math.log(ratio) - math.log(hw))
-    verb = "move" if " and " in hw_name else "moves"
-    if rest <= abs(math.log(ratio)) / 2:
-        return f"{hw_name} {verb} it most"
-    return f"{other_name} moves it more than {hw_name} {'do' if verb == 'move' else 'does'}"
+        return False
+    return abs(math.log(ratio) - math.log(hw)) <= abs(math.log(ratio)) / 2
+
+
+def within(predicted: float, measured: float, factor: float = TOLERANCE) -> bool:
+    """A prediction of a ratio holds: within ``factor`` of the measured one, on the same side
+    of 1."""
+    if not (predicted > 0 and measured > 0):
+        return False
+    same_side = (predicted - 1) * (measured - 1) >= 0 or abs(predicted - 1) < 0.05
+    return same_side and 1 / factor <= predicted / measured <= factor
 
 
 def differences(cols: list[dict]) -> dict:
-    """For each chapter, its number's spread over the machines, the hardware ratio that
-    would predict it and which of the two factors (the hardware, or the share of it reached)
-    accounts for the most: the sentences the page states, all from the records."""
-    out = {f"machines.why_{k}": "fewer than two machines measured this chapter."
-           for k in ("ch1", "ch2", "ch3", "ch4")}
+    """For each chapter, its number's spread over the machines (typed: the two ends, their
+    machines, the ratio), the hardware ratio that would predict it and whether it accounts
+    for most of it: the page writes the sentences."""
+    out: dict = {"machines.tolerance": TOLERANCE}
 
-    def ends(key):
+    def ends(ch, key):
         sp = _spread(cols, key)
+        out[f"machines.{ch}.shown"] = bool(sp)
         if not sp:
             return None
         (lo, clo), (hi, chi) = sp
-        return clo, chi, hi / lo, (f"ranges from {clo[key]} ({_name(clo)}) to {chi[key]} "
-                                   f"({_name(chi)}), {hi / lo:.2f} times")
+        out.update({f"machines.{ch}.lo": lo, f"machines.{ch}.hi": hi,
+                    f"machines.{ch}.lo_name": clo["_header"], f"machines.{ch}.hi_name": chi["_header"],
+                    f"machines.{ch}.ratio": hi / lo})
+        return clo["_numbers"], chi["_numbers"], hi / lo
 
-    def val(c, key):
-        return number(c["_values"].get(key)) or float("nan")
-
-    e = ends("ch1.f32_peak_core")
+    e = ends("ch1", "f32_core")
     if e:
-        clo, chi, r, text = e
-        hw = (val(chi, "ch1.flops_per_cycle") * val(chi, "ch1.clock_f32")
-              / (val(clo, "ch1.flops_per_cycle") * val(clo, "ch1.clock_f32")))
-        out["machines.why_ch1"] = (
-            f"One core's f32 peak {text}; the operations an FMA cycle does times the clock the "
-            f"probe ran at predict {hw:.2f} times ({chi['_values'].get('machines.fma', '?')} at "
-            f"{chi['_values'].get('ch1.clock_f32', '?')} against "
-            f"{clo['_values'].get('machines.fma', '?')} at {clo['_values'].get('ch1.clock_f32', '?')}): "
-            f"{moved_by(r, hw, 'the FMA width and the clock', 'something else')}.")
-    # chapters 2 and 3: a rate against the cores' f32 peak, and the share of it each reached
-    for ch, key, what, share, extra in (
-            ("ch2", "ch2.final_gops", "The 1024³ product's last rung", "ch2.final_pct_peak",
-             lambda lo, hi: f" (loop orders {lo['ch2.order']} and {hi['ch2.order']})"
-             if not any(_unmeasured(c["ch2.order"]) for c in (lo, hi)) else ""),
-            ("ch3", "ch3.kernels_toks", "The xl step on the f32 kernels", "ch3.kernels_mfu",
-             lambda lo, hi: "")):
-        e = ends(key)
+        lo, hi, r = e
+        table = bool(lo.get("table_lanes") and hi.get("table_lanes"))
+        lanes = (hi["table_lanes"] / lo["table_lanes"]) if table else hi["lanes"] / lo["lanes"]
+        clock = hi["clock"] / lo["clock"]
+        pred = lanes * clock
+        out.update({"machines.ch1.lanes_from_table": table,
+                    "machines.ch1.lo_lanes": lo["table_lanes"] if table else lo["lanes"],
+                    "machines.ch1.hi_lanes": hi["table_lanes"] if table else hi["lanes"],
+                    "machines.ch1.lo_clock": lo["clock"], "machines.ch1.hi_clock": hi["clock"],
+                    "machines.ch1.lanes_ratio": lanes, "machines.ch1.clock_ratio": clock,
+                    "machines.ch1.predicted": pred, "machines.ch1.holds": within(pred, r),
+                    "machines.ch1.by_lanes": moved_by(r, lanes) and abs(lanes - 1) > 0.05,
+                    "machines.ch1.by_clock": moved_by(r, clock) and abs(clock - 1) > 0.05})
+    for ch, key, share in (("ch2", "final_gops", "final_share"), ("ch3", "step_toks", "step_share")):
+        e = ends(ch, key)
         if e:
-            clo, chi, r, text = e
-            hw = val(chi, "ch1.f32_peak_all") / val(clo, "ch1.f32_peak_all")
-            out[f"machines.why_{ch}"] = (
-                f"{what} {text}; their f32 peaks differ {hw:.2f} times, and they reach "
-                f"{clo[share]} and {chi[share]} of them{extra(clo, chi)}: "
-                f"{moved_by(r, hw, 'the peak', 'the share of the peak reached')}.")
-    e = ends("machines.gen_top")
+            lo, hi, r = e
+            peak = hi["f32_all"] / lo["f32_all"]
+            out.update({f"machines.{ch}.peak_ratio": peak,
+                        f"machines.{ch}.lo_share": lo[share], f"machines.{ch}.hi_share": hi[share],
+                        f"machines.{ch}.by_peak": moved_by(r, peak)})
+    e = ends("ch4", "gen_top")
     if e:
-        clo, chi, r, text = e
-        blo, bhi = (c["_values"].get("machines.gen_read_gbs") for c in (clo, chi))
-        hw = bhi / blo if blo and bhi else float("nan")
-        out["machines.why_ch4"] = (
-            f"The top decode rung {text}; the read bandwidth of the level that holds its "
-            f"weights differs {hw:.2f} times, and they reach {clo['machines.gen_share']} and "
-            f"{chi['machines.gen_share']} of it: "
-            f"{moved_by(r, hw, 'the bandwidth', 'the share of the bandwidth reached')}.")
+        lo, hi, r = e
+        bw = hi["gen_read_gbs"] / lo["gen_read_gbs"]
+        out.update({"machines.ch4.bw_ratio": bw,
+                    "machines.ch4.lo_share": lo["gen_share"], "machines.ch4.hi_share": hi["gen_share"],
+                    "machines.ch4.lo_level": lo["gen_level"], "machines.ch4.hi_level": hi["gen_level"],
+                    "machines.ch4.by_bw": moved_by(r, bw)})
     return out
+
+
+def summary_lines(values: dict) -> list[str]:
+    """The page's comparisons in a terminal's words (the notebook prints them)."""
+    lines = []
+    for ch, what, unit in (("ch1", "one core's f32 peak", "Gop/s"),
+                           ("ch2", "the 1024³ product's last rung", "Gop/s"),
+                           ("ch3", "the xl step on the f32 kernels", "tokens/s"),
+                           ("ch4", "the top decode rung", "tokens/s")):
+        if not values.get(f"machines.{ch}.shown"):
+            lines.append(f"{ch}: fewer than two machines measured it")
+            continue
+        lines.append(f"{ch}: {what} from {f(values[f'machines.{ch}.lo'], unit)} "
+                     f"({values[f'machines.{ch}.lo_name']}) to {f(values[f'machines.{ch}.hi'], unit)} "
+                     f"({values[f'machines.{ch}.hi_name']}), "
+                     f"{figures.times(values[f'machines.{ch}.ratio'])}")
+    return lines
 
 
 def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
     """The home page's table: the reference series' rows, before and after, its figures, this
     machine's (``values``: the book's own, from ``rec_dir``) and the GPU's where measured; each
     of ours links to the section whose table it comes from."""
-    nm = f"not measured at {commit_of(rec_dir)}" if records.exists("ch1.machine", rec_dir) else "not measured"
+    nm = (f"not measured (records of {commit_of(rec_dir)})"
+          if records.exists("ch1.machine", rec_dir) else "not measured")
 
     def v(key, link):
-        return f"[{values[key]}]({link})" if key in values and not str(values[key]).startswith("not measured") else nm
+        c = cell(values[key], UNITS.get(key, "")) if key in values else ""
+        return nm if not c or c.startswith(("not measured", "n/a")) else f"[{c}]({link})"
 
-    top = f"ch4.rung{int(number(values.get('ch4.rungs', 0)) or 1) - 1}_toks"
+    nums = numbers(rec_dir)
+    top = f"ch4.rung{nums.get('gen_rung', 0)}_toks"
     g = gpu or {}
-    gnm = "not measured" if not gpu else f"not measured at {gpu['_commit']}"
+    gnm = "not measured on a GPU yet" if not gpu else "not measured on the GPU"
     acc = ("ch3.modern_accumulated_toks" if "ch3.modern_accumulated_toks" in values
            else "ch3.rung7_toks")
     # like beside like: each row's "before" is where that climb starts (the reference's naive
@@ -354,20 +478,21 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
     # the modern step is quoted at the batch its target is judged at
     rows = [
         ["f32 peak, every core", f"{f(ref.CH1_F32_PEAK_GOPS, 'Gop/s')}",
-         v("ch1.f32_peak_all", "1-cpu.md#measuring-the-peak"), "—",
-         g.get("ch1.f32_peak_all", gnm)],
+         v("machines.f32_all", "1-cpu.md#measuring-the-peak"), "—",
+         g.get("machines.f32_all", gnm)],
         ["1024³ product, three loops → last rung",
          f"{f(ref.CH2_GEMM_1024_NAIVE_GOPS)} → {f(ref.CH2_GEMM_1024_FINAL_GOPS, 'Gop/s')}",
-         f"{v('ch2.naive_gops', '2-matmul.md#rung-0-three-loops')} → "
-         f"{v('ch2.final_gops', '2-matmul.md#rung-5-threads')}", "—",
-         f"{g.get('ch2.naive_gops', gnm)} → {g.get('ch2.final_gops', gnm)}"],
+         f"{v('machines.naive_gops', '2-matmul.md#rung-0-three-loops')} → "
+         f"{v('machines.final_gops', '2-matmul.md#rung-5-threads')}", "—",
+         f"{g.get('machines.naive_gops', gnm)} → {g.get('machines.final_gops', gnm)}"],
         ["xl training step, tokens/s: the climb's start → its top",
          f"{f(ref.CH3_XL_STEP_BEFORE_TOKS)} (naive kernels) → "
          f"{f(ref.CH3_XL_STEP_AFTER_TOKS, 'tokens/s')}",
          f"{v('ch3.numpy_toks', '3-training.md#the-climb')} (numpy) → "
          f"{v('ch3.climb_top_toks', '3-training.md#the-climb')}", "—", gnm],
-        ["xl step's share of the f32 peak", f"{100 * ref.CH3_XL_MFU_CPU:.0f} %",
-         v("ch3.kernels_mfu", "3-training.md#against-the-targets"),
+        ["xl step's share of the f32 peak (our f32 kernels, rung 3 of the climb)",
+         f"{100 * ref.CH3_XL_MFU_CPU:.0f} %",
+         v("machines.step_share", "3-training.md#against-the-targets"),
          f"{100 * ref.CH3_XL_MFU_GPU:.0f} %", gnm],
         ["modern block with Muon, bf16, tokens/s"
          + (f" ({values['ch3.accumulated_tokens']} tokens an optimiser step)"
