@@ -450,7 +450,9 @@ def test_the_climb_says_what_its_rounds_can_show():
     up, none, down = (compare.Difference(5.0, 1), compare.Difference(0.5, 0),
                       compare.Difference(-5.0, -1))
     assert outcome(0.1, none, 2.0) == "small" and outcome(0.1, up, 2.0) == "beyond"
-    assert outcome(10.0, up, 2.0) == "as" and outcome(-60.0, down, 2.0) == "as"
+    assert outcome(6.0, up, 2.0) == "as" and outcome(-6.0, down, 2.0) == "as"
+    # the predicted sign but outside a factor of 1.5 (as step-time ratios): both figures
+    assert outcome(10.0, up, 2.0) == "missed" and outcome(-60.0, down, 2.0) == "missed"
     assert outcome(10.0, none, 2.0) == "unseen" and outcome(10.0, down, 2.0) == "against"
     assert outcome(10.0, none, float("nan")) == "small"  # no spread known: nothing is shown
 

@@ -7,7 +7,10 @@ bandwidth, a profile, a peak). So the prediction is a *change*, and it is read a
 change it allows against the change the paired rounds measured. A change smaller than the
 rounds' own spread (half the interquartile range of the per-round changes) cannot be seen in
 that many rounds whatever it is; the page says so instead of quoting a ratio of two
-near-equal numbers.
+near-equal numbers. Where the rounds do tell the two steps apart, the prediction is judged with
+a stated tolerance (TOLERANCE): "as predicted" only where the measured change has the
+predicted sign and is within that factor of it; otherwise the page gives both figures and
+what the prediction left out.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ import numpy as np
 from .. import compare
 from .measuring import AT, RUNGS
 
+TOLERANCE = 1.5  # "as predicted": the same sign, and within this factor of the prediction
+
 OUTCOMES = {
     "small": "predicted too small for the rounds to show, and within the noise",
     "beyond": "predicted too small for the rounds to show, yet measured",
-    "as": "measured in the predicted direction",
+    "as": f"as predicted (within a factor of {TOLERANCE:g})",
+    "missed": f"the predicted direction, outside a factor of {TOLERANCE:g}",
     "unseen": "predicted, not seen: within the noise",
     "against": "measured against the prediction's direction",
 }
@@ -44,7 +50,19 @@ def outcome(pred_pct: float, d: compare.Difference, spread_pct: float) -> str:
         return "small" if d.sign == 0 else "beyond"
     if d.sign == 0:
         return "unseen"
-    return "as" if (d.sign > 0) == (pred_pct > 0) else "against"
+    if (d.sign > 0) != (pred_pct > 0):
+        return "against"
+    return "as" if within(pred_pct, d.pct) else "missed"
+
+
+def within(pred_pct: float, meas_pct: float, factor: float = TOLERANCE) -> bool:
+    """A measured change of ``meas_pct`` % as predicted by ``pred_pct`` %: the same sign and
+    within ``factor`` of it, compared as step-time ratios (a -60 % change is a step 2.5 times
+    as long) so that a slowdown and a speed-up are judged alike."""
+    if pred_pct == 0 or (pred_pct > 0) != (meas_pct > 0):
+        return False
+    a, b = math.log1p(pred_pct / 100), math.log1p(meas_pct / 100)
+    return min(abs(a), abs(b)) * factor >= max(abs(a), abs(b))
 
 
 def _pct(x: float) -> str:
@@ -59,8 +77,10 @@ def switches(rungs: dict, toks: dict, pred: dict) -> tuple[dict, dict]:
     groups = {k: [] for k in OUTCOMES}
     for r in RUNGS[AT["pool"]:]:
         i, before = r.index, r.index - 1
-        values.update({f"ch3.rung{i}_pred_change": "n/a", f"ch3.rung{i}_spread": "n/a",
-                       f"ch3.rung{i}_shows": "n/a"})
+        # typed, for the page to format: the predicted and measured changes and the rounds'
+        # spread as signed fractions (0.016 is +1.6 %), the outcome as an OUTCOMES key
+        values.update({f"ch3.rung{i}_pred": None, f"ch3.rung{i}_meas": None,
+                       f"ch3.rung{i}_spread": None, f"ch3.rung{i}_shows": None})
         if i not in pred or before not in toks or i not in rungs or before not in rungs:
             continue
         pred_pct = 100 * (pred[i][0] / toks[before] - 1)
@@ -69,9 +89,8 @@ def switches(rungs: dict, toks: dict, pred: dict) -> tuple[dict, dict]:
         kind = outcome(pred_pct, d, sp)
         groups[kind].append(f"{r.what} (rung {i})")
         cells[i] = (_pct(pred_pct), OUTCOMES[kind])
-        values[f"ch3.rung{i}_pred_change"] = _pct(pred_pct)
-        values[f"ch3.rung{i}_spread"] = f"{sp:.1f} %"
-        values[f"ch3.rung{i}_shows"] = kind  # an OUTCOMES key, for the page's conditionals
+        values.update({f"ch3.rung{i}_pred": pred_pct / 100, f"ch3.rung{i}_meas": d.pct / 100,
+                       f"ch3.rung{i}_spread": sp / 100, f"ch3.rung{i}_shows": kind})
     for k, names in groups.items():
         values[f"ch3.climb_{k}"] = compare.listing(names, "none")
         values[f"ch3.climb_any_{k}"] = bool(names)
@@ -81,5 +100,7 @@ def switches(rungs: dict, toks: dict, pred: dict) -> tuple[dict, dict]:
 def outcome_note() -> str:
     return ("Predicted change: the rung's prediction over the rung before's measured step. "
             "A change is too small for the rounds to show where it is under half the "
-            "interquartile range of the per-round changes.")
+            "interquartile range of the per-round changes. A measured change is as predicted "
+            f"where it has the predicted sign and is within a factor of {TOLERANCE:g} of it "
+            "(as ratios of step times).")
 

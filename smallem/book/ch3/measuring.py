@@ -167,6 +167,8 @@ def _measure_climb(rec, cfg, B, threads, quick, corpus):
             children[peer] = torch_child.Step(cfg.name, B, cfg.context, threads,
                                               peer == "torch-bf16")
             fns[peer] = _Guarded(children[peer])
+            # the peer as it ran: version, threads, CPU kernels, oneDNN and AMX (the page's)
+            rec.data["settings"].setdefault("torch_config", {}).update(children[peer].facts)
         except (ImportError, RuntimeError, OSError) as e:  # missing, or died: said on the page
             rec.data["settings"].setdefault("missing", {})[peer] = str(e)[-300:]
     rec.data["settings"]["torch_process"] = "its own (smallem.book.ch3.torch_child)"

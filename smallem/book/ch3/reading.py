@@ -13,7 +13,7 @@ from smallem.training.train import newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
 from .measuring import (F32_TOP, FUSED, FUSED_OPS, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN,
                         RECORD_STEP, RUNGS, AT, mfu, rung_label)
-from .climb import outcome_note, switches
+from .climb import TOLERANCE, outcome_note, switches
 from .run import run_figure_and_values
 
 f = figures.fmt
@@ -28,6 +28,7 @@ def target_values() -> dict:
             "ch3.target_f32_torch_is": f"{F32_TORCH_TARGET:g} times",
             "ch3.target_bf16_is": f"{BF16_TARGET:g} times",
             "ch3.target_modern_is": f"{100 * MODERN_MARGIN:.0f} %",
+            "ch3.tolerance": TOLERANCE,  # a prediction's: the same sign, within this factor
             # bf16 keeps 8 significant bits: rounding to the nearest moves a value by at most
             # half its last bit, 2^-8 of the power of two below it, so 2^-8 of the value
             "ch3.bf16_rounding": f"{100 * 2.0 ** -8:.1f} %"}
@@ -54,6 +55,22 @@ def _peaks(rec, rec_dir, threads: int) -> dict:
 
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
+
+
+def _cell(r: dict, base: dict) -> str:
+    """r against base for a table cell: the change and the rounds r was ahead in, the test
+    left to the table's caption (CELL_TEST)."""
+    d = compare.difference(r, base)
+    told = f"{abs(d.pct):.1f} % {'faster' if d.pct > 0 else 'slower'}"
+    if d.rounds is None:
+        return told
+    if d.sign == 0 or (d.sign > 0) != (d.pct > 0):
+        told = f"within the noise ({told})"
+    return f"{told}, ahead in {d.ahead} of {d.rounds}"
+
+
+CELL_TEST = ("\"Within the noise\": the two-sided signed-rank test on the per-round log ratios "
+             "does not pass at 5 %; \"ahead in\": the rounds the first was the faster in.")
 
 
 def _configs_table(values):
@@ -181,6 +198,28 @@ def _predicted_from_products(rec_dir, th: int, fpt: float) -> dict[int, tuple[fl
     return out
 
 
+def bf16_gemm_ratio(rec, rec_dir) -> float | None:
+    """Chapter 2's measured bf16 GEMM over its f32 GEMM on the path the step's bf16 products
+    take (the geometric mean over the sizes it measured), where chapter 2's bf16 record was
+    made on this machine (the same CPU and as many threads); None otherwise."""
+    if not records.exists("ch2.bf16", rec_dir):
+        return None
+    g = records.load("ch2.bf16", rec_dir)
+    same = (g["machine"].get("cpu") == rec["machine"].get("cpu")
+            and g["settings"].get("threads") == rec["settings"]["threads"])
+    path = rec["settings"].get("bf16_path")
+    if not same or not path:
+        return None
+    ratios = []
+    for r in records.results(g, "dtype", dtype="f32"):
+        M, N, K = (r["params"][k] for k in "MNK")
+        b = [x for x in records.results(g, "dtype", dtype="bf16", M=M, N=N, K=K)
+             if x["params"].get("path") == path]
+        if b:
+            ratios.append(b[0]["value"]["median"] / r["value"]["median"])
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+
+
 def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
     """What this machine's own measurements predict for each rung of the climb, in tokens/s,
     and the arithmetic behind it: rung -> (tokens/s, how). From rung 2 on, each prediction
@@ -196,7 +235,9 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
       layer and sequence, at the rate rung 3's profiled attention ran;
     - 5 (fused): each fused kernel's calls per step (rung 5's profile) times the time it
       saves per call (the fused-op timings);
-    - 6 (bf16): rung 5's products at chapter 1's bf16/f32 peak ratio, the rest unchanged;
+    - 6 (bf16): rung 5's products at chapter 2's measured bf16/f32 GEMM ratio where its
+      record is of this machine (bf16_gemm_ratio), else at chapter 1's bf16/f32 peak ratio,
+      the rest unchanged;
     - 7 (Muon): rung 6 with Newton-Schulz's arithmetic added (newton_schulz_flops, as
       tokens of training: n / (n + equiv)), on the modern block.
     """
@@ -238,11 +279,13 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
         less(AT["fused"], saved, f"{calls} fused calls, {f(1e3 * saved, 'ms')} saved")
     peaks = _peaks(rec, rec_dir, th)
     prof5 = _profile(rec, F32_TOP)
-    if prof5 and peaks["f32"] and peaks["bf16"] and F32_TOP in sec:
+    gemm = bf16_gemm_ratio(rec, rec_dir)
+    if prof5 and F32_TOP in sec and (gemm or (peaks["f32"] and peaks["bf16"])):
         mm = prof5.get("matrix products (+ bias)", 0.0)
-        ratio = peaks["bf16"] / peaks["f32"]
-        less(AT["bf16"], mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()),
-             f"products at the {peaks['bf16_kind']}/f32 peak ratio, {f(ratio)}×")
+        ratio = gemm or peaks["bf16"] / peaks["f32"]
+        how = (f"products at chapter 2's bf16/f32 GEMM ratio, {f(ratio)}×" if gemm else
+               f"products at the {peaks['bf16_kind']}/f32 peak ratio, {f(ratio)}×")
+        less(AT["bf16"], mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()), how)
     if AT["bf16"] in toks:
         c = get_config("xl-modern") if "xl-modern" in CONFIGS else None
         rung7 = records.results(rec, "rung_step", rung=AT["modern"])
@@ -286,8 +329,10 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         f"step; each rung has every switch of the rungs above it. Peaks: chapter 1's f32 "
         f"({f(peaks['f32'] or float('nan'), 'Gop/s')}) and {peaks['bf16_kind']} "
         f"({f(peaks['bf16'] or float('nan'), 'Gop/s')}) probes on as many threads. "
-        f"{outcome_note()} {figures.machine_line(rec)}.")
-    _climb_figure(toks, s)
+        f"{outcome_note()} {CELL_TEST} {figures.machine_line(rec)}.")
+    _climb_figure(toks, s, pred, {b: r["value"]["median"] for b, r in
+                                  ((r["params"]["backend"], r) for r in records.results(rec, "step"))
+                                  if b.startswith("torch")})
     # the headline: the fastest rung on the climb's own model (rung 7 trains another block
     # with another optimiser; its tokens/s are not the same work)
     same = [i for i in toks if i not in rungs or rungs[i]["params"].get("config") == s["config"]["name"]]
@@ -318,7 +363,7 @@ def _rung_rows(rungs, toks, pred, cells, peaks, fpt, values) -> list[list[str]]:
         if before is None:
             against = "—"
         elif i in rungs and before in rungs:
-            against = compare.versus(rungs[i], rungs[before])
+            against = _cell(rungs[i], rungs[before])
         else:  # the numpy reference is timed on its own: a ratio, no rounds
             against = f(toks[i] / toks[before]) + "× (timed apart)"
         kind = "bf16" if kw["backend"] == "bf16" else "f32"
@@ -523,13 +568,18 @@ def _ridge_values(rec, rec_dir, values):
                                       if facts else "n/a (no chapter-1 record)")
 
 
-def _climb_figure(toks, s):
+def _climb_figure(toks, s, pred=None, peers=None):
+    """Each rung's speed as a bar, its prediction as a mark on the bar's row, PyTorch's f32
+    and bf16 steps (timed in the same rounds) as vertical lines; a log axis labelled at
+    plain numbers only (no minor labels)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    pred, peers = pred or {}, peers or {}
     built = [(r.index, r.what) for r in RUNGS if r.index in toks]
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(built) + 1.2))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(built) + 1.6))
     ys = np.arange(len(built))[::-1]
     ax.barh(ys, [toks[i] for i, _ in built], color=["tab:grey"] + ["tab:blue"] * (len(built) - 1))
     ax.set_yticks(ys, [f"{i}  {what}" for i, what in built], fontsize=8)
@@ -537,11 +587,101 @@ def _climb_figure(toks, s):
     ax.set_xlabel("training speed (tokens/s, log scale)")
     for y, (i, _) in zip(ys, built):
         ax.text(toks[i] * 1.05, y, f(toks[i]), va="center", fontsize=8)
-    ax.set_xlim(right=max(toks.values()) * 3)
+    marked = [(y, pred[i][0]) for y, (i, _) in zip(ys, built) if i in pred]
+    if marked:
+        ax.scatter([x for _, x in marked], [y for y, _ in marked], marker="D", s=22,
+                   color="black", zorder=3, label="predicted")
+    names = {"torch": ("PyTorch eager, f32", "tab:orange"),
+             "torch-bf16": ("PyTorch eager, bf16 autocast", "tab:red")}
+    for backend, (label, colour) in names.items():
+        if backend in peers:
+            ax.axvline(peers[backend], color=colour, linestyle="--", linewidth=1,
+                       label=f"{label} ({f(peers[backend])})")
+    everything = list(toks.values()) + [x for _, x in marked] + list(peers.values())
+    ax.set_xlim(min(everything) / 1.5, max(everything) * 3)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f(x)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_title(f"the {s['config']['name']} step, rung by rung, {s['threads']} threads",
                  fontsize=9)
     ax.grid(alpha=0.3, axis="x")
+    if marked or peers:
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
     figures.save(fig, "ch3_climb")
+
+
+def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
+    """Typed facts the page's sentences need to say why a figure is what it is: the profile
+    of rung 3 by part, the causal half the tiles skip against the MFU's count, the bf16
+    prediction's source and the products' own gain, rung 7's prediction split into
+    Newton-Schulz and the rest, and the PyTorch peer as it ran."""
+    s = rec["settings"]
+    cfg, fpt, th = s["config"], s["flops_per_token"], s["threads"]
+    n_tok = s["batch_size"] * s["seq_len"]
+    profs = {i: _profile(rec, i) for i in (AT["arena"], F32_TOP, AT["bf16"], AT["modern"])}
+    p3 = profs[AT["arena"]]
+    if p3:
+        total = sum(p3.values())
+        mm, at = p3.get("matrix products (+ bias)", 0.0), p3.get("attention", 0.0)
+        values.update({"ch3.p3_matmul": mm / total, "ch3.p3_attention": at / total,
+                       "ch3.p3_rest": 1 - (mm + at) / total,
+                       "ch3.p3_attention_larger": at > total - mm - at})
+    # the MFU counts the whole T x T square (the convention); from rung 4 the tiles skip the
+    # masked half of attention's 12 L T d per token
+    skipped = 6 * cfg["n_layer"] * s["seq_len"] * cfg["d_model"] / fpt
+    values["ch3.causal_skipped"] = skipped
+    peak = _peak(rec_dir, "f32", th)
+    if F32_TOP in rungs and peak:
+        m = mfu(rungs[F32_TOP]["value"]["median"], fpt, peak)
+        values["ch3.top_mfu_counted"] = m
+        values["ch3.top_mfu_computed"] = m * (1 - skipped)
+    values["ch3.top_mfu_known"] = F32_TOP in rungs and bool(peak)
+    # bf16: where the prediction's ratio came from, and what the products gained
+    gemm = bf16_gemm_ratio(rec, rec_dir)
+    peaks = _peaks(rec, rec_dir, th)
+    values["ch3.bf16_pred_from_gemm"] = gemm is not None
+    values["ch3.bf16_pred_ratio"] = gemm or (peaks["bf16"] / peaks["f32"]
+                                             if peaks["bf16"] and peaks["f32"] else None)
+    mm5 = profs[F32_TOP].get("matrix products (+ bias)")
+    mm6 = profs[AT["bf16"]].get("matrix products (+ bias)")
+    values["ch3.bf16_products_gain_x"] = mm5 / mm6 if mm5 and mm6 else None
+    # rung 7: Newton-Schulz predicted at rung 6's speed against the profile's, and the rest
+    p6, p7 = profs[AT["bf16"]], profs[AT["modern"]]
+    values["ch3.rung7_split"] = False
+    if p6 and p7 and AT["bf16"] in rungs and AT["modern"] in rungs:
+        c = get_config(rungs[AT["modern"]]["params"].get("config", "xl-modern"))
+        equiv = newton_schulz_flops(c) / c.flops_per_token()
+        ns_pred = equiv / rungs[AT["bf16"]]["value"]["median"]
+        ns_meas = p7.get(MUON_GROUP, 0.0)
+        rest = sum(p7.values()) - ns_meas - sum(p6.values())
+        values.update({
+            "ch3.rung7_split": ns_meas > 0,
+            "ch3.ns_pred_ms": 1e3 * ns_pred, "ch3.ns_meas_ms": 1e3 * ns_meas,
+            "ch3.ns_as_predicted": bool(ns_meas) and max(ns_pred, ns_meas) <= 1.5 * min(ns_pred, ns_meas),
+            "ch3.rung7_rest_ms": 1e3 * rest,
+            "ch3.rung7_other_ms": 1e3 * p7.get("Python and the rest", 0.0),
+            "ch3.rung6_other_ms": 1e3 * p6.get("Python and the rest", 0.0)})
+    # the PyTorch peer as it ran (what the record holds of it)
+    peer = s.get("torch_config") or {}
+    values.update({"ch3.torch_version": s.get("torch") or None,
+                   "ch3.torch_threads": peer.get("threads", th if s.get("torch") else None),
+                   "ch3.torch_capability": peer.get("cpu_capability"),
+                   "ch3.torch_onednn": peer.get("mkldnn"),
+                   "ch3.torch_onednn_bf16": peer.get("mkldnn_bf16"),
+                   "ch3.torch_amx": peer.get("amx_tile"),
+                   "ch3.torch_config_known": bool(peer)})
+    steps = {r["params"]["backend"]: r for r in records.results(rec, "step")}
+    values["ch3.torch_bf16_beats_kernels"] = None
+    if "torch-bf16" in steps and AT["arena"] in rungs:
+        v = compare.against(steps["torch-bf16"], rungs[AT["arena"]], 1.0)
+        values["ch3.torch_bf16_beats_kernels"] = v.met
+        values["ch3.torch_bf16_vs_kernels"] = v.ratio
+        values["ch3.torch_bf16_vs_kernels_verdict"] = v.text(f"{f(v.ratio)}×")
+    if "torch" in steps and AT["arena"] in rungs:
+        v = compare.against(rungs[AT["arena"]], steps["torch"], 1.0)
+        values["ch3.kernels_torch_verdict"] = v.text(f"{f(v.ratio)}×")
+    else:
+        values["ch3.kernels_torch_verdict"] = None
 
 
 def _ops_table(rec, values):
@@ -623,6 +763,7 @@ def _fork_join_table(rec, values):
         values["ch3.fj_forever_vs_pool"] = _faster(pool["median"], forever["median"])
         values["ch3.fj_pool_min_vs_forever"] = _faster(forever["median"], pool["min"])
         values["ch3.fj_forever_faster"] = forever["median"] * 1.1 < pool["median"]
+        values["ch3.fj_forever_slower"] = forever["median"] > pool["median"] * 1.1
     if "pool" in by and "openmp" in by:  # what the pool is kept for, where it holds
         values["ch3.fj_pool_faster"] = (by["pool"]["value"]["median"]
                                         < by["openmp"]["value"]["median"])
@@ -647,14 +788,15 @@ def _fused_table(rec, rec_dir, rungs, values):
         return
     facts = ch1.facts(rec_dir)
     th = rec["settings"]["threads"]
-    rows = []
+    rows, ops = [], []
     for op in FUSED:
         un, fu = found[(op, False)], found[(op, True)]
         level, bw = (ch1.level_of(facts, fu["params"]["bytes"], th) if facts else
                      ("?", None))
         predicted = fu["params"]["bytes"] / (bw * 1e9) if bw else float("nan")
+        ops.append(_fused_facts(op, un, fu, level, bw, facts, th))
         rows.append([op, f(1e3 * un["seconds"]["median"], "ms"),
-                     f(1e3 * fu["seconds"]["median"], "ms"), compare.versus(fu, un),
+                     f(1e3 * fu["seconds"]["median"], "ms"), _cell(fu, un),
                      f"{f(un['params']['bytes'] / 2**20, 'MiB')} → "
                      f"{f(fu['params']['bytes'] / 2**20, 'MiB')}",
                      f(fu["params"]["bytes"] / fu["seconds"]["median"] / 1e9, "GB/s"),
@@ -669,7 +811,75 @@ def _fused_table(rec, rec_dir, rungs, values):
         f"tokens, d = {s['config']['d_model']}), {th} threads, the two versions timed in turn; "
         f"bytes are the reads and writes the code names (a write-allocating cache reads each "
         f"written line first, so it moves more); the bound is those bytes at chapter 1's "
-        f"triad bandwidth for the smallest level that holds them. {figures.machine_line(rec)}.")
+        f"triad bandwidth for the smallest level that holds them, a level holding a working "
+        f"set up to the largest size chapter 1 measured on its plateau. {CELL_TEST} "
+        f"{figures.machine_line(rec)}.")
+    _fused_values(ops, facts, th, rec, values)
+
+
+NOISE = 0.05  # a measured rate this far above its bound must say which assumption failed
+
+
+def _fused_facts(op, un, fu, level, bw, facts, th) -> dict:
+    """One fused kernel's typed facts: what fusion saved, its rate against the bound of the
+    level that holds its bytes, and where its intensity falls against that level's ridge."""
+    width, _, passes, n_ops = FUSED[op]
+    nbytes = fu["params"]["bytes"]
+    rate = nbytes / fu["seconds"]["median"] / 1e9
+    intensity = n_ops / (4.0 * passes)
+    peak = _peak_facts(facts, "f32", th) if facts else None
+    return {"op": op, "gain": un["seconds"]["median"] / fu["seconds"]["median"] - 1,
+            "level": level, "bw": bw, "rate": rate, "of_bound": rate / bw if bw else None,
+            "mib": nbytes / 2**20, "right_of_ridge": bool(peak and bw and intensity >= peak / bw)}
+
+
+def _peak_facts(facts, kind, threads):
+    peaks = {th: v for (k, th), v in facts["peak"].items() if k == kind}
+    return peaks.get(threads, peaks[max(peaks)]) if peaks else None
+
+
+def _fused_values(ops: list[dict], facts, th, rec, values) -> None:
+    """The fused kernels as facts for the page: which one fusion sped up most and least,
+    which sits closest to its bound and farthest from it, which are right of their level's
+    ridge, and any that beat their bound by more than the noise, with the size the bound
+    took them to spill at."""
+    best, worst = max(ops, key=lambda o: o["gain"]), min(ops, key=lambda o: o["gain"])
+    values.update({"ch3.fused_best_op": best["op"], "ch3.fused_best_gain": best["gain"],
+                   "ch3.fused_worst_op": worst["op"], "ch3.fused_worst_gain": worst["gain"]})
+    known = [o for o in ops if o["of_bound"] is not None]
+    below = [o for o in known if o["of_bound"] <= 1 + NOISE]
+    above = [o for o in known if o["of_bound"] > 1 + NOISE]
+    values["ch3.fused_bounds_known"] = bool(known)
+    values["ch3.fused_any_below"] = bool(below)
+    if below:
+        near, far = max(below, key=lambda o: o["of_bound"]), min(below, key=lambda o: o["of_bound"])
+        values.update({"ch3.fused_closest_op": near["op"], "ch3.fused_closest": near["of_bound"],
+                       "ch3.fused_farthest_op": far["op"], "ch3.fused_farthest": far["of_bound"]})
+    right = [o["op"] for o in known if o["right_of_ridge"]]
+    left = [o["op"] for o in known if not o["right_of_ridge"]]
+    values.update({"ch3.fused_right": compare.listing(right, "none"), "ch3.fused_any_right": bool(right),
+                   "ch3.fused_left": compare.listing(left, "none"), "ch3.fused_any_left": bool(left),
+                   "ch3.fused_all_left": not right})
+    values["ch3.fused_any_above"] = bool(above)
+    if above:
+        top = max(above, key=lambda o: o["of_bound"])
+        values.update({"ch3.fused_above": compare.listing([o["op"] for o in above], "none"),
+                       "ch3.fused_above_many": len(above) > 1,
+                       "ch3.fused_above_level": top["level"], "ch3.fused_above_of": top["of_bound"],
+                       "ch3.fused_above_mib": top["mib"]})
+        # the level before the one the bound took: where its plateau was last measured, the
+        # first size measured beyond it, and the size the operating system reports
+        spans = facts["triad_spans"]
+        ext = spans[th if th in spans else max(spans)]
+        levels = list(ext)
+        i = levels.index(top["level"]) if top["level"] in levels else 0
+        inner = levels[i - 1] if i > 0 else None
+        values["ch3.fused_above_inner"] = inner
+        if inner:
+            reported = (rec["machine"].get("caches") or {}).get(f"{inner}_bytes")
+            values.update({"ch3.fused_inner_last_mib": ext[inner]["last"] / 2**20,
+                           "ch3.fused_outer_first_mib": ext[top["level"]]["first"] / 2**20,
+                           "ch3.fused_inner_reported_mib": reported / 2**20 if reported else None})
 
 
 def _roofline(rec, rec_dir, values):
@@ -719,8 +929,29 @@ def _long_attention_values(rec, values):
         f"{100 * t['params']['extra_bytes'] / m['params']['extra_bytes']:.2f}%")
 
 
+# the typed facts the page's sentences test, each None until a record gives it (the page
+# says a sentence only where its facts are known)
+FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain",
+         "fused_bounds_known", "fused_any_below", "fused_closest_op", "fused_closest",
+         "fused_farthest_op", "fused_farthest", "fused_right", "fused_any_right", "fused_left",
+         "fused_any_left", "fused_all_left", "fused_any_above", "fused_above",
+         "fused_above_many", "fused_above_level", "fused_above_of", "fused_above_mib",
+         "fused_above_inner", "fused_inner_last_mib", "fused_outer_first_mib",
+         "fused_inner_reported_mib", "p3_matmul", "p3_attention", "p3_rest",
+         "p3_attention_larger", "causal_skipped", "top_mfu_counted", "top_mfu_computed",
+         "top_mfu_known", "bf16_pred_from_gemm", "bf16_pred_ratio", "bf16_products_gain_x",
+         "rung7_split", "ns_pred_ms", "ns_meas_ms", "ns_as_predicted", "rung7_rest_ms",
+         "rung7_other_ms", "rung6_other_ms", "torch_version", "torch_threads",
+         "torch_capability", "torch_onednn", "torch_onednn_bf16", "torch_amx",
+         "torch_config_known", "torch_bf16_beats_kernels", "torch_bf16_vs_kernels",
+         "torch_bf16_vs_kernels_verdict", "kernels_torch_verdict", "fj_forever_slower",
+         *(f"rung{i}_{k}" for i in range(2, 8) for k in ("pred", "meas", "spread", "shows")),
+         *(f"climb_any_{k}" for k in ("as", "missed", "small", "beyond", "unseen", "against")))
+
+
 def report(rec_dir) -> dict:
     values: dict = target_values()
+    values.update({f"ch3.{k}": None for k in FACTS})
     _configs_table(values)
     rec = records.load(RECORD_STEP, rec_dir) if records.exists(RECORD_STEP, rec_dir) else None
     if rec is not None and not records.results(rec, "rung_step"):
@@ -732,6 +963,7 @@ def report(rec_dir) -> dict:
         toks = _step_table(rec, rec_dir, rungs, values)
         _rungs_table(rec, rec_dir, rungs, toks, values)
         _ops_table(rec, values)
+        _explain_values(rec, rec_dir, rungs, toks, values)
         _bounds(rec, rec_dir, toks, values)
         _fused_table(rec, rec_dir, rungs, values)
         _arena_values(rec, rec_dir, rungs, values)

@@ -25,7 +25,10 @@ class Step:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         first = self.proc.stdout.readline().strip()
-        if first != "ready":
+        # "ready" and what the child's PyTorch is (its version, threads, CPU kernels and fast
+        # paths: build_facts), for the record
+        self.facts = json.loads(first[6:] or "{}") if first.startswith("ready") else {}
+        if not first.startswith("ready"):
             err = self.proc.stderr.read()[-2000:] if not first else first
             self.close()
             if first.startswith("no torch"):
@@ -55,6 +58,23 @@ class Step:
             self.proc.kill()
 
 
+def build_facts(torch) -> dict:
+    """What this PyTorch is and may take on this CPU: its version, threads, the vector ISA its
+    CPU kernels were dispatched to, whether oneDNN (mkldnn) is built in, whether PyTorch finds
+    oneDNN's bf16 support here (its bf16 products then go to oneDNN) and whether the CPU
+    offers AMX tiles (oneDNN then takes them). A fact a version does not answer is None."""
+    def ask(fn):
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - an older or newer PyTorch without the call
+            return None
+    return {"version": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu_capability": ask(lambda: torch.backends.cpu.get_cpu_capability()),
+            "mkldnn": ask(lambda: bool(torch.backends.mkldnn.is_available())),
+            "mkldnn_bf16": ask(lambda: bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())),
+            "amx_tile": ask(lambda: bool(torch._C._cpu._is_amx_tile_supported()))}
+
+
 def _serve(config: str, batch: int, seq_len: int, threads: int, autocast: bool):
     try:
         import torch
@@ -68,7 +88,7 @@ def _serve(config: str, batch: int, seq_len: int, threads: int, autocast: bool):
     cfg = get_config(config)
     corpus = data.load_corpus()
     trainer = torch_gpt.TorchTrainer(GPT(cfg, "numpy", seed=0).params, cfg, autocast=autocast)
-    print("ready", flush=True)
+    print("ready " + json.dumps(build_facts(torch)), flush=True)
     i = 0
     for line in sys.stdin:
         if line.strip() != "step":
