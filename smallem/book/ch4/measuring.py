@@ -267,8 +267,11 @@ def measure_study(rec, threads, quick, tools, tmp: Path):
                                      "round_seconds": STUDY_ROUND_S, "rounds": rounds}
 
 
+FORK_JOIN_REPS = 50000  # fork-joins in a row in the one sample this record keeps
+
+
 def measure_fork_join(rec, threads, quick):
-    reps = 2000 if quick else 50000
+    reps = 2000 if quick else FORK_JOIN_REPS
     for kind in ("pool", "openmp"):
         s = pool.fork_join_seconds(kind, threads, reps)
         rec.add("fork_join", "s", Timing([s]).stats(), kind=kind, threads=threads)

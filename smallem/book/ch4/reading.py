@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -10,10 +11,11 @@ from smallem.plumbing import build
 from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
 from smallem.training.model import CONFIGS, get_config
-from .measuring import (PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
+from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
                         STUDY_MIN_TOKENS, STUDY_TOKENS, STUDY_TOP, matrix_params, study_config)
 
 f = figures.fmt
+NOISE = 0.05          # a rate above its bound by more than this must say which assumption failed
 AT = {r.name: r.index for r in decode.RUNGS}  # each rung's place, by its name: what records keep
 L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
 DRAM_VS_LLAMA = 1.0   # ... weights several times larger than the L3
@@ -45,14 +47,50 @@ def stream_name(facts) -> str:
     return STREAM_NAMES[ch1.read_stream(facts)] if facts else STREAM_NAMES["read"]
 
 
-def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
-    """(the level of chapter 1's measured staircase that holds ``weight_bytes`` of weights at
-    ``threads``, its bandwidth there in bytes/s), from the read-only stream where the record
-    has it (:func:`ch1.level_of`, :func:`ch1.read_stream`)."""
+def _l3_end(facts) -> float:
+    """Where chapter 1's L3 plateau ends (bytes): the largest end measured at any thread
+    count. The L3 is shared, so its size does not depend on the threads that read it; a
+    plateau that ends earlier on one thread than on all of them ends on the staircase's
+    coarse grid of sizes, not at the cache's size."""
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]
+    ends = [sp["L3"]["last"] for sp in ext.values() if "L3" in sp and sp["L3"]["bw"] == sp["L3"]["bw"]]
+    return max(ends) if ends else math.nan
+
+
+def holding(facts, nbytes: float, threads: int) -> dict | None:
+    """The level of chapter 1's measured staircase that holds ``nbytes`` read by ``threads``
+    threads: {"level", "bw" (bytes/s at those threads), "size" (bytes: where its plateau
+    ends)}, from the read-only stream where the record has it (:func:`ch1.level_of`); None
+    without a chapter 1 record. The shared L3 holds whatever fits the largest end of its
+    plateau (:func:`_l3_end`)."""
     if facts is None:
-        return "n/a", math.nan
-    level, gbs = ch1.level_of(facts, weight_bytes, threads, ch1.read_stream(facts))
-    return level, gbs * 1e9
+        return None
+    stream = ch1.read_stream(facts)
+    ext = facts[f"{stream}_spans"]
+    th = threads if threads in ext else max(ext)
+    level, gbs = ch1.level_of(facts, nbytes, threads, stream)
+    if level == "DRAM" and nbytes <= _l3_end(facts) and ext[th]["L3"]["bw"] == ext[th]["L3"]["bw"]:
+        level, gbs = "L3", ext[th]["L3"]["bw"]
+    size = _l3_end(facts) if level == "L3" else (ext[th][level]["last"] if level != "DRAM" else math.inf)
+    return {"level": level, "bw": gbs * 1e9, "size": size}
+
+
+def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
+    """(the level that holds ``weight_bytes`` on ``threads`` threads, its bandwidth there in
+    bytes/s): :func:`holding`."""
+    h = holding(facts, weight_bytes, threads)
+    return ("n/a", math.nan) if h is None else (h["level"], h["bw"])
+
+
+def resident_bound(facts, nbytes: float, threads: int) -> float:
+    """Bytes/s of a stream of ``nbytes`` from DRAM if as much of it as the L3's plateau holds
+    stayed there between passes: the most that keeping part of it closer explains."""
+    if facts is None:
+        return math.nan
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]
+    th = threads if threads in ext else max(ext)
+    kept = min(nbytes, _l3_end(facts))
+    return nbytes / (kept / (ext[th]["L3"]["bw"] * 1e9) + (nbytes - kept) / (ext[th]["DRAM"]["bw"] * 1e9))
 
 
 def _prompt_bound(facts, p, rung: int, weights: int):
@@ -61,8 +99,10 @@ def _prompt_bound(facts, p, rung: int, weights: int):
     rung 5's; None without the records it needs. Rung 0 has no prompt of its own."""
     if facts is None or p is None or rung == AT["no_cache"]:
         return None
-    # rung 5 takes the path its decoder measured faster (older records: the int8 call)
-    kind = ("int8" if rung >= AT["prompt_path"] and p["params"].get("prefill_path", "c") == "c"
+    # rung 5 takes the path its decoder measured faster (older records: the int8 call):
+    # the int8 call and the integer GEMM (vpdpbusd on int8 blocks) are bound by the int8
+    # peak, the f32 GEMM by the f32 one
+    kind = ("int8" if rung >= AT["prompt_path"] and p["params"].get("prefill_path", "c") in ("c", "int8")
             else "f32")
     # rungs 1-4 send the prompt through the f32 GEMM, on every core whatever the decoder's
     # threads; rung 5 through the decoder's own call, on its threads
@@ -95,21 +135,29 @@ def _ladder(rec, facts, values):
     note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
             f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
             f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
-            f"from position 0. {figures.machine_line(rec)}."
+            f"from position 0. Bytes of the decode bound: the weights and the keys and values "
+            f"cached at the last timed position (f32); its level: chapter 1's staircase. "
+            f"{figures.machine_line(rec)}."
             + figures.peer_notes(rec["settings"].get("llama_cpp"), missing))
     figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
                                              "rung before", "weights per token",
-                                             "decode predicted: weights ÷ bandwidth",
+                                             "decode predicted: bytes ÷ bandwidth",
                                              "prompt", "prompt predicted: compute bound"], note)
     _ladder_values(rec, facts, s, cfg, values)
 
 
+def _kv_bytes(s, rung_tokens: int) -> int:
+    """The keys and values a token reads at the last timed position (f32, every layer)."""
+    c = s["config"]
+    return 2 * c["n_layer"] * (s["prompt"] + rung_tokens) * c["d_model"] * 4
+
+
 def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
-    """A row per rung: its decode against the rung before and against its bound (weights
-    over the bandwidth of their level; rung 0's prefix at the f32 peak), its prompt against
-    its compute bound."""
+    """A row per rung: its decode against the rung before and against its bound (the bytes a
+    token reads, weights and the cached keys and values, over the bandwidth of the level that
+    holds them; rung 0's prefix at the f32 peak), its prompt against its compute bound."""
     rows, prev = [], None
-    values["ch4.any_above_bound"] = False  # a decode faster than its level's bandwidth allows
+    above = []  # (share, rung, level, data, level size) of decodes above their bound
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
         if r is None:
@@ -117,33 +165,56 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
         p = _one(rec, "prefill", rung=i)
         wb = r["params"].get("weight_bytes")
         th = r["params"].get("threads", rec["settings"]["threads"])
-        level, bw = bandwidth_bound(facts, wb, th) if wb else ("n/a", math.nan)
-        share = r["value"]["median"] * wb / bw if wb else math.nan
+        data = wb + _kv_bytes(s, s["decode_tokens"]) if wb else None
+        h = holding(facts, data, th) if data else None
+        share = r["value"]["median"] * data / h["bw"] if h else math.nan
         pp = _prompt_bound(facts, p, i, weights)
+        bound_cell = "—"
         if i == AT["no_cache"] and facts is not None and weights:
             # no cache: each token runs its whole prefix through the products again
             prefix = s["prompt"] + s["rung0_tokens"] / 2
             peak = facts["peak"][("f32", facts["cores"])]
-            bw, level, wb = peak * 1e9 / (2 * weights * prefix), "compute", 2 * weights * prefix
-            share = r["value"]["median"] / bw
-            values["ch4.rung0_prefix"] = f(prefix)
+            bound = peak * 1e9 / (2 * weights * prefix)
+            share = r["value"]["median"] / bound
+            values["ch4.rung0_prefix"] = round(prefix)
+            wb = 4 * weights  # one forward over the prefix reads each f32 weight once
+            bound_cell = f"{f(bound, 'tokens/s')}: {100 * share:.0f} % of it (the prefix at the f32 peak)"
+        elif h:
+            where = (f"{h['level']}, whose plateau ends at {compare.size(h['size'] / 1024)}"
+                     if h["level"] != "DRAM" else "DRAM")
+            bound_cell = (f"{f(h['bw'] / data, 'tokens/s')}: {100 * share:.0f} % of it "
+                          f"({compare.size(data / 1024)} in {where})")
+            if share > 1 + NOISE:
+                above.append((share, i, h["level"], data, h["size"]))
         rows.append([str(i), what, f(r["value"]["median"], "tokens/s"),
-                     compare.versus(r, prev) if prev else "—",
-                     compare.size(wb / 1024) if wb else "—",
-                     f"{f(bw, 'tokens/s')}: {100 * share:.0f} % of it (the prefix at the "
-                     f"f32 peak)" if i == AT["no_cache"] and share == share else
-                     f"{f(bw / wb, 'tokens/s')}: {100 * share:.0f} % of it ({level})"
-                     if share == share else "—",
+                     _versus(r, prev) if prev else "—",
+                     compare.size(wb / 1024) if wb else "—", bound_cell,
                      f(p["value"]["median"], "tokens/s") if p else "—",
                      f"{f(pp[0], 'tokens/s')} ({pp[1]}): {100 * p['value']['median'] / pp[0]:.0f} %"
                      if pp else "—"])
-        if share == share and share > 1 and i != AT["no_cache"]:
-            values["ch4.any_above_bound"] = True
-        if pp and i == AT["prompt_path"]:  # the int8 prompt, which the page discusses
-            values[f"ch4.rung{i}_prompt_of_bound"] = f"{100 * p['value']['median'] / pp[0]:.0f} %"
+        if pp and i == AT["prompt_path"]:  # the path rung 5 took, which the page discusses
+            values[f"ch4.rung{i}_prompt_of_bound"] = p["value"]["median"] / pp[0]
         prev = r
         values[f"ch4.rung{i}_toks"] = f(r["value"]["median"], "tokens/s")
+    # the decode furthest above its bound, for the sentence that says which assumption failed
+    top = max(above) if above else None
+    values["ch4.above_rung"] = top[1] if top else None
+    values["ch4.above_share"] = top[0] if top else None
+    values["ch4.above_level"] = top[2] if top else None
+    values["ch4.above_mib"] = top[3] / 2**20 if top else None
+    values["ch4.above_level_mib"] = top[4] / 2**20 if top else None
+    values["ch4.any_above_bound"] = bool(above)
     return rows
+
+
+def _versus(r, base) -> str:
+    """:func:`compare.versus`, a factor where the rate more than doubled ("18.8×", not
+    "1779.1 % faster")."""
+    x = r["value"]["median"] / base["value"]["median"]
+    if x < 2:
+        return compare.versus(r, base)
+    d = compare.difference(r, base)
+    return f(x) + "×" + (compare.note(d.note()) if d.rounds is not None else "")
 
 
 def _peer_rows(rec) -> list[list[str]]:
@@ -182,15 +253,32 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         + ")" if p5 and "prefill_path" in p5["params"] else
         "the int8 call (a record made before the choice was measured)")
     values["ch4.llama_reps"] = str(s.get("llama_reps", "one (a record made before steady state)"))
+    _peer_values(rec, values)
     # a product y = x W reads each f32 weight (4 bytes) for one multiply-add (2 operations)
     values["ch4.f32_ridges"] = (ch1.ridge_position(facts, 2 / 4, rec["settings"]["threads"])
                                 if facts else "n/a (no chapter-1 record)")
     c = s["config"]
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
     r4 = _one(rec, "decode", rung=AT["threads"])
-    values["ch4.sync_factor"] = str(decode.Decoder.SYNC_SHARE)
-    values["ch4.par_min"] = (compare.size(r4["params"]["par_min_bytes"] / 1024)
-                             if r4 and "par_min_bytes" in r4["params"] else "n/a (not recorded)")
+    r5 = _one(rec, "decode", rung=AT["prompt_path"])
+    values["ch4.sync_factor"] = decode.Decoder.SYNC_SHARE
+    # each decoder measures its own threshold when it is made: rung 4's, rung 5's
+    values["ch4.par_min_kib"] = (r4["params"]["par_min_bytes"] / 1024
+                                 if r4 and "par_min_bytes" in r4["params"] else None)
+    values["ch4.rung5_par_min_kib"] = (r5["params"]["par_min_bytes"] / 1024
+                                       if r5 and "par_min_bytes" in r5["params"] else None)
+    if cfg in CONFIGS:  # how many of a block's products each threshold sends to the threads
+        sizes = _block_products(get_config(cfg))
+        values["ch4.block_products"] = len(sizes)
+        for key, r in (("ch4.rung4_team_n", r4), ("ch4.rung5_team_n", r5)):
+            pm = r["params"].get("par_min_bytes") if r else None
+            values[key] = sum(b >= pm for b in sizes) if pm is not None else None
+    if r4 and r5:
+        d = compare.difference(r5, r4)
+        values["ch4.rung5_vs_rung4_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0
+        values["ch4.rung5_vs_rung4"] = compare.versus(r5, r4)
+    else:
+        values["ch4.rung5_vs_rung4_sign"], values["ch4.rung5_vs_rung4"] = None, None
     w8, w32 = _one(rec, "decode", rung=AT["int8"]), _one(rec, "decode", rung=AT["c_call"])
     if w8 and w32:
         values["ch4.weights_f32"] = compare.size(w32["params"]["weight_bytes"] / 1024)
@@ -200,9 +288,41 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
     r3, r4 = _one(rec, "decode", rung=AT["int8"]), _one(rec, "decode", rung=AT["threads"])
     if r3 and r4:
         _threads_rounds(r4, r3, values)
+    r32, l32 = _one(rec, "decode", case="f32-threads"), _one(rec, "llama_tg", dtype="f32")
+    if r32 and l32:  # our f32 decode against llama.cpp's, same threads, same rounds
+        d = compare.difference(r32, l32)
+        values["ch4.f32_vs_llama"] = r32["value"]["median"] / l32["value"]["median"]
+        values["ch4.f32_vs_llama_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0
+        values["ch4.f32_vs_llama_text"] = compare.versus(r32, l32)
     r0, top = _one(rec, "decode", rung=AT["no_cache"]), _one(rec, "decode", rung=max(i for i, _ in s["rungs"]))
     if r0 and top:
         values["ch4.climb"] = f"{f(_ratio(top, r0))} times"
+
+
+def _peer_values(rec, values) -> None:
+    """How the peers ran, as the record holds it: llama.cpp's source (the llama-cpp-python
+    sdist that bundles it, its version string), the instruction sets its build named, AMX
+    off; PyTorch's version and threads."""
+    st = rec["settings"]
+    ll = st.get("llama_cpp") or {}
+    build = ll.get("build") or {}
+    opts = build.get("options") or []
+    on = [o[len("-DGGML_"):-len("=ON")] for o in opts if o.startswith("-DGGML_") and o.endswith("=ON")]
+    version = ll.get("version") or ""
+    commit = version.rpartition("commit ")[2].rstrip(")") if "commit " in version else None
+    values["ch4.llama_measured"] = bool(_one(rec, "llama_tg", dtype="q8_0"))
+    values["ch4.llama_commit"] = commit
+    values["ch4.llama_sdist"] = build.get("version")
+    values["ch4.llama_isa"] = ", ".join(x.replace("_", "-") for x in on if x != "NATIVE") or None
+    values["ch4.llama_amx_off"] = any(o.startswith("-DGGML_AMX") and o.endswith("=OFF") for o in opts)
+    values["ch4.llama_safe"] = bool(build.get("safe_build")) or bool(ll.get("flags"))
+    values["ch4.llama_safe_why"] = build.get("why") or ll.get("flags_why") or None
+    values["ch4.threads"] = st["threads"]
+    values["ch4.has_amx"] = any("amx" in x for x in rec["machine"]["isa"].get("extensions", []))
+    t = _one(rec, "decode", case="torch-f32")
+    values["ch4.torch_measured"] = t is not None
+    values["ch4.torch_version"] = st.get("torch") if isinstance(st.get("torch"), str) else None
+    values["ch4.torch_threads"] = t["params"].get("threads") if t else None
 
 
 def _groups(rates: list[float], gap: float = 1.5) -> list[list[float]]:
@@ -231,8 +351,8 @@ def _threads_rounds(r4, r3, values):
     values["ch4.rung4_any_slower"] = slower > 0 or len(_groups(a)) > 1
     groups = _groups(a)
     if len(groups) == 1:
-        values["ch4.rung4_groups"] = (f"they form one group, from {f(min(a), 'tokens/s')} "
-                                      f"to {f(max(a), 'tokens/s')}")
+        values["ch4.rung4_groups"] = (f"every round lay between {f(min(a), 'tokens/s')} "
+                                      f"and {f(max(a), 'tokens/s')}, none far from the others")
     else:
         parts = [f"{len(g)} near {f(float(np.median(g)), 'tokens/s')}" for g in reversed(groups)]
         values["ch4.rung4_groups"] = ("they fall into separate groups, " + ", ".join(parts[:-1])
@@ -270,6 +390,7 @@ def _study(rec, facts, values):
     """The L3 study: its figure, and the targets and values of the models in the L3, beyond
     it, and the smallest."""
     pts = records.results(rec, "study")
+    values["ch4.study_measured"] = bool(pts)
     if not pts:
         return []
     widths = rec["settings"]["study"]["widths"]
@@ -281,6 +402,11 @@ def _study(rec, facts, values):
                                   f"{min(per)} on the largest")
     values["ch4.study_round"] = (f"{f(1000 * st['round_seconds'])} ms" if "round_seconds" in st
                                  else "n/a (an older record: a fixed count)")
+    if facts:  # where the measured plateaus end at the study's threads
+        ext = facts[f"{ch1.read_stream(facts)}_spans"]
+        sp = ext[st.get("threads", rec["settings"]["threads"])] if st.get("threads", rec["settings"]["threads"]) in ext else ext[max(ext)]
+        values["ch4.l2_end_mib"] = sp["L2"]["last"] / 2**20
+        values["ch4.l3_end_mib"] = _l3_end(facts) / 2**20
     lla = {r["params"]["study_d"]: r for r in records.results(rec, "llama_tg") if "study_d" in r["params"]}
     _study_figure(rec, facts, widths, by, lla)
     out = _study_l3(facts, widths, by, lla, values)
@@ -385,6 +511,13 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
     values["ch4.big_gbs"] = f(gbs / 1e9, "GB/s")
     values["ch4.big_bw"] = f(bw / 1e9, "GB/s")
     values["ch4.big_share"] = f"{100 * gbs / bw:.0f} %" if bw == bw else "n/a"
+    values["ch4.big_above"] = bool(bw == bw and gbs > (1 + NOISE) * bw)
+    # above DRAM's bound: could the L3 keeping as much of the weights as its plateau holds
+    # explain it? the most that explains, and the L3's size
+    kept = resident_bound(facts, b8["params"]["weight_bytes"], b8["params"]["threads"])
+    values["ch4.big_resident_gbs"] = kept / 1e9 if kept == kept else None
+    values["ch4.big_resident_explains"] = bool(kept == kept and gbs <= (1 + NOISE) * kept)
+    values["ch4.l3_end_mib"] = _l3_end(facts) / 2**20 if facts else None
     if level == "DRAM":
         out.append(f"weight bytes per second on that model against chapter 1's DRAM "
                    f"{stream_name(facts)}: "
@@ -410,15 +543,19 @@ def _study_small(rec, facts, small, by, values) -> None:
     values["ch4.small_all_cores"] = f(s2["value"]["median"], "tokens/s")
     values["ch4.small_all_vs_one"] = compare.versus(s2, s1)
     values["ch4.small_differs"] = compare.difference(s2, s1).sign != 0
-    values["ch4.small_threaded"], teamed = _small_threaded(rec, small, s2)
+    largest, par_min = _small_regions(rec, small, s2)
+    teamed = par_min is None or largest >= par_min
+    values["ch4.small_largest_kib"] = largest / 1024
+    values["ch4.small_par_min_kib"] = par_min / 1024 if par_min is not None else None
     values["ch4.small_teamed"] = teamed
     fj = _one(rec, "fork_join", kind="pool")
+    values["ch4.fork_join_us"] = 1e6 * fj["value"]["median"] if fj else None
+    values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     if fj:
         L = rec["settings"]["study"]["layers"]
         per = (5 * L + 1) * fj["value"]["median"]
-        values["ch4.regions"] = str(5 * L + 1)
-        values["ch4.fork_join_us"] = f(1e6 * fj["value"]["median"], "µs")
-        values["ch4.sync_share"] = f"{100 * per * s2['value']['median']:.0f} %"
+        values["ch4.regions"] = 5 * L + 1
+        values["ch4.sync_share"] = per * s2["value"]["median"]
         # all cores: one core's fixed cost per token (its measured time less its bytes at
         # their level's bandwidth: Python, the call, the sampling), plus the regions'
         # fork-joins, plus the bytes at the bandwidth of all cores
@@ -426,36 +563,32 @@ def _study_small(rec, facts, small, by, values) -> None:
         _, bw = bandwidth_bound(facts, wb, s2["params"]["threads"])
         _, bw1 = bandwidth_bound(facts, s1["params"]["weight_bytes"], 1)
         fixed = 1.0 / s1["value"]["median"] - s1["params"]["weight_bytes"] / bw1
-        # fork-joins and all cores' bandwidth only where regions go to the team (none: the
-        # one-core decoder's work, at one core's bandwidth)
-        if not teamed:
-            per, bw = 0.0, bw1
-        pred = 1.0 / (fixed + per + wb / bw) if bw == bw and bw1 == bw1 else math.nan
-        values["ch4.small_fixed_us"] = f(1e6 * fixed, "µs")
-        values["ch4.small_predicted"] = f(pred, "tokens/s")
-        values["ch4.small_of_predicted"] = f"{100 * s2['value']['median'] / pred:.0f} %"
+        values["ch4.small_fixed_us"] = 1e6 * fixed if fixed == fixed else None
+        # a prediction only where regions go to the team: else the decoder given all cores
+        # does the one-core decoder's work, and its "prediction" would be that measurement
+        pred = 1.0 / (fixed + per + wb / bw) if teamed and bw == bw and bw1 == bw1 else None
+        values["ch4.small_predicted"] = pred
+        values["ch4.small_of_predicted"] = s2["value"]["median"] / pred if pred else None
 
 
-def _small_threaded(rec, d: int, r) -> tuple[str, bool]:
-    """(words, whether any region goes to the team): whether any parallel region of a decoded token of the study's model of width ``d``
-    reaches the decoder's threshold (forward.c's team(): products by their weight bytes,
-    int8 here; the attention by 8 bytes per cached position and feature), as words."""
-    par_min = r["params"].get("par_min_bytes")
-    if par_min is None:
-        return "not known (the record keeps no threshold)", True
+def _block_products(cfg) -> list[int]:
+    """The bytes forward.c's team() weighs each of a block's int8 products by (K x N, a byte a
+    weight): the query-key-value product, the projection, the MLP's two."""
+    d, hidden = cfg.d_model, cfg.mlp_hidden
+    return [d * 3 * d, d * d, d * hidden, hidden * d]
+
+
+def _small_regions(rec, d: int, r) -> tuple[int, int | None]:
+    """(the bytes of the largest parallel region of a decoded token of the study's model of
+    width ``d``, the decoder's threshold in bytes or None where the record keeps none):
+    forward.c's team() weighs products by their weight bytes, int8 here, and the attention
+    by 8 bytes per cached position and feature."""
     cfg = study_config(d)
     hidden, vocab = cfg.mlp_hidden, cfg.vocab
     products = max(d * 3 * d, d * d, d * hidden, hidden * d, d * vocab)  # int8: a byte each
     positions = len(PROMPT) + r["params"].get("decoded",
                                               rec["settings"]["study"].get("decode_tokens", 0))
-    biggest = max(products, 8 * positions * d)
-    if biggest < par_min:
-        return (f"no region of a token reaches the threshold (the largest reads "
-                f"{compare.size(biggest / 1024)}, the threshold is {compare.size(par_min / 1024)}): "
-                f"every product and attention runs on one thread, the same work as the one-core "
-                f"decoder's"), False
-    return (f"its largest region reads {compare.size(biggest / 1024)}, above the threshold of "
-            f"{compare.size(par_min / 1024)}, so some of its regions go to the team"), True
+    return max(products, 8 * positions * d), r["params"].get("par_min_bytes")
 
 
 def _quality(rec, values):
@@ -465,7 +598,8 @@ def _quality(rec, values):
                    "ch4.bpb_change": f"{100 * change:+.2f} %",
                    "ch4.q_steps": str(rec["settings"]["steps"]),
                    "ch4.q_config": rec["settings"]["config"]["name"],
-                   "ch4.q_tokens": str(rec["settings"]["greedy_tokens"])})
+                   "ch4.q_tokens": str(rec["settings"]["greedy_tokens"]),
+                   "ch4.q_context": rec["settings"]["config"]["context"]})
     agree = records.results(rec, "greedy_agreement")
     rows = []
     lla = {r["params"]["prompt"]: r for r in records.results(rec, "llama_greedy")}
@@ -485,8 +619,8 @@ def _quality(rec, values):
                         f"{figures.machine_line(rec)}.")
     values["ch4.agreement"] = f"{100 * np.mean([r['value']['median'] for r in agree]):.0f} %"
     sample = rec["settings"].get("sample", "")
-    (figures.tables_dir() / "ch4_sample.md").write_text("~~~~text\n" + sample.replace("~~~~", "~ ~ ~ ~")
-                                                        + "\n~~~~\n")
+    (figures.tables_dir() / "ch4_sample.md").write_text("~~~text\n" + sample.replace("~~~", "~ ~ ~")
+                                                        + "\n~~~\n")
     return [f"int8's validation bits per byte against f32's: "
             + compare.exact(abs(change) < QUALITY,
                             f"{100 * change:+.2f} %, target within {100 * QUALITY:g} %")]
@@ -513,7 +647,8 @@ def _balance(values, rec_dir):
         best = max(steps, key=lambda r: r["value"]["median"])
         rows.append(["train, xl step", f(best["value"]["median"], "tokens/s"),
                      f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
-                     f"{100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak", _gpu_cell(rec_dir, "ch3")])
+                     f"— (given as {100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak, not in tokens/s)",
+                     _gpu_cell(rec_dir, "ch3")])
     if records.exists(RECORD, rec_dir):
         rec = records.load(RECORD, rec_dir)
         top = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
@@ -532,6 +667,8 @@ def _balance(values, rec_dir):
 
 
 NOT_MEASURED = "not measured here (no llama.cpp: `make llama`)"
+# the values the page quotes, read from it: each is set (None where its record is missing)
+PAGE_KEYS = sorted(set(re.findall(r"\b(ch4\.[a-z0-9_]+)", (records.ROOT / "chapters" / "4-generation.md").read_text())))
 
 
 def report(rec_dir) -> dict:
@@ -544,13 +681,30 @@ def report(rec_dir) -> dict:
                    "ch4.prompts": str(len(PROMPTS)),
                    "ch4.sample_settings": f"temperature {SAMPLE['temperature']:g}, seed {SAMPLE['seed']}"})
     values["ch4.ladder_level"] = values["ch4.l3_params"] = "not measured"
-    values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = "not measured"
-    values["ch4.small_fixed_us"] = "not measured"
-    values["ch4.rung0_prefix"] = values["ch4.rung5_prompt_of_bound"] = "n/a"
+    values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = None
+    values["ch4.small_fixed_us"] = None
     values["ch4.llama_reps"] = values["ch4.rung5_prompt_path"] = "n/a"
     for key in ("ch4.vs_llama_l3", "ch4.vs_llama_ladder", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured
     values["ch4.rungs"] = str(len(decode.RUNGS))
+    for key in ("ch4.par_min_kib", "ch4.rung5_par_min_kib", "ch4.rung5_vs_rung4_sign",
+                "ch4.rung5_vs_rung4", "ch4.small_largest_kib", "ch4.small_par_min_kib",
+                "ch4.fork_join_us", "ch4.regions", "ch4.sync_share", "ch4.above_rung",
+                "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
+                "ch4.big_resident_gbs", "ch4.l3_end_mib", "ch4.l2_end_mib", "ch4.rung0_prefix",
+                "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
+                "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n",
+                "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
+                "ch4.llama_safe_why", "ch4.threads", "ch4.torch_version", "ch4.torch_threads"):
+        values.setdefault(key, None)
+    values["ch4.small_teamed"] = values["ch4.any_above_bound"] = values["ch4.big_above"] = False
+    values["ch4.llama_measured"] = values["ch4.torch_measured"] = values["ch4.llama_amx_off"] = False
+    values["ch4.llama_safe"] = values["ch4.has_amx"] = False
+    values["ch4.big_resident_explains"] = False
+    values["ch4.fork_join_reps"] = FORK_JOIN_REPS
+    values["ch4.measured"] = records.exists(RECORD, rec_dir)
+    values["ch4.study_measured"] = False
+    values["ch4.quality_measured"] = records.exists(RECORD_QUALITY, rec_dir)
     values["ch4.study_tokens"] = values["ch4.study_round"] = "not measured"
     values["ch4.study_token_range"] = f"at least {STUDY_MIN_TOKENS}, at most {STUDY_TOKENS}"
     values["ch4.int8_instruction"] = "not measured"  # the record's rung 3 says, below
@@ -564,6 +718,9 @@ def report(rec_dir) -> dict:
         targets += _study(rec, facts, values)
     if records.exists(RECORD_QUALITY, rec_dir):
         targets += _quality(records.load(RECORD_QUALITY, rec_dir), values)
+    for key in PAGE_KEYS:  # appendix C reads the rungs' rates: "not measured" there
+        values.setdefault(key, "not measured (no record ch4.decode)" if re.fullmatch(r"ch4\.rung\d_toks", key) else None)
+    values["ch4.f32_ridges"] = values.get("ch4.f32_ridges") if facts else None
     _balance(values, rec_dir)
     figures.write_table("ch4_targets", [[t.split(": ")[0], t.split(": ", 1)[1]] for t in targets],
                         ["what must hold", "on this machine"])
