@@ -78,3 +78,36 @@ def test_gpu_check_script_quick_on_the_fake_cupy(tmp_path):
     for chapter in ("ch1", "ch2", "ch3", "ch4"):
         assert f"## {chapter} on the GPU" in tables
     assert "skipped" not in log and "FAILED" not in log, log[-4000:]
+
+
+def test_gpu_records_are_the_books_on_every_rendering(tmp_path):
+    """A captured machine's folder holds no GPU record: its book quotes the GPU records the
+    book keeps (figures/records), so every page and the home page name the same GPU; a folder
+    with a GPU record of its own is read as it is, and an empty one says nothing measured."""
+    from smallem.book.gpu import reading
+    captured = ROOT / "tests" / "machines" / "intel-xeon-gnr-2c" / "records"
+    assert not any(captured.glob("*.gpu.json"))
+    assert reading.gpu_dir(captured) == reading.BOOK_RECORDS
+    own = tmp_path / "own"
+    own.mkdir()
+    shutil.copy(captured / "ch1.machine.json", own)
+    shutil.copy(reading.BOOK_RECORDS / "ch2.gpu.json", own)
+    assert reading.gpu_dir(own) == own and reading.load_gpu("ch1.gpu", own) is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert reading.gpu_dir(empty) == empty
+
+
+def test_an_older_gpu_record_is_said_once_and_typed():
+    """The committed H200 records predate the wgmma probe and the mma rung: the values say so
+    (typed), and the tensor cores' roof is the faster of the probe and cuBLAS."""
+    from smallem.book.gpu import reading
+    ch1 = reading.load_gpu("ch1.gpu", reading.BOOK_RECORDS)
+    ch2 = reading.load_gpu("ch2.gpu", reading.BOOK_RECORDS)
+    v = {**reading.peak_values(ch1), **reading.gemm_values(ch2)}
+    assert isinstance(v["gpu.fma_peak"], float) and isinstance(v["gpu.cublas_over_mma"], float)
+    assert v["gpu.ch1_older"] is (not v["gpu.has_wgmma"]) and v["gpu.hopper"] is True
+    assert v["gpu.tensor_ceiling"] >= v["gpu.mma_peak"]
+    assert v["gpu.ch2_older"] is (not v["gpu.has_mma_rung"])
+    assert isinstance(v["gpu.ladder_n"], int)
+    assert "0.0e+00" not in "".join(str(c) for r in reading.gemm_rows(ch2) for c in r)

@@ -32,7 +32,7 @@ from .training import CH3, run_ch3, report_ch3, train_rows, TRAIN_HEADER  # noqa
 from .decoding import CH4, run_ch4, report_ch4, decode_rows, DECODE_HEADER  # noqa: F401
 from .reading import (gpu_line, l2_plateau, peaks_rows, PEAKS_HEADER, STAIR_HEADER,
                      GEMM_HEADER, stair_rows, gemm_rows, staircase_figure, roofline_figure,
-                     gemm_figure, load)  # noqa: F401
+                     gemm_figure, load, load_gpu, gpu_dir)  # noqa: F401
 from . import reading as _reading
 
 RECORDS = (CH1, CH2, CH3, CH4)
@@ -40,7 +40,7 @@ RECORDS = (CH1, CH2, CH3, CH4)
 
 def report(rec_dir) -> dict:
     """Every GPU table and figure from the records, and the values the pages quote."""
-    return {**_reading.report(rec_dir), **tc_values(load(CH2, rec_dir)),
+    return {**_reading.report(rec_dir), **tc_values(load_gpu(CH2, rec_dir)),
             **report_ch3(rec_dir), **report_ch4(rec_dir)}
 
 
@@ -87,7 +87,7 @@ def notebook_section(chapter: str, quick: bool | None = None):
     quick = quick_mode() if quick is None else quick
     name, run = NAMES[chapter]
     reason = cuda.why_unavailable()
-    rec = load(name)
+    rec = load_gpu(name)
     if reason is None:
         here = cuda.device_info()["name"]
         if quick or rec is None or rec["machine"].get("gpu", {}).get("name") != here:

@@ -207,8 +207,8 @@ def decode_values(rec: dict | None) -> dict:
 
 
 def report_ch4(rec_dir) -> dict:
-    from .reading import load
-    rec = load(CH4, rec_dir)
+    from .reading import load_gpu
+    rec = load_gpu(CH4, rec_dir)
     note = (f"Measured on the GPU of {rec['machine']['gpu']['name']}; the CPU column is this "
             f"machine's chapter 4 (its top rung)." if rec else "")
     figures.write_table("gpu_decode", decode_rows(rec, rec_dir), DECODE_HEADER, note)

@@ -3,8 +3,11 @@ measured' where there is no record)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from smallem.plumbing.build import ROOT
 from .. import figures, records
 from .measuring import CH1, CH2, CHECK_ROWS, NOT_MEASURED, GiB, KiB, MiB
 
@@ -18,12 +21,38 @@ def load(name: str, rec_dir=None) -> dict | None:
         return None
 
 
+# The GPU's records belong to no CPU: a captured machine's folder holds none, and the book
+# rendered from it quotes the GPU records the book itself keeps, so that the home page,
+# chapters 1 to 4 and the GPU roofline agree on every rendering.
+BOOK_RECORDS = ROOT / "figures" / "records"
+GPU_NAMES = ("ch1.gpu", "ch2.gpu", "ch3.gpu", "ch4.gpu")
+
+
+def gpu_dir(rec_dir=None) -> Path:
+    """The folder the GPU's records are read from: ``rec_dir`` (default: the records the book
+    is rendered from) where it holds any GPU record or none at all (nothing measured yet),
+    else, for a machine's records without a GPU's (a captured CPU's), the book's own
+    ``figures/records``. The four records always come from one folder, so one GPU's run is
+    never mixed with another's."""
+    rec_dir = Path(rec_dir or records.records_dir())
+    if any(records.exists(n, rec_dir) for n in GPU_NAMES):
+        return rec_dir
+    if not rec_dir.is_dir() or not any(rec_dir.glob("*.json")):
+        return rec_dir
+    return BOOK_RECORDS
+
+
+def load_gpu(name: str, rec_dir=None) -> dict | None:
+    """A GPU record (``ch1.gpu`` ... ``ch4.gpu``) from :func:`gpu_dir`, or None."""
+    return load(name, gpu_dir(rec_dir))
+
+
 def gpu_line(rec: dict) -> str:
     g = rec["machine"].get("gpu", {})
     cc = g.get("compute_capability", "?")
     return (f"{g.get('name', 'unknown GPU')} (compute capability {cc[:-1]}.{cc[-1:]}, "
-            f"{g.get('sms', '?')} SMs), CuPy {g.get('cupy', '?')}; measured {rec['date'][:10]}, "
-            f"commit {rec['commit']}")
+            f"{g.get('sms', '?')} SMs, CuPy {g.get('cupy', '?')}) on {rec['date'][:10]}, "
+            f"commit {str(rec['commit'])[:7]}")
 
 
 def l2_plateau(rec: dict) -> tuple[float, float]:
@@ -94,6 +123,12 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _err(x: float) -> str:
+    """A relative error for the table: "0" for the same bits, else two digits (a tolerance's
+    scale, 2.5e-06, where a reader reads the exponent)."""
+    return "0" if x == 0 else f"{x:.1e}"
+
+
 def gemm_rows(rec: dict | None) -> list[list]:
     if rec is None:
         return [[NOT_MEASURED, "-", "-", "-", "-", "-", "-"]]
@@ -103,8 +138,8 @@ def gemm_rows(rec: dict | None) -> list[list]:
         p = r["params"]
         ref = records.value(rec, "cublas", dtype=p["dtype"], n=n)
         rows.append([p["number"], p["rung"], p["dtype"], figures.fmt(r["value"]["median"]),
-                     f"{100 * r['value']['median'] / ref:.0f} %", f"{p['max_rel_err']:.1e}",
-                     f"{p['max_rel_err_f64']:.1e}"])
+                     f"{100 * r['value']['median'] / ref:.0f} %", _err(p['max_rel_err']),
+                     _err(p['max_rel_err_f64'])])
     for dt in ("f32", "bf16"):
         rows.append(["-", f"cuBLAS ({'cupy.matmul' if dt == 'f32' else 'cublasGemmEx'})", dt,
                      figures.fmt(records.value(rec, "cublas", dtype=dt, n=n)), "100 %", "-", "-"])
@@ -147,15 +182,16 @@ def roofline_figure(rec: dict, cpu_rec: dict | None, name: str = "gpu_roofline")
     import matplotlib.pyplot as plt
     x = np.logspace(-2, 4, 400)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    fma, mma = records.value(rec, "fma_peak"), records.value(rec, "mma_peak")
+    fma = records.value(rec, "fma_peak")
     l2, hbm = l2_plateau(rec)
     gname = rec["machine"]["gpu"]["name"]
     for bw, label, color in ((hbm, "HBM", "#e76f51"), (l2, "L2", "#8ab17d")):
         if bw == bw:
-            ax.plot(x, np.minimum(bw * x, mma), color=color, lw=1.6,
+            ax.plot(x, np.minimum(bw * x, tensor_ceiling(rec)[0]), color=color, lw=1.6,
                     label=f"{gname} {label} {figures.fmt(bw, 'GB/s')}")
-    ax.axhline(mma, color="#264653", ls="--", lw=1.2,
-               label=f"{gname} bf16 tensor cores {figures.fmt(mma, 'Gop/s')}")
+    top, by = tensor_ceiling(rec)
+    ax.axhline(top, color="#264653", ls="--", lw=1.2,
+               label=f"{gname} bf16 tensor cores {figures.fmt(top, 'Gop/s')} ({by})")
     ax.axhline(fma, color="#264653", lw=1.2, label=f"{gname} f32 {figures.fmt(fma, 'Gop/s')}")
     if cpu_rec is not None:
         try:
@@ -199,13 +235,16 @@ def gemm_figure(rec: dict, name: str = "gpu_gemm"):
 
 
 def report(rec_dir) -> dict:
-    ch1, ch2 = load(CH1, rec_dir), load(CH2, rec_dir)
+    """The GPU's chapter 1 and 2 tables, figures and values, from :func:`gpu_dir`'s records
+    (the CPU roof of the roofline is ``rec_dir``'s chapter 1)."""
+    ch1, ch2 = load_gpu(CH1, rec_dir), load_gpu(CH2, rec_dir)
     note1 = f"Measured on {gpu_line(ch1)}." if ch1 else ""
-    note2 = (f"Measured on {gpu_line(ch2)}. Errors are the largest difference from the "
-             f"reference over the largest reference magnitude; against float64, on "
-             f"{CHECK_ROWS} rows computed on the host from the same inputs. An error of 0 "
-             f"against cuBLAS means the same bits: where it does not split K, cuBLAS sums "
-             f"each element's products in k order with FMAs, as these kernels do."
+    note2 = (f"Every product is {ch2['settings']['ladder_n']}³ (n = m = k = "
+             f"{ch2['settings']['ladder_n']}), measured on {gpu_line(ch2)}. Errors are the "
+             f"largest difference from the reference over the largest reference magnitude; "
+             f"against float64, on {CHECK_ROWS} rows computed on the host from the same inputs. "
+             f"An error of 0 against cuBLAS means the same bits: where it does not split K, "
+             f"cuBLAS sums each element's products in k order with FMAs, as these kernels do."
              if ch2 else "")
     figures.write_table("gpu_peaks", peaks_rows(ch1), PEAKS_HEADER, note1)
     figures.write_table("gpu_staircase", stair_rows(ch1), STAIR_HEADER, note1)
@@ -230,37 +269,68 @@ def report(rec_dir) -> dict:
 H200_RATED_BF16_GOPS = 989e3
 
 
+def is_hopper(rec: dict) -> bool:
+    return str(rec["machine"].get("gpu", {}).get("compute_capability", "")).startswith("9")
+
+
+def tensor_ceiling(rec: dict) -> tuple[float, str]:
+    """The highest bf16 rate measured on the tensor cores and what measured it: the faster of
+    the probes, or cuBLAS's bf16 product where it ran faster than every probe (a record taken
+    before the wgmma probe, on a Hopper card): the roof a reader may compare against."""
+    probe, cb16 = tensor_peak(rec), _best_cublas(rec, "bf16")
+    if cb16 == cb16 and cb16 > probe:
+        return cb16, "cuBLAS's bf16 product"
+    return probe, "the wgmma probe" if _wgmma(rec) else "the wmma probe"
+
+
 def peak_values(rec: dict | None) -> dict:
-    """What the page says of the GPU's peaks: the probes', cuBLAS's over them, and the rated
-    bf16 figure where the card is an H200."""
-    keys = ("gpu.fma_peak", "gpu.mma_peak", "gpu.cublas_over_mma",
-            "gpu.cublas_f32_over_fma", "gpu.mma_of_rated", "gpu.cublas_of_rated")
+    """What the page says of the GPU's peaks, typed: the probes' rates (Gop/s), cuBLAS's over
+    them (fractions), whether the record has the wgmma probe a Hopper card needs (an older
+    record does not), and the rated bf16 figure where the card is an H200."""
     if rec is None:
-        return {k: NOT_MEASURED for k in keys} | {"gpu.measured": False, "gpu.is_h200": False,
-                                                  "gpu.cublas_beats_mma": False,
-                                                  "gpu.rated_bf16": NOT_MEASURED}
-    f = figures.fmt
+        return {"gpu.measured": False, "gpu.is_h200": False, "gpu.cublas_beats_mma": False,
+                "gpu.hopper": False, "gpu.has_wgmma": False, "gpu.ch1_older": False,
+                "gpu.name": None, "gpu.ch1_commit": None}
     fma, mma = records.value(rec, "fma_peak"), tensor_peak(rec)
     cb32, cb16 = _best_cublas(rec, "f32"), _best_cublas(rec, "bf16")
-    h200 = "H200" in rec["machine"].get("gpu", {}).get("name", "")
+    name = rec["machine"].get("gpu", {}).get("name", "GPU")
+    h200 = "H200" in name
     rated = H200_RATED_BF16_GOPS
+    hopper, wg = is_hopper(rec), _wgmma(rec) is not None
+    ceiling, by = tensor_ceiling(rec)
     return {"gpu.measured": True, "gpu.is_h200": h200, "gpu.cublas_beats_mma": cb16 > mma,
-            "gpu.fma_peak": f(fma, "Gop/s"), "gpu.mma_peak": f(mma, "Gop/s"),
-            "gpu.cublas_over_mma": f"{100 * cb16 / mma:.0f} %",
-            "gpu.cublas_f32_over_fma": f"{100 * cb32 / fma:.0f} %",
-            "gpu.rated_bf16": f(rated, "Gop/s"),
-            "gpu.mma_of_rated": f"{100 * mma / rated:.0f} %" if h200 else "n/a",
-            "gpu.cublas_of_rated": f"{100 * cb16 / rated:.0f} %" if h200 else "n/a"}
+            "gpu.name": name, "gpu.ch1_commit": str(rec.get("commit") or "unknown")[:7],
+            "gpu.hopper": hopper, "gpu.has_wgmma": wg, "gpu.ch1_older": hopper and not wg,
+            "gpu.fma_peak": fma, "gpu.mma_peak": mma, "gpu.cublas_bf16": cb16,
+            "gpu.cublas_f32": cb32, "gpu.cublas_over_mma": cb16 / mma,
+            "gpu.cublas_f32_over_fma": cb32 / fma,
+            "gpu.tensor_ceiling": ceiling, "gpu.tensor_ceiling_by": by,
+            "gpu.rated_bf16": rated if h200 else None,
+            "gpu.mma_of_rated": mma / rated if h200 else None,
+            "gpu.cublas_of_rated": cb16 / rated if h200 else None}
 
 
 def gemm_values(rec: dict | None) -> dict:
-    """The top of the GPU ladder against cuBLAS, for the page's sentence."""
+    """The top of the GPU ladder against cuBLAS, typed, for the page's sentences; whether the
+    record has the ladder's last rung (an older record stops before it)."""
     if rec is None:
-        return {"gpu.gemm_measured": False, "gpu.top_f32": NOT_MEASURED,
-                "gpu.top_bf16": NOT_MEASURED}
-    rows = [r for r in gemm_rows(rec) if r[0] != "-"]
-    f32 = [r for r in rows if r[2] == "f32"]
-    bf16 = [r for r in rows if r[2] == "bf16"]
-    return {"gpu.gemm_measured": True,
-            "gpu.top_f32": f"{f32[-1][1]} ({f32[-1][4]} of cuBLAS)" if f32 else "n/a",
-            "gpu.top_bf16": f"{bf16[-1][1]} ({bf16[-1][4]} of cuBLAS)" if bf16 else "n/a"}
+        return {"gpu.gemm_measured": False, "gpu.ch2_older": False, "gpu.ladder_n": None,
+                "gpu.has_mma_rung": False, "gpu.ch2_commit": None}
+    from smallem.plumbing import cuda
+
+    n = rec["settings"]["ladder_n"]
+    rungs = records.results(rec, "gemm")
+    have = {r["params"]["rung"] for r in rungs}
+    last = cuda.GPU_LADDER[-1].name
+    out = {"gpu.gemm_measured": True, "gpu.ladder_n": n, "gpu.has_mma_rung": last in have,
+           "gpu.ladder_last": last, "gpu.ch2_commit": str(rec.get("commit") or "unknown")[:7],
+           "gpu.ch2_older": last not in have}
+    for dt in ("f32", "bf16"):
+        mine = [r for r in rungs if r["params"]["dtype"] == dt]
+        top = max(mine, key=lambda r: r["params"]["number"]) if mine else None
+        ref = records.value(rec, "cublas", dtype=dt, n=n)
+        out[f"gpu.top_{dt}_rung"] = top["params"]["rung"] if top else None
+        out[f"gpu.top_{dt}"] = top["value"]["median"] if top else None
+        out[f"gpu.top_{dt}_of_cublas"] = top["value"]["median"] / ref if top else None
+        out[f"gpu.cublas_{dt}_n"] = ref
+    return out

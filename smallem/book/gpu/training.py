@@ -230,8 +230,8 @@ def _losses_text(m: list, rec: dict) -> str:
 
 
 def report_ch3(rec_dir) -> dict:
-    from .reading import load
-    rec = load(CH3, rec_dir)
+    from .reading import load_gpu
+    rec = load_gpu(CH3, rec_dir)
     note = (f"Measured on the GPU of {rec['machine']['gpu']['name']}; the CPU column is this "
             f"machine's chapter 3." if rec else "")
     figures.write_table("gpu_train", train_rows(rec, rec_dir), TRAIN_HEADER, note)
