@@ -93,9 +93,10 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
 display(Markdown((figures.tables_dir() / "others_ahead.md").read_text()))
 display(Markdown((figures.tables_dir() / "others_rates.md").read_text()))
 print("the forward's distance:", values["others.ahead"], "| fastest here:",
-      figures.plain(values["others.ahead_best"]))
+      figures.plain(values["others.ahead_best"] or "not measured"))
 for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
-    print(k, "| with the prefetch:", figures.plain(values[f"others.{k}.tg_prefetch"]))
+    print(k, "| with the prefetch:",
+          figures.plain(values[f"others.{k}.tg_prefetch"] or "not measured"))
 
 # %% [markdown]
 # ## Q8_0 in chapter 4's tiles

@@ -198,6 +198,15 @@ def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
     return t.rate(2.0 * rows * h.hidden * h.d / 1e9)
 
 
+def _prompt_rates() -> dict:
+    from smallem.generating.forward import prompt_rates
+
+    try:
+        return dict(prompt_rates())
+    except Exception as e:  # noqa: BLE001 (a record keeps the reason, never stops on it)
+        return {"why": f"{type(e).__name__}: {e}"}
+
+
 def bench_others(quick: bool | None = None, progress: bool = True, threads=None):
     """The appendix's record: each case's decode and prompt, ours and llama.cpp's."""
     quick = quick_mode() if quick is None else quick
@@ -213,6 +222,8 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
         "pp": 64 if quick else PP, "rounds": 2 if quick else ROUNDS, "llama_reps": LLAMA_REPS,
         "instruction": gguf_run.instruction(), "rows_per_call": gguf_run.ROWS,
         "int8_instruction": gguf_run.int8_instruction(),
+        # the prompt's two GEMMs as the forward timed them to choose (Gop/s, one core)
+        "prompt_rates": _prompt_rates(),
         "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},
         "llama_cpp": llama.peer_settings(tools)})
     missing = {}

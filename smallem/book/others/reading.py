@@ -21,8 +21,9 @@ PP_TARGETS = {"vnni": 2.0, "avx2": 1.3}
 # scales (convert, the two scales' product, the FMA), all on the same vector pipes
 INT8_SHARE = 8 / 11
 # the values the page quotes for each file (its numbers are in the table)
-FIELDS = ("tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate", "pp_share",
-          "tg_prefetch", "tg_rest")
+FIELDS = ("tg", "tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate",
+          "gemm_dtype", "pp_share", "head_share", "tg_prefetch", "prefetch_sign", "tg_rest_ms",
+          "tg_rest_share")
 # the decode's rates (arithmetic, memory, in turn, overlapped, the step): a table for every
 # file, and values for the first file's, which the page works through
 RATES = ("dot_rate", "mem_rate", "tg_none", "tg_full", "tg_rate", "tg_products")
@@ -42,16 +43,24 @@ def keys() -> list[str]:
             + [f"others.{slug(*CASES[0])}.{k}" for k in RATES])
 
 
+SETTINGS_KEYS = ("others.instruction", "others.prompt_int8", "others.prompt_float_dtype",
+                 "others.rate_int8", "others.rate_float", "others.int8_instruction",
+                 "others.pp_target", "others.rows", "others.bf16_path", "others.prefetch_measured")
+
+
 def _missing(note: str) -> dict:
+    """No record: every value the page names, None, and ``others.measured`` False (each
+    section that quotes the record says so once, at its head)."""
     figures.write_table("others_speed", [], ["(nothing measured)"], note)
     figures.write_table("others_types", *types_table(None))
     figures.write_table("others_rates", [], ["(nothing measured)"], note)
-    return {k: note for k in keys()} | {"others.prefetch_measured": False} | {"others.instruction": note, "others.llama": note,
-                                        "others.rows": note, "others.rb": _rb(),
-                                        "others.logits_tol": _logits_tol(),
-                                        "others.prompt_int8": False, "others.int8_instruction": note,
-                                        "others.int8_predicted": note,
-                                        "others.pp_target": f"{PP_TARGETS['vnni']:g}"} | _ahead(None) | _tiles(None, None)
+    return ({k: None for k in (*keys(), *SETTINGS_KEYS)}
+            | {"others.measured": False, "others.rb": _rb(), "others.logits_tol": _logits_tol()}
+            | _tol_values()
+            | _int8_predicted(None, 0, "") | llama_values(None, {}, 0, 0)
+            | _ahead(None) | _tiles(None, None)
+            | {"others.prefetch_gains": 0, "others.prefetch_losses": 0, "others.commit": None,
+               "others.below_rest": None, "others.below_model": None})
 
 
 def _kib(n: int) -> str:
@@ -68,24 +77,22 @@ def _ahead(rec) -> dict:
     if not runs:
         figures.write_table("others_ahead", [], ["(nothing measured)"],
                             "No prefetch distances in this record.")
-        return base | {"others.ahead_swept": False, "others.ahead_file": "none",
-                       "others.ahead_best": (records.not_measured(rec, "a record from before "
-                                                                  "the prefetch") if rec else
-                                             "not measured here (no record others.decode)"),
-                       "others.ahead_default_best": False}
+        return base | {"others.ahead_swept": False, "others.ahead_file": None,
+                       "others.ahead_best": None, "others.ahead_default_best": False}
     shape, qtype = runs[0]["params"]["model"], runs[0]["params"]["type"]
     mine = _on_rows(rec, shape, qtype)
     same = [r for r in runs if r["params"]["model"] == shape and r["params"]["type"] == qtype]
     every = sorted(same + [mine], key=lambda r: r["params"]["ahead"])
     wb = mine["params"]["weight_bytes"]
-    rows = [[_kib(r["params"]["ahead"]) + (" (the forward's)" if r is mine else ""),
+    rows = [[_kib(r["params"]["ahead"]) + (" (the forward's distance)" if r is mine else ""),
              f(r["value"]["median"]), f(r["value"]["median"] * wb / 1e9),
              "—" if r is mine else compare.versus(r, mine)] for r in every]
     figures.write_table(
         "others_ahead", rows, ["prefetch distance", "decode (tokens/s)", "weights read (GB/s)",
                                "against the forward's"],
-        f"{shape} {qtype}, the same decoder at each distance, timed in the same rounds "
-        f"(medians). {figures.machine_line(rec)}.")
+        f"{shape} {qtype}, the same decoder at each distance, its Q8_0 matrices read on the "
+        f"file's rows (the prefetch is the rows' reading; the tiles stream on their own), timed "
+        f"in the same rounds (medians). {figures.machine_line(rec)}.")
     best = max(every, key=lambda r: r["value"]["median"])
     return base | {"others.ahead_swept": True, "others.ahead_file": f"{shape} {qtype}",
                    "others.ahead_best": _kib(best["params"]["ahead"]),
@@ -100,48 +107,53 @@ def _logits_tol() -> str:
     return ", ".join(f"{t} {v:g}" for t, v in LOGITS_TOL.items())
 
 
+def _tol_values() -> dict:
+    from ..ch4.llama import LOGITS_TOL
+
+    return {"others.tol_f32": LOGITS_TOL["F32"], "others.tol_max": max(LOGITS_TOL.values())}
+
+
 def _rb() -> str:
     """Weight rows a prompt's block keeps in L1, as kernels_c/forward/blocks.c defines them."""
     return str(int(build.header_constant("RB", "forward/blocks.c")))
 
 
-def types_table(facts, weights: int | None = None):
+def types_table(facts, weights: int | None = None, threads: int | None = None):
     """Each type's bytes per weight and, for ``weights`` parameters read per token, the
-    decode bound at each level of the memory chapter 1 measured."""
-    levels = ["L2", "L3", "DRAM"]
+    decode bound at the level of chapter 1's staircase that holds the model in that type
+    (the level's end from chapter 1's plateaus, the model's bytes from the type)."""
     head = ["type", "weights a block", "bytes a block", "bits a weight"]
     if facts and weights:
-        head += [f"bound in {lv} (tokens/s)" for lv in levels]
+        head += ["MiB a token reads", "level that holds them (chapter 1)", "bound (tokens/s)"]
     rows = []
+    th = threads or (facts or {}).get("cores")
     for t, (per, nbytes) in TYPES.items():
         row = [t, str(per), str(nbytes), f"{8 * nbytes / per:.2f}"]
         if facts and weights:
-            th = facts["cores"]
-            stairs = facts[f"{ch1.read_stream(facts)}_plateaus"]
-            for lv in levels:
-                bw = stairs[th if th in stairs else max(stairs)][lv]
-                row.append(f(bw * 1e9 / (weights * nbytes / per)))
+            wb = weights * nbytes / per
+            level, bw = ch1.level_of(facts, wb, th, ch1.read_stream(facts))
+            row += [f(wb / MiB), level, f(bw * 1e9 / wb)]
         rows.append(row)
     note = ("Bytes per weight are the formats' (ggml's block layouts). "
             + (f"The bounds: {f(weights / 1e6)} million weights read per token at chapter 1's "
-               f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth of each level on every core."
+               f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth, on {th} threads, of the level "
+               f"whose plateau still ran at that many bytes."
                if facts and weights else
                "No bounds: chapter 1's record is not here."))
     return rows, head, note
 
 
-def _int8_predicted(facts, threads: int, instruction: str) -> str:
+def _int8_predicted(facts, threads: int, instruction: str) -> dict:
     """What the integer GEMM should reach: INT8_SHARE of chapter 1's int8 peak on the same
-    threads, where it runs on vpdpbusd (chapter 1's int8 probe is that instruction)."""
-    if "vpdpbusd" not in instruction:
-        return f"no prediction ({instruction} takes four instructions where vpdpbusd takes one)"
-    if not facts:
-        return "no prediction (no chapter 1 record)"
-    found = records.results(facts["record"], "peak", kind="int8", threads=threads)
-    if not found:
-        return "no prediction (chapter 1 did not measure its int8 peak on these threads)"
-    peak = found[0]["value"]["max"]
-    return f"{f(INT8_SHARE * peak, 'Gop/s')} ({INT8_SHARE:.0%} of chapter 1's int8 peak, {f(peak, 'Gop/s')})"
+    threads (the median chapter 1 quotes), where it runs on vpdpbusd (chapter 1's int8 probe
+    is that instruction); None where there is no such prediction."""
+    out = {"others.int8_share": INT8_SHARE, "others.int8_peak": None, "others.int8_predicted": None}
+    if "vpdpbusd" not in instruction or not facts:
+        return out
+    peak = facts["peak"].get(("int8", threads))
+    if peak is None:
+        return out
+    return out | {"others.int8_peak": peak, "others.int8_predicted": INT8_SHARE * peak}
 
 
 def _one(rec, name, **params):
@@ -164,31 +176,36 @@ def _tiles(rec, facts) -> dict:
     if not runs:
         figures.write_table("others_tiles", [], ["(nothing measured)"],
                             "No file decoded both ways in this record.")
-        why = (records.not_measured(rec, "a record from before the tiles") if rec
-               else "not measured here (no record others.decode)")
-        return {"others.tiles_measured": False, "others.tiles_file": "none",
-                "others.tiles_vs_rows": why, "others.tiles_dot": why, "others.rows_dot": why,
-                "others.tiles_share": why, "others.rows_share": why}
-    rows, values = [], {}
+        return {"others.tiles_measured": False, "others.tiles_file": None,
+                "others.tiles_vs_rows": None, "others.tiles_dot": None, "others.rows_dot": None,
+                "others.tiles_share": None, "others.rows_share": None,
+                "others.tiles_faster": 0, "others.tiles_slower": 0, "others.tiles_files": 0,
+                "others.tiles_sign": 0}
+    rows, values, signs = [], {}, []
     for r in runs:
         p = r["params"]
         mine = _one(rec, "decode", model=p["model"], type=p["type"])
+        signs.append(compare.difference(mine, r).sign)
         dots = {t: _one(rec, "dot_rate", model=p["model"], type=p["type"], tiles=t)
                 for t in (True, False)}
         wb = p["weight_bytes"]
         bw = (ch1.level_of(facts, wb, rec["settings"]["threads"], ch1.read_stream(facts))[1]
               if facts else None)
-        share = (lambda x: f"{100 * x['value']['median'] * wb / 1e9 / bw:.0f} %") if bw else (
-            lambda x: "no chapter 1 record")
-        dot = {t: f(d["value"]["median"], "GB/s") if d else "not measured" for t, d in dots.items()}
+        share = (lambda x: x["value"]["median"] * wb / 1e9 / bw) if bw else (lambda x: None)
+        dot = {t: d["value"]["median"] if d else None for t, d in dots.items()}
         rows.append([f"{p['model']} {p['type']}", f(r["value"]["median"]),
-                     f(mine["value"]["median"]), dot[False], dot[True],
-                     share(r), share(mine), compare.versus(mine, r)])
+                     f(mine["value"]["median"]), *(f(dot[t], "GB/s") if dot[t] else "—"
+                                                   for t in (False, True)),
+                     *(figures.pct(share(x), 2) if bw else "—" for x in (r, mine)),
+                     compare.versus(mine, r)])
         if not values:
             values = {"others.tiles_measured": True, "others.tiles_file": f"{p['model']} {p['type']}",
                       "others.tiles_vs_rows": compare.versus(mine, r),
+                      "others.tiles_sign": signs[-1],
                       "others.rows_dot": dot[False], "others.tiles_dot": dot[True],
                       "others.rows_share": share(r), "others.tiles_share": share(mine)}
+    values |= {"others.tiles_faster": signs.count(1), "others.tiles_slower": signs.count(-1),
+               "others.tiles_files": len(signs)}
     figures.write_table(
         "others_tiles", rows,
         ["file", "decode on the rows (tokens/s)", "decode in tiles (tokens/s)",
@@ -201,7 +218,7 @@ def _tiles(rec, facts) -> dict:
     return values
 
 
-RATE_FIELDS = (*RATES, "tg_rest", "tg_prefetch")
+RATE_FIELDS = (*RATES, "tg_rest_ms", "tg_prefetch")
 
 
 def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
@@ -214,20 +231,20 @@ def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
     step_s, rest_s = (1 / r["value"]["median"] if r else None for r in (ours, rest))
     dots = _one(rec, "dot_rate", model=p["model"], type=p["type"],
                 **({"tiles": True} if p.get("tiles") else {}))
-    no = records.not_measured(rec, "a record from before the prefetch")
     dot = dots["value"]["median"] if dots else None
     both = dot is not None and bw is not None
-    return {key + "tg_prefetch": (compare.versus(_on_rows(rec, p["model"], p["type"]), bare)
-                                  if bare else no),
-            key + "dot_rate": f(dot, "GB/s") if dots else no,
-            key + "tg_rate": f(ours["value"]["median"] * p["weight_bytes"] / 1e9, "GB/s"),
-            key + "mem_rate": f(bw, "GB/s") if bw is not None else "no chapter 1 record",
-            key + "tg_none": f(1 / (1 / dot + 1 / bw), "GB/s") if both else no,
-            key + "tg_full": f(min(dot, bw), "GB/s") if both else no,
-            key + "tg_rest": (f"{1e3 * rest_s:.2f} ms a token, {100 * rest_s / step_s:.0f} % of "
-                              "the step" if rest else no),
-            key + "tg_products": (f(p["weight_bytes"] / (step_s - rest_s) / 1e9, "GB/s")
-                                  if rest and step_s > rest_s else no)}
+    rows_r = _on_rows(rec, p["model"], p["type"])
+    return {key + "tg_prefetch": compare.versus(rows_r, bare) if bare else None,
+            key + "prefetch_sign": compare.difference(rows_r, bare).sign if bare else None,
+            key + "dot_rate": dot,
+            key + "tg_rate": ours["value"]["median"] * p["weight_bytes"] / 1e9,
+            key + "mem_rate": bw,
+            key + "tg_none": 1 / (1 / dot + 1 / bw) if both else None,
+            key + "tg_full": min(dot, bw) if both else None,
+            key + "tg_rest_ms": 1e3 * rest_s if rest else None,
+            key + "tg_rest_share": rest_s / step_s if rest else None,
+            key + "tg_products": (p["weight_bytes"] / (step_s - rest_s) / 1e9
+                                  if rest and step_s > rest_s else None)}
 
 
 def _rates_table(rec, rows: list, threads: int):
@@ -255,13 +272,14 @@ def report(rec_dir=None) -> dict:
     int8_ins = s.get("int8_instruction", s["instruction"])
     pp_target = PP_TARGETS["vnni" if "VNNI" in int8_ins else "avx2"]
     rows, values, rate_rows = [], {}, []
+    below: dict = {"rest": [], "model": []}
     weights = None
     for shape, qtype in CASES:
         key = f"others.{slug(shape, qtype)}."
         ours = _one(rec, "decode", model=shape, type=qtype)
         if ours is None:
             why = s.get("missing", {}).get(f"{shape} {qtype}", "not in this record")
-            values.update({key + k: f"not measured here ({why})" for k in FIELDS})
+            values.update({key + k: None for k in FIELDS})
             continue
         p = ours["params"]
         weights = weights or (p["params"] if qtype == "Q8_0" else None)
@@ -276,31 +294,46 @@ def report(rec_dir=None) -> dict:
         pv = compare.against(pre, lp, pp_target) if lp else None
         gm = _one(rec, "prompt_gemm", model=shape, type=qtype)
         per_token = pre["params"].get("products_per_token")
-        pp_bound = (gm["value"]["max"] * 1e9 / (2 * per_token) if gm and per_token
-                    else float("nan"))
+        shp = s.get("shapes", {}).get(shape, {})
+        head = shp.get("vocab", 0) * shp.get("d", 0)  # the output head: the last row only
+        pp_ops = (2 * ((per_token - head) * s["pp"] + head) / s["pp"]
+                  if gm and per_token else None)       # operations a prompt token
+        pp_bound = gm["value"]["max"] * 1e9 / pp_ops if pp_ops else None
         no = "not measured (no llama.cpp)"
         values.update({
+            key + "tg": ours["value"]["median"],
             key + "tg_vs_llama": tv.text() if tv else no,
             key + "tg_vs_bound": (bv.text(f"{100 * bv.ratio:.0f} % of the bound, target "
                                           f"{100 * BOUND_SHARE:.0f} %") if bv else "no chapter 1 record"),
             key + "pp_vs_llama": pv.text() if pv else no,
-            key + "pp_bound": f(pp_bound, "tokens/s") if gm else "not measured in this record",
-            key + "gemm_rate": (f(gm["value"]["max"], "Gop/s") + f" ({pre['params']['prompt_dtype']})"
-                                if gm else "not measured in this record"),
-            key + "pp_share": (f"{100 * pre['value']['median'] / pp_bound:.0f} %" if gm
-                               else "not measured in this record"),
+            key + "pp_bound": pp_bound,
+            key + "gemm_rate": gm["value"]["max"] if gm else None,
+            key + "gemm_dtype": pre["params"].get("prompt_dtype"),
+            key + "pp_share": pre["value"]["median"] / pp_bound if pp_bound else None,
+            key + "head_share": head / per_token if per_token else None,
         })
         rates = _rates(rec, key, ours, bw if facts else None)
-        rate_rows.append([f"{shape} {qtype}"] + [rates[key + k] for k in RATE_FIELDS])
+        turn, prod = rates[key + "tg_none"], rates[key + "tg_products"]
+        if turn and rates[key + "tg_rate"] < 0.95 * turn:  # slower than the two in turn
+            below["rest" if prod and prod >= 0.95 * turn else "model"].append(f"{shape} {qtype}")
+        cellv = {k: (f(rates[key + k], "GB/s") if rates[key + k] is not None else "—")
+                 for k in RATES}
+        rate_rows.append([f"{shape} {qtype}", *(cellv[k] for k in RATES),
+                          (f"{rates[key + 'tg_rest_ms']:.2f} ms a token, "
+                           f"{figures.pct(rates[key + 'tg_rest_share'], 2)} of the step"
+                           if rates[key + "tg_rest_ms"] is not None else "—"),
+                          rates[key + "tg_prefetch"] or "—"])
         values.update({k: v for k, v in rates.items()
-                       if (shape, qtype) == CASES[0] or k in (key + "tg_prefetch", key + "tg_rest")})
+                       if (shape, qtype) == CASES[0]
+                       or k[len(key):] in ("tg_prefetch", "prefetch_sign", "tg_rest_ms",
+                                           "tg_rest_share")})
         mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
                         for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
         rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level, f(bound),
                      f(ours["value"]["median"]), f(lt["value"]["median"]) if lt else "—",
                      f"{100 * ours['value']['median'] / bound:.0f} %",
                      f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—",
-                     f(pp_bound) if gm else "—"])
+                     f(pp_bound) if pp_bound else "—"])
     figures.write_table(
         "others_speed", rows,
         ["file", "MiB a token reads", "types (share of the file)", "level (chapter 1)",
@@ -311,25 +344,69 @@ def report(rec_dir=None) -> dict:
         f"1's {STREAM_NAMES[ch1.read_stream(facts)] if facts else 'triad'} bandwidth of the "
         f"level that holds them. The prompt bound: chapter 2's GEMM "
         f"at the file's gate shape, timed in the same run on the same threads and inputs, over "
-        f"two operations a weight a token. {figures.machine_line(rec)}."
+        f"two operations a weight a token, the output head counted once a prompt (the prompt "
+        f"computes the logits of its last row only). llama.cpp: one llama-bench repetition a "
+        f"round, after its own untimed warm-up run. {figures.machine_line(rec)}."
         + figures.peer_notes(s.get("llama_cpp"), s.get("missing") or {}))
-    figures.write_table("others_types", *types_table(facts, weights))
+    figures.write_table("others_types", *types_table(facts, weights, th))
+    signs = [values.get(f"others.{slug(*c)}.prefetch_sign") for c in CASES]
+    values["others.prefetch_gains"] = signs.count(1)
+    values["others.prefetch_losses"] = signs.count(-1)
+    values["others.commit"] = rec.get("commit", "")[:7]
+    values["others.below_rest"] = " and ".join(below["rest"]) or None
+    values["others.below_model"] = " and ".join(below["model"]) or None
     values["others.prefetch_measured"] = _rates_table(rec, rate_rows, th)
+    values["others.bf16_path"] = (records.load("ch2.gemm", rec_dir)["settings"].get("bf16_path")
+                                  if records.exists("ch2.gemm", rec_dir) else None)
     return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
+
+
+AMX_OFF_WHY = ("a native build with its AMX kernels died on every quantised file on two of "
+               "the Xeons met so far")
+
+
+def llama_values(ll: dict | None, missing: dict, threads: int, reps: int) -> dict:
+    """How llama.cpp ran, typed: its source (the llama-cpp-python release that bundles it,
+    and llama.cpp's own commit), the instruction sets its build switched on, AMX (always off,
+    and why), whether llama-bench ran without its repacked buffers, the threads and the
+    repetitions a round. None where the record does not hold it."""
+    out = {"others.llama_ran": bool(ll), "others.llama_missing": missing.get("llama.cpp"),
+           "others.llama_bundle": None, "others.llama_commit": None, "others.llama_isa": None,
+           "others.llama_amx": None, "others.llama_amx_why": AMX_OFF_WHY,
+           "others.llama_safe": None, "others.llama_safe_why": None,
+           "others.threads": threads, "others.llama_reps": reps}
+    if not ll:
+        return out
+    b = ll.get("build") or {}
+    opts = b.get("options") or []
+    on = [o[len("-DGGML_"):-len("=ON")].replace("_", "-") for o in opts
+          if o.startswith("-DGGML_") and o.endswith("=ON")]
+    commit = ll.get("version", "").rsplit("commit ", 1)
+    return out | {
+        "others.llama_bundle": f"llama-cpp-python {b['version']}" if b.get("version") else None,
+        "others.llama_commit": commit[1].rstrip(")").strip() if len(commit) == 2 else None,
+        "others.llama_isa": ", ".join(on) if on else None,
+        "others.llama_amx": any("AMX" in o and o.endswith("=ON") for o in opts) if opts else None,
+        "others.llama_safe": bool(ll.get("flags")) or bool(b.get("safe_build")),
+        "others.llama_safe_why": ll.get("flags_why") or b.get("why") or None}
 
 
 def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
     """The values that come from the record's settings rather than its files' rows."""
     s = rec["settings"]
-    ll = s.get("llama_cpp")
+    rates = s.get("prompt_rates") or {}
     return {
+        "others.measured": True,
         "others.instruction": s["instruction"],
         "others.prompt_int8": any(r["params"].get("prompt_dtype") == "int8"
                                   for r in records.results(rec, "prefill")),
-        "others.int8_instruction": int8_ins, "others.pp_target": f"{pp_target:g}",
-        "others.int8_predicted": _int8_predicted(facts, s["threads"], int8_ins),
-        "others.rows": str(s["rows_per_call"]), "others.rb": _rb(),
-        "others.logits_tol": _logits_tol(),
-        "others.llama": (f"llama.cpp {ll['version']}"
-                         + (f" ({ll['flags_why']})" if ll.get("flags_why") else "")
-                         if ll else s.get("missing", {}).get("llama.cpp", "not found"))}
+        "others.prompt_float_dtype": next((r["params"]["prompt_dtype"] for r in
+                                           records.results(rec, "prefill")
+                                           if r["params"].get("prompt_dtype") != "int8"), None),
+        "others.rate_int8": rates.get("int8"), "others.rate_float": rates.get("float"),
+        "others.int8_instruction": int8_ins, "others.pp_target": pp_target,
+        **_int8_predicted(facts, s["threads"], int8_ins),
+        "others.rows": s["rows_per_call"], "others.rb": _rb(),
+        "others.logits_tol": _logits_tol(), **_tol_values(),
+        **llama_values(s.get("llama_cpp"), s.get("missing") or {}, s["threads"],
+                       s.get("llama_reps", 1))}
