@@ -203,8 +203,12 @@ def test_quick_run_makes_table_and_figures(records_tmp, monkeypatch):
         assert (figures.figures_dir() / f"{name}.svg").stat().st_size > 1000
     assert values["ch1.cores"] == str(max(rec.data["settings"]["threads"]))
     assert values["ch1.scaling_floor"] == f"{100 * ch1.SCALING_FLOOR:.0f} %"
-    # every value is words for the page, or a fact a page's condition reads
-    assert all(isinstance(v, bool) or isinstance(v, str) and v for v in values.values())
+    # every value is typed (a number, a bool, a name, None where unknown) or words for the
+    # page, never an empty string
+    assert all(v is None or isinstance(v, (bool, int, float)) or isinstance(v, str) and v
+               for v in values.values())
+    assert isinstance(values["ch1.hw.fmas_per_cycle"], int)
+    assert isinstance(values["ch1.clock_f32_ratio"], float)
     lines = ch1.summary_lines(rec.data)  # what `smallem machine` prints of it
     assert "numpy's copy" in lines[-1] and "staircase" in lines[-1]
 

@@ -95,6 +95,10 @@ CORE_FIELDS = ("vendor", "cite", "pipes", "pipe_bits", "how", "loads_per_cycle",
 # than a pipe is split across it in halves.
 FMA_PIPES = {name: (row["pipes"], row["pipe_bits"], row["how"])
              for name, row in CORE_FACTS.items()}
+# The AMX tile unit's operations a cycle per core (a 16 x 32 by 32 x 16 bf16 tile product,
+# 16 384 operations, every 16 cycles; int8 twice that), from Intel's optimization manual
+# (bibliography.md: intel-opt), for the cores that have AMX (Sapphire Rapids on).
+AMX_OPS_PER_CYCLE = {"amx_bf16": 1024, "amx_int8": 2048}
 # family 6 models of the Intel server cores with two 512-bit FMA pipes
 INTEL_SERVER_AVX512 = {0x55, 0x6A, 0x6C, 0x8F, 0xCF, 0xAD, 0xAE}
 # AMD family 1Ah (Zen 5) models with 256-bit datapaths: Strix Point and Krackan Point

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from smallem.cpu import isa
+from smallem.cpu import isa, machine
 from smallem.cpu.machine import (FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, core_facts,
                                  peak_theory)
 from .. import figures, records, reference
@@ -326,7 +326,7 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
     sm = summary(rec)
     cores = sm["cores"]
     x = np.logspace(-2, 3, 400)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(9.5, 4.8))
     f32 = sm["peak"][("f32", cores)]
     colors = {"L1": "#2a9d8f", "L2": "#8ab17d", "L3": "#e9c46a", "DRAM": "#e76f51"}
     for level, bw in sm["triad_plateaus"][cores].items():
@@ -334,23 +334,41 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
             continue
         ax.plot(x, np.minimum(bw * x, f32), color=colors[level], lw=1.6,
                 label=f"{level} {figures.fmt(bw, 'GB/s')}")
+    roofs = []  # (Gop/s, label, colour, line style, width): the horizontal ceilings
     if cores > 1:  # one core's roof: its own peak and bandwidths
         f32_1 = sm["peak"][("f32", 1)]
         for level, bw in sm["triad_plateaus"][1].items():
             if not math.isnan(bw):
                 ax.plot(x, np.minimum(bw * x, f32_1), color=colors[level], lw=0.9, ls="--",
                         label=f"{level}, 1 core {figures.fmt(bw, 'GB/s')}")
-        ax.axhline(f32_1, color="black", lw=0.9, ls="--",
-                   label=f"f32 peak, 1 core {figures.fmt(f32_1, 'Gop/s')}")
+        roofs.append((f32_1, "f32, 1 core", "black", "--", 0.9))
+    peak_colors = {"bf16": "#6a4c93", "int8": "#1982c4", "amx_bf16": "#8d5a97",
+                   "amx_int8": "#3a86ff"}
     for kind, style in (("bf16", ":"), ("int8", "--"), ("amx_bf16", "-."), ("amx_int8", (0, (1, 4)))):
         if (kind, cores) in sm["peak"]:
-            ax.axhline(sm["peak"][(kind, cores)], color="grey", ls=style, lw=1,
-                       label=f"{kind.replace('_', ' ')} peak "
-                             f"{figures.fmt(sm['peak'][(kind, cores)], 'Gop/s')}")
-    ax.axhline(f32, color="black", lw=1.2, label=f"f32 peak {figures.fmt(f32, 'Gop/s')}")
+            roofs.append((sm["peak"][(kind, cores)], kind.replace("_", " "), peak_colors[kind],
+                          style, 1.1))
+    roofs.append((f32, "f32", "black", "-", 1.2))
+    for value, what, color, style, width in roofs:
+        ax.axhline(value, color=color, ls=style, lw=width,
+                   label=f"{what} peak {figures.fmt(value, 'Gop/s')}")
+    # each ceiling named on the figure at its left end, the names pushed apart where two
+    # ceilings nearly coincide (the bf16 peak can sit on one core's f32 peak)
+    placed = {"left": [], "right": []}
+    for value, what, color, *_ in sorted(roofs):
+        side = next((sd for sd in ("left", "right")
+                     if not any(value < v * 1.5 and v < value * 1.5 for v in placed[sd])),
+                    "left")
+        placed[side].append(value)
+        ax.annotate(f"{what} {figures.fmt(value, 'Gop/s')}",
+                    (x[0] if side == "left" else x[-1], value),
+                    xytext=(3 if side == "left" else -3, 2), textcoords="offset points",
+                    fontsize=7, color=color, va="bottom",
+                    ha="left" if side == "left" else "right")
     for label, ai, gops in points:
-        ax.plot([ai], [gops], "o", ms=7)
-        ax.annotate(label, (ai, gops), textcoords="offset points", xytext=(6, 6), fontsize=8)
+        ax.plot([ai], [gops], "o", ms=7, color="#d62828", zorder=5)
+        ax.annotate(label, (ai, gops), textcoords="offset points", xytext=(-6, 8), fontsize=8,
+                    ha="right", zorder=5)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (operations per byte)")
@@ -358,7 +376,9 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
     ax.set_title(f"Roofline, {cores} cores (solid) and 1 core (dashed): {rec['machine']['cpu']}",
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=6, loc="lower right", ncol=2)
+    # the legend beside the axes, never over a kernel's point
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
     return figures.save(fig, name)
 
 
@@ -517,6 +537,7 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
         "ch1.ridges": _listing([f"{lv} {f(x, 'op/byte')}" for lv, x in ridges(sm).items()]),
     }
+    values.update(_typed_values(rec, sm))
     for kind, paths in narrow_paths(sm).items():
         values[f"ch1.{kind}_fastest"] = paths[-1][0]
         values[f"ch1.{kind}_fastest_all"] = f(paths[-1][2], "Gop/s")
@@ -548,6 +569,99 @@ def hw_values(rec: dict, th: dict | None = None) -> dict:
             "ch1.hw.load_bits": table("load_bits"),
             "ch1.hw.l2_inclusive": table("l2_inclusive"),
             "ch1.hw.l3_inclusive": table("l3_inclusive")}
+
+
+def _typed_values(rec: dict, sm: dict) -> dict:
+    """The page's typed values (numbers, booleans, names; the page formats them): the clock
+    under the FMA probe against the peak's, the model number's row of the table, each dot
+    probe's accumulators and instructions a cycle, AMX against the vendor's rate, and each
+    level's scaling from one core to all."""
+    cores, th = sm["cores"], sm["theory"]
+    caches = rec["machine"]["caches"]
+    ghz = th["clock_ghz"]  # the peak's clock: the larger of the two chains'
+    table = th["table"]  # the row the model number alone finds (None: no row)
+    peak = sm["peak"]
+    out = {
+        "ch1.clock_peak": ghz,
+        # the naive product's column of B in the L1 and the L2 (None: the ways not recorded)
+        "ch1.naive.l1_lines": column_lines_held(caches["L1d_bytes"], caches.get("L1d_ways", 0),
+                                                4 * sm["naive_n"]) or None,
+        "ch1.naive.l2_lines": column_lines_held(caches["L2_bytes"], caches.get("L2_ways", 0),
+                                                4 * sm["naive_n"]) or None,
+        "ch1.naive.l1_ways": caches.get("L1d_ways") or None,
+        "ch1.clock_mul_ghz": sm["clock_mul_ghz"] if sm["clock_mul_ghz"] == sm["clock_mul_ghz"] else None,
+        "ch1.clock_f32_ghz": sm["clock_f32_ghz"],
+        "ch1.clock_f32_ratio": sm["clock_f32_ghz"] / ghz,
+        # the FMA probe's clock more than the noise (5 %) below the chains': say so
+        "ch1.clock_f32_low": sm["clock_f32_ghz"] < 0.95 * ghz,
+        "ch1.model.core": table and table["core"],
+        "ch1.model.agrees": None if table is None else bool(table["agrees"]),
+        "ch1.model.family": None if table is None else table["family"],
+        "ch1.model.number": None if table is None else table["model"],
+        "ch1.model.flops_per_cycle": None if table is None else table["flops_per_cycle_per_core"],
+        "ch1.flops_per_cycle_n": th["flops_per_cycle_per_core"],
+        "ch1.flops_per_cycle_measured_n": th["measured_flops_per_cycle"],
+        "ch1.theory_probe_gops_n": th["probe_gops_core"],
+        "ch1.probe_one_thread": th["probe_from"] == "one thread",
+        "ch1.has_read": "read_plateaus" in sm,
+        "ch1.amx_measured": ("amx_bf16", 1) in peak,
+    }
+    hw = hw_values(rec, th)
+    row = machine.CORE_FACTS.get(hw["ch1.hw.core"]) if hw["ch1.hw.core"] else None
+    out["ch1.hw.table_lanes"] = (row["pipes"] * min(row["pipe_bits"], th["vector_bits"]) // 32
+                                 if row else None)
+    out["ch1.hw.table_agrees"] = None if row is None else out["ch1.hw.table_lanes"] == th["lanes"]
+    # the dot probes: the accumulators each run kept (one core's, all cores') and the
+    # instructions one core started a cycle at the peak's clock
+    runs = {(r["params"]["kind"], r["params"]["threads"]): r["params"]
+            for r in records.results(rec, "peak")}
+    for kind in ("bf16", "int8"):
+        native = bool(sm["native"].get(kind)) and th["vector_bits"] == 512
+        for who, t in (("one", 1), ("all", cores)):
+            chains = runs.get((kind, t), {}).get("chains") if native else None
+            out[f"ch1.chains.{kind}_{who}"] = chains
+        out[f"ch1.dot.{kind}_ops"] = DOT_OPS[kind] if native else None
+        out[f"ch1.dot.{kind}_per_cycle"] = (peak[kind, 1] / DOT_OPS[kind] / ghz if native
+                                            else None)
+    for kind in AMX_KINDS:
+        key = kind[4:]
+        have = (kind, 1) in peak
+        out[f"ch1.tiles.{key}_core"] = peak[kind, 1] if have else None
+        out[f"ch1.tiles.{key}_all"] = peak[kind, cores] if have else None
+        out[f"ch1.tiles.{key}_per_cycle"] = peak[kind, 1] / ghz if have else None
+        out[f"ch1.tiles.{key}_rated"] = machine.AMX_OPS_PER_CYCLE[kind] if have else None
+        out[f"ch1.tiles.{key}_of_rated"] = (peak[kind, 1] / ghz / machine.AMX_OPS_PER_CYCLE[kind]
+                                          if have else None)
+        # the same at the clock the FMA probe implies (the chains' clock may not be the one
+        # a core keeps under heavy vector or tile work)
+        out[f"ch1.tiles.{key}_of_rated_f32_clock"] = (
+            peak[kind, 1] / sm["clock_f32_ghz"] / machine.AMX_OPS_PER_CYCLE[kind] if have else None)
+    # each level's triad (and read) plateau, all cores over one
+    for kernel in ("triad", "read"):
+        stairs = sm.get(f"{kernel}_plateaus")
+        for lv in LEVELS:
+            one = stairs[1][lv] if stairs else math.nan
+            every = stairs[cores][lv] if stairs else math.nan
+            ratio = every / one if one == one and every == every and one else None
+            out[f"ch1.scale.{kernel}_{lv.lower()}"] = ratio
+    for lv in LEVELS:  # a level that gave less than cores x one core's, by more than 5 %
+        r = out[f"ch1.scale.triad_{lv.lower()}"]
+        out[f"ch1.scale.{lv.lower()}_short"] = r is not None and r < 0.95 * cores
+    # the read-only stream from DRAM against the triad's counted and moved bytes
+    for who, t in (("core", 1), ("all", cores)):
+        if "read_plateaus" in sm:
+            read, triad = sm["read_plateaus"][t]["DRAM"], sm["triad_plateaus"][t]["DRAM"]
+            out[f"ch1.dram_read.{who}_vs_counted"] = read / triad if triad == triad else None
+            out[f"ch1.dram_read.{who}_vs_moved"] = (read / (triad * 32 / 24) if triad == triad
+                                                    else None)
+        else:
+            out[f"ch1.dram_read.{who}_vs_counted"] = out[f"ch1.dram_read.{who}_vs_moved"] = None
+    moved = out["ch1.dram_read.core_vs_moved"]
+    out["ch1.dram_read.below_moved"] = moved is not None and moved < 0.95
+    return out
+
+
+DOT_OPS = {"bf16": 64, "int8": 128}  # operations one 512-bit vdpbf16ps / vpdpbusd does
 
 
 def _theory_values(th: dict, cores: int) -> dict:
@@ -639,8 +753,8 @@ def table_markdown(rec: dict) -> str:
         rows, ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
                "Reference, per core", f"Reference, {reference.CORES} cores"],
         note=f"This machine: {figures.machine_line(rec)}. "
-             f"Reference: {reference.MACHINE.split(' vs ')[0]}, quoted from {reference.CITE}, "
-             f"not measured here; its per-core figure is its {reference.CORES}-core figure "
+             f"Reference: {reference.MACHINE.split(' vs ')[0]}, as published in {reference.CITE}; "
+             f"its per-core figure is its {reference.CORES}-core figure "
              f"divided by {reference.CORES}.")
 
 
@@ -666,13 +780,24 @@ def narrow_paths(sm: dict) -> dict:
     return out
 
 
-def fma_pipes_rows(this_core: str | None) -> list[list]:
-    """The table of FMA pipes by core, the row of this machine's model number marked."""
+def fma_pipes_rows(this_core: str | None, model_core: str | None = None) -> list[list]:
+    """The table of core facts (:data:`smallem.cpu.machine.CORE_FACTS`), one row a core:
+    this CPU's row marked, and the row its model number alone reads as where that differs
+    (a masked model)."""
+    def known(x, yes="yes", no="no"):
+        return "—" if x is None else (yes if x is True else no if x is False else str(x))
+
     rows = []
-    for name, (pipes, bits, how) in FMA_PIPES.items():
-        f32_avx512 = 2 * pipes * min(bits, 512) // 32
-        rows.append([f"**{name}** (this CPU's model number)" if name == this_core else name,
-                     f"{pipes} × {bits} bits", how or "—", str(f32_avx512)])
+    for name, row in machine.CORE_FACTS.items():
+        f32_widest = 2 * row["pipes"] * min(row["pipe_bits"], 512) // 32
+        mark = (f"**{name}** (this CPU)" if name == this_core else
+                f"{name} (this CPU's model number)" if name == model_core else name)
+        loads = ("—" if row["loads_per_cycle"] is None
+                 else f"{row['loads_per_cycle']} × {row['load_bits']} bits")
+        rows.append([mark, f"{row['pipes']} × {row['pipe_bits']} bits", row["how"] or "—",
+                     str(f32_widest), loads, known(row["l2_inclusive"]),
+                     known(row["l3_inclusive"]),
+                     f"[{row['vendor']}](bibliography.md#{row['cite']})"])
     return rows
 
 
@@ -689,11 +814,12 @@ def report(rec_dir) -> dict:
         ["Numbers", "Path (slowest first)", "1 core", f"{cores} cores"],
         note=f"This machine: {figures.machine_line(rec)}.")
     table = summary(rec)["theory"]["table"]
+    model_core = table and table["core"]
     figures.write_table(
-        "ch1_fma_pipes", fma_pipes_rows(table and table["core"]),
-        ["Core", "FMA pipes", "Wider vectors", "f32 operations per cycle (widest vectors)"],
-        note="Sources: [AMD](bibliography.md#amd-opt), [Intel](bibliography.md#intel-opt), "
-             "[Chips and Cheese](bibliography.md#strix-point).")
+        "ch1_fma_pipes", fma_pipes_rows(values["ch1.hw.core"], model_core),
+        ["Core", "FMA pipes", "Wider vectors", "f32 operations a cycle (widest vectors)",
+         "L1 vector loads a cycle", "L2 inclusive of L1", "L3 inclusive", "Source"],
+        note="—: the source does not settle it for every core of the row.")
     staircase_figure(rec)
     n = rec["settings"]["gemm_naive_n"]
     roofline_figure([(f"naive {n}³ product", naive_gemm_intensity(n),
