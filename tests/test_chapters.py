@@ -60,11 +60,13 @@ def test_the_appendix_reads_without_mpi(tmp_path, monkeypatch):
     page = (records.ROOT / "chapters" / "a-distributed.md").read_text()
     wanted = set(re.findall(r"\{\{\s*(mpi\.[\w.]+)\s*\}\}", page))
     values = mpi.report(tmp_path)  # no record at all
-    assert wanted <= set(values) and "not measured" in values["mpi.ratio"]
+    assert wanted <= set(values) and values["mpi.measured"] is False
+    assert "bench-distributed" in values["mpi.missing_why"]
     monkeypatch.setattr(mpi.measuring, "mpiexec", lambda: None)
     mpi.bench_distributed(quick=True, progress=False).save(tmp_path)
     values = mpi.report(tmp_path)
-    assert wanted <= set(values) and "no MPI" in values["mpi.ratio"]
+    assert wanted <= set(values) and values["mpi.measured"] is False
+    assert "no mpi4py or mpiexec" in values["mpi.missing_why"]
 
 
 def _others_record(ours: float, peer: float, pp: float, peer_pp: float):

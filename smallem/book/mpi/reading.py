@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import compare, figures, records
+from .. import ch1, compare, figures, records
 from smallem.training.distributed import TIMEOUT
 from .measuring import AVERAGE_EVERY, LINKS_GBIT, MACHINES, RECORD
 
@@ -11,7 +11,8 @@ NOT_MEASURED = "not measured here (no MPI: `pip install -e '.[mpi]'`)"
 KEYS = ("mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", "mpi.ratio",
         "mpi.rounds", "mpi.verdict", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
         "mpi.curve_steps", "mpi.curve_tokens", "mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100",
-        "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10")
+        "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10", "mpi.comm_gbs",
+        "mpi.dram_gbs")
 DESIGN = ("mpi.k_mid", "mpi.k_top", "mpi.machines_top", "mpi.link_low", "mpi.link_top",
           "mpi.timeout")
 
@@ -53,11 +54,14 @@ def _one(rec, name, **params):
     return found[0] if found else None
 
 
-def _missing(note: str) -> dict:
+def _missing(note: str, why: str) -> dict:
+    """No measurement: every value None, and why in words for the page's one sentence at its
+    head (the measured sections are left out)."""
     for name in ("mpi_throughput", "mpi_model"):
         figures.write_table(name, [], ["(nothing measured)"], note)
     _curve_figure({}, note)
-    return {**{k: NOT_MEASURED for k in KEYS}, **design_values()}
+    return {**{k: None for k in KEYS}, **design_values(), "mpi.measured": False,
+            "mpi.missing_why": why}
 
 
 def _curve_figure(curves: dict, note: str = ""):
@@ -79,11 +83,12 @@ def _curve_figure(curves: dict, note: str = ""):
 
 def report(rec_dir=None) -> dict:
     if not records.exists(RECORD, rec_dir):
-        return _missing("no record mpi.train: run `smallem bench-distributed`")
+        return _missing("no record mpi.train: run `smallem bench-distributed`",
+                        "`smallem bench-distributed` makes it")
     rec = records.load(RECORD, rec_dir)
     s = rec["settings"]
     if s.get("missing"):
-        return _missing(f"not measured: {s['missing']}")
+        return _missing(f"not measured: {s['missing']}", f"when it ran, {s['missing']}")
     ranks = s["ranks"]
     one = _one(rec, "step", ranks=1)
     many = _one(rec, "step", ranks=ranks)
@@ -134,6 +139,10 @@ def report(rec_dir=None) -> dict:
         "mpi.verdict": _verdict(many, one),
         "mpi.comm_ms": f(1e3 * comm["value"]["median"], "ms"),
         "mpi.comm_share": f"{100 * comm['value']['median'] / many['seconds']['median']:.0f} %",
+        # the bytes each rank sends a step over the time in collectives, against the slowest
+        # level chapter 1 measured one core to stream (DRAM)
+        "mpi.comm_gbs": comm["params"]["bytes_per_step"] / comm["value"]["median"] / 1e9,
+        "mpi.dram_gbs": _dram_gbs(rec_dir),
         "mpi.mb_per_step": f(comm["params"]["bytes_per_step"] / 1e6, "MB"),
         "mpi.grad_mb": f(grad / 1e6, "MB"),
         "mpi.curve_steps": str(s["curve_steps"]),
@@ -144,4 +153,13 @@ def report(rec_dir=None) -> dict:
     for k, key in zip(AVERAGE_EVERY, ("mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100")):
         values[key] = f"{last[k][1]:.3f}" if k in last else "n/a"
     assert set(values) == set(KEYS)
-    return {**values, **design_values()}
+    return {**values, **design_values(), "mpi.measured": True, "mpi.missing_why": None}
+
+
+def _dram_gbs(rec_dir) -> float | None:
+    """Chapter 1's DRAM bandwidth on one core (its read-only stream where the record has it)."""
+    facts = ch1.facts(rec_dir)
+    if not facts:
+        return None
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]
+    return ext[1 if 1 in ext else min(ext)]["DRAM"]["bw"]
