@@ -656,8 +656,9 @@ def _typed_values(rec: dict, sm: dict) -> dict:
                                                     else None)
         else:
             out[f"ch1.dram_read.{who}_vs_counted"] = out[f"ch1.dram_read.{who}_vs_moved"] = None
-    moved = out["ch1.dram_read.core_vs_moved"]
-    out["ch1.dram_read.below_moved"] = moved is not None and moved < 0.95
+    for who, key in (("core", "below_moved"), ("all", "all_below_moved")):
+        moved = out[f"ch1.dram_read.{who}_vs_moved"]  # below by more than the noise (5 %)
+        out[f"ch1.dram_read.{key}"] = moved is not None and moved < 0.95
     return out
 
 
