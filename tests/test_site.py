@@ -287,3 +287,66 @@ def test_notebook_link_to_no_page_fails_the_build(tmp_path):
         extra=NOTEBOOK_PLUGIN)
     assert r.returncode != 0, "a notebook linking to a missing page built without error"
     assert "nothere.md" in r.log and "01_x.py" in r.log, r.log[-2000:]
+
+
+def test_site_publishes_the_records_it_was_rendered_from(tmp_path):
+    """`smallem figures` names the records it read (figures/tables/records.json); the records
+    hook publishes those as figures/records/, not the docs folder's own: a book rendered from a
+    captured machine's records links to that machine's raw records, and to the GPU's."""
+    from smallem import book
+
+    captured = site_build.ROOT / "tests" / "machines" / "intel-xeon-gnr-2c" / "records"
+    read = book.records_read(captured)
+    assert read["ch1.machine"] == (captured / "ch1.machine.json").resolve()
+    assert read["ch1.gpu"].parent == (site_build.ROOT / "figures" / "records").resolve()
+    docs = tmp_path / "docs"
+    (docs / "figures" / "records").mkdir(parents=True)
+    (docs / "figures" / "tables").mkdir(parents=True)
+    (docs / "figures" / "records" / "ch1.machine.json").write_text('{"other": "machine"}')
+    (docs / "figures" / "records" / "stale.json").write_text("{}")
+    (docs / "figures" / "tables" / "records.json").write_text(json.dumps(
+        {"records": {k: str(v) for k, v in read.items()}}))
+    (docs / "index.md").write_text("# T\n\n[the record](figures/records/ch1.machine.json)\n")
+    config = tmp_path / "mkdocs.yml"
+    config.write_text(textwrap.dedent(f"""\
+        site_name: tiny
+        docs_dir: docs
+        exclude_docs: /figures/tables/
+        theme: {{name: material, font: false}}
+        hooks: {json.dumps([str(HOOKS / 'records.py')])}
+        """))
+    r = site_build.build(tmp_path / "site", config=config)
+    assert r.returncode == 0, r.problems()
+    published = r.dir / "figures" / "records"
+    assert sorted(p.stem for p in published.glob("*.json")) == sorted(read)
+    assert (published / "ch1.machine.json").read_bytes() == read["ch1.machine"].read_bytes()
+    assert not (r.dir / "figures" / "tables" / "records.json").exists()
+
+
+def test_style_page_keeps_a_snippet_marker_line(tmp_path):
+    """STYLE.md shows the section marker the chapters use; pymdownx.snippets drops such lines
+    from an included file, so the snippet_pages hook includes it with the marker escaped."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("snippet_pages", HOOKS / "snippet_pages.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    (tmp_path / "STYLE.md").write_text("a\n(`/* --8<-- [start:x] */ ... /* --8<-- [end:x] */`) b\n")
+    text = hook.include('# S\n--8<-- "STYLE.md"\n', tmp_path)
+    assert ";--8<-- [start:x]" in text and "/* --8<-- [end:x] */" in text
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text('# S\n\n--8<-- "STYLE.md"\n')
+    config = tmp_path / "mkdocs.yml"
+    config.write_text(textwrap.dedent(f"""\
+        site_name: tiny
+        docs_dir: docs
+        theme: {{name: material, font: false}}
+        markdown_extensions:
+          - pymdownx.snippets: {{base_path: ["{tmp_path}"], check_paths: true}}
+        hooks: {json.dumps([str(HOOKS / 'snippet_pages.py')])}
+        """))
+    r = site_build.build(tmp_path / "site", config=config)
+    assert r.returncode == 0, r.problems()
+    html = (r.dir / "index.html").read_text()
+    assert "[start:x]" in html and "[end:x]" in html and ";--8" not in html

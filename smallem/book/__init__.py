@@ -70,7 +70,39 @@ def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> di
     old = json.loads(path.read_text()) if path.exists() and only else {}
     old.update(values)
     path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    write_records_manifest(rec_dir)
     return values
+
+
+MANIFEST = "records.json"  # in figures/tables: the records the values were read from
+
+
+def records_read(rec_dir: Path) -> dict[str, Path]:
+    """``{name: path}`` of the records a rendering from ``rec_dir`` reads: every record in
+    ``rec_dir``, and the GPU's from the folder the GPU reading takes them from (the book's
+    own, for a captured machine's folder, which holds none)."""
+    from .gpu.reading import GPU_NAMES, gpu_dir
+
+    rec_dir = Path(rec_dir)
+    out = {p.stem: p.resolve() for p in sorted(rec_dir.glob("*.json"))} if rec_dir.is_dir() else {}
+    gdir = gpu_dir(rec_dir)
+    for name in GPU_NAMES:
+        if name not in out and (gdir / f"{name}.json").is_file():
+            out[name] = (gdir / f"{name}.json").resolve()
+    return out
+
+
+def write_records_manifest(rec_dir: Path) -> Path:
+    """``figures/tables/records.json``: the records this run of ``smallem figures`` read, which
+    the site's hook (``chapters/hooks/records.py``) publishes as ``figures/records/`` in place
+    of the repository's, so the site's raw records are those its pages were rendered from."""
+    from . import figures
+
+    path = figures.tables_dir() / MANIFEST
+    path.write_text(json.dumps({"folder": str(Path(rec_dir).resolve()),
+                                "records": {k: str(v) for k, v in records_read(rec_dir).items()}},
+                               indent=1) + "\n")
+    return path
 
 
 # how "How we measure" names the chapters whose measurements run paired rounds

@@ -293,13 +293,30 @@ def size(kib: float) -> str:
 
 
 
+def fewest_rounds(two_sided: bool = False) -> int:
+    """The fewest rounds in which the signed-rank test can pass at SIGN_LEVEL, every round on
+    one side: 5 for the one-sided test of a target (1/32), 6 for the two-sided test that
+    calls a side faster or slower (5 of 5 give 2/32 = 0.0625; 6 of 6, 2/64)."""
+    n = 1
+    while (2 if two_sided else 1) * signed_rank_above([1.0] * n) >= SIGN_LEVEL:
+        n += 1
+    return n
+
+
 def method_values() -> dict:
-    """The numbers of the "How we measure" page, from the constants above."""
+    """The numbers of the "How we measure" page, typed, from the constants above (the page
+    formats them: ``{{ how.min_sample | num("ms") }}``)."""
+    from smallem.cpu.timing import MIN_ROUNDS
+
     n = 7
     assert signed_rank_above([-1.0] + [float(i) for i in range(2, n + 1)]) < SIGN_LEVEL / 2
     assert sign_test(n - 1, n) >= SIGN_LEVEL  # the example the page gives
-    return {"how.min_sample_ms": f"{1000 * MIN_SAMPLE:.0f} ms",
-            "how.pause_ms": f"{1000 * PAUSE:.0f} ms", "how.sign_level": f"{100 * SIGN_LEVEL:.0f} %",
-            "how.one_in": str(round(1 / SIGN_LEVEL)), "how.rank_example_n": str(n),
-            "how.parity_margin": f"{PARITY_MARGIN:g}", "how.target_fewest": str(FEWEST),
-            "how.wake_skip_ms": f"{1000 * WAKE_SKIP:.0f} ms", "how.far": f"{FAR:g}"}
+    assert fewest_rounds() == FEWEST
+    two = fewest_rounds(two_sided=True)
+    return {"how.min_sample_ms": 1000 * MIN_SAMPLE, "how.pause_ms": 1000 * PAUSE,
+            "how.sign_level": SIGN_LEVEL, "how.one_in": round(1 / SIGN_LEVEL),
+            "how.rank_example_n": n, "how.parity_margin": PARITY_MARGIN,
+            "how.target_fewest": FEWEST, "how.two_sided_fewest": two,
+            "how.two_sided_at_fewest": 2 * signed_rank_above([1.0] * FEWEST),
+            "how.min_rounds": MIN_ROUNDS, "how.min_rounds_decide": MIN_ROUNDS >= two,
+            "how.wake_skip_ms": 1000 * WAKE_SKIP, "how.far": FAR}
