@@ -792,7 +792,7 @@ def test_bf16_check_for_a_second_machine(records_tmp, tmp_path, capsys):
     records_tmp.mkdir(parents=True, exist_ok=True)
     (records_tmp / committed.name).write_text(committed.read_text())
     values = ch2.report(records_tmp)
-    assert values["ch2.bf16_native_machine"] == f"n/a (no record {ch2.BF16_RECORD})"
+    assert values["ch2.bf16_native_machine"] is None and values["ch2.bf16_native_exists"] is False
     table = tmp_path / "figures" / "tables" / "ch2_bf16_native.md"
     assert "not measured yet" in table.read_text()
 
@@ -845,7 +845,11 @@ def test_sweep_values_say_where_the_model_landed():
         return [{"params": {"mc": k}, "value": {"median": v}} for k, v in rates.items()]
     v = ch2.reading._sweep_values(pts({42: 90.0, 168: 100.0}), "mc", 168, "p")
     assert v == {"p_best": "168", "p_best_gops": "100 Gop/s", "p_model_gap": "0.0 %",
-                 "p_spread": "10.0 %"}
+                 "p_spread": "10.0 %", "p_trend": None, "p_spread_frac": pytest.approx(0.1),
+                 "p_model_gap_frac": 0.0}
+    # a steady fall over three sizes, first to last more than the noise, is a trend
+    v = ch2.reading._sweep_values(pts({84: 110.0, 168: 104.0, 252: 98.0}), "mc", 168, "p")
+    assert v["p_trend"] == "falls" and v["p_model_gap_frac"] == pytest.approx(6 / 110)
     v = ch2.reading._sweep_values(pts({84: 100.0, 168: 96.0, 252: 98.0}), "mc", 168, "p")
     assert v["p_best"] == "84" and v["p_model_gap"] == "4.0 %" == v["p_spread"]
 
@@ -997,3 +1001,4 @@ def test_blocking_verdict_follows_the_measured_gain():
     assert ch2.reading.blocking_verdict(0.80) == "is slower here"
     assert ch2.reading.blocking_verdict(0.97) == ch2.reading.blocking_verdict(1.08) == "buys little"
     assert ch2.reading.blocking_verdict(1.3) == "helps a little"
+    assert ch2.reading.blocking_verdict(1.82) == "helps a great deal here"

@@ -21,7 +21,23 @@ def sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
     return {f"{prefix}_best": str(best), f"{prefix}_best_gops": figures.fmt(by[best], "Gop/s"),
             f"{prefix}_model_gap": (f"{100 * (1 - by[chosen] / by[best]):.1f} %"
                                     if chosen in by else unknown),
-            f"{prefix}_spread": f"{100 * (1 - by[slowest] / by[best]):.1f} %"}
+            f"{prefix}_spread": f"{100 * (1 - by[slowest] / by[best]):.1f} %",
+            # typed: the rate steadily "falls" or "rises" as the block grows (every step the
+            # same way, first to last more than the noise), else None; and the spread
+            f"{prefix}_trend": _trend([by[k] for k in sorted(by)]),
+            f"{prefix}_spread_frac": 1 - by[slowest] / by[best],
+            f"{prefix}_model_gap_frac": 1 - by[chosen] / by[best] if chosen in by else None}
+
+
+def _trend(rates: list[float]) -> str | None:
+    steps = [b - a for a, b in zip(rates, rates[1:])]
+    if len(rates) < 3 or abs(rates[-1] / rates[0] - 1) <= SLOW:
+        return None
+    if all(d < 0 for d in steps):
+        return "falls"
+    if all(d > 0 for d in steps):
+        return "rises"
+    return None
 
 
 def _l3_end(rec_dir) -> float | None:

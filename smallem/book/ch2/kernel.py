@@ -16,17 +16,26 @@ def latency_values(s: dict, rec_dir) -> dict:
     cycle chapter 1 measured where its record ran the same ISA level; else the two pipes
     smallem.product.gemm.micro_shape assumes, said so."""
     vec, _ = REGISTER_FILE[s["isa"]]
-    per_cycle, source = FMA_PIPES, "the two FMA pipes smallem.product.gemm.micro_shape assumes"
+    per_cycle, source = FMA_PIPES, f"the {FMA_PIPES} FMA pipes the kernel's shape assumes"
+    hw = dict.fromkeys(("ch1.hw.loads_per_cycle", "ch1.hw.vendor", "ch1.hw.cite",
+                        "ch1.hw.l2_inclusive"))
     if records.exists("ch1.machine", rec_dir):
         rec1 = records.load("ch1.machine", rec_dir)
         if rec1["settings"]["isa"] == s["isa"]:
             lanes = ch1.theory(rec1)["lanes"]
+            # chapter 1's measured count (ch1.hw.fmas_per_cycle: the same reading)
             per_cycle = max(1, lanes // vec)
             source = f"chapter 1 measured {lanes} f32 lanes a cycle"
-    return {"ch2.fma_latency": str(FMA_LATENCY), "ch2.fmas_per_cycle": str(per_cycle),
-            "ch2.fmas_per_cycle_from": source, "ch2.vec_bits": str(32 * vec),
-            "ch2.fmas_in_flight": str(FMA_LATENCY * per_cycle),
-            "ch2.latency_bound": str(vec * FMA_LATENCY * per_cycle)}
+        hw.update(ch1.hw_values(rec1))
+    # typed counts: the page writes them with its plural filter
+    return {"ch2.fma_latency": FMA_LATENCY, "ch2.fmas_per_cycle": per_cycle,
+            "ch2.fmas_per_cycle_from": source, "ch2.vec_bits": 32 * vec,
+            "ch2.fmas_in_flight": FMA_LATENCY * per_cycle,
+            "ch2.latency_bound": vec * FMA_LATENCY * per_cycle,
+            # the one table's facts (chapter 1's ch1.hw.*), None without chapter 1's record
+            "ch2.hw_loads_per_cycle": hw["ch1.hw.loads_per_cycle"],
+            "ch2.hw_vendor": hw["ch1.hw.vendor"], "ch2.hw_cite": hw["ch1.hw.cite"],
+            "ch2.hw_l2_inclusive": hw["ch1.hw.l2_inclusive"]}
 
 
 def block_values(s: dict, n: int, no5: str) -> dict:
@@ -50,7 +59,7 @@ def block_values(s: dict, n: int, no5: str) -> dict:
         "ch2.l3_mib": f"{g['L3']['bytes'] / 1024**2:.0f} MiB",
         "ch2.line": f"{g['L1d']['line']} B",
         "ch2.l1_ways_b": str(math.ceil(nr * b["kc"] * 4 / (g["L1d"]["bytes"] / g["L1d"]["ways"]))),
-        "ch2.l1_ca_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))),
+        "ch2.l1_ca_low": max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr)),
         "ch2.kc_low": str(max(1, (g["L1d"]["ways"] - 1) * mr // (mr + nr))
                           * g["L1d"]["bytes"] // g["L1d"]["ways"] // (mr * 4)),
         "ch2.l2_ways_a": str(l2_ways_for_a(g["L2"]["ways"])),
@@ -67,7 +76,8 @@ def block_values(s: dict, n: int, no5: str) -> dict:
         # a fact the page's sentence depends on (it chooses its branch by it)
         "ch2.b_block_fits_l2": b["kc"] * min(b["nc"], n) * 4 <= g["L2"]["bytes"],
         "ch2.b_row_bytes": f"{nr * 4} bytes",
-        "ch2.b_row_lines": str(math.ceil(nr * 4 / g["L1d"]["line"])),
+        "ch2.b_row_lines": math.ceil(nr * 4 / g["L1d"]["line"]),
+        "ch2.l1_ways_n": g["L1d"]["ways"],
         "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
     })
     return values

@@ -21,7 +21,9 @@ def order_values(rec: dict) -> dict:
     s = rec["settings"]
     if not {"order", "order_why", "feeds"} <= set(s):
         return dict.fromkeys(MODEL_KEYS + TIMED_KEYS, records.not_measured(
-            rec, "the record predates the loop-order model")) | {"ch2.order_other_faster": False}
+            rec, "the record predates the loop-order model")) | {"ch2.order_other_faster": False,
+                                                                  "ch2.has_order_model": False,
+                                                                  "ch2.has_order_timing": False}
     why, chosen = s["order_why"], s["order"]
     other = next(o for o in gemm.ORDERS if o != chosen)
     found = {r["params"]["order"]: r for r in records.results(rec, "order")}
@@ -37,12 +39,14 @@ def order_values(rec: dict) -> dict:
     if set(found) != set(gemm.ORDERS):
         values.update(dict.fromkeys(TIMED_KEYS, records.not_measured(
             rec, "the record did not time both orders")))
-        return values | {"ch2.order_other_faster": False}
+        return values | {"ch2.order_other_faster": False, "ch2.has_order_model": True,
+                          "ch2.has_order_timing": False}
     values.update({
         "ch2.order_n": str(found[chosen]["params"]["n"]),
         "ch2.order_chosen_gops": f(found[chosen]["value"]["median"], "Gop/s"),
         "ch2.order_other_gops": f(found[other]["value"]["median"], "Gop/s"),
         "ch2.order_other_vs": compare.versus(found[other], found[chosen]),
         "ch2.order_other_faster": compare.difference(found[other], found[chosen]).sign > 0,
+        "ch2.has_order_model": True, "ch2.has_order_timing": True,
     })
     return values

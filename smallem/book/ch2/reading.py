@@ -63,12 +63,28 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
                                       "ch2.phase_most_mib", "ch2.phase_least",
                                       "ch2.phase_least_pct", "ch2.phase_least_m",
                                       "ch2.phase_least_mib", "ch2.phase_a_most",
-                                      "ch2.phase_a_most_pct", "ch2.phase_a_most_n")}
+                                      "ch2.phase_a_most_pct", "ch2.phase_a_most_n")} | dict.fromkeys(
+            ("ch2.phase_a_narrow", "ch2.phase_a_narrow_n", "ch2.phase_a_narrow_pct",
+             "ch2.phase_a_wide", "ch2.phase_a_wide_n", "ch2.phase_a_wide_pct",
+             "ch2.phase_a_follows", "ch2.phase_a_odd", "ch2.phase_a_odd_n", "ch2.phase_a_odd_pct"))
     most = max(shares, key=lambda k: shares[k][0])
     least = min(shares, key=lambda k: shares[k][0])
     a_most = max(a_shares, key=lambda k: a_shares[k][0])
     values = {"ch2.phase_a_most": a_most, "ch2.phase_a_most_pct": f"{a_shares[a_most][0]:.1f} %",
               "ch2.phase_a_most_n": str(a_shares[a_most][1])}
+    # the 1/N rule shown on the narrowest and the widest product (by N), and whether the
+    # measured shares fall in that order
+    narrow = min(a_shares, key=lambda k: a_shares[k][1])
+    wide = max(a_shares, key=lambda k: a_shares[k][1])
+    values.update({"ch2.phase_a_narrow": narrow, "ch2.phase_a_narrow_n": a_shares[narrow][1],
+                   "ch2.phase_a_narrow_pct": a_shares[narrow][0] / 100,
+                   "ch2.phase_a_wide": wide, "ch2.phase_a_wide_n": a_shares[wide][1],
+                   "ch2.phase_a_wide_pct": a_shares[wide][0] / 100,
+                   "ch2.phase_a_follows": a_shares[narrow][0] >= a_shares[wide][0],
+                   # the product that packs A longest, where it is not the narrowest
+                   "ch2.phase_a_odd": a_most if a_most != narrow else None,
+                   "ch2.phase_a_odd_n": a_shares[a_most][1],
+                   "ch2.phase_a_odd_pct": a_shares[a_most][0] / 100})
     for key, name in (("most", most), ("least", least)):
         pct, mib, m = shares[name]
         values.update({f"ch2.phase_{key}": name, f"ch2.phase_{key}_pct": f"{pct:.1f} %",
@@ -89,13 +105,27 @@ def _peak(rec: dict, rec_dir) -> tuple[float, str]:
 
 
 
+def _peak_core(rec: dict, rec_dir) -> float:
+    """One core's f32 peak for the rungs that run on one core: chapter 1's one-core probe
+    where its record exists, else the page's peak shared by the cores."""
+    facts = ch1.facts(rec_dir)
+    if facts is None:
+        return _peak(rec, rec_dir)[0] / rec["settings"]["threads"]
+    return facts["peak"][("f32", 1)]
+
+
+NOISE = 0.05  # a rate this far from its model is off it, not within this machine's noise
+
+
 def blocking_verdict(gain: float) -> str:
     """What rung 2 (blocking alone, expected to change little) did, from its measured gain."""
-    return "is slower here" if gain < 0.95 else "buys little" if gain <= 1.1 else "helps a little"
+    return ("is slower here" if gain < 0.95 else "buys little" if gain <= 1.1 else
+            "helps a little" if gain <= 1.3 else "helps a great deal here")
 
 
 
-def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
+def predicted(rec: dict, facts: dict | None,
+              peak_all: float | None = None) -> dict[int, tuple[float, str]]:
     """What the hardware predicts for each rung on the ladder's n^3 product: rung index ->
     (Gop/s, the bound that sets it), from chapter 1's measurements (clock, one core's and all
     cores' f32 peaks, each level's triad bandwidth and where its plateau ends) and the
@@ -109,7 +139,8 @@ def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
       vector FMA, at one store a cycle;
     - rung 3: the micro-kernel's FMAs against its loads (M_R broadcasts and N_R / V vectors
       per step, two loads a cycle): one core's measured peak unless the loads bind;
-    - rung 4: one core's measured peak; rung 5: all cores' measured peak.
+    - rung 4: one core's measured peak; rung 5: all cores' measured peak (``peak_all``,
+      the page's peak, where it is the higher: the page quotes one peak).
     """
     if facts is None:
         return {}
@@ -141,7 +172,7 @@ def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
     share = min(1.0, (fmas / FMA_PIPES) / (loads / 2))
     out[3] = (one * share, "one core's peak" if share == 1 else "the micro-kernel's loads")
     out[4] = (one, "one core's peak")
-    out[5] = (cores, f"{facts['cores']} cores' peak")
+    out[5] = (max(cores, peak_all or 0), f"{facts['cores']} cores' peak")
     return out
 
 
@@ -158,7 +189,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     peak, peak_src = _peak(rec, rec_dir)
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
-    pred = predicted(rec, ch1.facts(rec_dir))
+    pred = predicted(rec, ch1.facts(rec_dir), peak)
     rows, gains = _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one)
     final = records.value(rec, "rung", rung=LADDER["threads"].index, M=n)
     naive = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
@@ -167,6 +198,9 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.threads": str(cores),
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
         "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
+        # typed facts the page chooses its sections by: an older record lacks rung 5's blocks
+        "ch2.has_rows_blocks": rows5 is not None,
+        "ch2.record_commit": str(rec.get("commit") or "unknown")[:7],
         "ch2.kc5": str(rows5["kc"]) if rows5 else no5,
         "ch2.nc5": str(rows5["nc"]) if rows5 else no5,
         "ch2.widest_n": str(max(s["sweep"])),
@@ -190,22 +224,60 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         if 0 < rung.index < len(LADDER) - 1:  # rung 5's gain is the page's one-core comparison
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
     values["ch2.rung2_verdict"] = blocking_verdict(gains[LADDER["blocked"].index])
-    for i, (gops, why) in pred.items():
-        g = records.value(rec, "rung", rung=i, M=n)
-        values[f"ch2.rung{i}_of_predicted"] = f"{100 * g / gops:.0f} %"
+    ratio = {i: records.value(rec, "rung", rung=i, M=n) / gops for i, (gops, _) in pred.items()}
     for i in range(len(LADDER)):
-        values.setdefault(f"ch2.rung{i}_of_predicted", "n/a")
-    above = [i for i, (gops, _) in sorted(pred.items())
-             if records.value(rec, "rung", rung=i, M=n) > gops]
-    # facts the page's sentences choose by: which rungs beat their model, if any
+        # typed: measured over predicted (None without chapter 1's record)
+        values[f"ch2.rung{i}_of_predicted"] = ratio.get(i)
+    values["ch2.has_predictions"] = bool(pred)
+    # facts the page's sentences choose by: which rungs beat their model by more than the
+    # noise, and whether rungs 1 and 2 both fell short of theirs
+    above = [i for i in sorted(ratio) if ratio[i] > 1 + NOISE]
     values["ch2.any_above_model"] = bool(above)
     values["ch2.above_model"] = compare.listing([f"rung {i}" for i in above], "none")
+    values["ch2.loops_below"] = bool(pred) and all(ratio[i] < 1 - NOISE for i in (1, 2))
+    short = [i for i in (1, 2) if i in ratio and ratio[i] < 1 - NOISE]
+    close = [i for i in (1, 2) if i in ratio and abs(ratio[i] - 1) <= NOISE]
+    for key, rungs in (("short", short), ("close", close)):
+        values[f"ch2.loops_{key}"] = (("rung " if len(rungs) == 1 else "rungs ")
+                                      + " and ".join(map(str, rungs))) if rungs else None
+        values[f"ch2.loops_{key}_n"] = len(rungs)
+    values["ch2.noise"] = NOISE
+    values.update(_levels(rec, rec_dir))
     values.update(block_values(s, n, no5))
     values.update(latency_values(s, rec_dir))
+    # loads a cycle the micro-kernel asks of the L1 at the FMA rate: per step N_R / V vectors
+    # of B and M_R broadcasts of A for M_R N_R / V FMAs
+    vec = REGISTER_FILE[s["isa"]][0]
+    values["ch2.loads_per_cycle_needed"] = ((s["nr"] / vec + s["mr"]) * values["ch2.fmas_per_cycle"]
+                                           / (s["mr"] * s["nr"] / vec))
     packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
-    values["ch2.packed_pct_core"] = f"{100 * packed / (peak / cores):.0f} %"
+    values["ch2.peak_core"] = f(_peak_core(rec, rec_dir), "Gop/s")
+    values["ch2.packed_pct_core"] = figures.pct(packed / _peak_core(rec, rec_dir))
     values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
     return rows, values
+
+
+def _levels(rec: dict, rec_dir) -> dict:
+    """Where rungs 1 and 2 find B: the level of chapter 1's one-core staircase whose plateau
+    still ran at the size their inner loops sweep per row of A (all of B; one K_C x N_C
+    block), and where the L2's plateau ends (typed; None without chapter 1's record)."""
+    facts = ch1.facts(rec_dir)
+    s = rec["settings"]
+    n, b = s["n_ladder"], s["blocks_ladder"]
+    if facts is None:  # the sizes the OS reports, the only ones there are
+        g = s["cache_geometry"]
+
+        def reported(nbytes):
+            return next((lv for lv, k in (("L1", "L1d"), ("L2", "L2"), ("L3", "L3"))
+                         if nbytes <= g[k]["bytes"]), "DRAM")
+        lv2 = reported(4 * b["kc"] * min(b["nc"], n))
+        return {"ch2.rung1_level": reported(4 * n * n), "ch2.rung2_level": lv2,
+                "ch2.b_block_level": lv2, "ch2.l2_plateau_end": None}
+    lv1, _ = ch1.level_of(facts, 4 * n * n, 1)
+    lv2, _ = ch1.level_of(facts, 4 * b["kc"] * min(b["nc"], n), 1)
+    end = facts["triad_spans"][1]["L2"]["last"]
+    return {"ch2.rung1_level": lv1, "ch2.rung2_level": lv2, "ch2.b_block_level": lv2,
+            "ch2.l2_plateau_end": compare.size(end / 1024)}
 
 
 def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
@@ -229,7 +301,7 @@ def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
                      f"× {f(g / prev)}" if prev else "",
                      f"{f(pred[rung.index][0], 'Gop/s')} ({pred[rung.index][1]})"
                      if rung.index in pred else "no chapter 1 record",
-                     f"{100 * g / pred[rung.index][0]:.0f} %" if rung.index in pred else "—",
+                     figures.pct(g / pred[rung.index][0]) if rung.index in pred else "—",
                      # the reference's final rung ran on its 8 cores, its naive one on one
                      f(ref[rung.index] / (reference.CORES if rung.threaded else 1), "Gop/s")
                      if rung.index in ref else "—",
@@ -265,7 +337,8 @@ def _blas_line(rec: dict) -> str:
     if not blas:
         return "unknown BLAS"
     b = blas[0]
-    return f"{b.get('internal_api')} {b.get('version')}, kernel {b.get('architecture')}"
+    layer = f", threading: {b['threading_layer']}" if b.get("threading_layer") else ""
+    return f"{b.get('internal_api')} {b.get('version')}, kernel {b.get('architecture')}{layer}"
 
 
 
@@ -302,6 +375,18 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     ladder = compare.difference(top[0], ref[0]) if top and ref else None
     d = _pair_difference(rec, "sweep", n=n)
     values["ch2.sweep_n_disagrees"] = bool(ladder and d and ladder.sign != d.sign)
+    # the two runs of rounds at that size: numpy's rate in each, and whether they differ by
+    # more than the noise (then the ladder's ratio to numpy rests on that one run)
+    ladder_np = records.value(rec, "numpy", threads=rec["settings"]["threads"], M=n) if ref else None
+    sweep_np = (records.value(rec, "sweep", impl="numpy", n=n)
+                if records.results(rec, "sweep", impl="numpy", n=n) else None)
+    values["ch2.ladder_numpy_gops"] = ladder_np
+    values["ch2.sweep_numpy_gops"] = sweep_np
+    values["ch2.numpy_runs_differ"] = bool(ladder_np and sweep_np
+                                           and abs(ladder_np / sweep_np - 1) > NOISE)
+    # the ladder's rung 5 walks the tiles in rows; the package's GEMM takes the order the
+    # loop-order model chose: where that is the columns, the two are different code paths
+    values["ch2.sweep_path_differs"] = rec["settings"].get("order", "rows") != "rows"
     small = sizes[0]
     for impl, key in (("smallem", "ch2.call_us"), ("numpy", "ch2.numpy_call_us")):
         values[key] = f(records.value(rec, "call", impl=impl), "µs")
@@ -441,6 +526,27 @@ def _print_dtype_rows(rows):
 
 
 
+def amx_values(rec: dict, rec_dir) -> dict:
+    """The AMX path against the f32 inputs and against chapter 1's tile probe (typed; None
+    where the record has no AMX result or chapter 1 no tile probe)."""
+    keys = ("ch2.amx_gops", "ch2.amx_size", "ch2.amx_vs_f32", "ch2.amx_probe",
+            "ch2.amx_of_probe")
+    best = None
+    for r in records.results(rec, "dtype", dtype="bf16"):
+        p = r["params"]
+        if p.get("path") == "amx" and (best is None or r["value"]["median"] > best[0]):
+            best = (r["value"]["median"], p["M"], p["K"], p["N"])
+    if best is None:
+        return dict.fromkeys(keys) | {"ch2.has_amx": False}
+    g, M, K, N = best
+    f32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
+    facts = ch1.facts(rec_dir)
+    probe = (facts or {}).get("peak", {}).get(("amx_bf16", rec["settings"]["threads"]))
+    return {"ch2.has_amx": True, "ch2.amx_gops": g, "ch2.amx_size": f"{M}×{K}×{N}",
+            "ch2.amx_vs_f32": g / f32, "ch2.amx_probe": probe,
+            "ch2.amx_of_probe": g / probe if probe else None}
+
+
 def bf16_elsewhere(rec_dir) -> dict:
     """Table ch2_bf16_native and its values, from the second machine's record if any."""
     keys = ("ch2.bf16_native_machine", "ch2.bf16_native_threads", "ch2.bf16_native_extensions",
@@ -448,14 +554,16 @@ def bf16_elsewhere(rec_dir) -> dict:
     if not records.exists(BF16_RECORD, rec_dir):
         figures.write_table("ch2_bf16_native", [["not measured yet"] + [""] * 5],
                             DTYPE_HEADER)
-        return dict.fromkeys(keys, f"n/a (no record {BF16_RECORD})")
+        # typed: no values, and the fact the page's section says once, at its head
+        return dict.fromkeys(keys) | {"ch2.bf16_native_exists": False}
     rec = records.load(BF16_RECORD, rec_dir)
     rows, values = dtype_rows(rec, prefix="ch2.bf16_native")
     figures.write_table("ch2_bf16_native", rows, DTYPE_HEADER,
                         note=f"Machine: {figures.machine_line(rec)}; "
                              f"bf16 path: {values['ch2.bf16_native_chosen']}.")
     return {"ch2.bf16_native_machine": figures.machine_line(rec),
-            "ch2.bf16_native_threads": str(rec["settings"]["threads"]), **values}
+            "ch2.bf16_native_threads": rec["settings"]["threads"], **values,
+            "ch2.bf16_native_exists": True}
 
 
 
@@ -477,7 +585,19 @@ def pool_values(rec: dict, rec_dir=None) -> dict:
 
 
 
-def ladder_figure(rec: dict, peak: float, name: str = "ch2_ladder"):
+def cpu_title(rec: dict, rec_dir=None) -> str:
+    """The CPU as a figure's title names it: the name written when a machine was captured
+    (its folder's name.txt, beside the records: a hypervisor may mask the model string),
+    else the model string the record holds."""
+    from pathlib import Path
+    if rec_dir is not None:
+        p = Path(rec_dir).parent / "name.txt"
+        if p.is_file() and p.read_text().strip():
+            return p.read_text().strip()
+    return rec["machine"]["cpu"]
+
+
+def ladder_figure(rec: dict, peak: float, name: str = "ch2_ladder", rec_dir=None):
     import matplotlib.pyplot as plt
 
     n = rec["settings"]["n_ladder"]
@@ -495,8 +615,10 @@ def ladder_figure(rec: dict, peak: float, name: str = "ch2_ladder"):
     ax.set_xscale("log")
     ax.set_xlim(min(vals) / 2, peak * 3)
     ax.set_xlabel(f"Gop/s, {n}³ f32 product (log scale)")
-    ax.set_title(f"The ladder: {rec['machine']['cpu']}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(f"The ladder: {cpu_title(rec, rec_dir)}", fontsize=10)
+    # the top of the plot holds rung 0, the shortest bar: the legend goes there, clear of
+    # rung 5's bar and value at the bottom
+    ax.legend(fontsize=8, loc="upper right")
     ax.grid(True, axis="x", which="both", alpha=0.25)
     return figures.save(fig, name)
 
@@ -523,18 +645,21 @@ def sweep_figure(rec: dict, peak: float, name: str = "ch2_sweep"):
 
 
 
-def roofline_points(rec: dict) -> list[tuple[str, float, float]]:
+def roofline_points(rec: dict, rec_dir=None) -> list[tuple[str, float, float]]:
     """Each rung at its intensity against the cache level that feeds its innermost loop.
 
     - rung 0: each multiply-add (2 operations) misses for a new 64-byte line of B, which
       the column's stride keeps out of L1 and most of L2 (chapter 1): from L3;
-    - rungs 1, 2: each multiply-add reads 4 bytes of B that come from L3 (B exceeds L2);
+    - rungs 1, 2: each multiply-add reads 4 bytes of B, from the level of chapter 1's
+      staircase that holds what their inner loops sweep (L3 without chapter 1's record);
     - rungs 3 to 5: each step of the micro-kernel does 2 MR NR operations and reads an MR
       sliver of A (4 MR bytes) from L2; B's sliver stays in L1: NR / 2 operations per byte.
     """
     n = rec["settings"]["n_ladder"]
     nr = rec["settings"]["nr"]
-    where = {0: (2 / 64, "B lines from L3"), 1: (2 / 4, "B from L3"), 2: (2 / 4, "B from L3"),
+    lv = _levels(rec, rec_dir)
+    where = {0: (2 / 64, "B lines from L3"), 1: (2 / 4, f"B from {lv['ch2.rung1_level'] or 'L3'}"),
+             2: (2 / 4, f"B from {lv['ch2.rung2_level'] or 'L3'}"),
              3: (nr / 2, "A from L2"), 4: (nr / 2, "A from L2"), 5: (nr / 2, "A from L2")}
     # rungs that share an intensity get their labels on alternate lines (a trailing newline
     # lifts the text by one line), so that close points stay readable
@@ -553,7 +678,7 @@ def dram_intensity(n: int) -> float:
 
 def roofline(rec: dict, rec_dir, name: str = "ch2_roofline"):
     """Chapter 1's roofline with the rungs on it, or a small stand-in if chapter 1 has no record."""
-    points = roofline_points(rec)
+    points = roofline_points(rec, rec_dir)
     facts = ch1.facts(rec_dir)
     if facts is not None:
         return ch1.roofline_figure(points, name, facts["record"])
@@ -580,8 +705,9 @@ def chapter1_links(rec: dict, rec_dir) -> dict:
     sm = ch1.facts(rec_dir)
     if sm is None:
         return {"ch2.l3_core_bw": "n/a", "ch2.rung1_l3_bound": "n/a"}
-    l3 = sm["triad_plateaus"][1]["L3"]
-    # rung 1 reads one 4-byte float of B from L3 per multiply-add (2 operations)
+    n = rec["settings"]["n_ladder"]
+    _, l3 = ch1.level_of(sm, 4 * n * n, 1)  # the level that holds all of B (rung 1's)
+    # rung 1 reads one 4-byte float of B from there per multiply-add (2 operations)
     return {"ch2.l3_core_bw": f(l3, "GB/s"), "ch2.rung1_l3_bound": f(l3 * 2 / 4, "Gop/s")}
 
 
@@ -603,7 +729,7 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
 
 
 
-def alone_rows(rec: dict) -> tuple[list[list], dict]:
+def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     """Table ch2_alone: the micro-kernel alone, its B slivers in L2 or L3, on one core and
     on all, each against the FMA probe timed in turn with it; and the values the text
     quotes (each case against B in L2 on as many threads)."""
@@ -644,6 +770,20 @@ def alone_rows(rec: dict) -> tuple[list[list], dict]:
                                       if cores > 1 else na),
               "ch2.alone_l3_own": (compare.versus(by["L3", False, cores], by["L2", True, cores])
                                    if cores > 1 else na)}
+    # where the larger set of slivers sits on chapter 1's one-core staircase, and the bytes
+    # of B a second the kernel drew from there (4 N_R bytes per 2 M_R N_R operations)
+    facts = ch1.facts(rec_dir) if rec_dir is not None else None
+    l3_rate = by["L3", True, 1]["value"]["median"]
+    mr = rec["settings"].get("mr")
+    values["ch2.alone_l3_gbs"] = l3_rate * 2 / mr if mr else None
+    if facts is not None:
+        lv, bw = ch1.level_of(facts, l3_kib * 1024, 1)
+        values.update({"ch2.alone_big_level": lv, "ch2.alone_big_level_gbs": bw,
+                       "ch2.alone_big_level_end": compare.size(
+                           facts["triad_spans"][1][lv]["last"] / 1024) if lv != "DRAM" else None})
+    else:
+        values.update(dict.fromkeys(("ch2.alone_big_level", "ch2.alone_big_level_gbs",
+                                     "ch2.alone_big_level_end")))
     # the tiles inside the model's products: 2MNK over each thread's time in its tiles
     tiles = []
     for label, *_ in shape_pairs(rec):
@@ -651,6 +791,8 @@ def alone_rows(rec: dict) -> tuple[list[list], dict]:
         if t and t[0]["value"]["median"] > 0:
             q = t[0]["params"]
             tiles.append(2.0 * q["M"] * q["N"] * q["K"] / 1e9 / (t[0]["value"]["median"] / 1e3))
+    values["ch2.alone_kc"] = p0["kc"]
+    values["ch2.alone_l3_loss"] = 1 - l3_rate / by["L2", True, 1]["value"]["median"]
     values["ch2.tiles_range"] = (f"{f(min(tiles))} to {f(max(tiles), 'Gop/s')}" if tiles
                                  else "n/a (no phase results in this record)")
     return rows, values, p0["kc"]
@@ -672,7 +814,7 @@ def report(rec_dir) -> dict:
                          "predicted (what bounds it)", "of predicted", "Reference, per core",
                          f"Reference: {reference.MACHINE.split(' vs ')[0]}, "
                          f"{reference.CORES} threads"],
-                        note=note + f" Reference: quoted from {reference.CITE}, not measured here.")
+                        note=note + f" Reference: quoted from {reference.CITE}, measured on that machine.")
     r, v = sweep_rows(rec, rec_dir)
     values.update(v)
     figures.write_table("ch2_sweep", r, ["Size", f"smallem, {cores} threads",
@@ -691,7 +833,7 @@ def report(rec_dir) -> dict:
                          "waiting"],
                         note=note + f" Medians of {_phase_calls(rec)} calls; each share is the "
                         "mean over the threads of their time in the parallel region.")
-    r, v, kc = alone_rows(rec)
+    r, v, kc = alone_rows(rec, rec_dir)
     values.update(v)
     figures.write_table("ch2_alone", r,
                         ["B's slivers in", "B", "threads", "the micro-kernel alone",
@@ -703,6 +845,7 @@ def report(rec_dir) -> dict:
     figures.write_table("ch2_bf16", r, DTYPE_HEADER,
                         note=note + f" bf16 path: {values['ch2.bf16_chosen']}.")
     values.update(bf16_elsewhere(rec_dir))
+    values.update(amx_values(rec, rec_dir))
     r, v = mc_rows(rec)
     values.update(v)
     figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block",
@@ -715,16 +858,17 @@ def report(rec_dir) -> dict:
                                       f"passes over C at {values['ch2.kc_n']}³",
                                       f"B block at {values['ch2.kc_n']}³",
                                       f"Gop/s, {cores} threads"],
-                        note=note + ("" if "blocks_rows" in rec["settings"] else " The model's "
-                                     f"K_C: {records.not_measured(rec, PREDATES_ROWS)}."))
+                        note=note + ("" if "blocks_rows" in rec["settings"] else
+                                     " This record predates rung 5's own K_C: no row is the "
+                                     "model's."))
     values.update(pool_values(rec, rec_dir))
     values.update(order_values(rec))
     values.update(chapter1_links(rec, rec_dir))
-    ladder_figure(rec, peak)
+    ladder_figure(rec, peak, rec_dir=rec_dir)
     sweep_figure(rec, peak)
     roofline(rec, rec_dir)
     values["ch2.ai"] = figures.fmt(dram_intensity(rec["settings"]["n_ladder"]), "op/byte")
-    pts = roofline_points(rec)
+    pts = roofline_points(rec, rec_dir)
     values["ch2.ai_naive"] = figures.fmt(pts[0][1], "op/byte")
     values["ch2.ai_loop"] = figures.fmt(pts[1][1], "op/byte")
     values["ch2.ai_kernel"] = figures.fmt(pts[3][1], "op/byte")
