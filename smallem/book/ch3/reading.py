@@ -131,7 +131,7 @@ def _step_table(rec, rec_dir, rungs, values):
             f"figure divided by {per}.")
     figures.write_table("ch3_step", rows, ["path", "training speed", "per core",
                                            "time per step", "model FLOP rate", "MFU"], note)
-    for k in ("kernels_toks", "kernels_vs_torch", "kernels_vs_numpy", "kernels_mfu"):
+    for k in ("kernels_toks", "kernels_vs_numpy", "kernels_mfu"):
         values[f"ch3.{k}"] = "n/a (not measured: the record has no such step)"
     if "kernels" in toks:
         values["ch3.kernels_toks"] = f(toks["kernels"], "tokens/s")
@@ -382,7 +382,7 @@ def _rung_rows(rungs, toks, pred, cells, peaks, fpt, values) -> list[list[str]]:
                      + f" of {peaks['bf16_kind'] if kind == 'bf16' else kind}"])
         if i < AT["pool"]:  # the page quotes the two bounds' shares
             values[f"ch3.rung{i}_of_predicted"] = (f"{100 * toks[i] / pred[i][0]:.0f} %"
-                                                   if bound else "n/a")
+                                                   if bound else None)
         before = i
     return rows
 
@@ -492,7 +492,7 @@ def _bounds(rec, rec_dir, step_toks, values):
             f"rung 5's step at that ratio and the rest of it ({_pct(1 - mm / total)} of the "
             f"step) unchanged, the bf16 step would be {f(bound)}× the f32 step, and with the "
             f"attention ({_pct(at / total)}) at that ratio too, {f(with_attention)}×")
-    values["ch3.torch_f32_needs"] = "not measured (PyTorch is not installed here)"
+    values["ch3.torch_f32_needs"] = None  # no PyTorch step: the page says so once
     if "torch" in step_toks and peaks["f32"]:
         need = F32_TORCH_TARGET * mfu(step_toks["torch"], s["flops_per_token"], peaks["f32"])
         values["ch3.torch_f32_needs"] = (
@@ -565,7 +565,7 @@ def _ridge_values(rec, rec_dir, values):
     and written once), against chapter 1's ridges."""
     facts = ch1.facts(rec_dir)
     values["ch3.layernorm_ridges"] = (ch1.ridge_position(facts, 8 / 8, rec["settings"]["threads"])
-                                      if facts else "n/a (no chapter-1 record)")
+                                      if facts else None)
 
 
 def _climb_figure(toks, s, pred=None, peers=None):
@@ -949,15 +949,51 @@ FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain
          *(f"climb_any_{k}" for k in ("as", "missed", "small", "beyond", "unseen", "against")))
 
 
+# the page's values of each record: where the record is missing (or predates the climb), each
+# is None and the page's section says so once at its head (the hook wants every key it names)
+STEP_KEYS = (
+    "accumulated", "arena_zeroing", "attention_share", "barrier_openmp", "barrier_pool",
+    "bench_batch", "bench_workspace", "bf16_bound", "bf16_path", "bf16_products_gain",
+    "bf16_products_vs_peak", "bf16_ratio", "climb_against", "climb_as", "climb_beyond",
+    "climb_missed", "climb_small", "climb_top", "climb_top_toks", "climb_unseen",
+    "climb_vs_numpy", "elementwise_sizes", "fj_create", "fj_forever", "fj_forever_vs_pool",
+    "fj_openmp", "fj_over_forever", "fj_over_openmp", "fj_over_pool", "fj_pool", "fj_pool_min",
+    "fj_pool_min_vs_forever", "fj_sleep", "flash_tile", "head_dim", "kernels_mfu",
+    "kernels_toks", "kernels_vs_numpy", "kt_packed_sets", "kt_stride", "kt_strip_held",
+    "kt_strip_lines", "kt_strip_sets", "kt_tile_held", "kt_tile_lines", "kt_tile_sets",
+    "kv_tiles", "l1_line", "l1_sets", "l1_size", "l1_ways", "long_T", "long_extra_matrices",
+    "long_extra_ratio", "long_extra_tiles", "long_matrices_ms", "long_tiles_ms",
+    "long_tiles_vs", "matmul_share", "matrices_toks", "modern_ratio", "muon_equiv_tokens",
+    "muon_share", "muon_target_tokens", "numpy_toks", "products_intensity", "ref_mfu",
+    "regions_per_step", "rest_share", "rung2_vs_1", "rung3_vs_2", "rung5_vs_4", "rung6_vs_5",
+    "rung7_toks", "rung7_vs_6", "scores_block", "scores_step", "spin_us", "target_bf16",
+    "target_bf16_torch", "target_f32_mfu", "target_f32_torch", "target_modern", "threads",
+    "tiles_rounds", "tiles_toks", "tiles_vs_matrices", "top_attention_share",
+    "top_matmul_share", "top_rest_share",
+)
+RUN_KEYS = (
+    "bf16_final_bpb", "bf16_steps", "bf16_tokens_per_s", "corpus_files", "corpus_mb",
+    "corpus_sha", "modern_final_bpb", "modern_steps", "modern_tokens_per_s", "run_budget",
+    "run_common_s", "run_seconds", "run_winner", "s_final_bpb", "s_steps", "s_tokens_per_s",
+)
+
+
 def report(rec_dir) -> dict:
     values: dict = target_values()
     values.update({f"ch3.{k}": None for k in FACTS})
+    values.update({"ch3.layernorm_ridges": None, "ch3.kernels_vs_torch": None,
+                   "ch3.torch_f32_needs": None, "ch3.rung0_of_predicted": None,
+                   "ch3.rung1_of_predicted": None})
     _configs_table(values)
     rec = records.load(RECORD_STEP, rec_dir) if records.exists(RECORD_STEP, rec_dir) else None
     if rec is not None and not records.results(rec, "rung_step"):
         # a record made before the climb (a captured machine's, say): nothing here reads it
         values["ch3.record_predates"] = records.not_measured(rec, "the record predates the climb")
+        values["ch3.step_predates"] = True
         rec = None
+    values["ch3.step_measured"] = rec is not None
+    values.setdefault("ch3.step_predates", False)
+    values["ch3.run_measured"] = records.exists(RECORD_RUN, rec_dir)
     if rec is not None:
         rungs = {r["params"]["rung"]: r for r in records.results(rec, "rung_step")}
         toks = _step_table(rec, rec_dir, rungs, values)
@@ -980,4 +1016,8 @@ def report(rec_dir) -> dict:
             values["ch3.tiles_rounds"] = str(tiles["seconds"]["n"])
     if records.exists(RECORD_RUN, rec_dir):
         run_figure_and_values(records.load(RECORD_RUN, rec_dir), values)
+    else:
+        values.update({f"ch3.{k}": None for k in RUN_KEYS})
+    if rec is None:
+        values.update({f"ch3.{k}": None for k in STEP_KEYS})
     return values
