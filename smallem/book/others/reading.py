@@ -139,7 +139,8 @@ def types_table(facts, weights: int | None = None, threads: int | None = None):
                f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth, on {th} threads, of the level "
                f"whose plateau still ran at that many bytes."
                if facts and weights else
-               "No bounds: chapter 1's record is not here."))
+               "No bounds: chapter 1's record is not here." if not facts else
+               "No bounds: no model's decode is measured here."))
     return rows, head, note
 
 
