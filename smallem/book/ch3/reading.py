@@ -585,8 +585,9 @@ def _climb_figure(toks, s, pred=None, peers=None):
     ax.set_yticks(ys, [f"{i}  {what}" for i, what in built], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("training speed (tokens/s, log scale)")
-    for y, (i, _) in zip(ys, built):
-        ax.text(toks[i] * 1.05, y, f(toks[i]), va="center", fontsize=8)
+    for y, (i, _) in zip(ys, built):  # the label right of the bar and of its prediction's mark
+        at = max(toks[i], pred[i][0] if i in pred and pred[i][0] < toks[i] * 1.3 else 0)
+        ax.text(at * 1.08, y, f(toks[i]), va="center", fontsize=8)
     marked = [(y, pred[i][0]) for y, (i, _) in zip(ys, built) if i in pred]
     if marked:
         ax.scatter([x for _, x in marked], [y for y, _ in marked], marker="D", s=22,
