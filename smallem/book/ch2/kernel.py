@@ -17,8 +17,7 @@ def latency_values(s: dict, rec_dir) -> dict:
     smallem.product.gemm.micro_shape assumes, said so."""
     vec, _ = REGISTER_FILE[s["isa"]]
     per_cycle, source = FMA_PIPES, f"the {FMA_PIPES} FMA pipes the kernel's shape assumes"
-    hw = dict.fromkeys(("ch1.hw.loads_per_cycle", "ch1.hw.vendor", "ch1.hw.cite",
-                        "ch1.hw.l2_inclusive"))
+    hw = {"ch1.hw.load_bits": None}
     if records.exists("ch1.machine", rec_dir):
         rec1 = records.load("ch1.machine", rec_dir)
         if rec1["settings"]["isa"] == s["isa"]:
@@ -32,10 +31,8 @@ def latency_values(s: dict, rec_dir) -> dict:
             "ch2.fmas_per_cycle_from": source, "ch2.vec_bits": 32 * vec,
             "ch2.fmas_in_flight": FMA_LATENCY * per_cycle,
             "ch2.latency_bound": vec * FMA_LATENCY * per_cycle,
-            # the one table's facts (chapter 1's ch1.hw.*), None without chapter 1's record
-            "ch2.hw_loads_per_cycle": hw["ch1.hw.loads_per_cycle"],
-            "ch2.hw_vendor": hw["ch1.hw.vendor"], "ch2.hw_cite": hw["ch1.hw.cite"],
-            "ch2.hw_l2_inclusive": hw["ch1.hw.l2_inclusive"]}
+            # the width of the L1's loads in the one core table (the page reads ch1.hw.*)
+            "ch2.hw_load_bits": hw["ch1.hw.load_bits"]}
 
 
 def block_values(s: dict, n: int, no5: str) -> dict:

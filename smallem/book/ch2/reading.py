@@ -247,9 +247,13 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     values.update(latency_values(s, rec_dir))
     # loads a cycle the micro-kernel asks of the L1 at the FMA rate: per step N_R / V vectors
     # of B and M_R broadcasts of A for M_R N_R / V FMAs
+    # (a vector load wider than the L1's loads, in the one core table, counts as several)
     vec = REGISTER_FILE[s["isa"]][0]
-    values["ch2.loads_per_cycle_needed"] = ((s["nr"] / vec + s["mr"]) * values["ch2.fmas_per_cycle"]
-                                           / (s["mr"] * s["nr"] / vec))
+    bits = values.pop("ch2.hw_load_bits")
+    split = max(1, 32 * vec // bits) if bits else 1
+    values["ch2.load_split"] = split
+    values["ch2.loads_per_cycle_needed"] = ((s["nr"] / vec * split + s["mr"])
+                                           * values["ch2.fmas_per_cycle"] / (s["mr"] * s["nr"] / vec))
     packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
     values["ch2.peak_core"] = f(_peak_core(rec, rec_dir), "Gop/s")
     values["ch2.packed_pct_core"] = figures.pct(packed / _peak_core(rec, rec_dir))
