@@ -287,10 +287,15 @@ def peak_values(rec: dict | None) -> dict:
     """What the page says of the GPU's peaks, typed: the probes' rates (Gop/s), cuBLAS's over
     them (fractions), whether the record has the wgmma probe a Hopper card needs (an older
     record does not), and the rated bf16 figure where the card is an H200."""
-    if rec is None:
+    if rec is None:  # every key the page names, so that its untaken branches still render
         return {"gpu.measured": False, "gpu.is_h200": False, "gpu.cublas_beats_mma": False,
                 "gpu.hopper": False, "gpu.has_wgmma": False, "gpu.ch1_older": False,
-                "gpu.name": None, "gpu.ch1_commit": None}
+                **{k: None for k in ("gpu.name", "gpu.ch1_commit", "gpu.fma_peak",
+                                     "gpu.mma_peak", "gpu.cublas_bf16", "gpu.cublas_f32",
+                                     "gpu.cublas_over_mma", "gpu.cublas_f32_over_fma",
+                                     "gpu.tensor_ceiling", "gpu.tensor_ceiling_by",
+                                     "gpu.rated_bf16", "gpu.mma_of_rated",
+                                     "gpu.cublas_of_rated")}}
     fma, mma = records.value(rec, "fma_peak"), tensor_peak(rec)
     cb32, cb16 = _best_cublas(rec, "f32"), _best_cublas(rec, "bf16")
     name = rec["machine"].get("gpu", {}).get("name", "GPU")
@@ -313,9 +318,12 @@ def peak_values(rec: dict | None) -> dict:
 def gemm_values(rec: dict | None) -> dict:
     """The top of the GPU ladder against cuBLAS, typed, for the page's sentences; whether the
     record has the ladder's last rung (an older record stops before it)."""
-    if rec is None:
-        return {"gpu.gemm_measured": False, "gpu.ch2_older": False, "gpu.ladder_n": None,
-                "gpu.has_mma_rung": False, "gpu.ch2_commit": None}
+    if rec is None:  # every key the page names, so that its untaken branches still render
+        return {"gpu.gemm_measured": False, "gpu.ch2_older": False, "gpu.has_mma_rung": False,
+                **{k: None for k in ("gpu.ladder_n", "gpu.ch2_commit", "gpu.ladder_last",
+                                     *(f"gpu.{x}_{dt}{y}" for dt in ("f32", "bf16")
+                                       for x, y in (("top", "_rung"), ("top", ""),
+                                                    ("top", "_of_cublas"), ("cublas", "_n"))))}}
     from smallem.plumbing import cuda
 
     n = rec["settings"]["ladder_n"]
