@@ -131,14 +131,13 @@ def _ladder(rec, facts, values):
     values["ch4.int8_instruction"] = s.get("int8_instruction") or rung3.partition(", ")[2] or "n/a"
     weights = matrix_params(get_config(cfg)) if cfg in CONFIGS else 0
     rows = _rung_rows(rec, facts, s, weights, values) + _peer_rows(rec)
-    missing = rec["settings"].get("missing") or {}
     note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
             f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
             f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
             f"from position 0. Bytes of the decode bound: the weights and the keys and values "
             f"cached at the last timed position (f32); its level: chapter 1's staircase. "
             f"{figures.machine_line(rec)}."
-            + figures.peer_notes(rec["settings"].get("llama_cpp"), missing))
+            + (figures.peer_notes(rec["settings"]["llama_cpp"], {}) if rec["settings"].get("llama_cpp") else ""))
     figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
                                              "rung before", "weights per token",
                                              "decode predicted: bytes ÷ bandwidth",
@@ -323,6 +322,10 @@ def _peer_values(rec, values) -> None:
     values["ch4.torch_measured"] = t is not None
     values["ch4.torch_version"] = st.get("torch") if isinstance(st.get("torch"), str) else None
     values["ch4.torch_threads"] = t["params"].get("threads") if t else None
+    missing = st.get("missing") or {}
+    values["ch4.llama_missing_why"] = (missing.get("llama.cpp") or ll.get("why")
+                                       or "not found: `make llama` builds it")
+    values["ch4.torch_missing_why"] = missing.get("torch-f32") or "not installed"
 
 
 def _groups(rates: list[float], gap: float = 1.5) -> list[list[float]]:
@@ -401,7 +404,7 @@ def _study(rec, facts, values):
                                   f"from {max(per)} tokens a round on the smallest models to "
                                   f"{min(per)} on the largest")
     values["ch4.study_round"] = (f"{f(1000 * st['round_seconds'])} ms" if "round_seconds" in st
-                                 else "n/a (an older record: a fixed count)")
+                                 else None)
     if facts:  # where the measured plateaus end at the study's threads
         ext = facts[f"{ch1.read_stream(facts)}_spans"]
         sp = ext[st.get("threads", rec["settings"]["threads"])] if st.get("threads", rec["settings"]["threads"]) in ext else ext[max(ext)]
@@ -529,6 +532,7 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
     if big in lla:
         x = _ratio(b8, lla[big])
         values["ch4.vs_llama_big"] = f"{f(x)} times"
+        values["ch4.vs_llama_big_measured"] = True
         out.append(f"int8 decode on that model against llama.cpp's Q8_0: "
                    + _verdict(b8, lla[big], DRAM_VS_LLAMA))
     return out
@@ -699,7 +703,7 @@ def report(rec_dir) -> dict:
         values.setdefault(key, None)
     values["ch4.small_teamed"] = values["ch4.any_above_bound"] = values["ch4.big_above"] = False
     values["ch4.llama_measured"] = values["ch4.torch_measured"] = values["ch4.llama_amx_off"] = False
-    values["ch4.llama_safe"] = values["ch4.has_amx"] = False
+    values["ch4.llama_safe"] = values["ch4.has_amx"] = values["ch4.vs_llama_big_measured"] = False
     values["ch4.big_resident_explains"] = False
     values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     values["ch4.measured"] = records.exists(RECORD, rec_dir)
