@@ -86,13 +86,13 @@ def _ahead(rec) -> dict:
     wb = mine["params"]["weight_bytes"]
     rows = [[_kib(r["params"]["ahead"]) + (" (the forward's distance)" if r is mine else ""),
              f(r["value"]["median"]), f(r["value"]["median"] * wb / 1e9),
-             "—" if r is mine else compare.versus(r, mine)] for r in every]
+             "—" if r is mine else _bare(compare.versus(r, mine))] for r in every]
     figures.write_table(
         "others_ahead", rows, ["prefetch distance", "decode (tokens/s)", "weights read (GB/s)",
                                "against the forward's"],
         f"{shape} {qtype}, the same decoder at each distance, its Q8_0 matrices read on the "
         f"file's rows (the prefetch is the rows' reading; the tiles stream on their own), timed "
-        f"in the same rounds (medians). {figures.machine_line(rec)}.")
+        f"in the same rounds (medians). {TEST_NOTE} {figures.machine_line(rec)}.")
     best = max(every, key=lambda r: r["value"]["median"])
     return base | {"others.ahead_swept": True, "others.ahead_file": f"{shape} {qtype}",
                    "others.ahead_best": _kib(best["params"]["ahead"]),
@@ -157,6 +157,15 @@ def _int8_predicted(facts, threads: int, instruction: str) -> dict:
     return out | {"others.int8_peak": peak, "others.int8_predicted": INT8_SHARE * peak}
 
 
+def _bare(text: str) -> str:
+    """A verdict without its statistics, for a table cell (the caption names the test)."""
+    return figures.NOTE.sub("", text)
+
+
+TEST_NOTE = ("Against: the median of the per-round ratios, \"within the noise\" where the "
+             "two-sided signed-rank test on their logs does not pass at 5 %.")
+
+
 def _one(rec, name, **params):
     found = records.results(rec, name, **params)
     return found[0] if found else None
@@ -198,7 +207,7 @@ def _tiles(rec, facts) -> dict:
                      f(mine["value"]["median"]), *(f(dot[t], "GB/s") if dot[t] else "—"
                                                    for t in (False, True)),
                      *(figures.pct(share(x), 2) if bw else "—" for x in (r, mine)),
-                     compare.versus(mine, r)])
+                     _bare(compare.versus(mine, r))])
         if not values:
             values = {"others.tiles_measured": True, "others.tiles_file": f"{p['model']} {p['type']}",
                       "others.tiles_vs_rows": compare.versus(mine, r),
@@ -215,7 +224,8 @@ def _tiles(rec, facts) -> dict:
         "The same decoder, its Q8_0 matrices multiplied on the file's rows or on the tiles "
         "made from them once, timed in the same rounds (medians). Arithmetic: as in the rates "
         "table (GB/s of weights, the products over rows held in L2). The read bound: chapter "
-        f"1's read-only stream at the level that holds the weights. {figures.machine_line(rec)}.")
+        f"1's read-only stream at the level that holds the weights. {TEST_NOTE} "
+        f"{figures.machine_line(rec)}.")
     return values
 
 
@@ -259,7 +269,7 @@ def _rates_table(rec, rows: list, threads: int):
         f"file, times {threads} cores. Memory: chapter 1's read-only stream at the level that "
         "holds the weights. In turn: one over the sum of their inverses; overlapped: the "
         "lower. The rest: the same step with every product writing zeros instead of reading "
-        f"its weights, timed in the same rounds. {figures.machine_line(rec)}.")
+        f"its weights, timed in the same rounds. {TEST_NOTE} {figures.machine_line(rec)}.")
     return bool(records.results(rec, "dot_rate"))
 
 
@@ -323,7 +333,7 @@ def report(rec_dir=None) -> dict:
                           (f"{rates[key + 'tg_rest_ms']:.2f} ms a token, "
                            f"{figures.pct(rates[key + 'tg_rest_share'], 2)} of the step"
                            if rates[key + "tg_rest_ms"] is not None else "—"),
-                          rates[key + "tg_prefetch"] or "—"])
+                          _bare(rates[key + "tg_prefetch"] or "—")])
         values.update({k: v for k, v in rates.items()
                        if (shape, qtype) == CASES[0]
                        or k[len(key):] in ("tg_prefetch", "prefetch_sign", "tg_rest_ms",
