@@ -530,10 +530,7 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.distinct": f"{100 * (DISTINCT - 1):.0f} %",
         "ch1.stream_top": f"{f(top / MiB)} MiB",
         "ch1.machine": figures.machine_line(rec),
-        "ref.machine": reference.MACHINE,
-        "ref.ch1_f32_peak": f(reference.CH1_F32_PEAK_GOPS, "Gop/s"),
-        "ref.ch2_naive": f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"),
-        "ref.ch2_naive_below_peak": f(reference.CH1_F32_PEAK_GOPS / reference.CH2_GEMM_1024_NAIVE_GOPS),
+        **reference_values(),
         "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
         "ch1.ridges": _listing([f"{lv} {f(x, 'op/byte')}" for lv, x in ridges(sm).items()]),
     }
@@ -569,6 +566,18 @@ def hw_values(rec: dict, th: dict | None = None) -> dict:
             "ch1.hw.load_bits": table("load_bits"),
             "ch1.hw.l2_inclusive": table("l2_inclusive"),
             "ch1.hw.l3_inclusive": table("l3_inclusive")}
+
+
+def reference_values() -> dict:
+    """The reference series' figures the pages quote (published, not measured here: they
+    need no record)."""
+    f = figures.fmt
+    return {
+        "ref.machine": reference.MACHINE,
+        "ref.ch1_f32_peak": f(reference.CH1_F32_PEAK_GOPS, "Gop/s"),
+        "ref.ch2_naive": f(reference.CH2_GEMM_1024_NAIVE_GOPS, "Gop/s"),
+        "ref.ch2_naive_below_peak": f(reference.CH1_F32_PEAK_GOPS
+                                      / reference.CH2_GEMM_1024_NAIVE_GOPS)}
 
 
 def _typed_values(rec: dict, sm: dict) -> dict:
@@ -803,6 +812,10 @@ def fma_pipes_rows(this_core: str | None, model_core: str | None = None) -> list
 
 
 def report(rec_dir) -> dict:
+    """Chapter 1's tables and figures and the page's values; none without its record (the
+    book then leaves the chapter out)."""
+    if not records.exists(RECORD, rec_dir):
+        return reference_values()
     rec = records.load(RECORD, rec_dir)
     f = figures.fmt
     _, values = table_rows(rec)
