@@ -50,8 +50,10 @@ def load_gpu(name: str, rec_dir=None) -> dict | None:
 def gpu_line(rec: dict) -> str:
     g = rec["machine"].get("gpu", {})
     cc = g.get("compute_capability", "?")
+    rt = g.get("runtime")  # CUDA's runtime, whose cuBLAS the peers' products are: 13020 is 13.2
+    cuda = f"CUDA {rt // 1000}.{rt % 1000 // 10}, " if isinstance(rt, int) else ""
     return (f"{g.get('name', 'unknown GPU')} (compute capability {cc[:-1]}.{cc[-1:]}, "
-            f"{g.get('sms', '?')} SMs, CuPy {g.get('cupy', '?')}) on {rec['date'][:10]}, "
+            f"{g.get('sms', '?')} SMs, {cuda}CuPy {g.get('cupy', '?')}) on {rec['date'][:10]}, "
             f"commit {str(rec['commit'])[:7]}")
 
 
