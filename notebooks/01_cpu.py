@@ -45,10 +45,12 @@ print(figures.machine_line(data))
 # cores x f32 lanes a cycle x 2 x clock. The clock is the larger of the two chains' (each is
 # a lower bound: a dependent chain runs no faster than its latency allows). The lanes are the
 # f32 operations a cycle the FMA probe reached (the better of one thread and all cores over
-# the cores), halved and rounded to whole pipes of a real width on a log scale. The table of
-# vendors' manuals, looked up by the CPU's model number (which a hypervisor may mask), is only
-# a cross-check. The reading computes all of this again from the record's clocks and probes
-# (`ch1.theory`), so an older record gets today's theory.
+# the cores), halved and rounded to a power of two on a log scale: so many FMAs of the
+# kernels' width a cycle. The table of core facts from the vendors' manuals (FMA pipes, L1
+# loads, cache inclusivity, each row with its citation) is found by vendor and ISA features;
+# looked up by the CPU's model number alone (which a hypervisor may mask) it is the
+# cross-check. The reading computes all of this again from the record's clocks and probes
+# (`ch1.theory`, `ch1.hw_values`), so an older record gets today's theory.
 
 # %%
 theory = ch1.theory(data)
@@ -62,6 +64,13 @@ print("the table of vendors' manuals for this model number:",
       f"{table['source']}, {table['flops_per_cycle_per_core']} operations a cycle"
       + ("" if table["agrees"] else ": it disagrees with the measurement (a masked model?)")
       if table else "no row")
+hw = ch1.hw_values(data, theory)
+print(f"measured: {figures.plural(hw['ch1.hw.fmas_per_cycle'], 'FMA')} of "
+      f"{hw['ch1.hw.vector_bits']} bits a cycle;",
+      "table by ISA features:", hw["ch1.hw.core"] or "no row",
+      {k.split(".")[-1]: v for k, v in hw.items()
+       if k.split(".")[-1] in ("pipes", "pipe_bits", "loads_per_cycle", "load_bits",
+                               "l2_inclusive", "l3_inclusive", "cite")})
 
 # %% [markdown]
 # ## The table
