@@ -35,19 +35,30 @@ def values_hook():
 
 
 _ACROSS: dict = {}
+_ACROSS_DIR: list = []
 
 
 def across_values() -> dict:
-    """Appendix C's values (every captured folder side by side): the same on every rendering."""
+    """Appendix C's values (every captured folder side by side): the same on every rendering,
+    made once; its tables go to a scratch folder (:func:`report` copies them to each
+    rendering's), never to the repository's ``figures/``."""
     if not _ACROSS:
         from smallem.book import figures, machines, records
 
+        folder = Path(tempfile.mkdtemp(prefix="smallem-across-"))
+        env = os.environ.get("SMALLEM_FIGURES")
+        os.environ["SMALLEM_FIGURES"] = str(folder)
         old = figures.DRAW
         figures.DRAW = False
         try:
             _ACROSS.update(machines.report(records.records_dir()) or {})
         finally:
             figures.DRAW = old
+            if env is None:
+                os.environ.pop("SMALLEM_FIGURES", None)
+            else:
+                os.environ["SMALLEM_FIGURES"] = env
+        _ACROSS_DIR.append(folder)
     return _ACROSS
 
 
@@ -70,7 +81,9 @@ def report(rec_dir: Path, out: Path) -> dict:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return {**across_values(), **values}
+    across = across_values()
+    shutil.copytree(_ACROSS_DIR[0] / "tables", out / "figures" / "tables", dirs_exist_ok=True)
+    return {**across, **values}
 
 
 def unrecorded(text: str, values: dict, rec_dir: Path, hook) -> bool:
