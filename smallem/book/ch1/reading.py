@@ -738,11 +738,11 @@ def _l1_read_values(sm: dict) -> dict:
     """One core's L1 read-only stream against the triad's counted figure: the triad counts
     its store's bytes too (12 of every 12 bytes it moves, 4 of them stored), and a store goes
     through a port of its own beside the loads, so the triad's loads alone ran at two thirds
-    of its figure; and both as bytes a cycle at the measured clock."""
+    of its figure; and both as bytes a cycle at the peak's clock (the larger chain's)."""
     f = figures.fmt
     try:
         read, triad = sm["read_plateaus"][1]["L1"], sm["triad_plateaus"][1]["L1"]
-        ghz = sm["clock_ghz"]
+        ghz = sm["theory"]["clock_ghz"]  # the peak's clock, as the page says
     except (KeyError, TypeError):
         return {"ch1.l1_read_below_triad": False, "ch1.l1_read_below_loads": False,
                 "ch1.l1_triad_loads": "n/a",
