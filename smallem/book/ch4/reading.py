@@ -188,8 +188,9 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
             dram = holding(facts, math.inf, th)["bw"]
             gbs = r["value"]["median"] * data
             if (h["level"] == "L3" and (1 - NOISE) * dram <= gbs < (dram + h["bw"]) / 2
-                    and values.get("ch4.l3_miss_rung") is None):
-                # charged to the L3 but drawn nearer DRAM's rate: the first such rung
+                    and data > h["size"] / 2 and values.get("ch4.l3_miss_rung") is None):
+                # charged to the L3, in its plateau's upper half, but drawn nearer DRAM's
+                # rate: the first such rung
                 values.update({"ch4.l3_miss_rung": i, "ch4.l3_miss_gbs": gbs / 1e9,
                                "ch4.l3_miss_dram_gbs": dram / 1e9, "ch4.l3_miss_l3_gbs": h["bw"] / 1e9,
                                "ch4.l3_miss_mib": data / 2**20, "ch4.l3_miss_end_mib": h["size"] / 2**20})
