@@ -135,8 +135,7 @@ def _step_table(rec, rec_dir, rungs, values):
         values[f"ch3.{k}"] = "n/a (not measured: the record has no such step)"
     if "kernels" in toks:
         values["ch3.kernels_toks"] = f(toks["kernels"], "tokens/s")
-        values["ch3.kernels_mfu"] = (_pct(mfu(toks["kernels"], fpt, peak)) if peak else
-                                     "n/a (no chapter-1 record of the peak)")
+        values["ch3.kernels_mfu"] = _pct(mfu(toks["kernels"], fpt, peak)) if peak else None
         for other in ("torch", "numpy"):
             if other in toks:
                 values[f"ch3.kernels_vs_{other}"] = f(toks["kernels"] / toks[other]) + "×"
@@ -326,9 +325,10 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         f"The {s['config']['name']} step, batch {s['batch_size']} x {s['seq_len']}, "
         f"{th} threads. Rungs 1 and up: one trainer each, timed in turn, "
         f"{next(iter(rungs.values()))['seconds']['n'] if rungs else 0} rounds after a warm-up "
-        f"step; each rung has every switch of the rungs above it. Peaks: chapter 1's f32 "
-        f"({f(peaks['f32'] or float('nan'), 'Gop/s')}) and {peaks['bf16_kind']} "
-        f"({f(peaks['bf16'] or float('nan'), 'Gop/s')}) probes on as many threads. "
+        f"step; each rung has every switch of the rungs above it. "
+        + (f"Peaks: chapter 1's f32 ({f(peaks['f32'], 'Gop/s')}) and {peaks['bf16_kind']} "
+           f"({f(peaks['bf16'], 'Gop/s')}) probes on as many threads. "
+           if peaks["f32"] and peaks["bf16"] else "") +
         f"{outcome_note()} {CELL_TEST} {figures.machine_line(rec)}.")
     _climb_figure(toks, s, pred, {b: r["value"]["median"] for b, r in
                                   ((r["params"]["backend"], r) for r in records.results(rec, "step"))
@@ -471,7 +471,7 @@ def _bounds(rec, rec_dir, step_toks, values):
     for r in records.results(rec, "op_seconds", rung=F32_TOP):
         group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
         prof[group] = prof.get(group, 0.0) + r["value"]["median"]
-    values["ch3.bf16_bound"] = "not measured (no profile of rung 5 or no peaks in the records)"
+    values["ch3.bf16_bound"] = None  # no profile of rung 5 or no peaks: the page leaves it out
     values["ch3.bf16_products_faster"] = False
     if prof and peaks["f32"] and peaks["bf16"]:
         ratio = peaks["bf16"] / peaks["f32"]
@@ -511,7 +511,7 @@ def _arena_values(rec, rec_dir, rungs, values):
     values["ch3.bench_workspace"] = f(nbytes / 2**20, "MiB")
     facts = ch1.facts(rec_dir)
     if facts is None or 2 not in rungs:
-        values["ch3.arena_zeroing"] = "n/a (no chapter-1 record of the DRAM bandwidth)"
+        values["ch3.arena_zeroing"] = None  # no chapter-1 DRAM bandwidth: the page leaves it out
         return
     plateaus = facts["triad_plateaus"]
     bw = (plateaus.get(s["threads"]) or plateaus[max(plateaus)]).get("DRAM")
@@ -984,7 +984,8 @@ def report(rec_dir) -> dict:
     values.update({f"ch3.{k}": None for k in FACTS})
     values.update({"ch3.layernorm_ridges": None, "ch3.kernels_vs_torch": None,
                    "ch3.torch_f32_needs": None, "ch3.rung0_of_predicted": None,
-                   "ch3.rung1_of_predicted": None})
+                   "ch3.rung1_of_predicted": None, "ch3.products_intensity": None,
+                   "ch3.bf16_products_gain": None, "ch3.bf16_products_vs_peak": None})
     _configs_table(values)
     rec = records.load(RECORD_STEP, rec_dir) if records.exists(RECORD_STEP, rec_dir) else None
     if rec is not None and not records.results(rec, "rung_step"):
