@@ -304,7 +304,7 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         values["ch4.f32_vs_llama_text"] = compare.versus(r32, l32)
     r0, top = _one(rec, "decode", rung=AT["no_cache"]), _one(rec, "decode", rung=max(i for i, _ in s["rungs"]))
     if r0 and top:
-        values["ch4.climb"] = f"{f(_ratio(top, r0))} times"
+        values["ch4.climb"] = _ratio(top, r0)
 
 
 def _peer_values(rec, values) -> None:
@@ -355,11 +355,10 @@ def _threads_rounds(r4, r3, values):
     a, b = compare.per_round_rates(r4), compare.per_round_rates(r3)
     values["ch4.rung4_any_slower"] = False
     if not a or len(a) != len(b):
-        values["ch4.rung4_slower_rounds"] = "n/a (no rounds kept)"
-        values["ch4.rung4_groups"] = "its rounds are not kept in this record"
+        values["ch4.rung4_slower"] = values["ch4.rung4_rounds"] = values["ch4.rung4_groups"] = None
         return
     slower = sum(x < y for x, y in zip(a, b))
-    values["ch4.rung4_slower_rounds"] = f"{slower} of {len(a)}"
+    values["ch4.rung4_slower"], values["ch4.rung4_rounds"] = slower, len(a)
     values["ch4.rung4_any_slower"] = slower > 0 or len(_groups(a)) > 1
     groups = _groups(a)
     if len(groups) == 1:
@@ -499,10 +498,9 @@ def _study_l3(facts, widths, by, lla, values) -> list[str]:
     if mid:
         m8, m32 = by[mid[-1], "int8"], by[mid[-1], "f32"]
         values["ch4.mid_params"] = f(m8["params"]["params"] / 1e6, "M parameters")
-        values["ch4.mid_int8_vs_f32"] = f"{f(_ratio(m8, m32))} times"
+        values["ch4.mid_int8_vs_f32"] = _ratio(m8, m32)
     else:
-        values["ch4.mid_params"] = "no model of the study"
-        values["ch4.mid_int8_vs_f32"] = "n/a"
+        values["ch4.mid_params"] = values["ch4.mid_int8_vs_f32"] = None
     return out
 
 
@@ -516,13 +514,13 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
                f"parameters): " + _verdict(b8, b32, INT8_VS_F32))
     values["ch4.big_params"] = f(b8["params"]["params"] / 1e6, "M parameters")
     values["ch4.big_int8_mib"] = compare.size(b8["params"]["weight_bytes"] / 1024)
-    values["ch4.big_int8_vs_f32"] = f"{f(x)} times"
+    values["ch4.big_int8_vs_f32"] = x
     level, bw = bandwidth_bound(facts, b8["params"]["weight_bytes"], b8["params"]["threads"])
     gbs = b8["value"]["median"] * b8["params"]["weight_bytes"]
     values["ch4.big_level"] = level
-    values["ch4.big_gbs"] = f(gbs / 1e9, "GB/s")
-    values["ch4.big_bw"] = f(bw / 1e9, "GB/s")
-    values["ch4.big_share"] = f"{100 * gbs / bw:.0f} %" if bw == bw else "n/a"
+    values["ch4.big_gbs"] = gbs / 1e9
+    values["ch4.big_bw"] = bw / 1e9 if bw == bw else None
+    values["ch4.big_share"] = gbs / bw if bw == bw else None
     values["ch4.big_above"] = bool(bw == bw and gbs > (1 + NOISE) * bw)
     # above DRAM's bound: could the L3 keeping as much of the weights as its plateau holds
     # explain it? the most that explains, and the L3's size
