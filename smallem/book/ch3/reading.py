@@ -325,7 +325,9 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         f"The {s['config']['name']} step, batch {s['batch_size']} x {s['seq_len']}, "
         f"{th} threads. Rungs 1 and up: one trainer each, timed in turn, "
         f"{next(iter(rungs.values()))['seconds']['n'] if rungs else 0} rounds after a warm-up "
-        f"step; each rung has every switch of the rungs above it. "
+        f"step; each rung has every switch of the rungs above it. MFU counts attention's "
+        f"whole T x T square, as the convention does; from rung 4 the tiles compute only its "
+        f"causal half. "
         + (f"Peaks: chapter 1's f32 ({f(peaks['f32'], 'Gop/s')}) and {peaks['bf16_kind']} "
            f"({f(peaks['bf16'], 'Gop/s')}) probes on as many threads. "
            if peaks["f32"] and peaks["bf16"] else "") +
