@@ -80,7 +80,7 @@ def _calls_per_sample(fn, min_sample: float) -> int:
     return calls
 
 
-MIN_ROUNDS = 5  # the fewest rounds in which a one-sided test of signs or signed ranks at 5 % can say anything
+MIN_ROUNDS = 6  # the fewest rounds in which the two-sided test at 5 % (faster or slower) can decide: 6 of 6 give 2/64
 
 
 FAR = 4.0  # a peer this many times slower than what it is judged against is timed once
@@ -109,7 +109,8 @@ def measure_interleaved(fns: dict, *, repeats: int = 9, warmup: int = 1,
     contender always runs right after the same other one (its spinning threads, the cache
     state it leaves) or always first after the pause.
     Returns a :class:`Timing` per key. ``max_time`` stops after a round, once ``min_rounds``
-    rounds are done (5: the fewest a one-sided test at 5 % can decide on).
+    rounds are done (6: the fewest in which the two-sided test at 5 % can call a side
+    faster or slower; a one-sided target test needs 5).
     ``far`` ({peer: the key it is judged against}) sizes a peer's rounds by need: a peer
     whose first sample took more than ``far_factor`` times its reference's is timed no more,
     and keeps that one sample (each round of the reference is then compared with it; its
