@@ -17,7 +17,10 @@ def latency_values(s: dict, rec_dir) -> dict:
     smallem.product.gemm.micro_shape assumes, said so."""
     vec, _ = REGISTER_FILE[s["isa"]]
     per_cycle, source = FMA_PIPES, f"the {FMA_PIPES} FMA pipes the kernel's shape assumes"
-    hw = {"ch1.hw.load_bits": None}
+    # the one core table's facts as chapter 1 states them (ch1.hw.*); None without its record,
+    # where this page, which has its own record, still renders
+    hw = dict.fromkeys(("ch1.hw.load_bits", "ch1.hw.loads_per_cycle", "ch1.hw.vendor",
+                        "ch1.hw.cite", "ch1.hw.l2_inclusive"))
     if records.exists("ch1.machine", rec_dir):
         rec1 = records.load("ch1.machine", rec_dir)
         if rec1["settings"]["isa"] == s["isa"]:
@@ -31,8 +34,11 @@ def latency_values(s: dict, rec_dir) -> dict:
             "ch2.fmas_per_cycle_from": source, "ch2.vec_bits": 32 * vec,
             "ch2.fmas_in_flight": FMA_LATENCY * per_cycle,
             "ch2.latency_bound": vec * FMA_LATENCY * per_cycle,
-            # the width of the L1's loads in the one core table (the page reads ch1.hw.*)
-            "ch2.hw_load_bits": hw["ch1.hw.load_bits"]}
+            "ch2.fmas_measured": not source.startswith("the "),
+            "ch2.hw_load_bits": hw["ch1.hw.load_bits"],
+            "ch2.hw_loads_per_cycle": hw["ch1.hw.loads_per_cycle"],
+            "ch2.hw_vendor": hw["ch1.hw.vendor"], "ch2.hw_cite": hw["ch1.hw.cite"],
+            "ch2.hw_l2_inclusive": hw["ch1.hw.l2_inclusive"]}
 
 
 def block_values(s: dict, n: int, no5: str) -> dict:

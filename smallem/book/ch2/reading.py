@@ -195,6 +195,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     naive = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
     values = {
         "ch2.n": str(n),
+        "ch2.column_stride": compare.size(4 * n / 1024),  # rung 0's step down a column of B
         "ch2.threads": str(cores),
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
         "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
@@ -249,7 +250,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     # of B and M_R broadcasts of A for M_R N_R / V FMAs
     # (a vector load wider than the L1's loads, in the one core table, counts as several)
     vec = REGISTER_FILE[s["isa"]][0]
-    bits = values.pop("ch2.hw_load_bits")
+    bits = values["ch2.hw_load_bits"]
     split = max(1, 32 * vec // bits) if bits else 1
     values["ch2.load_split"] = split
     values["ch2.loads_per_cycle_needed"] = ((s["nr"] / vec * split + s["mr"])
