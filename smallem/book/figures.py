@@ -8,6 +8,7 @@ values its page quotes (``{"ch1.f32_peak_all": "102 Gop/s", ...}``), formatted b
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -98,7 +99,11 @@ def fmt(x: float, unit: str = "", digits: int = 3) -> str:
     elif x and abs(x) < 10 ** -(digits + 1):
         s = f"{x:.{digits}g}"  # tiny values (a tolerance): scientific is what a reader expects
     else:
-        s = f"{x:.{digits}g}" if "e" not in f"{x:.{digits}g}" else f"{x:.{digits + 3}f}".rstrip("0")
+        # as many decimals as the significant digits need, trailing zeros dropped as %g does
+        d = max(0, digits - 1 - math.floor(math.log10(abs(x)))) if x else 0
+        s = f"{x:.{d}f}"
+        if "." in s:
+            s = s.rstrip("0").rstrip(".")
     return f"{s} {unit}".strip()
 
 
