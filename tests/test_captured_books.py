@@ -36,7 +36,6 @@ def test_every_chapter_reads_the_machines_records(name, tmp_path, monkeypatch):
     assert json.loads((figures.tables_dir() / "values.json").read_text()) == values
     here, missing = reading.harvest(rec_dir)
     assert not [why for why in missing.values() if why != "no record"], missing
-    here.update(reading._facts_values(rec_dir))
     reading.glance_rows(here, rec_dir, None)
     # "not measured at <commit>" names the commit of one of this machine's records
     commits = {str(records.load(p.stem, rec_dir).get("commit"))[:7]

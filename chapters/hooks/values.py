@@ -23,8 +23,9 @@ from pathlib import Path
 import jinja2
 from mkdocs.exceptions import PluginError
 
-# a key starts with a letter: C initialisers such as {{0}} are left alone
-KEY = re.compile(r"\{\{\s*([A-Za-z][\w.\-]*)\s*\}\}")
+# a key is a dotted name (chapter.value), a filter may follow: C initialisers such as {{0}}
+# and a template's own loop or macro variables ({{ x | num }}) are not keys
+KEY = re.compile(r"\{\{\s*([A-Za-z]\w*\.[\w.\-]+)\s*(?:\|[^{}]*)?\}\}")
 FENCE = re.compile(r"^([ \t]*)(```|~~~)[^\n]*\n.*?^\1\2[ \t]*$", re.M | re.S)
 TOKEN = re.compile(r"\{\{\s*[A-Za-z]|\{%")
 
@@ -75,9 +76,39 @@ except ImportError:  # the site built without the package: the pages then fail o
 ENV.filters.update(FILTERS)
 
 
+def unrecorded(markdown: str, values: dict) -> list[str]:
+    """The chapters whose values the page names but lacks because this machine has no record
+    of them (``book.recorded.<chapter>`` false, written by ``smallem figures``): [] where
+    every name the page lacks is simply unknown (a typo, an error)."""
+    recorded = {k.split(".", 2)[2]: v for k, v in values.items()
+                if k.startswith("book.recorded.")}
+    missing = {k.split(".")[0] for k in KEY.findall(markdown) if k not in values}
+    gone = sorted(c for c in missing if recorded.get(c) is False)
+    # a group that is no chapter (ref.*: the reference series' figures a chapter quotes)
+    # goes with the chapter that quotes it
+    if gone and all(c in gone or c not in recorded for c in missing):
+        return gone
+    return []
+
+
+def left_out(markdown: str, values: dict, chapters: list[str]) -> str:
+    """The page of a chapter this machine has no record of: its title, and one sentence that
+    says so and names the record and the command that makes it."""
+    title = next((l for l in markdown.splitlines() if l.startswith("# ")), "# (untitled)")
+    names = ", ".join(f"`{values.get(f'book.record.{c}', c)}`" for c in chapters)
+    how = ", ".join(f"`smallem {values[f'book.command.{c}']}`" for c in chapters
+                    if values.get(f"book.command.{c}"))
+    return (f"{title}\n\nThe records this book was built from hold no {names}, so this page is "
+            f"left out{f' (run {how} to measure it)' if how else ''}.\n")
+
+
 def render(markdown: str, values: dict, page: str = "page") -> str:
     """The page for these values: its sentences chosen, its numbers put in. PluginError
-    (naming the page) for an unknown name, a template error, or a token left behind."""
+    (naming the page) for an unknown name, a template error, or a token left behind. A page
+    whose chapter has no record here is its title and one sentence (:func:`left_out`)."""
+    gone = unrecorded(markdown, values)
+    if gone:
+        return left_out(markdown, values, gone)
     unknown = sorted({k for k in KEY.findall(markdown) if k not in values})
     if unknown:
         raise PluginError(f"page {page}: unknown value key(s) "

@@ -63,6 +63,11 @@ def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> di
     values: dict = compare.method_values()  # the "How we measure" page's
     values["how.rounds_by_chapter"] = rounds_by_chapter()
     for name, module in zip(CHAPTERS, modules()):
+        # whether this machine has the chapter's own record: a page whose values are missing
+        # for that reason is left out in one sentence (chapters/hooks/values.py)
+        values[f"book.recorded.{name}"] = records.exists(module.RECORDS[0], rec_dir)
+        values[f"book.record.{name}"] = module.RECORDS[0]
+        values[f"book.command.{name}"] = module.MEASURE
         if only and name not in only:
             continue
         values.update(module.report(rec_dir) or {})

@@ -81,6 +81,5 @@ def block_values(s: dict, n: int, no5: str) -> dict:
         "ch2.b_row_bytes": f"{nr * 4} bytes",
         "ch2.b_row_lines": math.ceil(nr * 4 / g["L1d"]["line"]),
         "ch2.l1_ways_n": g["L1d"]["ways"],
-        "ref.ch2_final": f(reference.CH2_GEMM_1024_FINAL_GOPS, "Gop/s"),
     })
     return values
