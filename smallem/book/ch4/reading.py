@@ -376,8 +376,9 @@ def _targets(rec, values, rec_dir=None):
     q8 = _one(rec, "llama_tg", dtype="q8_0")
     out = []
     facts = ch1.facts(rec_dir)
-    level = (bandwidth_bound(facts, ours["params"]["weight_bytes"], ours["params"]["threads"])[0]
-             if ours and "weight_bytes" in ours["params"] else "n/a")
+    held = (holding(facts, ours["params"]["weight_bytes"], ours["params"]["threads"])
+            if ours and "weight_bytes" in ours["params"] else None)
+    level = held["level"] if held else None  # None without chapter 1's record
     values["ch4.ladder_level"] = level
     values["ch4.ladder_in_l3"] = level == "L3"
     if ours and q8:
@@ -386,6 +387,7 @@ def _targets(rec, values, rec_dir=None):
         if level == "L3":  # else the study's model inside the measured L3 plateau decides it
             values["ch4.vs_llama_l3"] = f"{f(x)} times"
             values["ch4.l3_params"] = f"the ladder's {values['ch4.ladder_config']}"
+            values["ch4.l3_llama_measured"] = True
             out.append(f"int8 decode, weights in the L3 (the ladder's model), against "
                        f"llama.cpp's Q8_0: " + _verdict(ours, q8, L3_VS_LLAMA))
     pp, lpp = _one(rec, "prefill", rung=top), _one(rec, "llama_pp", dtype="q8_0")
@@ -442,7 +444,7 @@ def _study_figure(rec, facts, widths, by, lla):
             r = by[d, kind]
             _, bw = bandwidth_bound(facts, r["params"]["weight_bytes"], r["params"]["threads"])
             bound.append(bw / r["params"]["weight_bytes"])
-        if kind != "int8-1":
+        if kind != "int8-1" and facts:  # no bound without chapter 1's record
             ax.plot(params, bound, ":", color=color, lw=1, label=f"{label.split(',')[0]}: weight "
                     "bytes ÷ bandwidth of their level")
     if lla:
@@ -483,11 +485,15 @@ def _study_l3(facts, widths, by, lla, values) -> list[str]:
     out = []
     if "ch4.vs_llama_l3" not in values or values["ch4.vs_llama_l3"] == NOT_MEASURED:
         values["ch4.l3_params"] = "no model of the study"
-        if in_l3:
+        if facts is None:  # no level without chapter 1's record: no L3 target
+            values["ch4.l3_params"] = None
+            out.append("int8 decode, weights in the L3, against llama.cpp's Q8_0: —")
+        elif in_l3:
             m8 = by[in_l3[-1], "int8"]
             values["ch4.l3_params"] = f(m8["params"]["params"] / 1e6, "M parameters")
             if in_l3[-1] in lla:
                 values["ch4.vs_llama_l3"] = f"{f(_ratio(m8, lla[in_l3[-1]]))} times"
+                values["ch4.l3_llama_measured"] = True
                 out.append(f"int8 decode, weights in the L3 (the study's "
                            f"{values['ch4.l3_params']}), against llama.cpp's Q8_0: "
                            + _verdict(m8, lla[in_l3[-1]], L3_VS_LLAMA))
@@ -517,7 +523,7 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
     values["ch4.big_int8_vs_f32"] = x
     level, bw = bandwidth_bound(facts, b8["params"]["weight_bytes"], b8["params"]["threads"])
     gbs = b8["value"]["median"] * b8["params"]["weight_bytes"]
-    values["ch4.big_level"] = level
+    values["ch4.big_level"] = level if facts else None
     values["ch4.big_gbs"] = gbs / 1e9
     values["ch4.big_bw"] = bw / 1e9 if bw == bw else None
     values["ch4.big_share"] = gbs / bw if bw == bw else None
@@ -533,6 +539,9 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
                    f"{stream_name(facts)}: "
                    + compare.against_bound(b8, bw / b8["params"]["weight_bytes"], DRAM_SHARE)
                    .text(f"{100 * gbs / bw:.0f} %, target {100 * DRAM_SHARE:.0f} %"))
+    elif facts is None:  # no level, no bound
+        out.append(f"weight bytes per second on that model against chapter 1's DRAM "
+                   f"{stream_name(facts)}: —")
     else:
         out.append(f"the largest model's int8 weights ({values['ch4.big_int8_mib']}) still fit "
                    f"the {level} here: the DRAM target could not be measured")
@@ -691,7 +700,9 @@ def report(rec_dir) -> dict:
                    "ch4.study_layers": str(STUDY_LAYERS), "ch4.study_top": str(STUDY_TOP),
                    "ch4.prompts": str(len(PROMPTS)),
                    "ch4.sample_settings": f"temperature {SAMPLE['temperature']:g}, seed {SAMPLE['seed']}"})
-    values["ch4.ladder_level"] = values["ch4.l3_params"] = "not measured"
+    values["ch4.ladder_level"] = None  # the level that holds the ladder's model's weights
+    values["ch4.l3_params"] = "not measured"
+    values["ch4.l3_llama_measured"] = False  # llama.cpp beside the L3 target's model
     values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = None
     values["ch4.small_fixed_us"] = None
     values["ch4.llama_reps"] = values["ch4.rung5_prompt_path"] = "n/a"
@@ -720,6 +731,7 @@ def report(rec_dir) -> dict:
     values["ch4.study_token_range"] = f"at least {STUDY_MIN_TOKENS}, at most {STUDY_TOKENS}"
     values["ch4.int8_instruction"] = "not measured"  # the record's rung 3 says, below
     facts = ch1.facts(rec_dir)
+    values["ch4.ch1_measured"] = facts is not None  # the levels and bounds need it
     values["ch4.stream"] = stream_name(facts)
     targets = []
     if records.exists(RECORD, rec_dir):

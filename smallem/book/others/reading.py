@@ -60,6 +60,7 @@ def _missing(note: str) -> dict:
             | _int8_predicted(None, 0, "") | llama_values(None, {}, 0, 0)
             | _ahead(None) | _tiles(None, None)
             | {"others.prefetch_gains": 0, "others.prefetch_losses": 0, "others.commit": None,
+               "others.ch1_measured": False,
                "others.below_rest": None, "others.below_model": None})
 
 
@@ -296,8 +297,8 @@ def report(rec_dir=None) -> dict:
         weights = weights or (p["params"] if qtype == "Q8_0" else None)
         wb = p["weight_bytes"]
         level, bw = (ch1.level_of(facts, wb, th, ch1.read_stream(facts)) if facts
-                     else ("n/a", float("nan")))
-        bound = bw * 1e9 / wb
+                     else (None, None))       # no bound without chapter 1's record
+        bound = bw * 1e9 / wb if facts else None
         pre = _one(rec, "prefill", model=shape, type=qtype)
         lt, lp = (_one(rec, n, model=shape, type=qtype) for n in ("llama_tg", "llama_pp"))
         tv = compare.against(ours, lt, TARGETS[qtype]) if lt else None
@@ -315,7 +316,7 @@ def report(rec_dir=None) -> dict:
             key + "tg": ours["value"]["median"],
             key + "tg_vs_llama": tv.text() if tv else no,
             key + "tg_vs_bound": (bv.text(f"{100 * bv.ratio:.0f} % of the bound, target "
-                                          f"{100 * BOUND_SHARE:.0f} %") if bv else "no chapter 1 record"),
+                                          f"{100 * BOUND_SHARE:.0f} %") if bv else "—"),
             key + "pp_vs_llama": pv.text() if pv else no,
             key + "pp_bound": pp_bound,
             key + "gemm_rate": gm["value"]["max"] if gm else None,
@@ -340,9 +341,10 @@ def report(rec_dir=None) -> dict:
                                            "tg_rest_share")})
         mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
                         for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
-        rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level, f(bound),
+        rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level or "—",
+                     f(bound) if bound else "—",
                      f(ours["value"]["median"]), f(lt["value"]["median"]) if lt else "—",
-                     f"{100 * ours['value']['median'] / bound:.0f} %",
+                     f"{100 * ours['value']['median'] / bound:.0f} %" if bound else "—",
                      f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—",
                      f(pp_bound) if pp_bound else "—"])
     figures.write_table(
@@ -351,9 +353,11 @@ def report(rec_dir=None) -> dict:
          "bound (tokens/s)", "decode, ours", "decode, llama.cpp", "ours ÷ bound",
          f"prompt of {s['pp']}, ours", "prompt, llama.cpp", "prompt bound (tokens/s)"],
         f"Tokens/s, medians of {s['rounds']} rounds in turn; decode: {s['feed']} tokens after "
-        f"{s['prompt']} cached; {th} threads. The bound: the bytes a token reads over chapter "
-        f"1's {STREAM_NAMES[ch1.read_stream(facts)] if facts else 'triad'} bandwidth of the "
-        f"level that holds them. The prompt bound: chapter 2's GEMM "
+        f"{s['prompt']} cached; {th} threads. "
+        + (f"The bound: the bytes a token reads over chapter 1's "
+           f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth of the level that holds them. "
+           if facts else "No bound on decoding: chapter 1's record is not here. ")
+        + f"The prompt bound: chapter 2's GEMM "
         f"at the file's gate shape, timed in the same run on the same threads and inputs, over "
         f"two operations a weight a token, the output head counted once a prompt (the prompt "
         f"computes the logits of its last row only). llama.cpp: one llama-bench repetition a "
@@ -364,6 +368,7 @@ def report(rec_dir=None) -> dict:
     values["others.prefetch_gains"] = signs.count(1)
     values["others.prefetch_losses"] = signs.count(-1)
     values["others.commit"] = rec.get("commit", "")[:7]
+    values["others.ch1_measured"] = facts is not None  # the bounds need chapter 1's record
     values["others.below_rest"] = " and ".join(below["rest"]) or None
     values["others.below_model"] = " and ".join(below["model"]) or None
     values["others.prefetch_measured"] = _rates_table(rec, rate_rows, th)
