@@ -9,7 +9,9 @@ chosen: ``tests/render_book.py``) and lists what no page may print:
   makes its section say so once, in one sentence at its head, and leaves its body out
   (a table's cell may say "not measured": a column where a peer did not run);
 - a module or folder path in a paragraph (``smallem.cpu.machine``, ``kernels_c/gemm.c``):
-  plumbing belongs in code blocks, captions and the notebooks.
+  plumbing belongs in code blocks, captions and the notebooks;
+- a measured rate above its bound, peak or roof by more than the noise (5 %) in a paragraph
+  that does not say which assumption of the bound failed (or that it is no bound).
 
 :func:`typed_hardware` reads a page's *source* (its template) for a hardware count typed
 into prose ("two 16-lane FMAs every cycle", "(it is inclusive)"): such a fact comes from
@@ -32,6 +34,12 @@ NOT_MEASURED = re.compile(r"not measured|not recorded", re.I)
 PATH = re.compile(r"\bsmallem\.[a-z_]+(?:\.[a-z_]+)*|\b(?:kernels_c|kernels_cuda|smallem|tests|"
                   r"figures|notebooks)/[\w./-]*")
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
+# "121 % of its DRAM bound", "at 1.6 times its bound": a bound that a measurement beats
+ABOVE_BOUND = re.compile(r"\b(\d{3,}(?:\.\d+)?) ?% of (?:(?:its|the|this|that|a|chapter 1's)\s+)?"
+                         r"(?:[\w\-]+\s+){0,3}(?:bound|peak|roof|ceiling|limit)\b", re.I)
+EXPLAINED = re.compile(r"assumption|is not a bound|is no bound|not a ceiling|failed|does not hold"
+                       r"|cannot be a bound|wrong bound", re.I)
+NOISE = 1.05
 SENTENCE_END = re.compile(r"[.!?](?:\[\^\w+\])?(?:\s+|$)(?=[A-Z(\"*]|$)")
 
 
@@ -99,6 +107,10 @@ def defects(markdown: str) -> list[str]:
             if m and sentences(text) > 1:
                 found.append("'not measured' inside a paragraph of several sentences (say it "
                              f"once, at the section's head): {_around(text, m)}")
+            for m in ABOVE_BOUND.finditer(text):
+                if float(m.group(1)) > 100 * NOISE and not EXPLAINED.search(text):
+                    found.append("a rate above its bound with no word on which assumption "
+                                 f"failed: {_around(text, m)}")
             bare = LINK_TARGET.sub("]", text)
             for m in PATH.finditer(bare):
                 found.append(f"a module or folder path in a paragraph: {_around(bare, m)}")

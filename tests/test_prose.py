@@ -66,12 +66,15 @@ def test_the_checks_catch_what_they_name():
         "The L3 is fast. The GPU was not measured on a GPU yet, so this says nothing.\n":
             "not measured",
         "The kernel lives in `kernels_c/gemm.c` and `smallem.product.gemm`.\n": "path",
+        "The step ran at 121 % of its DRAM bound, as expected.\n": "above its bound",
     }
     for text, what in cases.items():
         assert any(what in d for d in prose.defects(text)), text
     clean = ("This machine has no bf16 record, so this section is left out.\n\n"
              "| rung | rate |\n|---|---:|\n| 1 | not measured |\n\n"
-             "The product reaches 1 000 Gop/s, almost none of which is wasted.\n")
+             "The product reaches 1 000 Gop/s, almost none of which is wasted.\n\n"
+             "It ran at 121 % of its DRAM bound: the assumption that the data comes from DRAM "
+             "failed, as 24 MiB fit the L3.\n")
     assert prose.defects(clean) == []
     assert prose.typed_hardware("the core could start two 16-lane FMAs every cycle")
     assert prose.typed_hardware("at 2 FMAs a cycle that is fewer loads")
