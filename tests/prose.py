@@ -11,7 +11,9 @@ chosen: ``tests/render_book.py``) and lists what no page may print:
 - a module or folder path in a paragraph (``smallem.cpu.machine``, ``kernels_c/gemm.c``):
   plumbing belongs in code blocks, captions and the notebooks;
 - a measured rate above its bound, peak or roof by more than the noise (5 %) in a paragraph
-  that does not say which assumption of the bound failed (or that it is no bound).
+  that does not say which assumption of the bound failed (or that it is no bound);
+- a factor that a sentence quotes beside exactly two quantities of one unit ("1 493 tokens/s
+  against 1 732 tokens/s, 0.86×") which is neither's ratio to the other (3 %: rounding).
 
 :func:`typed_hardware` reads a page's *source* (its template) for a hardware count typed
 into prose ("two 16-lane FMAs every cycle", "(it is inclusive)"): such a fact comes from
@@ -40,6 +42,33 @@ ABOVE_BOUND = re.compile(r"\b(\d{3,}(?:\.\d+)?) ?% of (?:(?:its|the|this|that|a|
 EXPLAINED = re.compile(r"assumption|is not a bound|is no bound|not a ceiling|failed|does not hold"
                        r"|cannot be a bound|wrong bound", re.I)
 NOISE = 1.05
+# two quantities of one unit and the factor between them, within one sentence
+NUMBER = r"(\d{1,3}(?:[\u202f ,]\d{3})+|\d+(?:\.\d+)?)"
+QUANTITY = re.compile(NUMBER + r"\s(Gop/s|GB/s|tokens/s|ms|µs|GHz|MiB|KiB|GiB)(?![\w/])")
+FACTOR = re.compile(r"(\d+(?:\.\d+)?)×|(\d+\.\d+) times\b")
+
+
+def _number(text: str) -> float:
+    return float(re.sub(r"[\u202f ,]", "", text))
+
+
+def ratio_defects(paragraph: str) -> list[str]:
+    """The factors of a paragraph's sentences that are not the ratio of the two quantities
+    of one unit the sentence names (a sentence with other numbers is not judged)."""
+    out = []
+    for sentence in re.split(r"(?<=[.;])\s+", paragraph):
+        qs = [(_number(m.group(1)), m.group(2)) for m in QUANTITY.finditer(sentence)]
+        fs = FACTOR.findall(sentence)
+        if len(fs) != 1 or len(qs) != 2 or qs[0][1] != qs[1][1] or not qs[0][0] or not qs[1][0]:
+            continue
+        z = _number(fs[0][0] or fs[0][1])
+        a, b = qs[0][0], qs[1][0]
+        if not any(abs(z / c - 1) < 0.03 for c in (a / b, b / a)):
+            out.append(f"a factor {z} that is not the ratio of {a} and {b} {qs[0][1]}: "
+                       f"{sentence[:200]}")
+    return out
+
+
 SENTENCE_END = re.compile(r"[.!?](?:\[\^\w+\])?(?:\s+|$)(?=[A-Z(\"*]|$)")
 
 
@@ -111,6 +140,7 @@ def defects(markdown: str) -> list[str]:
                 if float(m.group(1)) > 100 * NOISE and not EXPLAINED.search(text):
                     found.append("a rate above its bound with no word on which assumption "
                                  f"failed: {_around(text, m)}")
+            found += ratio_defects(text)
             bare = LINK_TARGET.sub("]", text)
             for m in PATH.finditer(bare):
                 found.append(f"a module or folder path in a paragraph: {_around(bare, m)}")
