@@ -8,6 +8,7 @@ import pytest
 
 from smallem.book import ch1, figures, records
 from smallem.book.ch2 import reading as ch2r
+from smallem.book.ch3 import predicted as ch3p
 from smallem.book.ch3 import reading as ch3r
 from smallem.book.ch4 import reading as ch4r
 from smallem.product.gemm import LADDER
@@ -43,7 +44,7 @@ def test_every_climb_rung_has_a_prediction(tmp_path, monkeypatch):
     rec = records.load(ch3r.RECORD_STEP, BOOK)
     toks = {r["params"]["rung"]: r["value"]["median"] for r in records.results(rec, "rung_step")}
     toks.update({0: r["value"]["median"] for r in records.results(rec, "step", backend="numpy")})
-    pred = ch3r.predicted(rec, BOOK, toks)
+    pred = ch3p.predicted(rec, BOOK, toks)
     assert set(toks) <= set(pred), f"rungs without a prediction: {sorted(set(toks) - set(pred))}"
     # the arithmetic, redone from the record: rung 2 is rung 1's step less the regions'
     # saved fork-joins, rung 5 rung 4's less the fused kernels' saving
@@ -53,12 +54,12 @@ def test_every_climb_rung_has_a_prediction(tmp_path, monkeypatch):
           if r["params"]["what"] in ("pool", "OpenMP")}
     saved2 = s["regions_per_step"] * (fj["openmp"] - fj["pool"]) * 1e-6
     assert pred[2][0] == pytest.approx(1 / (1 / toks[1] - saved2 / n), rel=1e-9)
-    calls = s["op_calls"][str(ch3r.F32_TOP)]
+    calls = s["op_calls"][str(ch3p.F32_TOP)]
     times: dict = {}
     for r in records.results(rec, "fused_op"):
         times.setdefault(r["params"]["op"], {})[r["params"]["fused"]] = r["seconds"]["median"]
-    saved5 = sum(calls[ch3r.FUSED_OPS[op]] * (t[False] - t[True]) for op, t in times.items())
-    assert ch3r.fused_saving(rec)[0] == pytest.approx(saved5, rel=1e-12)
+    saved5 = sum(calls[ch3p.FUSED_OPS[op]] * (t[False] - t[True]) for op, t in times.items())
+    assert ch3p.fused_saving(rec)[0] == pytest.approx(saved5, rel=1e-12)
     assert pred[5][0] == pytest.approx(1 / (1 / toks[4] - saved5 / n), rel=1e-9)
 
 
@@ -98,7 +99,7 @@ def test_the_bf16_peak_is_the_amx_peak_where_the_amx_path_runs(tmp_path):
         rec["results"].append(amx)
     (with_amx / "ch1.machine.json").write_text(json.dumps(rec))
     th = max(r["params"]["threads"] for r in bf16)
-    vdp = ch3r._peak(without, "bf16", th)
-    assert ch3r._peaks({"settings": {"bf16_path": "amx"}}, with_amx, th)["bf16"] == 10 * vdp
-    assert ch3r._peaks({"settings": {"bf16_path": "native"}}, with_amx, th)["bf16"] == vdp
-    assert ch3r._peaks({"settings": {"bf16_path": "amx"}}, without, th)["bf16"] == vdp  # none measured
+    vdp = ch3p._peak(without, "bf16", th)
+    assert ch3p._peaks({"settings": {"bf16_path": "amx"}}, with_amx, th)["bf16"] == 10 * vdp
+    assert ch3p._peaks({"settings": {"bf16_path": "native"}}, with_amx, th)["bf16"] == vdp
+    assert ch3p._peaks({"settings": {"bf16_path": "amx"}}, without, th)["bf16"] == vdp  # none measured

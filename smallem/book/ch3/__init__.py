@@ -4,8 +4,10 @@ its climb, a short training run per precision, and the reading of their records.
 The model, its layers, the rungs' backends and the trainer are the library's
 :mod:`smallem.training.model` and :mod:`smallem.training.train`. This package is the chapter's room in the
 book: ``measuring`` runs the benchmark into the records, ``reading`` turns them into the
-page's tables, figures and values, and this file holds what :mod:`smallem.book` asks of
-every chapter, and the command.
+page's tables, figures and values (with ``predicted``, each rung's prediction, ``climb``, each
+switch judged against it, ``fused``, the fused kernels against their bounds, and ``run``, the
+training runs), and this file holds what :mod:`smallem.book` asks of every chapter, and the
+command.
 """
 
 from __future__ import annotations

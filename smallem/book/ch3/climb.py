@@ -1,7 +1,7 @@
 """Each switch of chapter 3's climb: the change its prediction allows, the change measured, and
 whether this machine's rounds could show the first.
 
-A rung's prediction (``reading.predicted``) is the rung before's measured step less what the
+A rung's prediction (``predicted.predicted``) is the rung before's measured step less what the
 one switch can save, each saving from a measurement of that switch alone (a fork-join, a
 bandwidth, a profile, a peak). So the prediction is a *change*, and it is read as one: the
 change it allows against the change the paired rounds measured. A change smaller than the
@@ -63,6 +63,22 @@ def within(pred_pct: float, meas_pct: float, factor: float = TOLERANCE) -> bool:
         return False
     a, b = math.log1p(pred_pct / 100), math.log1p(meas_pct / 100)
     return min(abs(a), abs(b)) * factor >= max(abs(a), abs(b))
+
+
+def cell(r: dict, base: dict) -> str:
+    """r against base for a table cell: the change and the rounds r was ahead in, the test
+    left to the table's caption (CELL_TEST)."""
+    d = compare.difference(r, base)
+    told = f"{abs(d.pct):.1f} % {'faster' if d.pct > 0 else 'slower'}"
+    if d.rounds is None:
+        return told
+    if d.sign == 0 or (d.sign > 0) != (d.pct > 0):
+        told = f"within the noise ({told})"
+    return f"{told}, ahead in {d.ahead} of {d.rounds}"
+
+
+CELL_TEST = ("\"Within the noise\": the two-sided signed-rank test on the per-round log ratios "
+             "does not pass at 5 %; \"ahead in\": the rounds the first was the faster in.")
 
 
 def _pct(x: float) -> str:

@@ -7,13 +7,14 @@ import math
 import numpy as np
 
 from smallem.training import layers
-from smallem.product.gemm import LADDER
 from smallem.training.model import CONFIGS, Workspace, get_config
 from smallem.training.train import newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
-from .measuring import (F32_TOP, FUSED, FUSED_OPS, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN,
-                        RECORD_STEP, RUNGS, AT, mfu, rung_label)
-from .climb import TOLERANCE, outcome_note, switches
+from .measuring import (F32_TOP, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN, RECORD_STEP,
+                        RUNGS, AT, mfu, rung_label)
+from .climb import CELL_TEST, TOLERANCE, cell, outcome_note, switches
+from .fused import fused_table, roofline
+from .predicted import _peak, _peaks, _profile, bf16_gemm_ratio, predicted
 from .run import run_figure_and_values
 
 f = figures.fmt
@@ -34,43 +35,8 @@ def target_values() -> dict:
             "ch3.bf16_rounding": f"{100 * 2.0 ** -8:.1f} %"}
 
 
-def _peak(rec_dir, kind: str, threads: int):
-    """Chapter 1's measured peak of ``kind`` at ``threads`` (or the most threads measured)."""
-    facts = ch1.facts(rec_dir)
-    if facts is None:
-        return None
-    peaks = {th: v for (k, th), v in facts["peak"].items() if k == kind}
-    return peaks.get(threads, peaks[max(peaks)]) if peaks else None
-
-
-def _peaks(rec, rec_dir, threads: int) -> dict:
-    """Chapter 1's f32 peak and the bf16 peak of the path the step's bf16 products ran on:
-    the AMX tiles' (tdpbf16ps) where the bf16 path is AMX and chapter 1 measured it, else the
-    vdpbf16ps probe's; "bf16_kind" names which."""
-    amx = rec["settings"].get("bf16_path") == "amx" and _peak(rec_dir, "amx_bf16", threads)
-    kind = "amx_bf16" if amx else "bf16"
-    return {"f32": _peak(rec_dir, "f32", threads), "bf16": _peak(rec_dir, kind, threads),
-            "bf16_kind": "bf16 (AMX)" if amx else "bf16"}
-
-
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
-
-
-def _cell(r: dict, base: dict) -> str:
-    """r against base for a table cell: the change and the rounds r was ahead in, the test
-    left to the table's caption (CELL_TEST)."""
-    d = compare.difference(r, base)
-    told = f"{abs(d.pct):.1f} % {'faster' if d.pct > 0 else 'slower'}"
-    if d.rounds is None:
-        return told
-    if d.sign == 0 or (d.sign > 0) != (d.pct > 0):
-        told = f"within the noise ({told})"
-    return f"{told}, ahead in {d.ahead} of {d.rounds}"
-
-
-CELL_TEST = ("\"Within the noise\": the two-sided signed-rank test on the per-round log ratios "
-             "does not pass at 5 %; \"ahead in\": the rounds the first was the faster in.")
 
 
 def _configs_table(values):
@@ -153,150 +119,6 @@ def _step_table(rec, rec_dir, rungs, values):
     return toks
 
 
-def _profile(rec, rung: int) -> dict:
-    """Rung ``rung``'s profiled seconds per step, by group of OP_GROUPS."""
-    out: dict = {}
-    for r in records.results(rec, "op_seconds", rung=rung):
-        group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
-        out[group] = out.get(group, 0.0) + r["value"]["median"]
-    return out
-
-
-def fused_saving(rec) -> tuple[float, int] | None:
-    """(seconds a step saves through the fused kernels, their calls per step): each fused
-    kernel's time saved per call (the fused-op timings, at the step's shapes) times its calls
-    in rung 5's profiled step, or, in a record made before the calls were counted, once per
-    block each (GPT's block: three forward, the GELU backward); None without the timings."""
-    times: dict = {}
-    for r in records.results(rec, "fused_op"):
-        times.setdefault(r["params"]["op"], {})[r["params"]["fused"]] = r["seconds"]["median"]
-    times = {op: t for op, t in times.items() if op in FUSED_OPS and {False, True} <= set(t)}
-    if not times:
-        return None
-    counted = rec["settings"].get("op_calls", {}).get(str(F32_TOP))
-    layers = rec["settings"]["config"]["n_layer"]
-    calls = {op: counted.get(FUSED_OPS[op], 0) if counted else layers for op in times}
-    return (sum(calls[op] * (t[False] - t[True]) for op, t in times.items()),
-            sum(calls.values()))
-
-
-def _predicted_from_products(rec_dir, th: int, fpt: float) -> dict[int, tuple[float, str]]:
-    """Rungs 0 and 1: every FLOP of the step at chapter 2's product rate, numpy's and ours,
-    on as many threads; {} without chapter 2's record."""
-    out = {}
-    if records.exists("ch2.gemm", rec_dir):
-        g = records.load("ch2.gemm", rec_dir)
-        n = g["settings"]["n_ladder"]
-        for i, name, params, who in ((AT["numpy"], "numpy", {"threads": th}, "numpy's"),
-                                     (AT["kernels"], "rung", {"rung": LADDER["threads"].index},
-                                      "our")):
-            found = records.results(g, name, M=n, **params)
-            if found:
-                out[i] = (found[0]["value"]["median"] * 1e9 / fpt,
-                          f"every FLOP at {who} {n}³ product rate")
-    return out
-
-
-def bf16_gemm_ratio(rec, rec_dir) -> float | None:
-    """Chapter 2's measured bf16 GEMM over its f32 GEMM on the path the step's bf16 products
-    take (the geometric mean over the sizes it measured), where chapter 2's bf16 record was
-    made on this machine (the same CPU and as many threads); None otherwise."""
-    if not records.exists("ch2.bf16", rec_dir):
-        return None
-    g = records.load("ch2.bf16", rec_dir)
-    same = (g["machine"].get("cpu") == rec["machine"].get("cpu")
-            and g["settings"].get("threads") == rec["settings"]["threads"])
-    path = rec["settings"].get("bf16_path")
-    if not same or not path:
-        return None
-    ratios = []
-    for r in records.results(g, "dtype", dtype="f32"):
-        M, N, K = (r["params"][k] for k in "MNK")
-        b = [x for x in records.results(g, "dtype", dtype="bf16", M=M, N=N, K=K)
-             if x["params"].get("path") == path]
-        if b:
-            ratios.append(b[0]["value"]["median"] / r["value"]["median"])
-    return float(np.exp(np.mean(np.log(ratios)))) if ratios else None
-
-
-def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
-    """What this machine's own measurements predict for each rung of the climb, in tokens/s,
-    and the arithmetic behind it: rung -> (tokens/s, how). From rung 2 on, each prediction
-    is the rung before's measured step less the time its one switch can save:
-
-    - 0, 1: the step's model FLOPs at chapter 2's product rate (numpy's, ours) on as many
-      threads, an upper bound (the rest of the step is not free);
-    - 2 (the pool): the parallel regions one step forks (the pool's counter) times the
-      fork-join it saves (chapter 3's OpenMP fork-join less the pool's);
-    - 3 (the arena): the bytes of the per-step buffers, which fresh pages make the kernel
-      zero on first touch, at chapter 1's DRAM triad bandwidth;
-    - 4 (tiles): the products the causal skip removes, half of attention's 12 T^2 C per
-      layer and sequence, at the rate rung 3's profiled attention ran;
-    - 5 (fused): each fused kernel's calls per step (rung 5's profile) times the time it
-      saves per call (the fused-op timings);
-    - 6 (bf16): rung 5's products at chapter 2's measured bf16/f32 GEMM ratio where its
-      record is of this machine (bf16_gemm_ratio), else at chapter 1's bf16/f32 peak ratio,
-      the rest unchanged;
-    - 7 (Muon): rung 6 with Newton-Schulz's arithmetic added (newton_schulz_flops, as
-      tokens of training: n / (n + equiv)), on the modern block.
-    """
-    s = rec["settings"]
-    th, fpt, cfg = s["threads"], s["flops_per_token"], s["config"]
-    n_tok = s["batch_size"] * s["seq_len"]
-    out = _predicted_from_products(rec_dir, th, fpt)
-    sec = {i: 1.0 / t for i, t in toks.items()}  # seconds per token
-
-    def less(i, saved_s, how):  # rung i-1's measured step less ``saved_s`` per step
-        if i - 1 in sec and saved_s == saved_s:
-            t = sec[i - 1] - saved_s / n_tok
-            if t > 0:
-                out[i] = (1.0 / t, how)
-
-    fj = {r["params"]["kind"]: r["value"]["median"] for r in records.results(rec, "fork_join")
-          if r["params"]["what"] in ("pool", "OpenMP")}
-    regions = s.get("regions_per_step")
-    if regions and {"pool", "openmp"} <= set(fj):
-        less(AT["pool"], regions * (fj["openmp"] - fj["pool"]) * 1e-6,
-             f"{regions} regions × {f(fj['openmp'] - fj['pool'], 'µs')} saved")
-    facts = ch1.facts(rec_dir)
-    if facts:
-        c = get_config(cfg["name"]) if cfg["name"] in CONFIGS else None
-        if c is not None:
-            nbytes = 4 * Workspace.floats(c, s["batch_size"], s["seq_len"], True)
-            dram = ch1.level_of(facts, float("inf"), th)[1]
-            less(AT["arena"], nbytes / (dram * 1e9), f"{f(nbytes / 2**20, 'MiB')} zeroed at {f(dram, 'GB/s')}")
-    prof3 = _profile(rec, AT["arena"])
-    L, T, C = cfg["n_layer"], s["seq_len"], cfg["d_model"]
-    att_flops = 12 * L * T * T * C * s["batch_size"]
-    if prof3.get("attention"):
-        rate = att_flops / prof3["attention"]
-        less(AT["tiles"], att_flops / 2 / rate, f"half of attention's {f(att_flops / 1e9, 'GFLOP')} at "
-             f"{f(rate / 1e9, 'GFLOP/s')}")
-    fused = fused_saving(rec)
-    if fused:
-        saved, calls = fused
-        less(AT["fused"], saved, f"{calls} fused calls, {f(1e3 * saved, 'ms')} saved")
-    peaks = _peaks(rec, rec_dir, th)
-    prof5 = _profile(rec, F32_TOP)
-    gemm = bf16_gemm_ratio(rec, rec_dir)
-    if prof5 and F32_TOP in sec and (gemm or (peaks["f32"] and peaks["bf16"])):
-        mm = prof5.get("matrix products (+ bias)", 0.0)
-        ratio = gemm or peaks["bf16"] / peaks["f32"]
-        how = (f"products at chapter 2's bf16/f32 GEMM ratio, {f(ratio)}×" if gemm else
-               f"products at the {peaks['bf16_kind']}/f32 peak ratio, {f(ratio)}×")
-        less(AT["bf16"], mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()), how)
-    if AT["bf16"] in toks:
-        c = get_config("xl-modern") if "xl-modern" in CONFIGS else None
-        rung7 = records.results(rec, "rung_step", rung=AT["modern"])
-        if rung7:
-            c = get_config(rung7[0]["params"].get("config", "xl-modern"))
-        if c is not None:
-            equiv = newton_schulz_flops(c) / c.flops_per_token()
-            out[AT["modern"]] = (toks[AT["bf16"]] * n_tok / (n_tok + equiv),
-                      f"Newton–Schulz = {f(equiv)} tokens' training per step")
-    return out
-
-
 def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     """The climb's table (each rung against the one before and its prediction, the
     reference), its figure, its headline and its targets."""
@@ -365,7 +187,7 @@ def _rung_rows(rungs, toks, pred, cells, peaks, fpt, values) -> list[list[str]]:
         if before is None:
             against = "—"
         elif i in rungs and before in rungs:
-            against = _cell(rungs[i], rungs[before])
+            against = cell(rungs[i], rungs[before])
         else:  # the numpy reference is timed on its own: a ratio, no rounds
             against = f(toks[i] / toks[before]) + "× (timed apart)"
         kind = "bf16" if kw["backend"] == "bf16" else "f32"
@@ -636,7 +458,6 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
     peak = _peak(rec_dir, "f32", th)
     if F32_TOP in rungs and peak:
         m = mfu(rungs[F32_TOP]["value"]["median"], fpt, peak)
-        values["ch3.top_mfu_counted"] = m
         values["ch3.top_mfu_computed"] = m * (1 - skipped)
     values["ch3.top_mfu_known"] = F32_TOP in rungs and bool(peak)
     # bf16: where the prediction's ratio came from, and what the products gained
@@ -679,7 +500,6 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
         v = compare.against(steps["torch-bf16"], rungs[AT["arena"]], 1.0)
         values["ch3.torch_bf16_beats_kernels"] = v.met
         values["ch3.torch_bf16_vs_kernels"] = v.ratio
-        values["ch3.torch_bf16_vs_kernels_verdict"] = v.text(f"{f(v.ratio)}×")
     if "torch" in steps and AT["arena"] in rungs:
         v = compare.against(rungs[AT["arena"]], steps["torch"], 1.0)
         values["ch3.kernels_torch_verdict"] = v.text(f"{f(v.ratio)}×")
@@ -785,138 +605,6 @@ def _faster(base: float, x: float, close: float = 1.1) -> str:
     return "about as fast as"
 
 
-def _fused_table(rec, rec_dir, rungs, values):
-    found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
-    if not found:
-        return
-    facts = ch1.facts(rec_dir)
-    th = rec["settings"]["threads"]
-    rows, ops = [], []
-    for op in FUSED:
-        un, fu = found[(op, False)], found[(op, True)]
-        level, bw = (ch1.level_of(facts, fu["params"]["bytes"], th) if facts else
-                     ("?", None))
-        predicted = fu["params"]["bytes"] / (bw * 1e9) if bw else float("nan")
-        ops.append(_fused_facts(op, un, fu, level, bw, facts, th))
-        rows.append([op, f(1e3 * un["seconds"]["median"], "ms"),
-                     f(1e3 * fu["seconds"]["median"], "ms"), _cell(fu, un),
-                     f"{f(un['params']['bytes'] / 2**20, 'MiB')} → "
-                     f"{f(fu['params']['bytes'] / 2**20, 'MiB')}",
-                     f(fu["params"]["bytes"] / fu["seconds"]["median"] / 1e9, "GB/s"),
-                     f"{level}: {f(bw, 'GB/s') if bw else 'n/a'}",
-                     f(1e3 * predicted, "ms")])
-    s = rec["settings"]
-    figures.write_table(
-        "ch3_fused", rows, ["op", "unfused", "fused", "fused against unfused", "bytes named",
-                            "fused: bytes / time", "ch. 1's triad where it fits",
-                            "fused: predicted bound"],
-        f"On the shapes of the {s['config']['name']} step ({s['batch_size']} x {s['seq_len']} "
-        f"tokens, d = {s['config']['d_model']}), {th} threads, the two versions timed in turn; "
-        f"bytes are the reads and writes the code names (a write-allocating cache reads each "
-        f"written line first, so it moves more); the bound is those bytes at chapter 1's "
-        f"triad bandwidth for the smallest level that holds them, a level holding a working "
-        f"set up to the largest size chapter 1 measured on its plateau. {CELL_TEST} "
-        f"{figures.machine_line(rec)}.")
-    _fused_values(ops, facts, th, rec, values)
-
-
-NOISE = 0.05  # a measured rate this far above its bound must say which assumption failed
-
-
-def _fused_facts(op, un, fu, level, bw, facts, th) -> dict:
-    """One fused kernel's typed facts: what fusion saved, its rate against the bound of the
-    level that holds its bytes, and where its intensity falls against that level's ridge."""
-    width, _, passes, n_ops = FUSED[op]
-    nbytes = fu["params"]["bytes"]
-    rate = nbytes / fu["seconds"]["median"] / 1e9
-    intensity = n_ops / (4.0 * passes)
-    peak = _peak_facts(facts, "f32", th) if facts else None
-    return {"op": op, "gain": un["seconds"]["median"] / fu["seconds"]["median"] - 1,
-            "level": level, "bw": bw, "rate": rate, "of_bound": rate / bw if bw else None,
-            "mib": nbytes / 2**20, "right_of_ridge": bool(peak and bw and intensity >= peak / bw)}
-
-
-def _peak_facts(facts, kind, threads):
-    peaks = {th: v for (k, th), v in facts["peak"].items() if k == kind}
-    return peaks.get(threads, peaks[max(peaks)]) if peaks else None
-
-
-def _fused_values(ops: list[dict], facts, th, rec, values) -> None:
-    """The fused kernels as facts for the page: which one fusion sped up most and least,
-    which sits closest to its bound and farthest from it, which are right of their level's
-    ridge, and any that beat their bound by more than the noise, with the size the bound
-    took them to spill at."""
-    best, worst = max(ops, key=lambda o: o["gain"]), min(ops, key=lambda o: o["gain"])
-    values.update({"ch3.fused_best_op": best["op"], "ch3.fused_best_gain": best["gain"],
-                   "ch3.fused_worst_op": worst["op"], "ch3.fused_worst_gain": worst["gain"]})
-    known = [o for o in ops if o["of_bound"] is not None]
-    below = [o for o in known if o["of_bound"] <= 1 + NOISE]
-    above = [o for o in known if o["of_bound"] > 1 + NOISE]
-    values["ch3.fused_bounds_known"] = bool(known)
-    values["ch3.fused_any_below"] = bool(below)
-    if below:
-        near, far = max(below, key=lambda o: o["of_bound"]), min(below, key=lambda o: o["of_bound"])
-        values.update({"ch3.fused_closest_op": near["op"], "ch3.fused_closest": near["of_bound"],
-                       "ch3.fused_farthest_op": far["op"], "ch3.fused_farthest": far["of_bound"]})
-    right = [o["op"] for o in known if o["right_of_ridge"]]
-    left = [o["op"] for o in known if not o["right_of_ridge"]]
-    values.update({"ch3.fused_right": compare.listing(right, "none"), "ch3.fused_any_right": bool(right),
-                   "ch3.fused_left": compare.listing(left, "none"), "ch3.fused_any_left": bool(left),
-                   "ch3.fused_all_left": not right})
-    values["ch3.fused_any_above"] = bool(above)
-    if above:
-        top = max(above, key=lambda o: o["of_bound"])
-        values.update({"ch3.fused_above": compare.listing([o["op"] for o in above], "none"),
-                       "ch3.fused_above_many": len(above) > 1,
-                       "ch3.fused_above_level": top["level"], "ch3.fused_above_of": top["of_bound"],
-                       "ch3.fused_above_mib": top["mib"]})
-        # the level before the one the bound took: where its plateau was last measured, the
-        # first size measured beyond it, and the size the operating system reports
-        spans = facts["triad_spans"]
-        ext = spans[th if th in spans else max(spans)]
-        levels = list(ext)
-        i = levels.index(top["level"]) if top["level"] in levels else 0
-        inner = levels[i - 1] if i > 0 else None
-        values["ch3.fused_above_inner"] = inner
-        if inner:
-            reported = (rec["machine"].get("caches") or {}).get(f"{inner}_bytes")
-            values.update({"ch3.fused_inner_last_mib": ext[inner]["last"] / 2**20,
-                           "ch3.fused_outer_first_mib": ext[top["level"]]["first"] / 2**20,
-                           "ch3.fused_inner_reported_mib": reported / 2**20 if reported else None})
-
-
-def _roofline(rec, rec_dir, values):
-    """The climb's kernels on chapter 1's roofline: the fused kernels (their bytes and
-    operations as FUSED counts them, their measured time) and the model's products at
-    rungs 3 and 6 (the step's product FLOPs over the profile's time in them, at the
-    intensity of the MLP's first product)."""
-    facts = ch1.facts(rec_dir)
-    found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
-    if facts is None or not found:
-        return
-    import matplotlib
-    matplotlib.use("Agg")
-    s = rec["settings"]
-    points = []
-    for op, (width, _, passes, ops) in FUSED.items():
-        r = found[(op, True)]
-        elements = r["params"]["tensor_bytes"] / 4
-        points.append((op, ops / (4.0 * passes), ops * elements / r["seconds"]["median"] / 1e9))
-    cfg = s["config"]
-    N, C = s["batch_size"] * s["seq_len"], cfg["d_model"]
-    W = 4 * C  # the MLP's first product, N x C x 4C: the step's typical product
-    intensity = 2.0 * N * C * W / (4.0 * (N * C + C * W + N * W))
-    product_flops = (s["flops_per_token"] - 12 * cfg["n_layer"] * C * s["seq_len"]) * N
-    for rung in (AT["arena"], AT["bf16"]):
-        t = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=rung)
-                if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
-        if t:
-            points.append((f"the step's products, rung {rung}", intensity,
-                           product_flops / t / 1e9))
-    ch1.roofline_figure(points, "ch3_roofline", facts["record"])
-    values["ch3.products_intensity"] = f(intensity, "flop/byte")
-
-
 def _long_attention_values(rec, values):
     found = {r["params"]["attention"]: r for r in records.results(rec, "long_attention")}
     if len(found) < 2:
@@ -935,19 +623,18 @@ def _long_attention_values(rec, values):
 # the typed facts the page's sentences test, each None until a record gives it (the page
 # says a sentence only where its facts are known)
 FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain",
-         "fused_bounds_known", "fused_any_below", "fused_closest_op", "fused_closest",
-         "fused_farthest_op", "fused_farthest", "fused_right", "fused_any_right", "fused_left",
-         "fused_any_left", "fused_all_left", "fused_any_above", "fused_above",
+         "fused_any_below", "fused_closest_op", "fused_closest",
+         "fused_farthest_op", "fused_farthest", "fused_right", "fused_left", "fused_all_left", "fused_any_above", "fused_above",
          "fused_above_many", "fused_above_level", "fused_above_of", "fused_above_mib",
          "fused_above_inner", "fused_inner_last_mib", "fused_outer_first_mib",
          "fused_inner_reported_mib", "p3_matmul", "p3_attention", "p3_rest",
-         "p3_attention_larger", "causal_skipped", "top_mfu_counted", "top_mfu_computed",
+         "p3_attention_larger", "causal_skipped", "top_mfu_computed",
          "top_mfu_known", "bf16_pred_from_gemm", "bf16_pred_ratio", "bf16_products_gain_x",
          "rung7_split", "ns_pred_ms", "ns_meas_ms", "ns_as_predicted", "rung7_rest_ms",
          "rung7_other_ms", "rung6_other_ms", "torch_version", "torch_threads",
          "torch_capability", "torch_onednn", "torch_onednn_bf16", "torch_amx",
          "torch_config_known", "torch_bf16_beats_kernels", "torch_bf16_vs_kernels",
-         "torch_bf16_vs_kernels_verdict", "kernels_torch_verdict", "fj_forever_slower",
+         "kernels_torch_verdict", "fj_forever_slower",
          *(f"rung{i}_{k}" for i in range(2, 8) for k in ("pred", "meas", "spread", "shows")),
          *(f"climb_any_{k}" for k in ("as", "missed", "small", "beyond", "unseen", "against")))
 
@@ -1005,12 +692,12 @@ def report(rec_dir) -> dict:
         _ops_table(rec, values)
         _explain_values(rec, rec_dir, rungs, toks, values)
         _bounds(rec, rec_dir, toks, values)
-        _fused_table(rec, rec_dir, rungs, values)
+        fused_table(rec, rec_dir, rungs, values)
         _arena_values(rec, rec_dir, rungs, values)
         _flash_values(rec, values)
         _ridge_values(rec, rec_dir, values)
         _fork_join_table(rec, values)
-        _roofline(rec, rec_dir, values)
+        roofline(rec, rec_dir, values)
         _long_attention_values(rec, values)
         if 3 in rungs and 4 in rungs:  # the section on tiles quotes its rung
             arena, tiles = rungs[AT["arena"]], rungs[AT["tiles"]]

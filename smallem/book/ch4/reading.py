@@ -211,7 +211,6 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     values["ch4.above_level"] = top[2] if top else None
     values["ch4.above_mib"] = top[3] / 2**20 if top else None
     values["ch4.above_level_mib"] = top[4] / 2**20 if top else None
-    values["ch4.any_above_bound"] = bool(above)
     return rows
 
 
@@ -719,7 +718,7 @@ def report(rec_dir) -> dict:
                 "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
                 "ch4.llama_safe_why", "ch4.threads", "ch4.torch_version", "ch4.torch_threads"):
         values.setdefault(key, None)
-    values["ch4.small_teamed"] = values["ch4.any_above_bound"] = values["ch4.big_above"] = False
+    values["ch4.small_teamed"] = values["ch4.big_above"] = False
     values["ch4.llama_measured"] = values["ch4.torch_measured"] = values["ch4.llama_amx_off"] = False
     values["ch4.llama_safe"] = values["ch4.has_amx"] = values["ch4.vs_llama_big_measured"] = False
     values["ch4.big_resident_explains"] = False
