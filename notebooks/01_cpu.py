@@ -59,11 +59,9 @@ print(f"  {theory['flops_per_cycle_per_core']} operations a cycle x {theory['clo
       f" (chain of {dict(add='adds', mul='multiplies')[theory['clock_chain']]})"
       f" x {theory['cores']} cores = "
       f"{theory['gops_all']:.0f} Gop/s")
-table = theory["table"]
-print("the table of vendors' manuals for this model number:",
-      f"{table['source']}, {table['flops_per_cycle_per_core']} operations a cycle"
-      + ("" if table["agrees"] else ": it disagrees with the measurement (a masked model?)")
-      if table else "no row")
+_, values = ch1.table_rows(data)
+print("the table of vendors' manuals for this model number:", values["ch1.fma_table"])
+print(values["ch1.fma_table_check"])
 hw = ch1.hw_values(data, theory)
 print(f"measured: {figures.plural(hw['ch1.hw.fmas_per_cycle'], 'FMA')} of "
       f"{hw['ch1.hw.vector_bits']} bits a cycle;",

@@ -1,6 +1,6 @@
-"""Chapter 1's record read: the plateaus of the staircase and where each ends, the levels a
-working set sits in, the ridges, the table, the figures and the page's values, and
-:func:`facts`, through which later chapters read this machine's peaks and bandwidths."""
+"""Chapter 1's record read: the levels a working set sits in (the staircase's plateaus and
+where each ends: :mod:`.staircase`), the ridges, the table, the figures and the page's values,
+and :func:`facts`, through which later chapters read this machine's peaks and bandwidths."""
 
 from __future__ import annotations
 
@@ -16,110 +16,11 @@ from smallem.cpu.machine import (FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, Ki
 from .. import figures, records, reference
 from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, ONE_THREAD_FLOOR, RECORD,
                         SCALING_FLOOR, THEORY_BAND)
+from .staircase import (DISTINCT, LEVELS, level_sizes, plateaus, spans,  # noqa: F401
+                        staircase_close, staircase_distinct)
 
 
-LEVELS = ("L1", "L2", "L3", "DRAM")
-DISTINCT = 1.15  # two neighbouring plateaus are distinct when one is this much faster
 STAIR_KERNELS = ("triad", "read")  # the staircases levels are read from: every write, none
-
-
-def level_sizes(caches: dict, threads: int) -> dict:
-    """The bytes each cache level holds for ``threads`` threads (0 where unknown).
-
-    Private caches (L1, L2) add up across the cores the threads run on, at most one per
-    instance (SMT siblings share their core's); the L3 counts once per instance.
-    """
-    def private(level):
-        return caches[f"{level}_bytes"] * min(threads, caches.get(f"{level}_instances") or threads)
-
-    return {"L1": private("L1d"), "L2": private("L2"),
-            "L3": caches["L3_bytes"] * min(threads, caches["L3_instances"])}
-
-
-def plateaus(points: list[dict], caches: dict, threads: int) -> dict:
-    """Median bandwidth of each level of the staircase (NaN: not reached); see :func:`spans`."""
-    return {lv: span["bw"] for lv, span in spans(points, caches, threads).items()}
-
-
-def spans(points: list[dict], caches: dict, threads: int) -> dict:
-    """Each level of the staircase as found in the data: its median bandwidth ("bw", GB/s)
-    and the smallest and largest working sets measured inside its stretch ("first",
-    "last", bytes; NaN where the level was not reached).
-
-    The median bandwidth of each level of the staircase, found in the data (NaN: not reached).
-
-    The curve of bandwidth against working set (both on log scales) is cut into as many
-    stretches as there are levels (the caches the system reports, then DRAM), at the cuts
-    that leave the least spread inside the stretches: an exact search, a dynamic programme
-    over the cut points. The cache sizes name the stretches and bound each cut loosely,
-    between a quarter and four times the level's size (a sixteenth for an L3, of which a
-    VM may own a small part); they do not fix it, because a VM's share of a big shared L3,
-    a victim cache or a prefetcher moves the knee away from the nominal size. A level
-    counts as reached when the largest working set is at least twice the level above it.
-    """
-    pts = sorted(points, key=lambda p: p["params"]["bytes"])
-    sizes = level_sizes(caches, threads)
-    top = pts[-1]["params"]["bytes"] if pts else 0
-    above = {"L1": 0, "L2": sizes["L1"], "L3": sizes["L2"], "DRAM": sizes["L3"] or sizes["L2"]}
-    known = [lv for lv in LEVELS if lv == "DRAM" or sizes[lv]]
-    reached = [lv for lv in known if top >= 2 * above[lv]]
-    nan = float("nan")
-    out = {lv: {"bw": nan, "first": nan, "last": nan} for lv in LEVELS}
-    bw = np.array([p["value"]["median"] for p in pts])
-    at = [p["params"]["bytes"] for p in pts]
-
-    def allowed(m, c):  # may level m's stretch end just before point c?
-        size = sizes[reached[m - 1]]
-        low = size / (16 if reached[m - 1] == "L3" else 4)  # a VM may own a sliver of an L3
-        return low <= at[c] <= 4 * size
-
-    cuts = _segments(np.log(bw), len(reached), allowed) or _segments(np.log(bw), len(reached))
-    for lv, (i, j) in zip(reached, cuts):
-        out[lv] = {"bw": float(np.median(bw[i:j])), "first": at[i], "last": at[j - 1]}
-    return out
-
-
-def _segments(y: np.ndarray, k: int, allowed=None) -> list[tuple[int, int]]:
-    """Cut ``y`` into ``k`` consecutive stretches [i, j) with the least total squared
-    deviation from each stretch's mean (fewer stretches if there are fewer points), where
-    ``allowed(m, j)`` (if given) says whether stretch m (from 1) may end before point j;
-    [] if no cut satisfies it."""
-    n = len(y)
-    k = min(k, n)
-    if k <= 0:
-        return []
-    c1, c2 = np.concatenate([[0], np.cumsum(y)]), np.concatenate([[0], np.cumsum(y * y)])
-
-    def cost(i, j):  # spread of y[i:j] around its mean
-        s = c1[j] - c1[i]
-        return c2[j] - c2[i] - s * s / (j - i)
-
-    best = {(0, 0): (0.0, None)}  # (stretches, end) -> (cost, start of the last stretch)
-    for m in range(1, k + 1):
-        for j in range(m, n - (k - m) + 1):
-            if m < k and allowed and not allowed(m, j):
-                continue
-            options = [(best[m - 1, i][0] + cost(i, j), i)
-                       for i in range(m - 1, j) if (m - 1, i) in best]
-            if options:
-                best[m, j] = min(options)
-    if (k, n) not in best:
-        return []
-    cuts, j = [], n
-    for m in range(k, 0, -1):
-        i = best[m, j][1]
-        cuts.append((i, j))
-        j = i
-    return cuts[::-1]
-
-
-def staircase_close(plateau: dict, factor: float = DISTINCT) -> list[str]:
-    """The neighbouring levels whose plateaus differ by less than ``factor`` ("L3/DRAM"),
-    and the levels not reached; empty when the four plateaus are distinct."""
-    out = [lv for lv in LEVELS if math.isnan(plateau[lv])]
-    v = [(lv, plateau[lv]) for lv in LEVELS if not math.isnan(plateau[lv])]
-    out += [f"{a}/{b}" for (a, x), (b, y) in zip(v, v[1:]) if x < factor * y]
-    return out
 
 
 # ---------------------------------------------------------------- reading the record
@@ -175,13 +76,6 @@ def theory(rec: dict) -> dict:
 
 
 OLD_DOT_CHAINS = 24  # the dot probes' one count before they chose among several
-
-
-def _chains_phrase(sm: dict) -> str:
-    """Which count of accumulators each native dot probe ran at, in words."""
-    parts = [f"{sm['chains'][k]} for the {k} probe" for k in ("bf16", "int8")
-             if sm["native"].get(k) and k in sm["chains"]]
-    return " and ".join(parts) if parts else "none: both probes ran their fallbacks here"
 
 
 def summary(rec: dict) -> dict:
@@ -288,11 +182,6 @@ def ridge_position(sm: dict, intensity: float, threads: int | None = None) -> st
             what = (f"the {_listing(lvs)} ridges" if len(lvs) > 1 else f"the {lvs[0]}'s ridge")
             parts.append(f"{side} of {what} ({nums} op/byte)")
     return ", ".join(parts) or "n/a (no plateau measured)"
-
-
-def staircase_distinct(plateau: dict, factor: float = DISTINCT) -> bool:
-    """True if L1 > L2 > L3 > DRAM, each by at least ``factor``."""
-    return not staircase_close(plateau, factor)
 
 
 def column_lines_held(cache_bytes: int, ways: int, stride_bytes: int, line: int = 64) -> int:
@@ -490,19 +379,17 @@ def _values(rec: dict, sm: dict) -> dict:
     # stores, which moves what it counts
     moved = sm["triad_plateaus"][1]["DRAM"] * 32 / 24
     values = {
-        "ch1.cpu": rec["machine"]["cpu"],
         "ch1.cores": str(cores),
         "ch1.scaling_floor": f"{100 * SCALING_FLOOR:.0f} %",
         "ch1.one_thread_floor": f"{100 * ONE_THREAD_FLOOR:.0f} %",
         "ch1.theory_band": f"{100 * THEORY_BAND[0]:.0f} % and {100 * THEORY_BAND[1]:.0f} %",
-        "ch1.isa": rec["settings"]["isa"],
         "ch1.clock": f(sm["clock_ghz"], "GHz"),
         "ch1.clock_mul": f(sm["clock_mul_ghz"], "GHz"),
-        "ch1.clock_f32": f(sm["clock_f32_ghz"], "GHz"),
         "ch1.clock_agreement": f"{100 * CLOCK_AGREEMENT:.0f} %",
         "ch1.mul_latency": str(MUL_LATENCY),
         **_theory_values(th, cores),
-        **hw_values(rec, th),
+        # the caches' inclusivity is the table's and chapter 2's (through hw_values), no page's
+        **{k: v for k, v in hw_values(rec, th).items() if not k.endswith("_inclusive")},
         "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
         "ch1.f32_peak_all": f(sm["peak"][("f32", cores)], "Gop/s"),
         "ch1.f32_fraction": f"{100 * sm['f32_fraction_of_theory']:.0f} %",
@@ -510,16 +397,11 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.int8_peak_all": f(sm["peak"][("int8", cores)], "Gop/s"),
         "ch1.bf16_native": "native" if sm["native"]["bf16"] else "emulated (no AVX512_BF16 here)",
         "ch1.int8_native": "native" if sm["native"]["int8"] else "emulated (no AVX512_VNNI here)",
-        "ch1.dot_chains": _chains_phrase(sm),
-        "ch1.amx": "measured" if ("amx_bf16", 1) in sm["peak"] else "not on this CPU",
         "ch1.naive_n": str(n),
         "ch1.naive_gops": f(sm["naive_gops"], "Gop/s"),
         "ch1.naive_below_peak": f(sm["naive_below_peak"]),
         "ch1.naive_ai": f(naive_gemm_intensity(n), "op/byte"),
         "ch1.naive_stride": f"{4 * n // KiB} KiB" if 4 * n >= KiB else f"{4 * n} bytes",
-        "ch1.naive_l1_lines": str(column_lines_held(caches["L1d_bytes"], caches.get("L1d_ways", 0), 4 * n) or "?"),
-        "ch1.naive_l2_lines": str(column_lines_held(caches["L2_bytes"], caches.get("L2_ways", 0), 4 * n) or "?"),
-        "ch1.l1_ways": str(caches.get("L1d_ways") or "?"),
         "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),
         "ch1.numpy_copy_size": (f"{f(copy_bytes / GiB)} GiB" if copy_bytes >= GiB
                                 else f"{f(copy_bytes / MiB)} MiB"),
@@ -583,9 +465,10 @@ def reference_values() -> dict:
 
 def _typed_values(rec: dict, sm: dict) -> dict:
     """The page's typed values (numbers, booleans, names; the page formats them): the clock
-    under the FMA probe against the peak's, the model number's row of the table, each dot
-    probe's accumulators and instructions a cycle, AMX against the vendor's rate, and each
-    level's scaling from one core to all."""
+    under the FMA probe against the peak's, the model number's row of the table, the theory's
+    factors, and (:func:`_dot_values`, :func:`_scaling_values`) each dot probe's accumulators
+    and instructions a cycle, AMX against the vendor's rate, and each level's scaling from one
+    core to all."""
     cores, th = sm["cores"], sm["theory"]
     caches = rec["machine"]["caches"]
     ghz = th["clock_ghz"]  # the peak's clock: the larger of the two chains'
@@ -616,13 +499,18 @@ def _typed_values(rec: dict, sm: dict) -> dict:
         "ch1.has_read": "read_plateaus" in sm,
         "ch1.amx_measured": ("amx_bf16", 1) in peak,
     }
-    hw = hw_values(rec, th)
-    row = machine.CORE_FACTS.get(hw["ch1.hw.core"]) if hw["ch1.hw.core"] else None
-    out["ch1.hw.table_lanes"] = (row["pipes"] * min(row["pipe_bits"], th["vector_bits"]) // 32
-                                 if row else None)
-    out["ch1.hw.table_agrees"] = None if row is None else out["ch1.hw.table_lanes"] == th["lanes"]
-    # the dot probes: the accumulators each run kept (one core's, all cores') and the
-    # instructions one core started a cycle at the peak's clock
+    out.update(_dot_values(rec, sm))
+    out.update(_scaling_values(sm))
+    return out
+
+
+def _dot_values(rec: dict, sm: dict) -> dict:
+    """The dot probes' accumulators each run kept (one core's, all cores') and the
+    instructions one core started a cycle at the peak's clock; AMX's tiles against the
+    vendor's rate, at the peak's clock and at the clock the FMA probe implies."""
+    cores, th, peak = sm["cores"], sm["theory"], sm["peak"]
+    ghz = th["clock_ghz"]
+    out = {}
     runs = {(r["params"]["kind"], r["params"]["threads"]): r["params"]
             for r in records.results(rec, "peak")}
     for kind in ("bf16", "int8"):
@@ -630,13 +518,11 @@ def _typed_values(rec: dict, sm: dict) -> dict:
         for who, t in (("one", 1), ("all", cores)):
             chains = runs.get((kind, t), {}).get("chains") if native else None
             out[f"ch1.chains.{kind}_{who}"] = chains
-        out[f"ch1.dot.{kind}_ops"] = DOT_OPS[kind] if native else None
         out[f"ch1.dot.{kind}_per_cycle"] = (peak[kind, 1] / DOT_OPS[kind] / ghz if native
                                             else None)
     for kind in AMX_KINDS:
         key = kind[4:]
         have = (kind, 1) in peak
-        out[f"ch1.tiles.{key}_core"] = peak[kind, 1] if have else None
         out[f"ch1.tiles.{key}_all"] = peak[kind, cores] if have else None
         out[f"ch1.tiles.{key}_per_cycle"] = peak[kind, 1] / ghz if have else None
         out[f"ch1.tiles.{key}_rated"] = machine.AMX_OPS_PER_CYCLE[kind] if have else None
@@ -646,18 +532,22 @@ def _typed_values(rec: dict, sm: dict) -> dict:
         # a core keeps under heavy vector or tile work)
         out[f"ch1.tiles.{key}_of_rated_f32_clock"] = (
             peak[kind, 1] / sm["clock_f32_ghz"] / machine.AMX_OPS_PER_CYCLE[kind] if have else None)
-    # each level's triad (and read) plateau, all cores over one
-    for kernel in ("triad", "read"):
-        stairs = sm.get(f"{kernel}_plateaus")
-        for lv in LEVELS:
-            one = stairs[1][lv] if stairs else math.nan
-            every = stairs[cores][lv] if stairs else math.nan
-            ratio = every / one if one == one and every == every and one else None
-            out[f"ch1.scale.{kernel}_{lv.lower()}"] = ratio
-    for lv in LEVELS:  # a level that gave less than cores x one core's, by more than 5 %
-        r = out[f"ch1.scale.triad_{lv.lower()}"]
+    return out
+
+
+def _scaling_values(sm: dict) -> dict:
+    """Each level's triad plateau, all cores over one, and whether it fell short of the
+    cores' count; the read-only stream from DRAM against the triad's counted and moved
+    bytes."""
+    cores = sm["cores"]
+    out = {}
+    stairs = sm["triad_plateaus"]
+    for lv in LEVELS:
+        one, every = stairs[1][lv], stairs[cores][lv]
+        r = every / one if one == one and every == every and one else None
+        out[f"ch1.scale.triad_{lv.lower()}"] = r
+        # a level that gave less than cores x one core's, by more than the noise (5 %)
         out[f"ch1.scale.{lv.lower()}_short"] = r is not None and r < 0.95 * cores
-    # the read-only stream from DRAM against the triad's counted and moved bytes
     for who, t in (("core", 1), ("all", cores)):
         if "read_plateaus" in sm:
             read, triad = sm["read_plateaus"][t]["DRAM"], sm["triad_plateaus"][t]["DRAM"]
@@ -671,7 +561,6 @@ def _typed_values(rec: dict, sm: dict) -> dict:
         out[f"ch1.dram_read.{key}"] = moved is not None and moved < 0.95
     return out
 
-
 DOT_OPS = {"bf16": 64, "int8": 128}  # operations one 512-bit vdpbf16ps / vpdpbusd does
 
 
@@ -679,20 +568,9 @@ def _theory_values(th: dict, cores: int) -> dict:
     """The theoretical peak's factors as the page quotes them, and the table's cross-check."""
     f = figures.fmt
     return {
-        "ch1.fma_pipes": str(th["pipes"]),
-        "ch1.fma_pipe_bits": str(th["pipe_bits"]),
-        "ch1.fma_pipe_count": f"{th['pipes']} pipe{'s' if th['pipes'] > 1 else ''}",
         "ch1.flops_per_cycle": str(th["flops_per_cycle_per_core"]),
-        "ch1.flops_per_cycle_measured": f(th["measured_flops_per_cycle"]),
-        "ch1.fma_lanes": str(th["lanes"]),
-        "ch1.lanes": str(th["vector_bits"] // 32),
-        # f32 lanes per pipe: the narrower of the vector and the pipe
-        "ch1.lanes_per_pipe": str(min(th["vector_bits"], th["pipe_bits"]) // 32),
         "ch1.theory_clock": f(th["clock_ghz"], "GHz"),
         "ch1.theory_clock_chain": {"add": "adds", "mul": "multiplies"}[th["clock_chain"]],
-        "ch1.theory_probe": ("one thread's probe" if th["probe_from"] == "one thread" else
-                             f"the {cores}-thread probe divided by its {th['cores']} cores"),
-        "ch1.theory_probe_gops": f(th["probe_gops_core"], "Gop/s"),
         "ch1.f32_theory_core": f(th["gops_per_core"], "Gop/s"),
         "ch1.f32_theory_all": f(th["gops_all"], "Gop/s"),
         **_table_values(th)}
@@ -728,9 +606,6 @@ def _plateau_values(sm: dict, top: int) -> dict:
             values[f"ch1.{level.lower()}_read_{who}"] = (
                 _bandwidth_text(sm, top, th, level, "read") if "read_plateaus" in sm
                 else "not measured (a record from before the read-only stream)")
-        values[f"ch1.dram_read_vs_triad_{who}"] = (
-            f(sm["read_plateaus"][th]["DRAM"] / sm["triad_plateaus"][th]["DRAM"])
-            if "read_plateaus" in sm else "n/a")
     values.update(_l1_read_values(sm))
     return values
 
