@@ -16,8 +16,8 @@ import sys
 from smallem.cpu.timing import quick_mode
 from .. import compare, figures
 from .measuring import BF16_RECORD, RECORD, run, run_bf16
-from .reading import (_blas_line, _print_dtype_rows, alone_rows, dtype_rows, ladder_rows,
-                      pool_values, shape_rows, sweep_rows)
+from .bf16 import _print_dtype_rows, dtype_rows
+from .reading import _blas_line, alone_rows, ladder_rows, pool_values, shape_rows, sweep_rows
 from .targets import bf16_target, targets
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
 

@@ -13,20 +13,22 @@ SLOW = 0.05  # the model's K_C this far below the fastest is a miss the page exp
 
 
 def sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
-                 unknown: str = "n/a") -> dict:
+                 unknown: str = "n/a", typed: tuple[str, ...] = ()) -> dict:
     """A block-size sweep in numbers: the fastest value and its rate, how far below it the
-    model's choice (``unknown`` where the record does not say it) and the slowest came."""
+    model's choice (``unknown`` where the record does not say it) and the slowest came.
+    ``typed`` names the fractions the page also takes as numbers ("spread", "model_gap")."""
     by = {p["params"][param]: p["value"]["median"] for p in pts}
     best, slowest = max(by, key=by.get), min(by, key=by.get)
+    frac = {"spread": 1 - by[slowest] / by[best],
+            "model_gap": 1 - by[chosen] / by[best] if chosen in by else None}
     return {f"{prefix}_best": str(best), f"{prefix}_best_gops": figures.fmt(by[best], "Gop/s"),
-            f"{prefix}_model_gap": (f"{100 * (1 - by[chosen] / by[best]):.1f} %"
+            f"{prefix}_model_gap": (f"{100 * frac['model_gap']:.1f} %"
                                     if chosen in by else unknown),
-            f"{prefix}_spread": f"{100 * (1 - by[slowest] / by[best]):.1f} %",
+            f"{prefix}_spread": f"{100 * frac['spread']:.1f} %",
             # typed: the rate steadily "falls" or "rises" as the block grows (every step the
-            # same way, first to last more than the noise), else None; and the spread
+            # same way, first to last more than the noise), else None; and the fractions asked
             f"{prefix}_trend": _trend([by[k] for k in sorted(by)]),
-            f"{prefix}_spread_frac": 1 - by[slowest] / by[best],
-            f"{prefix}_model_gap_frac": 1 - by[chosen] / by[best] if chosen in by else None}
+            **{f"{prefix}_{k}_frac": frac[k] for k in typed}}
 
 
 def _trend(rates: list[float]) -> str | None:
@@ -69,7 +71,8 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
              f"{b_block(p['params']['kc']) / 2**20:.1f} MiB",
              figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
     values = {"ch2.kc_n": str(n), "ch2.kc_c_mib": f"{n ** 2 * 4 / 1024**2:.0f} MiB",
-              **sweep_values(pts, "kc", chosen, "ch2.kc", records.not_measured(rec, PREDATES_ROWS))}
+              **sweep_values(pts, "kc", chosen, "ch2.kc", records.not_measured(rec, PREDATES_ROWS),
+                             typed=("model_gap",))}
     by = {p["params"]["kc"]: p["value"]["median"] for p in pts}
     best = max(by, key=by.get)
     end = _l3_end(rec_dir)

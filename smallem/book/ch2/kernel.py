@@ -76,10 +76,7 @@ def block_values(s: dict, n: int, no5: str) -> dict:
         "ch2.b_sliver_kib": f"{nr * b['kc'] * 4 / 1024:.1f} KiB",
         "ch2.a_block_kib": f"{b['mc'] * b['kc'] * 4 / 1024:.0f} KiB",
         "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
-        # a fact the page's sentence depends on (it chooses its branch by it)
-        "ch2.b_block_fits_l2": b["kc"] * min(b["nc"], n) * 4 <= g["L2"]["bytes"],
         "ch2.b_row_bytes": f"{nr * 4} bytes",
         "ch2.b_row_lines": math.ceil(nr * 4 / g["L1d"]["line"]),
-        "ch2.l1_ways_n": g["L1d"]["ways"],
     })
     return values

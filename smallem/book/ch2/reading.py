@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
-from smallem.product.gemm import (BF16_PATHS, FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
-                     THREAD_MIN_OPS, cache_geometry)
+from smallem.product.gemm import (FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
+                                  THREAD_MIN_OPS, cache_geometry)
 from .. import ch1, compare, figures, records, reference
-from .measuring import BF16_RECORD, RECORD
+from .measuring import RECORD
+from .bf16 import DTYPE_HEADER, amx_values, bf16_elsewhere, dtype_rows
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
 from .blocks import PREDATES_ROWS, kc_rows, sweep_values as _sweep_values
 from .order import order_values
@@ -62,29 +63,26 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
         return rows, {k: na for k in ("ch2.phase_most", "ch2.phase_most_pct", "ch2.phase_most_m",
                                       "ch2.phase_most_mib", "ch2.phase_least",
                                       "ch2.phase_least_pct", "ch2.phase_least_m",
-                                      "ch2.phase_least_mib", "ch2.phase_a_most",
-                                      "ch2.phase_a_most_pct", "ch2.phase_a_most_n")} | dict.fromkeys(
+                                      "ch2.phase_least_mib")} | dict.fromkeys(
             ("ch2.phase_a_narrow", "ch2.phase_a_narrow_n", "ch2.phase_a_narrow_pct",
              "ch2.phase_a_wide", "ch2.phase_a_wide_n", "ch2.phase_a_wide_pct",
              "ch2.phase_a_follows", "ch2.phase_a_odd", "ch2.phase_a_odd_n", "ch2.phase_a_odd_pct"))
     most = max(shares, key=lambda k: shares[k][0])
     least = min(shares, key=lambda k: shares[k][0])
     a_most = max(a_shares, key=lambda k: a_shares[k][0])
-    values = {"ch2.phase_a_most": a_most, "ch2.phase_a_most_pct": f"{a_shares[a_most][0]:.1f} %",
-              "ch2.phase_a_most_n": str(a_shares[a_most][1])}
     # the 1/N rule shown on the narrowest and the widest product (by N), and whether the
     # measured shares fall in that order
     narrow = min(a_shares, key=lambda k: a_shares[k][1])
     wide = max(a_shares, key=lambda k: a_shares[k][1])
-    values.update({"ch2.phase_a_narrow": narrow, "ch2.phase_a_narrow_n": a_shares[narrow][1],
-                   "ch2.phase_a_narrow_pct": a_shares[narrow][0] / 100,
-                   "ch2.phase_a_wide": wide, "ch2.phase_a_wide_n": a_shares[wide][1],
-                   "ch2.phase_a_wide_pct": a_shares[wide][0] / 100,
-                   "ch2.phase_a_follows": a_shares[narrow][0] >= a_shares[wide][0],
-                   # the product that packs A longest, where it is not the narrowest
-                   "ch2.phase_a_odd": a_most if a_most != narrow else None,
-                   "ch2.phase_a_odd_n": a_shares[a_most][1],
-                   "ch2.phase_a_odd_pct": a_shares[a_most][0] / 100})
+    values = {"ch2.phase_a_narrow": narrow, "ch2.phase_a_narrow_n": a_shares[narrow][1],
+              "ch2.phase_a_narrow_pct": a_shares[narrow][0] / 100,
+              "ch2.phase_a_wide": wide, "ch2.phase_a_wide_n": a_shares[wide][1],
+              "ch2.phase_a_wide_pct": a_shares[wide][0] / 100,
+              "ch2.phase_a_follows": a_shares[narrow][0] >= a_shares[wide][0],
+              # the product that packs A longest, where it is not the narrowest
+              "ch2.phase_a_odd": a_most if a_most != narrow else None,
+              "ch2.phase_a_odd_n": a_shares[a_most][1],
+              "ch2.phase_a_odd_pct": a_shares[a_most][0] / 100}
     for key, name in (("most", most), ("least", least)):
         pct, mib, m = shares[name]
         values.update({f"ch2.phase_{key}": name, f"ch2.phase_{key}_pct": f"{pct:.1f} %",
@@ -225,17 +223,28 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         if 0 < rung.index < len(LADDER) - 1:  # rung 5's gain is the page's one-core comparison
             values[f"ch2.rung{rung.index}_gain"] = f(gains[rung.index])
     values["ch2.rung2_verdict"] = blocking_verdict(gains[LADDER["blocked"].index])
+    values.update(_prediction_values(rec, n, pred))
+    values.update(_levels(rec, rec_dir))
+    values.update(block_values(s, n, no5))
+    values.update(latency_values(s, rec_dir))
+    values.update(_load_values(s, values["ch2.hw_load_bits"], values["ch2.fmas_per_cycle"]))
+    packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
+    values["ch2.peak_core"] = f(_peak_core(rec, rec_dir), "Gop/s")
+    values["ch2.packed_pct_core"] = figures.pct(packed / _peak_core(rec, rec_dir))
+    values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
+    return rows, values
+
+
+def _prediction_values(rec: dict, n: int, pred: dict) -> dict:
+    """Each rung measured over its prediction (typed; None without chapter 1's record), and
+    the facts the page's sentences choose by: which rungs beat their model by more than the
+    noise, and which of rungs 1 and 2 fell short of theirs or came within it."""
     ratio = {i: records.value(rec, "rung", rung=i, M=n) / gops for i, (gops, _) in pred.items()}
-    for i in range(len(LADDER)):
-        # typed: measured over predicted (None without chapter 1's record)
-        values[f"ch2.rung{i}_of_predicted"] = ratio.get(i)
+    values = {f"ch2.rung{i}_of_predicted": ratio.get(i) for i in range(len(LADDER))}
     values["ch2.has_predictions"] = bool(pred)
-    # facts the page's sentences choose by: which rungs beat their model by more than the
-    # noise, and whether rungs 1 and 2 both fell short of theirs
     above = [i for i in sorted(ratio) if ratio[i] > 1 + NOISE]
     values["ch2.any_above_model"] = bool(above)
     values["ch2.above_model"] = compare.listing([f"rung {i}" for i in above], "none")
-    values["ch2.loops_below"] = bool(pred) and all(ratio[i] < 1 - NOISE for i in (1, 2))
     short = [i for i in (1, 2) if i in ratio and ratio[i] < 1 - NOISE]
     close = [i for i in (1, 2) if i in ratio and abs(ratio[i] - 1) <= NOISE]
     for key, rungs in (("short", short), ("close", close)):
@@ -243,23 +252,18 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                                       + " and ".join(map(str, rungs))) if rungs else None
         values[f"ch2.loops_{key}_n"] = len(rungs)
     values["ch2.noise"] = NOISE
-    values.update(_levels(rec, rec_dir))
-    values.update(block_values(s, n, no5))
-    values.update(latency_values(s, rec_dir))
-    # loads a cycle the micro-kernel asks of the L1 at the FMA rate: per step N_R / V vectors
-    # of B and M_R broadcasts of A for M_R N_R / V FMAs
-    # (a vector load wider than the L1's loads, in the one core table, counts as several)
+    return values
+
+
+def _load_values(s: dict, bits: int | None, fmas_per_cycle: float) -> dict:
+    """Loads a cycle the micro-kernel asks of the L1 at the FMA rate: per step N_R / V
+    vectors of B and M_R broadcasts of A for M_R N_R / V FMAs (a vector load wider than the
+    L1's loads, in the one core table, counts as several)."""
     vec = REGISTER_FILE[s["isa"]][0]
-    bits = values["ch2.hw_load_bits"]
     split = max(1, 32 * vec // bits) if bits else 1
-    values["ch2.load_split"] = split
-    values["ch2.loads_per_cycle_needed"] = ((s["nr"] / vec * split + s["mr"])
-                                           * values["ch2.fmas_per_cycle"] / (s["mr"] * s["nr"] / vec))
-    packed = records.value(rec, "rung", rung=LADDER["packed"].index, M=n)
-    values["ch2.peak_core"] = f(_peak_core(rec, rec_dir), "Gop/s")
-    values["ch2.packed_pct_core"] = figures.pct(packed / _peak_core(rec, rec_dir))
-    values.update(_one_core_values(rec, n, final, numpy_all, numpy_one))
-    return rows, values
+    return {"ch2.load_split": split,
+            "ch2.loads_per_cycle_needed": ((s["nr"] / vec * split + s["mr"])
+                                           * fmas_per_cycle / (s["mr"] * s["nr"] / vec))}
 
 
 def _levels(rec: dict, rec_dir) -> dict:
@@ -467,111 +471,6 @@ def _shape_verdicts(rec: dict) -> dict:
 
 
 
-def _bf16_value(rec: dict, path: str, M, K, N) -> float | None:
-    for r in records.results(rec, "dtype", dtype="bf16", M=M, K=K, N=N):
-        # records made before the two paths have one bf16 result, on the path the build had
-        got = r["params"].get("path", "native" if rec["settings"]["native_bf16"] else "widen")
-        if got == path:
-            return r["value"]["median"]
-    return None
-
-
-
-BF16_PATH_TEXT = {"widen": "bf16 widened to f32 in packing, the FMA micro-kernel",
-                  "native": "vdpbf16ps on bf16 pairs", "amx": "AMX tiles (tdpbf16ps)"}
-
-
-
-def _missing(rec: dict, path: str) -> str:
-    """What a table says for a path a record has no result for."""
-    have = rec["settings"].get({"native": "native_bf16", "amx": "amx_bf16"}[path])
-    if path == "amx" and not rec["settings"]["native_bf16"]:
-        have = False  # every CPU with AMX_BF16 has AVX512_BF16
-    if have is False:
-        return "no AVX512_BF16" if path == "native" else "no AMX"
-    return "not measured"  # records from before the path existed
-
-
-
-def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
-    f = figures.fmt
-    rows, values = [], {}
-    sizes = list(dict.fromkeys((r["params"]["M"], r["params"]["K"], r["params"]["N"])
-                               for r in records.results(rec, "dtype")))
-    chosen = rec["settings"]["bf16_path"]
-    for M, K, N in sizes:
-        g32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
-        g16 = {p: _bf16_value(rec, p, M, K, N) for p in BF16_PATHS}
-        cells = [f(g16[p], "Gop/s") if g16[p] is not None else _missing(rec, p)
-                 for p in BF16_PATHS]
-        best = g16[chosen]
-        rows.append([f"{M}×{K}×{N}", f(g32, "Gop/s"), *cells, f"{100 * best / g32:.0f} %"])
-    has = [x for x, key in (("AVX512_BF16", "native_bf16"), ("AMX", "amx_bf16"))
-           if rec["settings"].get(key)]
-    values[f"{prefix}_extensions"] = " and ".join(has) if has else "no AVX512_BF16"
-    values[f"{prefix}_chosen"] = f"{chosen} ({BF16_PATH_TEXT[chosen]})"
-    peaks = {k: records.results(rec, "peak", kind=k) for k in ("f32", "bf16")}
-    if all(peaks.values()):  # the second machine's record times the probes beside it
-        p32, p16 = (peaks[k][0]["value"]["median"] for k in ("f32", "bf16"))
-        values.update({f"{prefix}_f32_probe": f(p32, "Gop/s"),
-                       f"{prefix}_bf16_probe": f(p16, "Gop/s")})
-    return rows, values
-
-
-
-DTYPE_HEADER = ["M×K×N", "f32 inputs", "bf16, widened", "bf16, vdpbf16ps", "bf16, AMX",
-                "bf16 (path taken) / f32"]
-
-
-
-def _print_dtype_rows(rows):
-    for r in rows:
-        print(f"  {r[0]:<18} f32 {r[1]:>12}  bf16 widened {r[2]:>12}  vdpbf16ps {r[3]:>14}"
-              f"  AMX {r[4]:>12}  ({r[5]})")
-
-
-
-def amx_values(rec: dict, rec_dir) -> dict:
-    """The AMX path against the f32 inputs and against chapter 1's tile probe (typed; None
-    where the record has no AMX result or chapter 1 no tile probe)."""
-    keys = ("ch2.amx_gops", "ch2.amx_size", "ch2.amx_vs_f32", "ch2.amx_probe",
-            "ch2.amx_of_probe")
-    best = None
-    for r in records.results(rec, "dtype", dtype="bf16"):
-        p = r["params"]
-        if p.get("path") == "amx" and (best is None or r["value"]["median"] > best[0]):
-            best = (r["value"]["median"], p["M"], p["K"], p["N"])
-    if best is None:
-        return dict.fromkeys(keys) | {"ch2.has_amx": False}
-    g, M, K, N = best
-    f32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
-    facts = ch1.facts(rec_dir)
-    probe = (facts or {}).get("peak", {}).get(("amx_bf16", rec["settings"]["threads"]))
-    return {"ch2.has_amx": True, "ch2.amx_gops": g, "ch2.amx_size": f"{M}×{K}×{N}",
-            "ch2.amx_vs_f32": g / f32, "ch2.amx_probe": probe,
-            "ch2.amx_of_probe": g / probe if probe else None}
-
-
-def bf16_elsewhere(rec_dir) -> dict:
-    """Table ch2_bf16_native and its values, from the second machine's record if any."""
-    keys = ("ch2.bf16_native_machine", "ch2.bf16_native_threads", "ch2.bf16_native_extensions",
-            "ch2.bf16_native_chosen", "ch2.bf16_native_f32_probe", "ch2.bf16_native_bf16_probe")
-    if not records.exists(BF16_RECORD, rec_dir):
-        figures.write_table("ch2_bf16_native", [["not measured yet"] + [""] * 5],
-                            DTYPE_HEADER)
-        # typed: no values, and the fact the page's section says once, at its head
-        return dict.fromkeys(keys) | {"ch2.bf16_native_exists": False}
-    rec = records.load(BF16_RECORD, rec_dir)
-    rows, values = dtype_rows(rec, prefix="ch2.bf16_native")
-    figures.write_table("ch2_bf16_native", rows, DTYPE_HEADER,
-                        note=f"Machine: {figures.machine_line(rec)}; "
-                             f"bf16 path: {values['ch2.bf16_native_chosen']}.")
-    return {"ch2.bf16_native_machine": figures.machine_line(rec),
-            "ch2.bf16_native_threads": rec["settings"]["threads"], **values,
-            "ch2.bf16_native_exists": True}
-
-
-
 def pool_values(rec: dict, rec_dir=None) -> dict:
     f = figures.fmt
     peak, _ = _peak(rec, rec_dir)
@@ -729,7 +628,8 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
     rung = [r.index for r in LADDER if r.name == pts[0]["params"]["rung"]]
     values = {"ch2.mc_n": str(pts[0]["params"]["n"]),
               "ch2.mc_threads": f"{th} thread{'s' if th != 1 else ''}",
-              "ch2.mc_rung": str(rung[0]), **_sweep_values(pts, "mc", chosen, "ch2.mc")}
+              "ch2.mc_rung": str(rung[0]), **_sweep_values(pts, "mc", chosen, "ch2.mc",
+                                                             typed=("spread",))}
     return rows, values
 
 
