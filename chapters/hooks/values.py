@@ -3,9 +3,9 @@
 ``smallem figures`` computes, from the records, every value a page quotes and every fact a
 page's sentences depend on, and writes them to ``figures/tables/values.json`` (keys such as
 ``ch1.f32_peak``, a number the page formats with a filter, ``{{ ch1.f32_peak | num("Gop/s") }}``,
-or ``ch2.b_block_fits_l2``, a true/false fact). This hook renders
+or ``ch2.has_rows_blocks``, a true/false fact). This hook renders
 each Markdown page as a Jinja template over those keys: ``{{ ch1.f32_peak }}`` puts a measured
-number into the prose, and ``{% if ch2.b_block_fits_l2 %} ... {% else %} ... {% endif %}``
+number into the prose, and ``{% if ch2.has_rows_blocks %} ... {% else %} ... {% endif %}``
 keeps the one sentence that holds on this machine, so each branch is written once, in the
 page, and a reader sees only what holds where the book was built.
 
