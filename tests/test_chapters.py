@@ -108,7 +108,7 @@ def test_the_others_appendix_reads_every_value_its_page_quotes(tmp_path, monkeyp
     wanted = set(re.findall(r"(?<![\w/-])(others\.[a-z0-9_]+(?:\.[a-z0-9_]+)?)", jinja))
     values = others.report(tmp_path)
     assert wanted <= set(values) and values["others.measured"] is False
-    assert values["others.qwen25_q8_0.tg"] is None               # no record: no figure, typed
+    assert values["others.qwen25_q8_0.pp_bound"] is None         # no record: no figure, typed
     shutil.copy(records.records_dir() / "ch1.machine.json", tmp_path)
     _others_record(ours=50, peer=40, pp=100, peer_pp=90).save(tmp_path)
     values = others.report(tmp_path)
@@ -117,7 +117,7 @@ def test_the_others_appendix_reads_every_value_its_page_quotes(tmp_path, monkeyp
     assert values["others.qwen25_q8_0.pp_vs_llama"].startswith("not reached")  # 1.11 < 1.5
     assert values["others.smollm2_q4_0.tg_vs_llama"].startswith("reached")     # 1.25 >= 1.2
     assert values["others.qwen25_q8_0.pp_bound"] == 500.0   # 100 Gop/s / 2e8 op, typed
-    assert values["others.qwen25_q8_0.tg"] == 50.0
+    assert values["others.qwen25_q8_0.tg_rate"] == 50 * 100 * 2 ** 20 / 1e9  # GB/s, typed
     _others_record(ours=30, peer=40, pp=100, peer_pp=50).save(tmp_path)
     values = others.report(tmp_path)
     assert values["others.qwen25_q8_0.tg_vs_llama"].startswith("not reached")

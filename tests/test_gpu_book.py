@@ -106,7 +106,7 @@ def test_an_older_gpu_record_is_said_once_and_typed():
     ch2 = reading.load_gpu("ch2.gpu", reading.BOOK_RECORDS)
     v = {**reading.peak_values(ch1), **reading.gemm_values(ch2)}
     assert isinstance(v["gpu.fma_peak"], float) and isinstance(v["gpu.cublas_over_mma"], float)
-    assert v["gpu.ch1_older"] is (not v["gpu.has_wgmma"]) and v["gpu.hopper"] is True
+    assert v["gpu.ch1_older"] is (not v["gpu.has_wgmma"]) and reading.is_hopper(ch1) is True
     assert v["gpu.tensor_ceiling"] >= v["gpu.mma_peak"]
     assert v["gpu.ch2_older"] is (not v["gpu.has_mma_rung"])
     assert isinstance(v["gpu.ladder_n"], int)

@@ -291,9 +291,8 @@ def peak_values(rec: dict | None) -> dict:
     record does not), and the rated bf16 figure where the card is an H200."""
     if rec is None:  # every key the page names, so that its untaken branches still render
         return {"gpu.measured": False, "gpu.is_h200": False, "gpu.cublas_beats_mma": False,
-                "gpu.hopper": False, "gpu.has_wgmma": False, "gpu.ch1_older": False,
-                **{k: None for k in ("gpu.name", "gpu.ch1_commit", "gpu.fma_peak",
-                                     "gpu.mma_peak", "gpu.cublas_bf16", "gpu.cublas_f32",
+                "gpu.has_wgmma": False, "gpu.ch1_older": False,
+                **{k: None for k in ("gpu.fma_peak", "gpu.mma_peak",
                                      "gpu.cublas_over_mma", "gpu.cublas_f32_over_fma",
                                      "gpu.tensor_ceiling", "gpu.tensor_ceiling_by",
                                      "gpu.rated_bf16", "gpu.mma_of_rated",
@@ -306,10 +305,8 @@ def peak_values(rec: dict | None) -> dict:
     hopper, wg = is_hopper(rec), _wgmma(rec) is not None
     ceiling, by = tensor_ceiling(rec)
     return {"gpu.measured": True, "gpu.is_h200": h200, "gpu.cublas_beats_mma": cb16 > mma,
-            "gpu.name": name, "gpu.ch1_commit": str(rec.get("commit") or "unknown")[:7],
-            "gpu.hopper": hopper, "gpu.has_wgmma": wg, "gpu.ch1_older": hopper and not wg,
-            "gpu.fma_peak": fma, "gpu.mma_peak": mma, "gpu.cublas_bf16": cb16,
-            "gpu.cublas_f32": cb32, "gpu.cublas_over_mma": cb16 / mma,
+            "gpu.has_wgmma": wg, "gpu.ch1_older": hopper and not wg,
+            "gpu.fma_peak": fma, "gpu.mma_peak": mma, "gpu.cublas_over_mma": cb16 / mma,
             "gpu.cublas_f32_over_fma": cb32 / fma,
             "gpu.tensor_ceiling": ceiling, "gpu.tensor_ceiling_by": by,
             "gpu.rated_bf16": rated if h200 else None,
@@ -322,10 +319,9 @@ def gemm_values(rec: dict | None) -> dict:
     record has the ladder's last rung (an older record stops before it)."""
     if rec is None:  # every key the page names, so that its untaken branches still render
         return {"gpu.gemm_measured": False, "gpu.ch2_older": False, "gpu.has_mma_rung": False,
-                **{k: None for k in ("gpu.ladder_n", "gpu.ch2_commit", "gpu.ladder_last",
-                                     *(f"gpu.{x}_{dt}{y}" for dt in ("f32", "bf16")
-                                       for x, y in (("top", "_rung"), ("top", ""),
-                                                    ("top", "_of_cublas"), ("cublas", "_n"))))}}
+                **{k: None for k in ("gpu.ladder_n", "gpu.ladder_last",
+                                     *(f"gpu.top_{dt}{y}" for dt in ("f32", "bf16")
+                                       for y in ("_rung", "", "_of_cublas")))}}
     from smallem.plumbing import cuda
 
     n = rec["settings"]["ladder_n"]
@@ -333,8 +329,7 @@ def gemm_values(rec: dict | None) -> dict:
     have = {r["params"]["rung"] for r in rungs}
     last = cuda.GPU_LADDER[-1].name
     out = {"gpu.gemm_measured": True, "gpu.ladder_n": n, "gpu.has_mma_rung": last in have,
-           "gpu.ladder_last": last, "gpu.ch2_commit": str(rec.get("commit") or "unknown")[:7],
-           "gpu.ch2_older": last not in have}
+           "gpu.ladder_last": last, "gpu.ch2_older": last not in have}
     for dt in ("f32", "bf16"):
         mine = [r for r in rungs if r["params"]["dtype"] == dt]
         top = max(mine, key=lambda r: r["params"]["number"]) if mine else None
@@ -342,5 +337,4 @@ def gemm_values(rec: dict | None) -> dict:
         out[f"gpu.top_{dt}_rung"] = top["params"]["rung"] if top else None
         out[f"gpu.top_{dt}"] = top["value"]["median"] if top else None
         out[f"gpu.top_{dt}_of_cublas"] = top["value"]["median"] / ref if top else None
-        out[f"gpu.cublas_{dt}_n"] = ref
     return out

@@ -153,28 +153,19 @@ def cell(v, unit: str = "") -> str:
     return str(v)
 
 
-def numbers(rec_dir: Path) -> dict:
-    """The typed numbers the page compares across machines, each computed from the records
-    (never read back from a formatted cell): chapter 1's peaks (the one-core figure by
-    chapter 1's rule: the better of one thread and every core over the cores), the FMA facts
-    (measured, and the vendor's table), the chain's clock, the plateaus' ends, the last
-    rung of chapter 2, the f32 step of chapter 3, the top decode rung of chapter 4 and the
-    appendix B decode rates."""
-    from .. import ch1, ch2, ch3  # noqa: F401
+def _ch1_numbers(facts: dict) -> dict:
+    """Chapter 1's peaks, FMA facts, clock, narrow paths and plateaus' ends."""
+    from .. import ch1
 
-    out: dict = {}
-    facts = ch1.facts(rec_dir)
-    if not facts:
-        return out
     th, cores = facts["theory"], facts["cores"]
     hw = ch1.hw_values(facts["record"], th)
-    out.update({"f32_core": th["probe_gops_core"], "f32_core_from": th["probe_from"],
-                "f32_all": facts["peak"][("f32", cores)], "clock": th["clock_ghz"],
-                "lanes": th["lanes"], "vector_bits": hw["ch1.hw.vector_bits"],
-                "fmas": hw["ch1.hw.fmas_per_cycle"], "core": hw["ch1.hw.core"],
-                "pipes": hw["ch1.hw.pipes"], "pipe_bits": hw["ch1.hw.pipe_bits"],
-                "cores": cores,
-                "identified": ch1.record_identity(facts["record"]["machine"]) is not None})
+    out = {"f32_core": th["probe_gops_core"], "f32_core_from": th["probe_from"],
+           "f32_all": facts["peak"][("f32", cores)], "clock": th["clock_ghz"],
+           "lanes": th["lanes"], "vector_bits": hw["ch1.hw.vector_bits"],
+           "fmas": hw["ch1.hw.fmas_per_cycle"], "core": hw["ch1.hw.core"],
+           "pipes": hw["ch1.hw.pipes"], "pipe_bits": hw["ch1.hw.pipe_bits"],
+           "cores": cores,
+           "identified": ch1.record_identity(facts["record"]["machine"]) is not None}
     if hw["ch1.hw.pipes"]:  # the vendor's f32 lanes a cycle at the kernels' width
         out["table_lanes"] = hw["ch1.hw.pipes"] * min(hw["ch1.hw.pipe_bits"],
                                                       hw["ch1.hw.vector_bits"]) // 32
@@ -200,6 +191,12 @@ def numbers(rec_dir: Path) -> dict:
         out["l3_all"] = stairs[cores]["L3"]
     if "read_plateaus" in facts and cores in facts["read_plateaus"]:
         out["dram_read_all"] = facts["read_plateaus"][cores]["DRAM"]
+    return out
+
+
+def _ch2_numbers(rec_dir: Path) -> dict:
+    """The last and the naive rung of chapter 2, and the last one's share of the peak."""
+    out: dict = {}
     if records.exists("ch2.gemm", rec_dir):
         rec = records.load("ch2.gemm", rec_dir)
         try:
@@ -210,6 +207,12 @@ def numbers(rec_dir: Path) -> dict:
             out["final_share"] = out["final_gops"] / _peak(rec, rec_dir)[0]
         except (KeyError, IndexError, TypeError, ValueError):
             pass
+    return out
+
+
+def _ch3_numbers(rec_dir: Path, facts: dict) -> dict:
+    """Chapter 3's f32 step: tokens a second and their share of the f32 peak."""
+    out: dict = {}
     if records.exists("ch3.train_step", rec_dir):
         rec = records.load("ch3.train_step", rec_dir)
         from ..ch3.reading import AT
@@ -220,6 +223,14 @@ def numbers(rec_dir: Path) -> dict:
             p = peak.get(rec["settings"]["threads"], peak[max(peak)])
             out["step_toks"] = toks
             out["step_share"] = toks * rec["settings"]["flops_per_token"] / (p * 1e9)
+    return out
+
+
+def _ch4_numbers(rec_dir: Path, facts: dict) -> dict:
+    """Chapter 4's top decode rung, the level its weights stream from and its share."""
+    from .. import ch1
+
+    out: dict = {}
     if records.exists("ch4.decode", rec_dir):
         rec = records.load("ch4.decode", rec_dir)
         rungs = sorted({r["params"]["rung"] for r in records.results(rec, "decode")
@@ -227,12 +238,19 @@ def numbers(rec_dir: Path) -> dict:
         top = records.results(rec, "decode", rung=rungs[-1]) if rungs else []
         if top and "weight_bytes" in top[0]["params"]:
             r = top[0]
-            wb, t = r["params"]["weight_bytes"], r["params"].get("threads", cores)
+            wb, t = r["params"]["weight_bytes"], r["params"].get("threads", facts["cores"])
             level, bw = ch1.level_of(facts, wb, t, ch1.read_stream(facts))
             out.update({"gen_top": r["value"]["median"], "gen_rung": rungs[-1],
                         "gen_read_gbs": bw, "gen_level": level,
                         "gen_share": r["value"]["median"] * wb / (bw * 1e9)})
+    return out
+
+
+def _others_numbers(rec_dir: Path) -> dict:
+    """Appendix B's decode rates of the two models the table compares."""
     from ..others.measuring import RECORD as OTHERS
+
+    out: dict = {}
     if records.exists(OTHERS, rec_dir):
         rec = records.load(OTHERS, rec_dir)
         for shape, qtype in (("qwen2.5-0.5b", "Q8_0"), ("smollm2-135m", "Q4_0")):
@@ -240,6 +258,26 @@ def numbers(rec_dir: Path) -> dict:
             if found:
                 slug = f"{shape.split('-')[0].replace('.', '')}_{qtype.lower()}"
                 out[f"others_{slug}"] = found[0]["value"]["median"]
+    return out
+
+
+def numbers(rec_dir: Path) -> dict:
+    """The typed numbers the page compares across machines, each computed from the records
+    (never read back from a formatted cell): chapter 1's peaks (the one-core figure by
+    chapter 1's rule: the better of one thread and every core over the cores), the FMA facts
+    (measured, and the vendor's table), the chain's clock, the plateaus' ends, the last
+    rung of chapter 2, the f32 step of chapter 3, the top decode rung of chapter 4 and the
+    appendix B decode rates."""
+    from .. import ch1, ch2, ch3  # noqa: F401
+
+    facts = ch1.facts(rec_dir)
+    if not facts:
+        return {}
+    out = _ch1_numbers(facts)
+    out.update(_ch2_numbers(rec_dir))
+    out.update(_ch3_numbers(rec_dir, facts))
+    out.update(_ch4_numbers(rec_dir, facts))
+    out.update(_others_numbers(rec_dir))
     return out
 
 

@@ -21,9 +21,8 @@ PP_TARGETS = {"vnni": 2.0, "avx2": 1.3}
 # scales (convert, the two scales' product, the FMA), all on the same vector pipes
 INT8_SHARE = 8 / 11
 # the values the page quotes for each file (its numbers are in the table)
-FIELDS = ("tg", "tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate",
-          "gemm_dtype", "pp_share", "head_share", "tg_prefetch", "prefetch_sign", "tg_rest_ms",
-          "tg_rest_share")
+FIELDS = ("tg_vs_llama", "tg_vs_bound", "pp_vs_llama", "pp_bound", "gemm_rate", "gemm_dtype",
+          "pp_share", "tg_prefetch", "tg_rest_ms", "tg_rest_share")
 # the decode's rates (arithmetic, memory, in turn, overlapped, the step): a table for every
 # file, and values for the first file's, which the page works through
 RATES = ("dot_rate", "mem_rate", "tg_none", "tg_full", "tg_rate", "tg_products")
@@ -57,7 +56,7 @@ def _missing(note: str) -> dict:
     return ({k: None for k in (*keys(), *SETTINGS_KEYS)}
             | {"others.measured": False, "others.rb": _rb(), "others.logits_tol": _logits_tol()}
             | _tol_values()
-            | _int8_predicted(None, 0, "") | llama_values(None, {}, 0, 0)
+            | _int8_predicted(None, 0, "") | llama_values(None, {}, 0)
             | _ahead(None) | _tiles(None, None)
             | {"others.prefetch_gains": 0, "others.prefetch_losses": 0, "others.commit": None,
                "others.ch1_measured": False,
@@ -274,86 +273,79 @@ def _rates_table(rec, rows: list, threads: int):
     return bool(records.results(rec, "dot_rate"))
 
 
-def report(rec_dir=None) -> dict:
-    if not records.exists(RECORD, rec_dir):
-        return _missing("not measured here (no record others.decode: run `smallem bench-others`)")
-    rec = records.load(RECORD, rec_dir)
+def _pp_bound(rec, shape: str, qtype: str, pre: dict) -> float | None:
+    """The prompt bound (tokens/s): chapter 2's GEMM at the file's gate shape over two
+    operations a weight a prompt token, the output head counted once a prompt."""
     s = rec["settings"]
-    facts = ch1.facts(rec_dir)
-    th = s["threads"]
-    int8_ins = s.get("int8_instruction", s["instruction"])
-    pp_target = PP_TARGETS["vnni" if "VNNI" in int8_ins else "avx2"]
-    rows, values, rate_rows = [], {}, []
-    below: dict = {"rest": [], "model": []}
-    weights = None
-    for shape, qtype in CASES:
-        key = f"others.{slug(shape, qtype)}."
-        ours = _one(rec, "decode", model=shape, type=qtype)
-        if ours is None:
-            why = s.get("missing", {}).get(f"{shape} {qtype}", "not in this record")
-            values.update({key + k: None for k in FIELDS})
-            continue
-        p = ours["params"]
-        weights = weights or (p["params"] if qtype == "Q8_0" else None)
-        wb = p["weight_bytes"]
-        level, bw = (ch1.level_of(facts, wb, th, ch1.read_stream(facts)) if facts
-                     else (None, None))       # no bound without chapter 1's record
-        bound = bw * 1e9 / wb if facts else None
-        pre = _one(rec, "prefill", model=shape, type=qtype)
-        lt, lp = (_one(rec, n, model=shape, type=qtype) for n in ("llama_tg", "llama_pp"))
-        tv = compare.against(ours, lt, TARGETS[qtype]) if lt else None
-        bv = compare.against_bound(ours, bound, BOUND_SHARE) if facts else None
-        pv = compare.against(pre, lp, pp_target) if lp else None
-        gm = _one(rec, "prompt_gemm", model=shape, type=qtype)
-        per_token = pre["params"].get("products_per_token")
-        shp = s.get("shapes", {}).get(shape, {})
-        head = shp.get("vocab", 0) * shp.get("d", 0)  # the output head: the last row only
-        pp_ops = (2 * ((per_token - head) * s["pp"] + head) / s["pp"]
-                  if gm and per_token else None)       # operations a prompt token
-        pp_bound = gm["value"]["max"] * 1e9 / pp_ops if pp_ops else None
-        no = "not measured (no llama.cpp)"
-        values.update({
-            key + "tg": ours["value"]["median"],
-            key + "tg_vs_llama": tv.text() if tv else no,
-            key + "tg_vs_bound": (bv.text(f"{100 * bv.ratio:.0f} % of the bound, target "
-                                          f"{100 * BOUND_SHARE:.0f} %") if bv else "—"),
-            key + "pp_vs_llama": pv.text() if pv else no,
-            key + "pp_bound": pp_bound,
-            key + "gemm_rate": gm["value"]["max"] if gm else None,
-            key + "gemm_dtype": pre["params"].get("prompt_dtype"),
-            key + "pp_share": pre["value"]["median"] / pp_bound if pp_bound else None,
-            key + "head_share": head / per_token if per_token else None,
-        })
-        rates = _rates(rec, key, ours, bw if facts else None)
-        turn, prod = rates[key + "tg_none"], rates[key + "tg_products"]
-        if turn and rates[key + "tg_rate"] < 0.95 * turn:  # slower than the two in turn
-            below["rest" if prod and prod >= 0.95 * turn else "model"].append(f"{shape} {qtype}")
-        cellv = {k: (f(rates[key + k], "GB/s") if rates[key + k] is not None else "—")
-                 for k in RATES}
-        rate_rows.append([f"{shape} {qtype}", *(cellv[k] for k in RATES),
-                          (f"{rates[key + 'tg_rest_ms']:.2f} ms a token, "
-                           f"{figures.pct(rates[key + 'tg_rest_share'], 2)} of the step"
-                           if rates[key + "tg_rest_ms"] is not None else "—"),
-                          _bare(rates[key + "tg_prefetch"] or "—")])
-        values.update({k: v for k, v in rates.items()
-                       if (shape, qtype) == CASES[0]
-                       or k[len(key):] in ("tg_prefetch", "prefetch_sign", "tg_rest_ms",
-                                           "tg_rest_share")})
-        mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
-                        for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
-        rows.append([f"{shape} {qtype}", f(wb / MiB), mix, level or "—",
-                     f(bound) if bound else "—",
-                     f(ours["value"]["median"]), f(lt["value"]["median"]) if lt else "—",
-                     f"{100 * ours['value']['median'] / bound:.0f} %" if bound else "—",
-                     f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—",
-                     f(pp_bound) if pp_bound else "—"])
+    gm = _one(rec, "prompt_gemm", model=shape, type=qtype)
+    per_token = pre["params"].get("products_per_token")
+    shp = s.get("shapes", {}).get(shape, {})
+    head = shp.get("vocab", 0) * shp.get("d", 0)  # the output head: the last row only
+    pp_ops = (2 * ((per_token - head) * s["pp"] + head) / s["pp"]
+              if gm and per_token else None)       # operations a prompt token
+    return gm["value"]["max"] * 1e9 / pp_ops if pp_ops else None
+
+
+def _case(rec, facts, key: str, ours: dict, pp_target: float) -> tuple[dict, list, dict]:
+    """One file's values the page quotes, its row of the speed table, and its decode rates
+    (less the prefetch's sign, which :func:`report` counts)."""
+    p = ours["params"]
+    shape, qtype, wb = p["model"], p["type"], p["weight_bytes"]
+    level, bw = (ch1.level_of(facts, wb, rec["settings"]["threads"], ch1.read_stream(facts))
+                 if facts else (None, None))       # no bound without chapter 1's record
+    bound = bw * 1e9 / wb if facts else None
+    pre = _one(rec, "prefill", model=shape, type=qtype)
+    lt, lp = (_one(rec, n, model=shape, type=qtype) for n in ("llama_tg", "llama_pp"))
+    tv = compare.against(ours, lt, TARGETS[qtype]) if lt else None
+    bv = compare.against_bound(ours, bound, BOUND_SHARE) if facts else None
+    pv = compare.against(pre, lp, pp_target) if lp else None
+    gm = _one(rec, "prompt_gemm", model=shape, type=qtype)
+    pp_bound = _pp_bound(rec, shape, qtype, pre)
+    no = "not measured (no llama.cpp)"
+    values = {
+        key + "tg_vs_llama": tv.text() if tv else no,
+        key + "tg_vs_bound": (bv.text(f"{100 * bv.ratio:.0f} % of the bound, target "
+                                      f"{100 * BOUND_SHARE:.0f} %") if bv else "—"),
+        key + "pp_vs_llama": pv.text() if pv else no,
+        key + "pp_bound": pp_bound,
+        key + "gemm_rate": gm["value"]["max"] if gm else None,
+        key + "gemm_dtype": pre["params"].get("prompt_dtype"),
+        key + "pp_share": pre["value"]["median"] / pp_bound if pp_bound else None,
+    }
+    rates = _rates(rec, key, ours, bw if facts else None)
+    values.update({k: v for k, v in rates.items() if k != key + "prefetch_sign" and (
+        (shape, qtype) == CASES[0]
+        or k[len(key):] in ("tg_prefetch", "tg_rest_ms", "tg_rest_share"))})
+    mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
+                    for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
+    row = [f"{shape} {qtype}", f(wb / MiB), mix, level or "—", f(bound) if bound else "—",
+           f(ours["value"]["median"]), f(lt["value"]["median"]) if lt else "—",
+           f"{100 * ours['value']['median'] / bound:.0f} %" if bound else "—",
+           f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—",
+           f(pp_bound) if pp_bound else "—"]
+    return values, row, rates
+
+
+def _rate_row(name: str, key: str, rates: dict) -> list:
+    """One file's row of the rates table."""
+    cellv = {k: (f(rates[key + k], "GB/s") if rates[key + k] is not None else "—")
+             for k in RATES}
+    return [name, *(cellv[k] for k in RATES),
+            (f"{rates[key + 'tg_rest_ms']:.2f} ms a token, "
+             f"{figures.pct(rates[key + 'tg_rest_share'], 2)} of the step"
+             if rates[key + "tg_rest_ms"] is not None else "—"),
+            _bare(rates[key + "tg_prefetch"] or "—")]
+
+
+def _speed_table(rec, facts, rows: list) -> None:
+    s = rec["settings"]
     figures.write_table(
         "others_speed", rows,
         ["file", "MiB a token reads", "types (share of the file)", "level (chapter 1)",
          "bound (tokens/s)", "decode, ours", "decode, llama.cpp", "ours ÷ bound",
          f"prompt of {s['pp']}, ours", "prompt, llama.cpp", "prompt bound (tokens/s)"],
         f"Tokens/s, medians of {s['rounds']} rounds in turn; decode: {s['feed']} tokens after "
-        f"{s['prompt']} cached; {th} threads. "
+        f"{s['prompt']} cached; {s['threads']} threads. "
         + (f"The bound: the bytes a token reads over chapter 1's "
            f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth of the level that holds them. "
            if facts else "No bound on decoding: chapter 1's record is not here. ")
@@ -363,15 +355,43 @@ def report(rec_dir=None) -> dict:
         f"computes the logits of its last row only). llama.cpp: one llama-bench repetition a "
         f"round, after its own untimed warm-up run. {figures.machine_line(rec)}."
         + figures.peer_notes(s.get("llama_cpp"), s.get("missing") or {}))
-    figures.write_table("others_types", *types_table(facts, weights, th))
-    signs = [values.get(f"others.{slug(*c)}.prefetch_sign") for c in CASES]
+
+
+def report(rec_dir=None) -> dict:
+    if not records.exists(RECORD, rec_dir):
+        return _missing("not measured here (no record others.decode: run `smallem bench-others`)")
+    rec = records.load(RECORD, rec_dir)
+    s = rec["settings"]
+    facts = ch1.facts(rec_dir)
+    int8_ins = s.get("int8_instruction", s["instruction"])
+    pp_target = PP_TARGETS["vnni" if "VNNI" in int8_ins else "avx2"]
+    rows, values, rate_rows, signs = [], {}, [], []
+    below: dict = {"rest": [], "model": []}
+    weights = None
+    for shape, qtype in CASES:
+        key = f"others.{slug(shape, qtype)}."
+        ours = _one(rec, "decode", model=shape, type=qtype)
+        if ours is None:
+            values.update({key + k: None for k in FIELDS})
+            continue
+        weights = weights or (ours["params"]["params"] if qtype == "Q8_0" else None)
+        found, row, rates = _case(rec, facts, key, ours, pp_target)
+        values.update(found)
+        rows.append(row)
+        signs.append(rates[key + "prefetch_sign"])
+        turn, prod = rates[key + "tg_none"], rates[key + "tg_products"]
+        if turn and rates[key + "tg_rate"] < 0.95 * turn:  # slower than the two in turn
+            below["rest" if prod and prod >= 0.95 * turn else "model"].append(f"{shape} {qtype}")
+        rate_rows.append(_rate_row(f"{shape} {qtype}", key, rates))
+    _speed_table(rec, facts, rows)
+    figures.write_table("others_types", *types_table(facts, weights, s["threads"]))
     values["others.prefetch_gains"] = signs.count(1)
     values["others.prefetch_losses"] = signs.count(-1)
     values["others.commit"] = rec.get("commit", "")[:7]
     values["others.ch1_measured"] = facts is not None  # the bounds need chapter 1's record
     values["others.below_rest"] = " and ".join(below["rest"]) or None
     values["others.below_model"] = " and ".join(below["model"]) or None
-    values["others.prefetch_measured"] = _rates_table(rec, rate_rows, th)
+    values["others.prefetch_measured"] = _rates_table(rec, rate_rows, s["threads"])
     values["others.bf16_path"] = (records.load("ch2.gemm", rec_dir)["settings"].get("bf16_path")
                                   if records.exists("ch2.gemm", rec_dir) else None)
     return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
@@ -381,16 +401,16 @@ AMX_OFF_WHY = ("a native build with its AMX kernels died on every quantised file
                "the Xeons met so far")
 
 
-def llama_values(ll: dict | None, missing: dict, threads: int, reps: int) -> dict:
+def llama_values(ll: dict | None, missing: dict, threads: int) -> dict:
     """How llama.cpp ran, typed: its source (the llama-cpp-python release that bundles it,
     and llama.cpp's own commit), the instruction sets its build switched on, AMX (always off,
-    and why), whether llama-bench ran without its repacked buffers, the threads and the
-    repetitions a round. None where the record does not hold it."""
+    and why), whether llama-bench ran without its repacked buffers, and the threads. None
+    where the record does not hold it."""
     out = {"others.llama_ran": bool(ll), "others.llama_missing": missing.get("llama.cpp"),
            "others.llama_bundle": None, "others.llama_commit": None, "others.llama_isa": None,
            "others.llama_amx": None, "others.llama_amx_why": AMX_OFF_WHY,
            "others.llama_safe": None, "others.llama_safe_why": None,
-           "others.threads": threads, "others.llama_reps": reps}
+           "others.threads": threads}
     if not ll:
         return out
     b = ll.get("build") or {}
@@ -424,5 +444,4 @@ def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
         **_int8_predicted(facts, s["threads"], int8_ins),
         "others.rows": s["rows_per_call"], "others.rb": _rb(),
         "others.logits_tol": _logits_tol(), **_tol_values(),
-        **llama_values(s.get("llama_cpp"), s.get("missing") or {}, s["threads"],
-                       s.get("llama_reps", 1))}
+        **llama_values(s.get("llama_cpp"), s.get("missing") or {}, s["threads"])}

@@ -29,8 +29,7 @@ def _missing(note: str) -> dict:
     measured sections out)."""
     for name in ("recurrent_scan", "recurrent_train", "recurrent_decode"):
         figures.write_table(name, [], ["(nothing measured)"], note)
-    return {f"rec.{k}": None for k in KEYS} | {"rec.recurrent_wins": False,
-                                               "rec.measured": False, "rec.scan_reached": False}
+    return {f"rec.{k}": None for k in KEYS} | {"rec.measured": False, "rec.scan_reached": False}
 
 
 def _one(rec, name, **params):
@@ -169,7 +168,6 @@ def _runs(rec) -> dict:
             "rec.bpb_tol": BPB_TOL, "rec.within": PREDICTED_WITHIN,
             "rec.bpb_modern": f"{bpb(a):.3f} bits/byte after {a['params']['steps']} steps",
             "rec.bpb_recurrent": f"{bpb(r):.3f} bits/byte after {r['params']['steps']} steps",
-            "rec.recurrent_wins": bpb(r) < bpb(a),
             "rec.run_minutes": f"{60 * rec['settings']['run_minutes']:.0f} s",
             "rec.run_config": f"{a['params']['config']} and {r['params']['config']}"}
 
