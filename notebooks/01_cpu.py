@@ -22,12 +22,13 @@
 # %%
 from IPython.display import SVG, Markdown, display
 
-from smallem.cpu import isa, machine, machine_info
+from smallem.cpu import machine
 from smallem.book import ch1, figures, records
 
-print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |",
-      "ISA", isa.selected(), isa.extensions(isa.selected()))
-print("caches:", {k: v for k, v in machine_info.caches().items() if k.endswith("bytes")})
+# this host, and whether it is the machine of the record read below: the live cells measure
+# this host, the tables and figures come from the record
+SAME_HOST, _host = records.host_check(ch1.RECORD)
+print(_host)
 
 # %% [markdown]
 # ## Measure, or read the record
@@ -90,13 +91,17 @@ print(f"naive product: {summary['naive_below_peak']:.0f} times below the measure
 # One more measurement of the clock, now, both ways: 64 dependent adds of a register per
 # loop iteration (one cycle each), and 64 dependent multiplies (three cycles each). Under
 # load or on battery the clock moves; that is why the peak is computed from the clock
-# measured in the same run (the larger of the two chains'), not from the box's label.
+# measured in the same run (the larger of the two chains'), not from the box's label. A
+# live clock far from the record's is this run's: a busy host, or another host than the
+# record's machine (the first cell says which).
 
 # %%
 for chain in ("add", "mul"):
     clock = machine.measure_clock(repeats=3, chain=chain)
-    print(f"clock now, chain of {chain}s: {clock['median'] / 1e9:.2f} GHz "
-          f"(min {clock['min'] / 1e9:.2f}, max {clock['max'] / 1e9:.2f})")
+    print(f"clock {records.live_label(SAME_HOST)}, chain of {chain}s: {clock['median'] / 1e9:.2f} GHz "
+          f"(min {clock['min'] / 1e9:.2f}, max {clock['max'] / 1e9:.2f})"
+          + records.live_note(clock["median"] / 1e9, theory["clock_ghz"], SAME_HOST,
+                              "the record's clock", "GHz"))
 
 # %% [markdown]
 # ## The staircase and the roofline
@@ -109,16 +114,22 @@ display(SVG(filename=str(figures.figures_dir() / "ch1_staircase.svg")))
 # ## The read-only stream
 #
 # A sum of one array, with no stores: a decoder's traffic (chapter 4 takes its bounds from
-# it). Live, on one thread, from a working set past the measured L3 plateau, beside the
-# triad at the same size; then its plateaus from the record, beside the triad's.
+# it). Live, on one thread, from a working set past the record's L3 plateau, beside the
+# triad at the same size and the record's DRAM plateau on one thread; then its plateaus
+# from the record, beside the triad's.
 
 # %%
 _last = summary["triad_spans"][1]["L3"]["last"]
 _ws = int(min(4 * _last, machine.GiB)) if _last == _last else 256 * machine.MiB
 _s = machine.Stream(_ws, 1)
+_plateaus = {"read": summary.get("read_plateaus", {}), "triad": summary["triad_plateaus"]}
 for _k in ("read", "triad"):
     _r = machine.measure_stream_point(_s, _k, _ws, 1, repeats=3)
-    print(f"{_k:5s} {_ws // machine.MiB} MiB, one thread, now: {_r['value']['median']:.1f} GB/s")
+    _rec = _plateaus[_k].get(1, {}).get("DRAM", float("nan"))
+    print(f"{_k:5s} {_ws // machine.MiB} MiB, one thread, {records.live_label(SAME_HOST)}: "
+          f"{_r['value']['median']:.1f} GB/s"
+          + records.live_note(_r["value"]["median"], _rec, SAME_HOST,
+                              "the record's DRAM plateau on one thread,", "GB/s"))
 del _s
 if "read_plateaus" in summary:
     for _th in sorted(summary["read_plateaus"]):

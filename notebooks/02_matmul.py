@@ -33,16 +33,23 @@ from smallem.cpu.timing import measure
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 
-print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores |", "ISA", isa.selected())
+# this host, and whether it is the machine of the record read below: the model's shapes and
+# blocks and the live timings are this host's, the tables and figures the record's
+SAME_HOST, _host = records.host_check(ch2.RECORD)
+print(_host)
 
 # %% [markdown]
 # ## The micro-kernel's shape and the block sizes, from the model
 #
 # Nothing below is tuned for this machine. The micro-kernel's tile (MR rows by NR columns)
 # follows from the register file; the three block sizes follow from the caches' size,
-# associativity and line size (Low et al., 2016). The chapter explains each formula.
+# associativity and line size (Low et al., 2016). The chapter explains each formula. The
+# model runs here on this host's caches and bandwidth; the record's own choices are printed
+# beside its tables below.
 
 # %%
+print("the model on this host" + ("" if SAME_HOST else
+      " (not the records' machine: chapter 2's tile, blocks and order are the record's, below)"))
 level = isa.selected()
 vec, regs = gemm.REGISTER_FILE[level]
 mr, nr = gemm.micro_shape(vec, regs)
@@ -93,7 +100,8 @@ a = rng.standard_normal((n, n), dtype=np.float32)
 b = rng.standard_normal((n, n), dtype=np.float32)
 for rung in gemm.LADDER[:2]:
     t = measure(lambda: rung(a, b), repeats=3)
-    print(f"{rung.label:24s} {2 * n**3 / t.median / 1e9:7.2f} Gop/s at {n}^3")
+    print(f"{rung.label:24s} {2 * n**3 / t.median / 1e9:7.2f} Gop/s at {n}^3, "
+          f"{records.live_label(SAME_HOST)}")
 
 # %% [markdown]
 # ## Measure, or read the record
@@ -101,9 +109,16 @@ for rung in gemm.LADDER[:2]:
 # %%
 data = records.load_or_measure(ch2.RECORD, ch2.run)
 print(figures.machine_line(data))
+_s = data["settings"]
+if "mr" in _s:  # the record's own model, which chapter 2's tables ran: tile, blocks, order
+    print(f"the record's model: micro-kernel {_s['mr']} x {_s['nr']}; blocks of rungs 2-4 "
+          f"{_s.get('blocks_ladder')}, of rung 5 {_s.get('blocks_rows')}; order "
+          f"{_s.get('order')}" + (f" (rung 5's order needs {_s['order_why']['need_gbs']:.1f} GB/s "
+                                  f"a core from L3, which gives {_s['order_why']['have_gbs']:.1f})"
+                                  if _s.get("order_why") else ""))
 values = ch2.report(records.records_dir())
-print(f"final rung: {values['ch2.final_gops']} = {values['ch2.final_pct_peak']} of the peak, "
-      f"{values['ch2.final_vs_numpy']} of numpy")
+print(figures.plain(f"final rung: {values['ch2.final_gops']} = {values['ch2.final_pct_peak']} of "
+                    f"the peak, {values['ch2.final_vs_numpy']} of numpy"))
 
 # %% [markdown]
 # ## The ladder
@@ -131,10 +146,11 @@ display(SVG(filename=str(figures.figures_dir() / "ch2_roofline.svg")))
 
 # %%
 display(Markdown((tables / "ch2_alone.md").read_text()))
-print(f"on one core, B in L3 instead of L2: {values['ch2.alone_l3_one']}; on all cores, one "
-      f"shared block: {values['ch2.alone_l3_shared']}, a block per thread: "
-      f"{values['ch2.alone_l3_own']}; the tiles inside the model's products: "
-      f"{values['ch2.tiles_range']}")
+print(figures.plain(
+    f"on one core, B in L3 instead of L2: {values['ch2.alone_l3_one']}; on all cores, one "
+    f"shared block: {values['ch2.alone_l3_shared']}, a block per thread: "
+    f"{values['ch2.alone_l3_own']}; the tiles inside the model's products: "
+    f"{values['ch2.tiles_range']}"))
 
 # %% [markdown]
 # ## Sizes, the model's shapes, bf16
@@ -144,8 +160,9 @@ display(SVG(filename=str(figures.figures_dir() / "ch2_sweep.svg")))
 for name in ("ch2_sweep", "ch2_shapes", "ch2_phases", "ch2_bf16"):
     display(Markdown((tables / f"{name}.md").read_text()))
 # The FMA probe ran between the samples of one size: what the cores gave at that moment.
-print(f"at {values['ch2.beside_n']} the probe gave {values['ch2.beside_peak']}; the product "
-      f"reached {values['ch2.beside_pct']} of it, numpy {values['ch2.beside_numpy_pct']}")
+print(figures.plain(f"at {values['ch2.beside_n']} the probe gave {values['ch2.beside_peak']}; "
+                    f"the product reached {values['ch2.beside_pct']} of it, numpy "
+                    f"{values['ch2.beside_numpy_pct']}"))
 
 # %% [markdown]
 # ## The thread pool
@@ -154,10 +171,10 @@ print(f"at {values['ch2.beside_n']} the probe gave {values['ch2.beside_peak']}; 
 # on every call, and an empty parallel region costs far less than creating threads.
 
 # %%
-print(gemm.pool_ids(), gemm.pool_ids())
-print(f"empty parallel region {values['ch2.pool_region_us']}, "
-      f"create + join {values['ch2.pool_spawn_us']}; the team's thread ids: "
-      f"{values['ch2.pool_same']} on every call")
+print(f"the team's thread ids, {records.live_label(SAME_HOST)}:", gemm.pool_ids(), gemm.pool_ids())
+print(figures.plain(f"the record's: empty parallel region {values['ch2.pool_region_us']}, "
+                    f"create + join {values['ch2.pool_spawn_us']}; the team's thread ids: "
+                    f"{values['ch2.pool_same']} on every call"))
 
 # %%
 # The GPU side (CUDA through CuPy): measured now if this machine has a GPU, else the last

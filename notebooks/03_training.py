@@ -29,7 +29,6 @@ import os
 import numpy as np
 from IPython.display import SVG, Markdown, display
 
-from smallem.cpu import machine_info
 from smallem.training import train
 from smallem.book import ch3, figures, records
 from smallem.checks import assert_close
@@ -37,7 +36,10 @@ from smallem.training.model import GPT, Config
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
-print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
+# this host, and whether it is the machine of the records read below: the live checks run
+# here, the tables and figures are the records'
+SAME_HOST, _host = records.host_check(ch3.RECORD_STEP)
+print(_host)
 
 # %% [markdown]
 # ## The four sizes
@@ -93,7 +95,8 @@ try:
     worst = max(np.abs(ref.grads[k] - tg[k]).max() for k in tg)
     print(f"PyTorch loss {tl:.10f}; worst gradient difference from numpy: {worst:.1e}")
 except ImportError:
-    print("PyTorch is not installed: that check is skipped")
+    print("PyTorch is not installed on this host: that check is skipped (chapter 3's PyTorch "
+          "step, in the tables below, is the records')")
 
 # %% [markdown]
 # ## Measure, or read the records
@@ -118,8 +121,8 @@ display(Markdown((figures.tables_dir() / "ch3_step.md").read_text()))
 for key in ("ch3.kernels_vs_torch", "ch3.kernels_vs_numpy", "ch3.kernels_mfu"):
     print(key, "=", figures.plain(values.get(key, "n/a")))
 # the modern step at the batch its target is judged at (the home page quotes it)
-print("modern step with Muon:", values.get("ch3.modern_accumulated_toks", "n/a"), "at",
-      values.get("ch3.accumulated_tokens", "n/a"), "tokens an optimiser step")
+print(figures.plain(f"modern step with Muon: {values.get('ch3.modern_accumulated_toks', 'n/a')} "
+                    f"at {values.get('ch3.accumulated_tokens', 'n/a')} tokens an optimiser step"))
 
 # %% [markdown]
 # ## The climb, rung by rung
@@ -134,16 +137,17 @@ for key in ("ch3.target_f32_mfu", "ch3.target_f32_torch", "ch3.target_bf16",
             "ch3.target_bf16_torch"):
     print(key, "=", figures.plain(values.get(key, "n/a")))
 # the modern step at the batch its target is judged at (the home page quotes it)
-print("modern step with Muon:", values.get("ch3.modern_accumulated_toks", "n/a"), "at",
-      values.get("ch3.accumulated_tokens", "n/a"), "tokens an optimiser step")
+print(figures.plain(f"modern step with Muon: {values.get('ch3.modern_accumulated_toks', 'n/a')} "
+                    f"at {values.get('ch3.accumulated_tokens', 'n/a')} tokens an optimiser step"))
 
 # %% [markdown]
 # ## Threads that wait: a fork-join on each runtime
 
 # %%
 display(Markdown((figures.tables_dir() / "ch3_fork_join.md").read_text()))
-print("one thread more than cores, spinning forever:", values.get("ch3.fj_over_forever"),
-      "| bounded spin:", values.get("ch3.fj_over_pool"))
+print(figures.plain(f"one thread more than cores, spinning forever: "
+                    f"{values.get('ch3.fj_over_forever')} | bounded spin: "
+                    f"{values.get('ch3.fj_over_pool')}"))
 
 # %% [markdown]
 # ## Where the step spends its time, before and after
@@ -157,9 +161,10 @@ if (figures.tables_dir() / "ch3_ops.md").exists():
 
 # %%
 display(Markdown((figures.tables_dir() / "ch3_fused.md").read_text()))
-print(f"T = {values['ch3.long_T']}: tiles {values['ch3.long_tiles_ms']} against matrices "
-      f"{values['ch3.long_matrices_ms']} ({values['ch3.long_tiles_vs']}); memory beyond q, k, v, "
-      f"o: {values['ch3.long_extra_tiles']} against {values['ch3.long_extra_matrices']}")
+print(figures.plain(f"T = {values['ch3.long_T']}: tiles {values['ch3.long_tiles_ms']} against "
+                    f"matrices {values['ch3.long_matrices_ms']} ({values['ch3.long_tiles_vs']}); "
+                    f"memory beyond q, k, v, o: {values['ch3.long_extra_tiles']} against "
+                    f"{values['ch3.long_extra_matrices']}"))
 
 # %% [markdown]
 # ## The loss curves

@@ -30,7 +30,6 @@ import numpy as np
 from IPython.display import SVG, Markdown, display
 
 from smallem.generating import decode, gguf_export
-from smallem.cpu import machine_info
 from smallem.book import ch4, figures, records
 from smallem.checks import assert_close
 from smallem.training.model import GPT, Config
@@ -38,7 +37,10 @@ from smallem.generating.quant import Packed
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
-print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
+# this host, and whether it is the machine of the records read below: the live checks run
+# here, the tables and figures are the records'
+SAME_HOST, _host = records.host_check(ch4.RECORD)
+print(_host)
 
 # %% [markdown]
 # ## The cache changes nothing but the time
@@ -124,17 +126,21 @@ display(Markdown((figures.tables_dir() / "ch4_targets.md").read_text()))
 # %%
 if (figures.figures_dir() / "ch4_l3.svg").exists():
     display(SVG(filename=str(figures.figures_dir() / "ch4_l3.svg")))
+# typed values formatted as the page formats them: a factor as ×, a share as a percentage
+_shown = {"ch4.big_int8_vs_f32": figures.times, "ch4.big_share": figures.pct}
 for key in ("ch4.big_params", "ch4.big_int8_vs_f32", "ch4.big_share", "ch4.small_one_core",
             "ch4.small_all_cores"):
-    print(key, "=", values.get(key, "n/a"))
+    _v = values.get(key)
+    print(key, "=", "n/a" if _v is None else _shown[key](_v) if key in _shown
+          else figures.fmt(_v) if isinstance(_v, float) else figures.plain(_v))
 
 # %% [markdown]
 # ## What int8 costs in quality
 
 # %%
 display(Markdown((figures.tables_dir() / "ch4_quality.md").read_text()))
-print("validation:", values.get("ch4.bpb_f32"), "(f32),", values.get("ch4.bpb_int8"),
-      "(int8), change", values.get("ch4.bpb_change"))
+print(figures.plain(f"validation: {values.get('ch4.bpb_f32')} (f32), {values.get('ch4.bpb_int8')} "
+                    f"(int8), change {values.get('ch4.bpb_change')}"))
 display(Markdown((figures.tables_dir() / "ch4_sample.md").read_text()))
 
 # %% [markdown]

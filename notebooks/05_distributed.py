@@ -27,12 +27,14 @@ import os
 from IPython.display import SVG, Markdown, display
 
 from smallem.training import distributed
-from smallem.cpu import machine_info
 from smallem.book import figures, mpi, records
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
-print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
+# this host, and whether it is the machine of the record read below: the live cells run
+# here, the tables and figures are the record's
+SAME_HOST, _host = records.host_check(mpi.RECORD)
+print(_host)
 print("mpiexec:", distributed.mpiexec() or "not found (pip install -e '.[mpi]')")
 
 # %% [markdown]
@@ -61,18 +63,18 @@ print(figures.machine_line(rec))
 
 # %%
 display(Markdown((figures.tables_dir() / "mpi_throughput.md").read_text()))
-print(f"ranks against one process: {values['mpi.ratio']} ({values['mpi.rounds']} rounds ahead); "
-      f"{values['mpi.mb_per_step']} each per step, {values['mpi.comm_ms']} in collectives "
-      f"({values['mpi.comm_share']} of the step)")
+print(figures.plain(f"ranks against one process: {values['mpi.ratio']} ({values['mpi.rounds']} "
+                    f"rounds ahead); {values['mpi.mb_per_step']} each per step, "
+                    f"{values['mpi.comm_ms']} in collectives ({values['mpi.comm_share']} of the step)"))
 
 # %% [markdown]
 # ## Local SGD against the all-reduce
 
 # %%
 display(SVG(filename=str(figures.figures_dir() / "mpi_loss.svg")))
-print(f"after {values['mpi.curve_tokens']} tokens: all-reduce {values['mpi.bpb_k1']}, "
-      f"every {values['mpi.k_mid']} {values['mpi.bpb_k10']}, "
-      f"every {values['mpi.k_top']} {values['mpi.bpb_k100']} bits per byte")
+print(figures.plain(f"after {values['mpi.curve_tokens']} tokens: all-reduce {values['mpi.bpb_k1']}, "
+                    f"every {values['mpi.k_mid']} {values['mpi.bpb_k10']}, "
+                    f"every {values['mpi.k_top']} {values['mpi.bpb_k100']} bits per byte"))
 
 # %% [markdown]
 # ## Many machines, on paper (a model, not a measurement)

@@ -30,15 +30,17 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from smallem.generating import gguf_file, gguf_model, gguf_run
-from smallem.cpu import machine_info
 from smallem.generating.forward import Forward
 from smallem.book import figures, others, records
 from smallem.book.others import files
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
-print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
-print("int8 products:", gguf_run.instruction())
+# this host, and whether it is the machine of the record read below: the live cells run
+# here, the tables and figures are the record's
+SAME_HOST, _host = records.host_check(others.RECORD)
+print(_host)
+print(f"int8 products {'here' if SAME_HOST else 'on this host'}:", gguf_run.instruction())
 
 # %% [markdown]
 # ## One file, read and checked

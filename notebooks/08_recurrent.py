@@ -28,14 +28,16 @@ from IPython.display import Markdown, display
 
 from smallem.book import figures, records, recurrent
 from smallem.checks import assert_close
-from smallem.cpu import machine_info
 from smallem.generating import decode
 from smallem.training import layers, scan
 from smallem.training.model import GPT, Config
 
 QUICK = os.environ.get("SMALLEM_QUICK") == "1"
 REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
-print(machine_info.cpu_model(), "|", machine_info.usable_cores(), "cores")
+# this host, and whether it is the machine of the record read below: the live cells run
+# here, the tables and figures are the record's
+SAME_HOST, _host = records.host_check(recurrent.RECORD)
+print(_host)
 
 # %% [markdown]
 # ## The scan, three ways, against the definition
@@ -61,7 +63,8 @@ for rung in layers.SCAN_RUNGS:
         assert_close(g, w.astype(np.float32), rtol=1e-4, atol=1e-4 * np.abs(w).max(), name=name)
     print(f"{rung}: forward and backward agree with float64; largest |o - o64| "
           f"{np.abs(o - want_o).max():.1e}")
-print("the chunk this machine's L1 gives hd = 64:", layers.scan_chunk(64))
+print("the chunk this host's caches give hd = 64:", layers.scan_chunk(64),
+      "" if SAME_HOST else "(this host is not the records' machine)")
 
 # %% [markdown]
 # ## A tiny recurrent model: trained a step, decoded with a constant state
@@ -92,4 +95,5 @@ for name in ("recurrent_scan", "recurrent_train", "recurrent_decode"):
     display(Markdown((figures.tables_dir() / f"{name}.md").read_text()))
 print("threaded against step:", figures.plain(values["rec.scan_target"]))
 print("decode flat:", figures.plain(values["rec.decode_flat"]))
-print("bits/byte, attention:", values["rec.bpb_modern"], "| recurrent:", values["rec.bpb_recurrent"])
+print(figures.plain(f"bits/byte, attention: {values['rec.bpb_modern']} | recurrent: "
+                    f"{values['rec.bpb_recurrent']}"))

@@ -142,3 +142,28 @@ def test_save_to_refuses_another_machines_records_in_one_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "not on this machine" in r.stderr
     assert not (tmp_path / "m" / "records" / "ch1.machine.json").exists()
+
+
+def test_shares_are_those_of_the_chapters_and_their_peaks(scratch):
+    """The top decode rung's share of its read bound is the one chapter 4's table prints for
+    that rung (the rung chapter 4 calls its top); the last rung's share of the f32 peak is
+    against the peak the table shows, or its cell names the peak it took."""
+    import re
+
+    from smallem.book import ch4
+
+    for d in reading.folders():
+        col, rec_dir = reading.column(d), d / "records"
+        nums = col["_numbers"]
+        if "final_share" in nums and " of " not in col["machines.final_share"]:
+            assert figures.pct(nums["final_gops"] / nums["f32_all"]) == col["machines.final_share"]
+        if "gen_share" not in nums or "ch4" in col["_missing"]:
+            continue
+        if "ch4.top_rung" in col["_values"]:
+            assert nums["gen_rung"] == col["_values"]["ch4.top_rung"]
+        with reading.scratch_figures():
+            ch4.report(rec_dir)
+            table = (figures.tables_dir() / "ch4_ladder.md").read_text()
+        row = next(line for line in table.splitlines() if line.startswith(f"| {nums['gen_rung']} |"))
+        printed = re.search(r"(\d+) % of it", row).group(1)
+        assert f"{100 * nums['gen_share']:.0f}" == printed, (d.name, row)

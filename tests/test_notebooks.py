@@ -79,3 +79,30 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     assert snapshot(committed) == before, f"{path.name} changed the committed records"
     outputs = sum(len(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
     assert outputs > 0, f"{path.name} ran but showed nothing"
+
+
+def test_the_host_is_compared_with_the_records_machine(tmp_path):
+    """A notebook that measures live says when the host running it is not the machine of the
+    records it reads: one function compares the fingerprints, and every such notebook calls it."""
+    import json
+
+    from smallem.book import records
+    from smallem.cpu import machine_info
+
+    here = machine_info.fingerprint()
+    assert records.host_differences(dict(here), here) == []
+    other = json.loads(json.dumps(here))
+    other["model"] = (here.get("model") or 0) + 1
+    other["caches"]["L3_bytes"] = 2 * (here["caches"].get("L3_bytes") or 2**20)
+    diff = records.host_differences(other, here)
+    assert any(d.startswith("model ") for d in diff) and any(d.startswith("L3 ") for d in diff)
+    (tmp_path / "recs").mkdir()
+    (tmp_path / "recs" / "x.json").write_text(json.dumps(
+        {"schema": records.SCHEMA, "name": "x", "machine": other, "results": []}))
+    same, text = records.host_check("x", tmp_path / "recs")
+    assert not same and "not the machine of the records" in text and "this host's" in text
+    assert records.host_check("missing", tmp_path / "recs")[0]      # measured here: the host
+    assert records.live_note(1.2, 3.9, False) and not records.live_note(3.8, 3.9, True)
+    for path in NOTEBOOKS:
+        if path.stem != "07_machines":                             # 07 measures nothing
+            assert "records.host_check(" in path.read_text(), path.name

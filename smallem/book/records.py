@@ -172,3 +172,86 @@ def value(data: dict, name: str, stat: str = "median", **params) -> float:
     if len(found) != 1:
         raise RecordError(f"record {data['name']!r}: {len(found)} results match {name} {params}")
     return found[0]["value"][stat]
+
+
+# A notebook's live cells run on the host that executes it, which need not be the machine of
+# the records it reads (a site built from a captured machine's folder). The parts of a
+# record's fingerprint that name the hardware, compared with this host's:
+HOST_KEYS = ("cpu", "vendor", "family", "model", "cores")
+CACHE_KEYS = ("L1d", "L2", "L3")
+FAR = 0.15  # a live figure this far from the record's is said to be this run's
+
+
+def _size(nbytes) -> str:
+    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:g} KiB"
+
+
+def host_differences(machine: dict, here: dict | None = None) -> list[str]:
+    """What separates the machine a record names (its ``machine`` fingerprint, as the record
+    stores it) from this host (``here``, :func:`machine_info.fingerprint` by default), one
+    phrase each, the record's value first: the CPU's name, vendor, family, model number and
+    cores; the ISA level and its extensions; each cache's size and ways. A field the record
+    does not store is not compared. Empty where the two are one machine as far as the record
+    can tell."""
+    here = here or machine_info.fingerprint()
+    out = [f"{k} {machine[k]} there, {here.get(k)} here" for k in HOST_KEYS
+           if k in machine and machine[k] != here.get(k)]
+    isa_r, isa_h = machine.get("isa") or {}, here.get("isa") or {}
+    if isinstance(isa_r, dict) and isa_r.get("isa") and isa_r.get("isa") != isa_h.get("isa"):
+        out.append(f"ISA {isa_r['isa']} there, {isa_h.get('isa')} here")
+    if isinstance(isa_r, dict) and "extensions" in isa_r and (
+            sorted(isa_r["extensions"]) != sorted(isa_h.get("extensions") or [])):
+        out.append(f"extensions {'/'.join(isa_r['extensions']) or 'none'} there, "
+                   f"{'/'.join(isa_h.get('extensions') or []) or 'none'} here")
+    c_r, c_h = machine.get("caches") or {}, here.get("caches") or {}
+    for lv in CACHE_KEYS:
+        b, w = f"{lv}_bytes", f"{lv}_ways"
+        if c_r.get(b) and c_r.get(b) != c_h.get(b):
+            out.append(f"{lv} {_size(c_r[b])} there, "
+                       f"{_size(c_h[b]) if c_h.get(b) else 'none'} here")
+        elif c_r.get(w) and c_h.get(w) and c_r[w] != c_h[w]:
+            out.append(f"{lv} {c_r[w]}-way there, {c_h[w]}-way here")
+    return out
+
+
+def host_check(name: str, folder: Path | None = None) -> tuple[bool, str]:
+    """(same, what a notebook prints first): this host's CPU, cores, ISA and caches, and
+    whether it is the machine of the record ``name`` the notebook reads (:func:`host_differences`).
+    Where it is not, the text says so and that the live numbers the notebook prints are this
+    host's, its tables and figures the records' machine's. A record not yet made is measured
+    here, so the host is its machine."""
+    here = machine_info.fingerprint()
+    ext = here["isa"].get("extensions") or []
+    caches = ", ".join(f"{lv} {_size(here['caches'][f'{lv}_bytes'])}" for lv in CACHE_KEYS
+                       if here["caches"].get(f"{lv}_bytes"))
+    line = (f"this host: {here['cpu']} | {here['cores']} cores | ISA {here['isa']['isa']}"
+            f"{' + ' + '/'.join(ext) if ext else ''} | {caches}")
+    if not exists(name, folder):
+        return True, line
+    diff = host_differences(load(name, folder)["machine"], here)
+    if not diff:
+        return True, line + "\nthe records read below name this host's CPU, cores, ISA and caches"
+    return False, (line + "\nthis host is not the machine of the records read below ("
+                   + "; ".join(diff) + "): the live numbers this notebook prints are this "
+                   "host's, its tables and figures the records' machine's")
+
+
+def live_label(same: bool) -> str:
+    """How a notebook names a number it measures live: "now" on the records' machine, else
+    "on this host" (which is not that machine: :func:`host_check`)."""
+    return "now" if same else "now, on this host (not the records' machine)"
+
+
+def live_note(live: float, recorded: float, same: bool, what: str = "the record's",
+              unit: str = "") -> str:
+    """A comment for a live figure beside the record's: nothing within :data:`FAR` of it,
+    else how far off it is and why it may be: this run's, on a host busier now than when the
+    record was made, or on another host than the records' machine."""
+    if not (live > 0 and recorded > 0) or abs(live / recorded - 1) <= FAR:
+        return ""
+    side = "below" if live < recorded else "above"
+    pct = abs(live / recorded - 1) * 100
+    why = ("taken on a busy host, or at another clock than the record's run"
+           if same else "taken on this host, which is not the records' machine")
+    figure = f"{recorded:.3g}" + (f" {unit}" if unit else "")
+    return f" ({pct:.0f} % {side} {what} {figure}: this run's figure, {why})"

@@ -30,9 +30,12 @@ def report(rec_dir=None) -> dict:
     figures.write_table(
         "machines_across", rows, header,
         "Each column is one machine's records, as its own book quotes them (chapter 1's "
-        "figures on every core it had); \"absent (<commit>)\" where that machine's "
-        "records, made at that commit, lack the chapter or the figure, \"older record\" where "
-        "today's reading cannot read it; \"—\" where a row does not apply to a GPU. The one-core "
+        "figures on every core it had); \"absent\", with the commit that machine's records "
+        "were made at, where they lack the chapter or the figure"
+        + ("; \"older record\", with its commit, where today's reading cannot read it"
+           if any(c[k].startswith("older record") for c in cols for _, _, k, _ in reading.ROWS)
+           else "")
+        + "; \"—\" where a row does not apply to a GPU. The one-core "
         "peak is chapter 1's: the better of one thread's probe and every core's over the "
         "cores. FMA pipes: the vendor's table of chapter 1 (by vendor and ISA features); FMAs "
         "a cycle: chapter 1's probe over the chain's clock. A level ends at the largest "
@@ -42,7 +45,7 @@ def report(rec_dir=None) -> dict:
     values["machines.count"] = len(cols)
     values["machines.gpu"] = gpu["_name"] if gpu else None
     here, _ = reading.harvest(rec_dir)
-    here.update(reading._cells(reading.numbers(rec_dir)))
+    here.update(reading._cells(reading.numbers(rec_dir, here)))
     g_rows, g_header = reading.glance_rows(here, rec_dir, gpu)
     figures.write_table(
         "machines_glance", g_rows, g_header,

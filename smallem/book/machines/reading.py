@@ -123,7 +123,7 @@ ROWS = (
     ("ch3", "xl step, kernels (f32)", "machines.step_toks", "3-training.md#the-climb"),
     ("ch3", "xl step, top of the climb", "ch3.climb_top_toks", "3-training.md#the-climb"),
     ("ch3", "f32 step's share of the f32 peak (MFU)", "machines.step_share", "3-training.md#against-the-targets"),
-    ("ch3", "modern block with Muon", "ch3.rung7_toks", "3-training.md#the-modern-block-and-muon"),
+    ("ch3", "modern block with Muon, the climb's batch", "ch3.rung7_toks", "3-training.md#the-modern-block-and-muon"),
     ("ch4", "generation, first rung", "ch4.rung0_toks", "4-generation.md#the-ladder"),
     ("ch4", "generation, top rung", "machines.gen_top", "4-generation.md#the-ladder"),
     ("ch4", "top rung against llama.cpp", "ch4.vs_llama_ladder", "4-generation.md#llamacpp-and-pytorch-beside-us"),
@@ -137,7 +137,7 @@ GPU_ROWS = {"machines.f32_all", "machines.bf16_all", "machines.naive_gops", "mac
 UNITS = {"ch3.climb_top_toks": "tokens/s", "ch3.rung7_toks": "tokens/s",
          "ch3.numpy_toks": "tokens/s", "ch3.modern_accumulated_toks": "tokens/s",
          "ch3.s_tokens_per_s": "tokens/s", "ch4.rung0_toks": "tokens/s",
-         **{f"ch4.rung{i}_toks": "tokens/s" for i in range(12)},
+         **{f"ch4.rung{i}_toks": "tokens/s" for i in range(12)}, "ch4.top_toks": "tokens/s",
          "ch4.vs_llama_ladder": "×", "ch4.pp_vs_llama": "×"}
 # a prediction across machines holds within this factor (and the same direction)
 TOLERANCE = 1.5
@@ -195,7 +195,10 @@ def _ch1_numbers(facts: dict) -> dict:
 
 
 def _ch2_numbers(rec_dir: Path) -> dict:
-    """The last and the naive rung of chapter 2, and the last one's share of the peak."""
+    """The last and the naive rung of chapter 2, and the last one's share of the peak chapter
+    2 takes it against (its own rule: chapter 1's record or its run's probe, the higher),
+    with that peak and where it comes from, for the cell to name where it is not the f32
+    peak of chapter 1 the table shows."""
     out: dict = {}
     if records.exists("ch2.gemm", rec_dir):
         rec = records.load("ch2.gemm", rec_dir)
@@ -204,7 +207,8 @@ def _ch2_numbers(rec_dir: Path) -> dict:
             n = rec["settings"]["n_ladder"]
             out["final_gops"] = records.value(rec, "rung", rung=LADDER["threads"].index, M=n)
             out["naive_gops"] = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
-            out["final_share"] = out["final_gops"] / _peak(rec, rec_dir)[0]
+            out["final_peak"], out["final_peak_from"] = _peak(rec, rec_dir)
+            out["final_share"] = out["final_gops"] / out["final_peak"]
         except (KeyError, IndexError, TypeError, ValueError):
             pass
     return out
@@ -221,28 +225,40 @@ def _ch3_numbers(rec_dir: Path, facts: dict) -> dict:
             toks = step[0]["value"]["median"]
             peak = {t: v for (k, t), v in facts["peak"].items() if k == "f32"}
             p = peak.get(rec["settings"]["threads"], peak[max(peak)])
-            out["step_toks"] = toks
+            out["step_toks"], out["step_peak"] = toks, p
             out["step_share"] = toks * rec["settings"]["flops_per_token"] / (p * 1e9)
     return out
 
 
-def _ch4_numbers(rec_dir: Path, facts: dict) -> dict:
-    """Chapter 4's top decode rung, the level its weights stream from and its share."""
-    from .. import ch1
+def top_rung(rec: dict, values: dict | None = None) -> int | None:
+    """Chapter 4's top rung: the one its own reading names (``ch4.top_rung``) where it names
+    one, else its ladder's last rung, as its reading takes it."""
+    top = (values or {}).get("ch4.top_rung")
+    if isinstance(top, int) and not isinstance(top, bool):
+        return top
+    rungs = [i for i, _ in rec["settings"].get("ladder", {}).get("rungs", [])]
+    return max(rungs) if rungs else None
+
+
+def _ch4_numbers(rec_dir: Path, facts: dict, values: dict | None = None) -> dict:
+    """Chapter 4's top decode rung (:func:`top_rung`), the level its bytes stream from and
+    its share of that level's bound, by chapter 4's own bound: the weights and the cached
+    keys and values at the last timed position, held by the level chapter 4's reading names
+    (``ch4.reading.holding``), so that the cell is the share the chapter's table prints."""
+    from ..ch4 import reading as ch4r
 
     out: dict = {}
     if records.exists("ch4.decode", rec_dir):
         rec = records.load("ch4.decode", rec_dir)
-        rungs = sorted({r["params"]["rung"] for r in records.results(rec, "decode")
-                        if isinstance(r["params"].get("rung"), int)})
-        top = records.results(rec, "decode", rung=rungs[-1]) if rungs else []
-        if top and "weight_bytes" in top[0]["params"]:
-            r = top[0]
-            wb, t = r["params"]["weight_bytes"], r["params"].get("threads", facts["cores"])
-            level, bw = ch1.level_of(facts, wb, t, ch1.read_stream(facts))
-            out.update({"gen_top": r["value"]["median"], "gen_rung": rungs[-1],
-                        "gen_read_gbs": bw, "gen_level": level,
-                        "gen_share": r["value"]["median"] * wb / (bw * 1e9)})
+        rung = top_rung(rec, values)
+        found = records.results(rec, "decode", rung=rung) if rung is not None else []
+        if found and "weight_bytes" in found[0]["params"]:
+            r, s = found[0], rec["settings"]["ladder"]
+            data = r["params"]["weight_bytes"] + ch4r._kv_bytes(s, s["decode_tokens"])
+            h = ch4r.holding(facts, data, r["params"].get("threads", rec["settings"]["threads"]))
+            toks = r["value"]["median"]
+            out.update({"gen_top": toks, "gen_rung": rung, "gen_read_gbs": h["bw"] / 1e9,
+                        "gen_level": h["level"], "gen_share": toks * data / h["bw"]})
     return out
 
 
@@ -261,13 +277,13 @@ def _others_numbers(rec_dir: Path) -> dict:
     return out
 
 
-def numbers(rec_dir: Path) -> dict:
+def numbers(rec_dir: Path, values: dict | None = None) -> dict:
     """The typed numbers the page compares across machines, each computed from the records
     (never read back from a formatted cell): chapter 1's peaks (the one-core figure by
     chapter 1's rule: the better of one thread and every core over the cores), the FMA facts
     (measured, and the vendor's table), the chain's clock, the plateaus' ends, the last
-    rung of chapter 2, the f32 step of chapter 3, the top decode rung of chapter 4 and the
-    appendix B decode rates."""
+    rung of chapter 2, the f32 step of chapter 3, the top decode rung of chapter 4 (the one
+    chapter 4's ``values`` name, where given) and the appendix B decode rates."""
     from .. import ch1, ch2, ch3  # noqa: F401
 
     facts = ch1.facts(rec_dir)
@@ -276,7 +292,7 @@ def numbers(rec_dir: Path) -> dict:
     out = _ch1_numbers(facts)
     out.update(_ch2_numbers(rec_dir))
     out.update(_ch3_numbers(rec_dir, facts))
-    out.update(_ch4_numbers(rec_dir, facts))
+    out.update(_ch4_numbers(rec_dir, facts, values))
     out.update(_others_numbers(rec_dir))
     return out
 
@@ -305,12 +321,20 @@ def _cells(nums: dict) -> dict:
     for key in ("l2_end", "l3_end"):
         if key in nums:
             out[f"machines.{key}"] = _size(nums[key])
-    for key in ("final_share", "step_share"):
+    for key, peak, source in (("final_share", "final_peak", nums.get("final_peak_from")),
+                              ("step_share", "step_peak", "chapter 1's, on its threads")):
         if key in nums:
-            out[f"machines.{key}"] = figures.pct(nums[key])
+            # each share against the peak the table shows, or the cell names the one it used
+            shown = "f32_all" in nums and f(nums["f32_all"], "Gop/s") == f(nums[peak], "Gop/s")
+            out[f"machines.{key}"] = figures.pct(nums[key]) + (
+                "" if shown else f" of {f(nums[peak], 'Gop/s')} ({PEAK_FROM.get(source, source)})")
     if "gen_share" in nums:
         out["machines.gen_share"] = f"{figures.pct(nums['gen_share'])} ({nums['gen_level']})"
     return out
+
+
+# where chapter 2's peak came from, as a cell of this table names it
+PEAK_FROM = {"this run's probe": "chapter 2's own probe", "chapter 1's record": "chapter 1's record"}
 
 
 def _size(nbytes: float) -> str:
@@ -323,7 +347,7 @@ def column(folder: Path) -> dict:
     compares (:func:`numbers`)."""
     rec_dir = folder / "records"
     values, missing = harvest(rec_dir)
-    nums = numbers(rec_dir)
+    nums = numbers(rec_dir, values)
     cells = {**{k: cell(v, UNITS.get(k, "")) for k, v in values.items()}, **_cells(nums)}
     if records.exists("ch2.gemm", rec_dir):
         s = records.load("ch2.gemm", rec_dir)["settings"]
@@ -458,11 +482,13 @@ def differences(cols: list[dict]) -> dict:
                     "machines.ch1.predicted": pred, "machines.ch1.holds": within(pred, r),
                     "machines.ch1.by_lanes": moved_by(r, lanes) and abs(lanes - 1) > 0.05,
                     "machines.ch1.by_clock": moved_by(r, clock) and abs(clock - 1) > 0.05})
-    for ch, key, share in (("ch2", "final_gops", "final_share"), ("ch3", "step_toks", "step_share")):
+    for ch, key, share, against in (("ch2", "final_gops", "final_share", "final_peak"),
+                                    ("ch3", "step_toks", "step_share", "step_peak")):
         e = ends(ch, key)
         if e:
             lo, hi, r = e
-            peak = hi["f32_all"] / lo["f32_all"]
+            # the peaks the shares are taken against (chapter 2's own rule for its product)
+            peak = hi.get(against, hi["f32_all"]) / lo.get(against, lo["f32_all"])
             out.update({f"machines.{ch}.peak_ratio": peak,
                         f"machines.{ch}.lo_share": lo[share], f"machines.{ch}.hi_share": hi[share],
                         f"machines.{ch}.by_peak": moved_by(r, peak)})
@@ -505,8 +531,10 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
         c = cell(values[key], UNITS.get(key, "")) if key in values else ""
         return nm if not c or c.startswith(("not measured", "n/a")) else f"[{c}]({link})"
 
-    nums = numbers(rec_dir)
-    top = f"ch4.rung{nums.get('gen_rung', 0)}_toks"
+    # chapter 4's top rung, as chapter 4 names it (its rate where it publishes one)
+    nums = numbers(rec_dir, values)
+    top = ("ch4.top_toks" if "ch4.top_toks" in values
+           else f"ch4.rung{nums.get('gen_rung', 0)}_toks")
     g = gpu or {}
     gnm = "not measured on a GPU yet" if not gpu else "not measured on the GPU"
     acc = ("ch3.modern_accumulated_toks" if "ch3.modern_accumulated_toks" in values
