@@ -4,6 +4,8 @@ figure on each rung row, and the predictions keep the order the models imply."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from smallem.book import ch1, figures, records
@@ -103,3 +105,32 @@ def test_the_bf16_peak_is_the_amx_peak_where_the_amx_path_runs(tmp_path):
     assert ch3p._peaks({"settings": {"bf16_path": "amx"}}, with_amx, th)["bf16"] == 10 * vdp
     assert ch3p._peaks({"settings": {"bf16_path": "native"}}, with_amx, th)["bf16"] == vdp
     assert ch3p._peaks({"settings": {"bf16_path": "amx"}}, without, th)["bf16"] == vdp  # none measured
+
+
+def test_the_bf16_prediction_reads_chapter_2s_own_bf16_gemm():
+    """Chapter 2's record of this machine holds its bf16 GEMM (its dtype results): the bf16
+    rung's prediction takes the ratio of the step's path there, at the model's product shape,
+    and not chapter 1's peaks, wherever that record is of the same CPU."""
+    for name in ("intel-xeon-gnr-2c", "amd-zen3-2c"):
+        folder = captured.MACHINES / name / "records"
+        if not (records.exists(ch3r.RECORD_STEP, folder) and records.exists("ch2.gemm", folder)):
+            continue
+        rec, g = records.load(ch3r.RECORD_STEP, folder), records.load("ch2.gemm", folder)
+        path = rec["settings"]["bf16_path"]
+        want = [r["value"]["median"] for r in records.results(g, "dtype", M=8192, K=768, N=3072)
+                if r["params"]["dtype"] == "f32" or r["params"].get("path") == path]
+        got = ch3p.bf16_gemm(rec, folder)
+        assert got["shape"] == "8192×768×3072", (name, got)
+        assert got["ratio"] == pytest.approx(want[1] / want[0], rel=1e-12), name
+        other = json.loads(json.dumps(rec))
+        other["machine"]["cpu"] = "another CPU"
+        assert ch3p.bf16_gemm(other, folder) is None  # another machine's record never counts
+
+
+def test_the_references_mfu_is_its_speed_at_this_books_count():
+    """The reference's MFU, on chapter 3's page and the home page alike: its final xl step's
+    tokens/s at this book's FLOPs per token over its own f32 peak."""
+    from smallem.book import reference as ref
+    from smallem.training.model import CONFIGS
+    want = ref.CH3_XL_STEP_AFTER_TOKS * CONFIGS["xl"].flops_per_token() / (ref.CH1_F32_PEAK_GOPS * 1e9)
+    assert ref.CH3_XL_MFU_CPU == pytest.approx(want) and 0.5 < want < 0.52

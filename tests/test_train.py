@@ -451,8 +451,13 @@ def test_the_climb_says_what_its_rounds_can_show():
                       compare.Difference(-5.0, -1))
     assert outcome(0.1, none, 2.0) == "small" and outcome(0.1, up, 2.0) == "beyond"
     assert outcome(6.0, up, 2.0) == "as" and outcome(-6.0, down, 2.0) == "as"
-    # the predicted sign but outside a factor of 1.5 (as step-time ratios): both figures
+    # the predicted sign but outside a factor of 1.5 (the changes compared): both figures
     assert outcome(10.0, up, 2.0) == "missed" and outcome(-60.0, down, 2.0) == "missed"
+    # the changes themselves, not the step times: +8.3 % against +12.7 % is a factor of 1.53
+    from smallem.book.ch3.climb import within, within_times
+    assert not within(12.7, 8.3) and within(12.7, 9.0) and not within(12.7, 69.0)
+    assert within(-63.2, -63.3) and not within(10.0, -10.0)
+    assert within_times(723.0, 501.0) and not within_times(413.0, 656.0)
     assert outcome(10.0, none, 2.0) == "unseen" and outcome(10.0, down, 2.0) == "against"
     assert outcome(10.0, none, float("nan")) == "small"  # no spread known: nothing is shown
 
@@ -467,3 +472,24 @@ def test_the_climb_says_what_its_rounds_can_show():
     q1, q3 = np.percentile(logs, [25, 75])
     assert spread(r, base) == pytest.approx(100 * (math.exp((q3 - q1) / 2) - 1))
     assert math.isnan(spread(result([100.0]), result([100.0])))
+
+
+def test_a_prediction_made_of_parts_holds_only_where_its_parts_do():
+    """Rung 7's prediction (Newton-Schulz added, the rest unchanged): a total within the
+    tolerance whose parts are not is "parts", never "as"; the same total with its parts
+    within is "as"."""
+    from smallem.book.ch3.climb import switches
+
+    def result(rate, n=9):
+        rates = [rate * (1 + 0.001 * (k % 3)) for k in range(n)]
+        return {"params": {}, "value": {"median": sorted(rates)[n // 2]},
+                "seconds": {"median": 1.0 / rate, "samples": [1.0 / r for r in rates]}}
+
+    rungs = {6: result(2400.0), 7: result(890.0)}
+    toks = {i: r["value"]["median"] for i, r in rungs.items()}
+    pred = {7: (895.0, "Newton-Schulz")}
+    cells, values = switches(rungs, toks, pred)
+    assert values["ch3.rung7_shows"] == "as" and values["ch3.climb_any_as"]
+    cells, values = switches(rungs, toks, pred, {7})
+    assert values["ch3.rung7_shows"] == "parts" and not values["ch3.climb_any_as"]
+    assert values["ch3.climb_any_parts"] and "not in its parts" in cells[7][1]

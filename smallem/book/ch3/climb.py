@@ -9,8 +9,11 @@ rounds' own spread (half the interquartile range of the per-round changes) canno
 that many rounds whatever it is; the page says so instead of quoting a ratio of two
 near-equal numbers. Where the rounds do tell the two steps apart, the prediction is judged with
 a stated tolerance (TOLERANCE): "as predicted" only where the measured change has the
-predicted sign and is within that factor of it; otherwise the page gives both figures and
-what the prediction left out.
+predicted sign and is within that factor of it, the two changes compared as they are (not the
+step times they come from, which would let almost any change of the right sign through); a
+prediction made of parts (rung 7's: Newton-Schulz added, the rest of the step unchanged) is
+as predicted only where each part's time is within that factor of its own too. Otherwise the
+page gives both figures and what the prediction left out.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ OUTCOMES = {
     "small": "predicted too small for the rounds to show, and within the noise",
     "beyond": "predicted too small for the rounds to show, yet measured",
     "as": f"as predicted (within a factor of {TOLERANCE:g})",
+    "parts": f"within a factor of {TOLERANCE:g} in total, not in its parts",
     "missed": f"the predicted direction, outside a factor of {TOLERANCE:g}",
     "unseen": "predicted, not seen: within the noise",
     "against": "measured against the prediction's direction",
@@ -57,12 +61,16 @@ def outcome(pred_pct: float, d: compare.Difference, spread_pct: float) -> str:
 
 def within(pred_pct: float, meas_pct: float, factor: float = TOLERANCE) -> bool:
     """A measured change of ``meas_pct`` % as predicted by ``pred_pct`` %: the same sign and
-    within ``factor`` of it, compared as step-time ratios (a -60 % change is a step 2.5 times
-    as long) so that a slowdown and a speed-up are judged alike."""
+    within ``factor`` of it, the changes themselves compared (+8.3 % against a predicted
+    +12.7 % is a factor of 1.53: outside 1.5)."""
     if pred_pct == 0 or (pred_pct > 0) != (meas_pct > 0):
         return False
-    a, b = math.log1p(pred_pct / 100), math.log1p(meas_pct / 100)
-    return min(abs(a), abs(b)) * factor >= max(abs(a), abs(b))
+    return within_times(abs(pred_pct), abs(meas_pct), factor)
+
+
+def within_times(a: float, b: float, factor: float = TOLERANCE) -> bool:
+    """Two positive times (or sizes) within ``factor`` of each other."""
+    return a > 0 and b > 0 and max(a, b) <= factor * min(a, b)
 
 
 def cell(r: dict, base: dict) -> str:
@@ -78,17 +86,21 @@ def cell(r: dict, base: dict) -> str:
 
 
 CELL_TEST = ("\"Within the noise\": the two-sided signed-rank test on the per-round log ratios "
-             "does not pass at 5 %; \"ahead in\": the rounds the first was the faster in.")
+             "does not pass at 5 %; \"ahead in\": the rounds the first was the faster in. The "
+             "change is the ratio of the two steps' medians, each over its own rounds, while "
+             "\"ahead in\" pairs them round by round: a step can be slower at the median and "
+             "still ahead in most rounds.")
 
 
 def _pct(x: float) -> str:
     return f"{x:+.1f} %" if abs(x) >= 0.1 else f"{x:+.2g} %"
 
 
-def switches(rungs: dict, toks: dict, pred: dict) -> tuple[dict, dict]:
+def switches(rungs: dict, toks: dict, pred: dict, parts_missed=frozenset()) -> tuple[dict, dict]:
     """For each rung from the pool on: {rung: (predicted change, outcome words)} for the
     table, and the page's values: each rung's predicted change, spread and outcome as facts,
-    and the rungs of each outcome as a list."""
+    and the rungs of each outcome as a list. A rung in ``parts_missed`` (a prediction made of
+    parts, one of which missed its own) is not as predicted even where its total is."""
     cells, values = {}, {}
     groups = {k: [] for k in OUTCOMES}
     for r in RUNGS[AT["pool"]:]:
@@ -103,6 +115,8 @@ def switches(rungs: dict, toks: dict, pred: dict) -> tuple[dict, dict]:
         d = compare.difference(rungs[i], rungs[before])
         sp = spread(rungs[i], rungs[before])
         kind = outcome(pred_pct, d, sp)
+        if kind == "as" and i in parts_missed:
+            kind = "parts"
         groups[kind].append(f"{r.what} (rung {i})")
         cells[i] = (_pct(pred_pct), OUTCOMES[kind])
         values.update({f"ch3.rung{i}_pred": pred_pct / 100, f"ch3.rung{i}_meas": d.pct / 100,
@@ -117,6 +131,8 @@ def outcome_note() -> str:
     return ("Predicted change: the rung's prediction over the rung before's measured step. "
             "A change is too small for the rounds to show where it is under half the "
             "interquartile range of the per-round changes. A measured change is as predicted "
-            f"where it has the predicted sign and is within a factor of {TOLERANCE:g} of it "
-            "(as ratios of step times).")
+            f"where it has the predicted sign and is within a factor of {TOLERANCE:g} of the "
+            "predicted change (the two changes compared, not the step times); rung 7's "
+            "prediction, Newton-Schulz added to a step otherwise unchanged, also needs each "
+            "of the two parts' times within that factor of its own.")
 

@@ -10,7 +10,8 @@ from smallem.product.gemm import LADDER
 from smallem.training.model import CONFIGS, Workspace, get_config
 from smallem.training.train import newton_schulz_flops
 from .. import ch1, figures, records
-from .measuring import AT, F32_TOP, FUSED_OPS, OP_GROUPS
+from ..ch2.bf16 import _bf16_value
+from .measuring import AT, F32_TOP, FUSED_OPS, MUON_GROUP, OP_GROUPS
 
 f = figures.fmt
 
@@ -79,26 +80,45 @@ def _predicted_from_products(rec_dir, th: int, fpt: float) -> dict[int, tuple[fl
     return out
 
 
-def bf16_gemm_ratio(rec, rec_dir) -> float | None:
-    """Chapter 2's measured bf16 GEMM over its f32 GEMM on the path the step's bf16 products
-    take (the geometric mean over the sizes it measured), where chapter 2's bf16 record was
-    made on this machine (the same CPU and as many threads); None otherwise."""
-    if not records.exists("ch2.bf16", rec_dir):
-        return None
-    g = records.load("ch2.bf16", rec_dir)
-    same = (g["machine"].get("cpu") == rec["machine"].get("cpu")
-            and g["settings"].get("threads") == rec["settings"]["threads"])
-    path = rec["settings"].get("bf16_path")
-    if not same or not path:
-        return None
-    ratios = []
+def _dtype_ratios(g: dict, path: str, threads: int) -> dict[tuple, float]:
+    """Chapter 2's bf16 GEMM over its f32 GEMM on ``path``, at each shape (M, K, N) its
+    record measured on ``threads`` threads; a record made before the paths were told apart
+    has one bf16 result, on the path its build had."""
+    out = {}
     for r in records.results(g, "dtype", dtype="f32"):
         M, N, K = (r["params"][k] for k in "MNK")
-        b = [x for x in records.results(g, "dtype", dtype="bf16", M=M, N=N, K=K)
-             if x["params"].get("path") == path]
+        if r["params"].get("threads", g["settings"].get("threads")) != threads:
+            continue
+        b = _bf16_value(g, path, M, K, N)
         if b:
-            ratios.append(b[0]["value"]["median"] / r["value"]["median"])
-    return float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+            out[(M, K, N)] = b / r["value"]["median"]
+    return out
+
+
+def bf16_gemm(rec, rec_dir) -> dict | None:
+    """Chapter 2's measured bf16 GEMM over its f32 GEMM on the path the step's bf16 products
+    take, from chapter 2's own record (its dtype results) or, without them, the second
+    machine's record where it was made on this CPU; only a record of this CPU on as many
+    threads counts. At the shapes of a model's products (the non-square ones) where chapter 2
+    measured them, else over every size (a geometric mean): {"ratio", "shape"}, the shape
+    "M×K×N" where it is one; None where no record of this machine has it."""
+    path = rec["settings"].get("bf16_path")
+    if not path:
+        return None
+    for name in ("ch2.gemm", "ch2.bf16"):
+        if not records.exists(name, rec_dir):
+            continue
+        g = records.load(name, rec_dir)
+        if g["machine"].get("cpu") != rec["machine"].get("cpu"):
+            continue
+        ratios = _dtype_ratios(g, path, rec["settings"]["threads"])
+        model = {s: x for s, x in ratios.items() if len(set(s)) > 1}
+        use = model or ratios
+        if use:
+            shape = "×".join(map(str, next(iter(use)))) if len(use) == 1 else None
+            return {"ratio": float(np.exp(np.mean(np.log(list(use.values()))))),
+                    "shape": shape}
+    return None
 
 
 def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
@@ -116,8 +136,8 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
       layer and sequence, at the rate rung 3's profiled attention ran;
     - 5 (fused): each fused kernel's calls per step (rung 5's profile) times the time it
       saves per call (the fused-op timings);
-    - 6 (bf16): rung 5's products at chapter 2's measured bf16/f32 GEMM ratio where its
-      record is of this machine (bf16_gemm_ratio), else at chapter 1's bf16/f32 peak ratio,
+    - 6 (bf16): rung 5's products at chapter 2's measured bf16/f32 GEMM ratio where a
+      record of this machine has it (bf16_gemm), else at chapter 1's bf16/f32 peak ratio,
       the rest unchanged;
     - 7 (Muon): rung 6 with Newton-Schulz's arithmetic added (newton_schulz_flops, as
       tokens of training: n / (n + equiv)), on the modern block.
@@ -160,11 +180,12 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
         less(AT["fused"], saved, f"{calls} fused calls, {f(1e3 * saved, 'ms')} saved")
     peaks = _peaks(rec, rec_dir, th)
     prof5 = _profile(rec, F32_TOP)
-    gemm = bf16_gemm_ratio(rec, rec_dir)
+    gemm = bf16_gemm(rec, rec_dir)
     if prof5 and F32_TOP in sec and (gemm or (peaks["f32"] and peaks["bf16"])):
         mm = prof5.get("matrix products (+ bias)", 0.0)
-        ratio = gemm or peaks["bf16"] / peaks["f32"]
-        how = (f"products at chapter 2's bf16/f32 GEMM ratio, {f(ratio)}×" if gemm else
+        ratio = gemm["ratio"] if gemm else peaks["bf16"] / peaks["f32"]
+        at = f" at {gemm['shape']}" if gemm and gemm["shape"] else ""
+        how = (f"products at chapter 2's bf16/f32 GEMM ratio{at}, {f(ratio)}×" if gemm else
                f"products at the {peaks['bf16_kind']}/f32 peak ratio, {f(ratio)}×")
         less(AT["bf16"], mm * (1 - 1 / ratio) * sec[F32_TOP] * n_tok / sum(prof5.values()), how)
     if AT["bf16"] in toks:
@@ -177,3 +198,24 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
             out[AT["modern"]] = (toks[AT["bf16"]] * n_tok / (n_tok + equiv),
                       f"Newton–Schulz = {f(equiv)} tokens' training per step")
     return out
+
+
+def modern_split(rec, rungs) -> dict | None:
+    """Rung 7's prediction in its two parts, each against rung 7's profile, in seconds per
+    step: Newton-Schulz ("ns_pred": its arithmetic as tokens of training at rung 6's speed;
+    "ns_meas": its profiled time) and the rest of the step ("rest_pred": rung 6's profiled
+    step, which the prediction leaves unchanged; "rest_meas": rung 7's profiled step less
+    Newton-Schulz); with "other6"/"other7", each profile's time outside the profiled
+    operations. None without both profiles or without Newton-Schulz in rung 7's."""
+    p6, p7 = _profile(rec, AT["bf16"]), _profile(rec, AT["modern"])
+    if not (p6 and p7 and AT["bf16"] in rungs and AT["modern"] in rungs):
+        return None
+    c = get_config(rungs[AT["modern"]]["params"].get("config", "xl-modern"))
+    equiv = newton_schulz_flops(c) / c.flops_per_token()
+    ns_meas = p7.get(MUON_GROUP, 0.0)
+    if not ns_meas:
+        return None
+    return {"ns_pred": equiv / rungs[AT["bf16"]]["value"]["median"], "ns_meas": ns_meas,
+            "rest_pred": sum(p6.values()), "rest_meas": sum(p7.values()) - ns_meas,
+            "other6": p6.get("Python and the rest", 0.0),
+            "other7": p7.get("Python and the rest", 0.0)}

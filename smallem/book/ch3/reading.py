@@ -12,9 +12,9 @@ from smallem.training.train import newton_schulz_flops
 from .. import ch1, compare, figures, records, reference
 from .measuring import (F32_TOP, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RUN, RECORD_STEP,
                         RUNGS, AT, mfu, rung_label)
-from .climb import CELL_TEST, TOLERANCE, cell, outcome_note, switches
+from .climb import CELL_TEST, TOLERANCE, cell, outcome_note, switches, within_times
 from .fused import fused_table, roofline
-from .predicted import _peak, _peaks, _profile, bf16_gemm_ratio, predicted
+from .predicted import _peak, _peaks, _profile, bf16_gemm, modern_split, predicted
 from .run import run_figure_and_values
 
 f = figures.fmt
@@ -61,7 +61,8 @@ def _configs_table(values):
 
 def _step_table(rec, rec_dir, rungs, values):
     s = rec["settings"]
-    peak = _peak(rec_dir, "f32", s["threads"])
+    peaks = _peaks(rec, rec_dir, s["threads"])
+    peak = peaks["f32"]
     fpt = s["flops_per_token"]
     found = {r["params"]["backend"]: r for r in records.results(rec, "step")}
     if AT["arena"] in rungs:
@@ -78,13 +79,14 @@ def _step_table(rec, rec_dir, rungs, values):
         v = toks[backend] = r["value"]["median"]
         rows.append([name, f(v, "tokens/s"), f(v / s["threads"], "tokens/s"),
                      f(r["seconds"]["median"], "s"), f(v * fpt / 1e9, "GFLOP/s"),
-                     _pct(mfu(v, fpt, peak)) if peak else "no ch1 record"])
-    per = reference.CORES
-    rows.append([f"reference series, before → after ({reference.CITE})",
-                 f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} "
-                 f"tokens/s", f"{f(reference.CH3_XL_STEP_BEFORE_TOKS / per)} → "
-                 f"{f(reference.CH3_XL_STEP_AFTER_TOKS / per)} tokens/s", "—", "—",
-                 f"{100 * reference.CH3_XL_MFU_CPU:.0f}% ({reference.MACHINE})"])
+                     _step_mfu(v, fpt, peaks, backend == "torch-bf16")])
+    per, ref = reference.CORES, reference
+    rows.append([f"reference series on its CPU ({ref.CPU}), before → after ({ref.CITE})",
+                 f"{ref.CH3_XL_STEP_BEFORE_TOKS} → {f(ref.CH3_XL_STEP_AFTER_TOKS)} "
+                 f"tokens/s", f"{f(ref.CH3_XL_STEP_BEFORE_TOKS / per)} → "
+                 f"{f(ref.CH3_XL_STEP_AFTER_TOKS / per)} tokens/s", "—",
+                 f(ref.CH3_XL_STEP_AFTER_TOKS * fpt / 1e9, "GFLOP/s"),
+                 f"{_pct(ref.CH3_XL_MFU_CPU)} of f32 (its CPU's, {f(ref.CH1_F32_PEAK_GOPS, 'Gop/s')})"])
     cfg = s["config"]
     numpy_n = found["numpy"]["value"]["n"] if "numpy" in found else 0
     note = (f"One {cfg['name']} training step (forward, backward, AdamW), batch "
@@ -92,11 +94,16 @@ def _step_table(rec, rec_dir, rungs, values):
             f"{numpy_n} steps for numpy, of the climb's "
             f"{found['kernels']['seconds']['n'] if 'kernels' in found else 0} rounds for "
             f"smallem (its rung 3) and PyTorch, after {s['warmup_steps']} warm-up; MFU = model FLOPs ({f(fpt / 1e6, 'MFLOP')} per "
-            f"token) / chapter 1's f32 peak{' (' + f(peak, 'Gop/s') + ')' if peak else ''}. "
-            f"{figures.machine_line(rec)}. The reference's per-core figure is its {per}-core "
-            f"figure divided by {per}.")
+            f"token) / chapter 1's f32 peak{' (' + f(peak, 'Gop/s') + ')' if peak else ''}"
+            + (f", and for the bf16 autocast step / its {peaks['bf16_kind']} peak "
+               f"({f(peaks['bf16'], 'Gop/s')}) first" if peaks["bf16"] else "") +
+            f". {figures.machine_line(rec)}. The reference's per-core figure is its {per}-core "
+            f"figure divided by {per}; its MFU is its after-step's speed at this table's FLOPs "
+            f"per token over its own f32 peak (its table gives an efficiency without saying "
+            f"how it counts).")
     figures.write_table("ch3_step", rows, ["path", "training speed", "per core",
-                                           "time per step", "model FLOP rate", "MFU"], note)
+                                           "time per step", "model FLOP rate",
+                                           "MFU (of which peak)"], note)
     for k in ("kernels_toks", "kernels_vs_numpy", "kernels_mfu"):
         values[f"ch3.{k}"] = "n/a (not measured: the record has no such step)"
     if "kernels" in toks:
@@ -107,7 +114,9 @@ def _step_table(rec, rec_dir, rungs, values):
                 values[f"ch3.kernels_vs_{other}"] = f(toks["kernels"] / toks[other]) + "×"
     values["ch3.threads"] = str(s["threads"])
     values["ch3.regions_per_step"] = str(s.get("regions_per_step") or "n/a")
-    values["ch3.ref_mfu"] = f"{100 * reference.CH3_XL_MFU_CPU:.0f}%"
+    values.update({"ch3.ref_mfu": reference.CH3_XL_MFU_CPU, "ch3.ref_cpu": reference.CPU,
+                   "ch3.ref_toks": reference.CH3_XL_STEP_AFTER_TOKS,
+                   "ch3.ref_peak": reference.CH1_F32_PEAK_GOPS})
     values["ch3.bench_batch"] = str(s["batch_size"])
     N, C = s["batch_size"] * s["seq_len"], cfg["d_model"]  # the element-wise layers' tensors
     values["ch3.elementwise_sizes"] = f"{f(4 * N * C / 2**20, 'MiB')} to " \
@@ -117,6 +126,17 @@ def _step_table(rec, rec_dir, rungs, values):
     values["ch3.scores_block"] = f(scores / 2**20, "MiB")
     values["ch3.scores_step"] = f(cfg["n_layer"] * scores / 2**20, "MiB")
     return toks
+
+
+def _step_mfu(v: float, fpt: float, peaks: dict, bf16: bool) -> str:
+    """A step's MFU for the step table's cell, naming the peak: a bf16 step's against its
+    precision's peak first, then against the f32 peak."""
+    if not peaks["f32"]:
+        return "no ch1 record"
+    f32 = f"{_pct(mfu(v, fpt, peaks['f32']))} of f32"
+    if bf16 and peaks["bf16"]:
+        return f"{_pct(mfu(v, fpt, peaks['bf16']))} of {peaks['bf16_kind']} ({f32})"
+    return f32
 
 
 def _rungs_table(rec, rec_dir, rungs, step_toks, values):
@@ -129,13 +149,13 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     if "numpy" in step_toks:
         toks[AT["numpy"]] = step_toks["numpy"]
     pred = predicted(rec, rec_dir, toks)
-    cells, climb = switches(rungs, toks, pred)
+    cells, climb = switches(rungs, toks, pred, _parts_missed(rec, rungs))
     values.update(climb)
     rows = _rung_rows(rungs, toks, pred, cells, peaks, fpt, values)
     ref = reference
     rows.append(["ref.", f"the reference series, xl GPT-2 step ({ref.CITE}, {ref.MACHINE})",
                  f"{ref.CH3_XL_STEP_BEFORE_TOKS} → {f(ref.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
-                 "—", "—", "—", "—", f"{100 * ref.CH3_XL_MFU_CPU:.0f}%", "—"])
+                 "—", "—", "—", "—", f"{_pct(ref.CH3_XL_MFU_CPU)} (its CPU's peak)", "—"])
     rows.append(["ref.", "the reference series, modern bf16 step with Muon",
                  f"{f(ref.CH3_MODERN_BEFORE_TOKS)} → {f(ref.CH3_MODERN_AFTER_TOKS)} tokens/s",
                  "—", "—", "—", "—", "—", "—"])
@@ -173,6 +193,18 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
         if i in rungs and j in rungs:
             values[f"ch3.rung{i}_vs_{j}"] = compare.versus(rungs[i], rungs[j])
     _climb_targets(rec, rungs, toks, peaks, values)
+
+
+def _parts_missed(rec, rungs) -> set:
+    """The rungs whose prediction is made of parts one of which missed its own by more than
+    the tolerance: rung 7, where Newton-Schulz's time or the rest of the step's is not within
+    TOLERANCE of its predicted time (predicted.modern_split)."""
+    split = modern_split(rec, rungs)
+    if split is None:
+        return set()
+    ok = (within_times(split["ns_pred"], split["ns_meas"])
+          and within_times(split["rest_pred"], split["rest_meas"]))
+    return set() if ok else {AT["modern"]}
 
 
 def _rung_rows(rungs, toks, pred, cells, peaks, fpt, values) -> list[list[str]]:
@@ -461,30 +493,27 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
         values["ch3.top_mfu_computed"] = m * (1 - skipped)
     values["ch3.top_mfu_known"] = F32_TOP in rungs and bool(peak)
     # bf16: where the prediction's ratio came from, and what the products gained
-    gemm = bf16_gemm_ratio(rec, rec_dir)
+    gemm = bf16_gemm(rec, rec_dir)
     peaks = _peaks(rec, rec_dir, th)
     values["ch3.bf16_pred_from_gemm"] = gemm is not None
-    values["ch3.bf16_pred_ratio"] = gemm or (peaks["bf16"] / peaks["f32"]
-                                             if peaks["bf16"] and peaks["f32"] else None)
+    values["ch3.bf16_pred_shape"] = gemm["shape"] if gemm else None
+    values["ch3.bf16_pred_ratio"] = gemm["ratio"] if gemm else (
+        peaks["bf16"] / peaks["f32"] if peaks["bf16"] and peaks["f32"] else None)
     mm5 = profs[F32_TOP].get("matrix products (+ bias)")
     mm6 = profs[AT["bf16"]].get("matrix products (+ bias)")
     values["ch3.bf16_products_gain_x"] = mm5 / mm6 if mm5 and mm6 else None
-    # rung 7: Newton-Schulz predicted at rung 6's speed against the profile's, and the rest
-    p6, p7 = profs[AT["bf16"]], profs[AT["modern"]]
-    values["ch3.rung7_split"] = False
-    if p6 and p7 and AT["bf16"] in rungs and AT["modern"] in rungs:
-        c = get_config(rungs[AT["modern"]]["params"].get("config", "xl-modern"))
-        equiv = newton_schulz_flops(c) / c.flops_per_token()
-        ns_pred = equiv / rungs[AT["bf16"]]["value"]["median"]
-        ns_meas = p7.get(MUON_GROUP, 0.0)
-        rest = sum(p7.values()) - ns_meas - sum(p6.values())
+    # rung 7: its two parts, Newton-Schulz and the rest of the step, each against its own
+    split = modern_split(rec, rungs)
+    values["ch3.rung7_split"] = split is not None
+    if split:
+        ms = {k: 1e3 * v for k, v in split.items()}
         values.update({
-            "ch3.rung7_split": ns_meas > 0,
-            "ch3.ns_pred_ms": 1e3 * ns_pred, "ch3.ns_meas_ms": 1e3 * ns_meas,
-            "ch3.ns_as_predicted": bool(ns_meas) and max(ns_pred, ns_meas) <= 1.5 * min(ns_pred, ns_meas),
-            "ch3.rung7_rest_ms": 1e3 * rest,
-            "ch3.rung7_other_ms": 1e3 * p7.get("Python and the rest", 0.0),
-            "ch3.rung6_other_ms": 1e3 * p6.get("Python and the rest", 0.0)})
+            "ch3.ns_pred_ms": ms["ns_pred"], "ch3.ns_meas_ms": ms["ns_meas"],
+            "ch3.ns_as_predicted": within_times(ms["ns_pred"], ms["ns_meas"]),
+            "ch3.rest_pred_ms": ms["rest_pred"], "ch3.rest_meas_ms": ms["rest_meas"],
+            "ch3.rest_as_predicted": within_times(ms["rest_pred"], ms["rest_meas"]),
+            "ch3.rung7_rest_ms": ms["rest_meas"] - ms["rest_pred"],
+            "ch3.rung7_other_ms": ms["other7"], "ch3.rung6_other_ms": ms["other6"]})
     # the PyTorch peer as it ran (what the record holds of it)
     peer = s.get("torch_config") or {}
     values.update({"ch3.torch_version": s.get("torch") or None,
@@ -522,9 +551,13 @@ def _ops_table(rec, values):
         groups[rung] = g
     order = sorted(groups[min(groups)], key=lambda k: -groups[min(groups)][k])
     order += [k for k in groups[max(groups)] if k not in order]
+    m = AT["modern"]  # the modern block has no biases, and SwiGLU and RMSNorm in their places
+    shown = {"matrix products (+ bias)": f"matrix products (+ bias; none at rung {m})",
+             "GELU (+ bias)": f"GELU (+ bias); SwiGLU at rung {m}",
+             "LayerNorm": f"LayerNorm; RMSNorm at rung {m}"} if m in groups else {}
     rows = []
     for name in order:
-        row = [name]
+        row = [shown.get(name, name)]
         for rung in sorted(groups):
             sec, total = groups[rung].get(name, 0.0), sum(groups[rung].values())
             row += [f(1e3 * sec, "ms"), f"{100 * sec / total:.1f}%"]
@@ -629,14 +662,16 @@ FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain
          "fused_above_inner", "fused_inner_last_mib", "fused_outer_first_mib",
          "fused_inner_reported_mib", "p3_matmul", "p3_attention", "p3_rest",
          "p3_attention_larger", "causal_skipped", "top_mfu_computed",
-         "top_mfu_known", "bf16_pred_from_gemm", "bf16_pred_ratio", "bf16_products_gain_x",
-         "rung7_split", "ns_pred_ms", "ns_meas_ms", "ns_as_predicted", "rung7_rest_ms",
+         "top_mfu_known", "bf16_pred_from_gemm", "bf16_pred_shape", "bf16_pred_ratio",
+         "bf16_products_gain_x", "rung7_split", "ns_pred_ms", "ns_meas_ms", "ns_as_predicted",
+         "rest_pred_ms", "rest_meas_ms", "rest_as_predicted", "rung7_rest_ms",
          "rung7_other_ms", "rung6_other_ms", "torch_version", "torch_threads",
          "torch_capability", "torch_onednn", "torch_onednn_bf16", "torch_amx",
          "torch_config_known", "torch_bf16_beats_kernels", "torch_bf16_vs_kernels",
          "kernels_torch_verdict", "fj_forever_slower",
          *(f"rung{i}_{k}" for i in range(2, 8) for k in ("pred", "meas", "spread", "shows")),
-         *(f"climb_any_{k}" for k in ("as", "missed", "small", "beyond", "unseen", "against")))
+         *(f"climb_any_{k}" for k in ("as", "parts", "missed", "small", "beyond", "unseen",
+                                      "against")))
 
 
 # the page's values of each record: where the record is missing (or predates the climb), each
@@ -645,7 +680,7 @@ STEP_KEYS = (
     "accumulated", "arena_zeroing", "attention_share", "barrier_openmp", "barrier_pool",
     "bench_batch", "bench_workspace", "bf16_bound", "bf16_path", "bf16_products_gain",
     "bf16_products_vs_peak", "bf16_ratio", "climb_against", "climb_as", "climb_beyond",
-    "climb_missed", "climb_small", "climb_top", "climb_top_toks", "climb_unseen",
+    "climb_missed", "climb_parts", "climb_small", "climb_top", "climb_top_toks", "climb_unseen",
     "climb_vs_numpy", "elementwise_sizes", "fj_create", "fj_forever", "fj_forever_vs_pool",
     "fj_openmp", "fj_over_forever", "fj_over_openmp", "fj_over_pool", "fj_pool", "fj_pool_min",
     "fj_pool_min_vs_forever", "fj_sleep", "flash_tile", "head_dim", "kernels_mfu",
@@ -654,7 +689,7 @@ STEP_KEYS = (
     "kv_tiles", "l1_line", "l1_sets", "l1_size", "l1_ways", "long_T", "long_extra_matrices",
     "long_extra_ratio", "long_extra_tiles", "long_matrices_ms", "long_tiles_ms",
     "long_tiles_vs", "matmul_share", "matrices_toks", "modern_ratio", "muon_equiv_tokens",
-    "muon_share", "muon_target_tokens", "numpy_toks", "products_intensity", "ref_mfu",
+    "muon_share", "muon_target_tokens", "numpy_toks", "products_intensity", "ref_cpu", "ref_mfu", "ref_peak", "ref_toks",
     "regions_per_step", "rest_share", "rung2_vs_1", "rung3_vs_2", "rung5_vs_4", "rung6_vs_5",
     "rung7_toks", "rung7_vs_6", "scores_block", "scores_step", "spin_us", "target_bf16",
     "target_bf16_torch", "target_f32_mfu", "target_f32_torch", "target_modern", "threads",

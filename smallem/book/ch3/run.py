@@ -51,7 +51,6 @@ def run_figure_and_values(rec, values):
     bx.set_xlabel("training time (s, evaluations not counted)")
     bx.set_title(f"the same training time ({f(s['minutes'], 'min')}) for each run", fontsize=9)
     for a in (ax, bx):
-        a.axhline(2.5, color="grey", ls=":", lw=1, label="2.5 bits per byte")
         a.set_ylabel("loss (bits per byte)")
         a.set_ylim(0, 8.5)
         a.legend(fontsize=8)
