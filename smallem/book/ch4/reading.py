@@ -75,6 +75,24 @@ def holding(facts, nbytes: float, threads: int) -> dict | None:
     return {"level": level, "bw": gbs * 1e9, "size": size}
 
 
+def core_holding(facts, nbytes: float) -> dict | None:
+    """:func:`holding` for one core reading ``nbytes`` alone: a private level (L1, L2) holds
+    what fits the largest end of its plateau per core measured at any thread count (the
+    staircase's grid is coarse, so a plateau that ends at 1 MiB on one thread and at 4 MiB
+    on two ends, per core, at 2 MiB), at one thread's bandwidth; beyond them :func:`holding`
+    on one thread. None without a chapter 1 record."""
+    if facts is None:
+        return None
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]
+    one = ext[1] if 1 in ext else ext[min(ext)]
+    for lv in ("L1", "L2"):
+        ends = [sp[lv]["last"] / th for th, sp in ext.items()
+                if lv in sp and sp[lv]["bw"] == sp[lv]["bw"] and sp[lv]["last"] == sp[lv]["last"]]
+        if ends and nbytes <= max(ends) and one[lv]["bw"] == one[lv]["bw"]:
+            return {"level": lv, "bw": one[lv]["bw"] * 1e9, "size": max(ends)}
+    return holding(facts, nbytes, 1)
+
+
 def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
     """(the level that holds ``weight_bytes`` on ``threads`` threads, its bandwidth there in
     bytes/s): :func:`holding`."""
@@ -121,6 +139,17 @@ def _one(rec, name, **params):
 
 def _ratio(a, b) -> float:
     return a["value"]["median"] / b["value"]["median"] if a and b else math.nan
+
+
+def top_rung(rec) -> int | None:
+    """The ladder's top rung: its fastest int8 rung (the median decode), which the page's
+    "top" decode, its verdict against llama.cpp and the balance sheet take; the last rung
+    where no int8 rung was timed."""
+    rungs = [i for i, _ in rec["settings"]["ladder"]["rungs"]]
+    timed = {i: r for i in rungs if i >= AT["int8"] and (r := _one(rec, "decode", rung=i))}
+    if timed:
+        return max(timed, key=lambda i: timed[i]["value"]["median"])
+    return max(rungs) if rungs else None
 
 
 def _ladder(rec, facts, values):
@@ -194,6 +223,9 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                 values.update({"ch4.l3_miss_rung": i, "ch4.l3_miss_gbs": gbs / 1e9,
                                "ch4.l3_miss_dram_gbs": dram / 1e9, "ch4.l3_miss_l3_gbs": h["bw"] / 1e9,
                                "ch4.l3_miss_mib": data / 2**20, "ch4.l3_miss_end_mib": h["size"] / 2**20})
+        if i == AT["prompt_path"] and p and p["params"].get("prefill_path") in PATHS:
+            # the record's label names two paths; the page's, the one this prompt took
+            what = f"prompt path chosen by measurement: {PATHS[p['params']['prefill_path']]} here"
         rows.append([str(i), what, f(r["value"]["median"], "tokens/s"),
                      _versus(r, prev) if prev else "—",
                      compare.size(wb / 1024) if wb else "—", bound_cell,
@@ -212,6 +244,9 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     values["ch4.above_mib"] = top[3] / 2**20 if top else None
     values["ch4.above_level_mib"] = top[4] / 2**20 if top else None
     return rows
+
+
+PATHS = {"c": "the int8 call", "gemm": "the f32 GEMM", "int8": "the integer GEMM"}  # rung 5's prompt
 
 
 def _versus(r, base) -> str:
@@ -253,7 +288,7 @@ def _peer_rows(rec) -> list[list[str]]:
 def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.ladder_config"] = cfg
     p5 = _one(rec, "prefill", rung=AT["prompt_path"])
-    path = {"c": "the int8 call", "gemm": "the f32 GEMM", "int8": "the integer GEMM"}
+    path = PATHS
     values["ch4.rung5_prompt_path"] = (
         f"{path[p5['params']['prefill_path']]} (measured faster at "
         + ", ".join(f"{n} tokens: {path[v]}" for n, v in p5["params"]["prefill_choice"].items())
@@ -301,7 +336,13 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         values["ch4.f32_vs_llama"] = r32["value"]["median"] / l32["value"]["median"]
         values["ch4.f32_vs_llama_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0
         values["ch4.f32_vs_llama_text"] = compare.versus(r32, l32)
-    r0, top = _one(rec, "decode", rung=AT["no_cache"]), _one(rec, "decode", rung=max(i for i, _ in s["rungs"]))
+    t = top_rung(rec)
+    r0, top = _one(rec, "decode", rung=AT["no_cache"]), _one(rec, "decode", rung=t)
+    last = max(i for i, _ in s["rungs"])
+    values["ch4.top_rung"], values["ch4.last_rung"] = t, last
+    values["ch4.top_toks"] = top["value"]["median"] if top else None
+    rl = _one(rec, "decode", rung=last)
+    values["ch4.last_vs_top"] = compare.versus(rl, top) if top and rl and last != t else None
     if r0 and top:
         values["ch4.climb"] = _ratio(top, r0)
 
@@ -370,7 +411,8 @@ def _threads_rounds(r4, r3, values):
 
 
 def _targets(rec, values, rec_dir=None):
-    top = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
+    top = top_rung(rec)
+    last = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
     ours = _one(rec, "decode", rung=top)
     q8 = _one(rec, "llama_tg", dtype="q8_0")
     out = []
@@ -383,18 +425,26 @@ def _targets(rec, values, rec_dir=None):
     if ours and q8:
         x = _ratio(ours, q8)
         values["ch4.vs_llama_ladder"] = f"{f(x)} times"
+        rl = _one(rec, "decode", rung=last)
+        values["ch4.vs_llama_last"] = f"{f(_ratio(rl, q8))} times" if rl and last != top else None
         if level == "L3":  # else the study's model inside the measured L3 plateau decides it
             values["ch4.vs_llama_l3"] = f"{f(x)} times"
             values["ch4.l3_params"] = f"the ladder's {values['ch4.ladder_config']}"
             values["ch4.l3_llama_measured"] = True
-            out.append(f"int8 decode, weights in the L3 (the ladder's model), against "
-                       f"llama.cpp's Q8_0: " + _verdict(ours, q8, L3_VS_LLAMA))
-    pp, lpp = _one(rec, "prefill", rung=top), _one(rec, "llama_pp", dtype="q8_0")
+            out.append(f"int8 decode, weights in the L3 (the ladder's model, rung {top}, its "
+                       f"fastest int8 decode), against llama.cpp's Q8_0: "
+                       + _verdict(ours, q8, L3_VS_LLAMA))
+    # the prompt: the fastest prompt of the int8 rungs (rung 5's measured path, as a rule)
+    pps = {i: p for i, _ in rec["settings"]["ladder"]["rungs"]
+           if i >= AT["int8"] and (p := _one(rec, "prefill", rung=i))}
+    pr = max(pps, key=lambda i: pps[i]["value"]["median"]) if pps else top
+    values["ch4.pp_rung"] = pr if pps else None
+    pp, lpp = _one(rec, "prefill", rung=pr), _one(rec, "llama_pp", dtype="q8_0")
     if pp and lpp:
         x = _ratio(pp, lpp)
         values["ch4.pp_vs_llama"] = f"{f(x)} times"
-        out.append(f"prompt of {rec['settings']['ladder']['prefill_tokens']} tokens against "
-                   f"llama.cpp's pp: " + _verdict(pp, lpp, PP_VS_LLAMA))
+        out.append(f"prompt of {rec['settings']['ladder']['prefill_tokens']} tokens (rung {pr}'s, "
+                   f"the fastest) against llama.cpp's pp: " + _verdict(pp, lpp, PP_VS_LLAMA))
     return out
 
 
@@ -537,7 +587,7 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
         out.append(f"weight bytes per second on that model against chapter 1's DRAM "
                    f"{stream_name(facts)}: "
                    + compare.against_bound(b8, bw / b8["params"]["weight_bytes"], DRAM_SHARE)
-                   .text(f"{100 * gbs / bw:.0f} %, target {100 * DRAM_SHARE:.0f} %"))
+                   .text(f"{figures.pct(gbs / bw)}, target {100 * DRAM_SHARE:.0f} %"))
     elif facts is None:  # no level, no bound
         out.append(f"weight bytes per second on that model against chapter 1's DRAM "
                    f"{stream_name(facts)}: —")
@@ -580,12 +630,22 @@ def _study_small(rec, facts, small, by, values) -> None:
         # fork-joins, plus the bytes at the bandwidth of all cores
         wb = s2["params"]["weight_bytes"]
         _, bw = bandwidth_bound(facts, wb, s2["params"]["threads"])
-        _, bw1 = bandwidth_bound(facts, s1["params"]["weight_bytes"], 1)
+        # one core's weights at the level that holds them for one core (its L2 where they
+        # fit a core's L2 plateau, as the figure's bound holds them on all cores)
+        h1 = core_holding(facts, s1["params"]["weight_bytes"])
+        bw1 = h1["bw"] if h1 else math.nan
         fixed = 1.0 / s1["value"]["median"] - s1["params"]["weight_bytes"] / bw1
-        values["ch4.small_fixed_us"] = 1e6 * fixed if fixed == fixed else None
+        ok = fixed == fixed and fixed > 0
+        values["ch4.small_fixed_us"] = 1e6 * fixed if ok else None
+        values["ch4.small_token_us"] = 1e6 / s1["value"]["median"]
+        values["ch4.small_int8_mib"] = s1["params"]["weight_bytes"] / 2**20
+        values["ch4.small_fixed_level"] = h1["level"] if h1 else None
+        values["ch4.small_fixed_gbs"] = bw1 / 1e9 if h1 else None
+        values["ch4.small_core_mib"] = h1["size"] / 2**20 if h1 else None
+        fixed = fixed if ok else math.nan
         # a prediction only where regions go to the team: else the decoder given all cores
         # does the one-core decoder's work, and its "prediction" would be that measurement
-        pred = 1.0 / (fixed + per + wb / bw) if teamed and bw == bw and bw1 == bw1 else None
+        pred = 1.0 / (fixed + per + wb / bw) if teamed and ok and bw == bw else None
         values["ch4.small_predicted"] = pred
         values["ch4.small_of_predicted"] = s2["value"]["median"] / pred if pred else None
 
@@ -648,10 +708,10 @@ def _quality(rec, values):
 def _gpu_cell(rec_dir, chapter: str) -> str:
     """Our GPU's figure for the balance sheet: the GPT-2 step (ch3.gpu) or the int8 decode
     with its graph (ch4.gpu), or why there is none."""
-    name = f"{chapter}.gpu"
-    if not records.exists(name, rec_dir):
+    from ..gpu.reading import load_gpu  # the GPU's records, from the folder its chapters read
+    rec = load_gpu(f"{chapter}.gpu", rec_dir)
+    if rec is None:
         return records.NOT_ON_GPU
-    rec = records.load(name, rec_dir)
     found = (records.results(rec, "gpu_step", block="gpt2") if chapter == "ch3" else
              records.results(rec, "gpu_decode", dtype="int8", dp4a="auto", graph=True))
     return f(found[0]["value"]["median"], "tokens/s") if found else records.NOT_ON_GPU
@@ -670,19 +730,22 @@ def _balance(values, rec_dir):
                      _gpu_cell(rec_dir, "ch3")])
     if records.exists(RECORD, rec_dir):
         rec = records.load(RECORD, rec_dir)
-        top = max(i for i, _ in rec["settings"]["ladder"]["rungs"])
+        top = top_rung(rec)
         r = _one(rec, "decode", rung=top)
         if r:
-            rows.append([f"generate, one sequence ({rec['settings']['ladder']['config']['name']})",
+            rows.append([f"generate, one sequence ({rec['settings']['ladder']['config']['name']}, "
+                         f"rung {top}, the fastest)",
                          f(r["value"]["median"], "tokens/s"),
                          f"{reference.CH4_GEN_BEFORE_TOKS} → {f(reference.CH4_GEN_AFTER_TOKS)} tokens/s",
                          f(reference.CH4_GEN_GPU_TOKS, "tokens/s"), _gpu_cell(rec_dir, "ch4")])
-    figures.write_table("ch4_balance", rows, ["", "ours, this machine", f"reference CPU "
-                                              f"({reference.CORES} cores)", "reference GPU",
-                                              "ours, GPU"],
+    head = ["", "ours, this machine", f"reference CPU ({reference.CORES} cores)", "reference GPU",
+            "ours, GPU"]
+    if all(row[-1] == records.NOT_ON_GPU for row in rows):  # no GPU record: no column of it
+        rows, head = [row[:-1] for row in rows], head[:-1]
+    figures.write_table("ch4_balance", rows, head,
                         f"Reference figures from {reference.CITE}, on {reference.MACHINE}; "
                         f"ours from this book's records on this machine (chapter 3's best rung "
-                        f"for training).")
+                        f"for training, chapter 4's fastest int8 rung for generating).")
 
 
 NOT_MEASURED = "not measured here (no llama.cpp: `make llama`)"
@@ -704,6 +767,7 @@ def report(rec_dir) -> dict:
     values["ch4.l3_llama_measured"] = False  # llama.cpp beside the L3 target's model
     values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = None
     values["ch4.small_fixed_us"] = None
+    values["ch4.top_rung"] = values["ch4.top_toks"] = values["ch4.last_rung"] = None
     values["ch4.llama_reps"] = values["ch4.rung5_prompt_path"] = "n/a"
     for key in ("ch4.vs_llama_l3", "ch4.vs_llama_ladder", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured

@@ -13,6 +13,7 @@ f = figures.fmt
 MiB = 2 ** 20
 # the issue's targets: decode against llama.cpp and against the bound; the prompt's
 TARGETS = {"Q8_0": 1.0, "Q4_K_M": 1.0, "Q4_0": 1.2}
+SHOWN = {"qwen2.5-0.5b": "Qwen2.5-0.5B", "smollm2-135m": "SmolLM2-135M"}  # as the page names them
 BOUND_SHARE = 0.85
 # the prompt against llama.cpp's: where the machine multiplies int8 with vpdpbusd (VNNI), and
 # where with vpmaddubsw (AVX2)
@@ -59,6 +60,8 @@ def _missing(note: str) -> dict:
             | _int8_predicted(None, 0, "") | llama_values(None, {}, 0)
             | _ahead(None) | _tiles(None, None)
             | {"others.prefetch_gains": 0, "others.prefetch_losses": 0, "others.commit": None,
+               "others.prefetch_gain_least": None,
+               "others.prefetch_loss_most": None, "others.prompt_amx_files": None,
                "others.ch1_measured": False,
                "others.below_rest": None, "others.below_model": None})
 
@@ -247,6 +250,8 @@ def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
     rows_r = _on_rows(rec, p["model"], p["type"])
     return {key + "tg_prefetch": compare.versus(rows_r, bare) if bare else None,
             key + "prefetch_sign": compare.difference(rows_r, bare).sign if bare else None,
+            key + "prefetch_change": (rows_r["value"]["median"] / bare["value"]["median"] - 1
+                                      if bare else None),
             key + "dot_rate": dot,
             key + "tg_rate": ours["value"]["median"] * p["weight_bytes"] / 1e9,
             key + "mem_rate": bw,
@@ -313,7 +318,8 @@ def _case(rec, facts, key: str, ours: dict, pp_target: float) -> tuple[dict, lis
         key + "pp_share": pre["value"]["median"] / pp_bound if pp_bound else None,
     }
     rates = _rates(rec, key, ours, bw if facts else None)
-    values.update({k: v for k, v in rates.items() if k != key + "prefetch_sign" and (
+    values.update({k: v for k, v in rates.items() if k[len(key):] not in (
+        "prefetch_sign", "prefetch_change") and (
         (shape, qtype) == CASES[0]
         or k[len(key):] in ("tg_prefetch", "tg_rest_ms", "tg_rest_share"))})
     mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
@@ -365,7 +371,7 @@ def report(rec_dir=None) -> dict:
     facts = ch1.facts(rec_dir)
     int8_ins = s.get("int8_instruction", s["instruction"])
     pp_target = PP_TARGETS["vnni" if "VNNI" in int8_ins else "avx2"]
-    rows, values, rate_rows, signs = [], {}, [], []
+    rows, values, rate_rows, signs, changes = [], {}, [], [], []
     below: dict = {"rest": [], "model": []}
     weights = None
     for shape, qtype in CASES:
@@ -379,6 +385,7 @@ def report(rec_dir=None) -> dict:
         values.update(found)
         rows.append(row)
         signs.append(rates[key + "prefetch_sign"])
+        changes.append(rates[key + "prefetch_change"])
         turn, prod = rates[key + "tg_none"], rates[key + "tg_products"]
         if turn and rates[key + "tg_rate"] < 0.95 * turn:  # slower than the two in turn
             below["rest" if prod and prod >= 0.95 * turn else "model"].append(f"{shape} {qtype}")
@@ -387,6 +394,11 @@ def report(rec_dir=None) -> dict:
     figures.write_table("others_types", *types_table(facts, weights, s["threads"]))
     values["others.prefetch_gains"] = signs.count(1)
     values["others.prefetch_losses"] = signs.count(-1)
+    # the sizes of the changes the test told apart: the least gain, the largest loss
+    gains = [c for g, c in zip(signs, changes) if g == 1 and c is not None]
+    losses = [-c for g, c in zip(signs, changes) if g == -1 and c is not None]
+    values["others.prefetch_gain_least"] = min(gains) if gains else None
+    values["others.prefetch_loss_most"] = max(losses) if losses else None
     values["others.commit"] = rec.get("commit", "")[:7]
     values["others.ch1_measured"] = facts is not None  # the bounds need chapter 1's record
     values["others.below_rest"] = " and ".join(below["rest"]) or None
@@ -394,6 +406,15 @@ def report(rec_dir=None) -> dict:
     values["others.prefetch_measured"] = _rates_table(rec, rate_rows, s["threads"])
     values["others.bf16_path"] = (records.load("ch2.gemm", rec_dir)["settings"].get("bf16_path")
                                   if records.exists("ch2.gemm", rec_dir) else None)
+    # the files whose prompt took the float GEMM on bf16 inputs where chapter 2's bf16 path is
+    # AMX's tiles: their prompt ratios set AMX against a llama.cpp built without it
+    amx = ([f"{SHOWN.get(sh, sh)} {qt}" for sh, qt in CASES
+            if values.get(f"others.{slug(sh, qt)}.gemm_dtype") == "bf16"]
+           if values["others.bf16_path"] == "amx" else [])
+    timed = [c for c in CASES if values.get(f"others.{slug(*c)}.gemm_dtype") is not None]
+    values["others.prompt_amx_files"] = (
+        None if not amx else "every file" if len(amx) == len(timed) > 1
+        else ", ".join(amx[:-1]) + " and " + amx[-1] if len(amx) > 1 else amx[0])
     return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
 
 
