@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+import captured
 from smallem import checks
 from smallem.product import gemm
 from smallem.cpu import isa, machine
@@ -778,13 +779,38 @@ def test_quick_benchmark_writes_record_and_figures(records_tmp, monkeypatch, tmp
     if ch1_rec.is_file():
         (records_tmp / "ch1.machine.json").write_text(ch1_rec.read_text())
         values = ch2.report(records_tmp)
-        assert values["ch2.peak_source"] in ("chapter 1's record", "this run's probe")
+        assert values["ch2.peak_source"] == "chapter 1's record"
         # every "% of peak" on the page divides by that one peak
         peak, _ = ch2.reading._peak(data, records_tmp)
         final = records.value(data, "rung", rung=len(gemm.LADDER) - 1, M=data["settings"]["n_ladder"])
         assert values["ch2.final_pct_peak"] == f"{100 * final / peak:.0f} %"
-        per_core = peak * 1e9 / data["settings"]["threads"]
+        per_core = ch2.reading._peak_core(data, records_tmp) * 1e9
         assert values["ch2.thread_min_us"] == figures.fmt(gemm.THREAD_MIN_OPS / per_core * 1e6, "µs")
+
+
+@pytest.mark.parametrize("name", ["book", *captured.NAMES])
+def test_the_page_has_one_peak_for_all_cores_and_one_for_one_core(name):
+    """Every "of peak", "predicted" and "of one core's peak" on the page divides by chapter 1's
+    FMA probe, its run on all cores and the same run on one core (the figures its roofline
+    shows), never by this run's own probe or the probes timed in turn."""
+    rec_dir = records.records_dir() if name == "book" else captured.MACHINES / name / "records"
+    facts = ch1.facts(rec_dir)
+    if facts is None or not records.exists(ch2.RECORD, rec_dir):
+        pytest.skip("no chapter 1 and 2 records")
+    rec = records.load(ch2.RECORD, rec_dir)
+    one, cores = facts["peak"][("f32", 1)], facts["peak"][("f32", facts["cores"])]
+    rows, v = ch2.reading.ladder_rows(rec, rec_dir)
+    assert (v["ch2.peak"], v["ch2.peak_core"]) == (figures.fmt(cores, "Gop/s"),
+                                                   figures.fmt(one, "Gop/s"))
+    assert rows[-1][1] == v["ch2.peak"] and v["ch2.peak_source"] == "chapter 1's record"
+    pred = ch2.reading.predicted(rec, facts)
+    assert pred[4][0] == one and pred[5][0] == cores
+    a = ch2.alone_rows(rec, rec_dir)[1]
+    alone = {t: records.value(rec, "alone", threads=t, b_in="L2") for t in (1, facts["cores"])}
+    assert a["ch2.alone_one_of_peak"] == pytest.approx(alone[1] / one)
+    assert a["ch2.alone_all_of_peak"] == pytest.approx(alone[facts["cores"]] / cores)
+    assert ch2.reading.pool_values(rec, rec_dir)["ch2.thread_min_us"] == figures.fmt(
+        gemm.THREAD_MIN_OPS / (one * 1e9) * 1e6, "µs")
 
 
 def test_bf16_check_for_a_second_machine(records_tmp, tmp_path, capsys):

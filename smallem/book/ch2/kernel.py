@@ -12,11 +12,11 @@ from .. import ch1, figures, records, reference
 
 def latency_values(s: dict, rec_dir) -> dict:
     """The FMAs that must be in flight to hide the FMA's latency: the latency (the manuals')
-    times the FMAs of the kernel's width this core starts a cycle, from the f32 lanes a
-    cycle chapter 1 measured where its record ran the same ISA level; else the two pipes
-    smallem.product.gemm.micro_shape assumes, said so."""
+    times the FMAs of the kernel's width this core starts a cycle, from the f32 operations a
+    cycle chapter 1 measured (and the lanes it rounds them to) where its record ran the same
+    ISA level; else the two pipes smallem.product.gemm.micro_shape assumes, said so."""
     vec, _ = REGISTER_FILE[s["isa"]]
-    per_cycle, source = FMA_PIPES, f"the {FMA_PIPES} FMA pipes the kernel's shape assumes"
+    per_cycle, ops, lanes = FMA_PIPES, None, None  # ops: None where nothing was measured
     # the one core table's facts as chapter 1 states them (ch1.hw.*); None without its record,
     # where this page, which has its own record, still renders
     hw = dict.fromkeys(("ch1.hw.load_bits", "ch1.hw.loads_per_cycle", "ch1.hw.vendor",
@@ -24,17 +24,18 @@ def latency_values(s: dict, rec_dir) -> dict:
     if records.exists("ch1.machine", rec_dir):
         rec1 = records.load("ch1.machine", rec_dir)
         if rec1["settings"]["isa"] == s["isa"]:
-            lanes = ch1.theory(rec1)["lanes"]
-            # chapter 1's measured count (ch1.hw.fmas_per_cycle: the same reading)
+            th = ch1.theory(rec1)
+            # chapter 1's measured operations a cycle, and the lanes it rounds them to
+            # (ch1.hw.fmas_per_cycle: the same reading)
+            ops, lanes = th["measured_flops_per_cycle"], th["lanes"]
             per_cycle = max(1, lanes // vec)
-            source = f"chapter 1 measured {lanes} f32 lanes a cycle"
         hw.update(ch1.hw_values(rec1))
     # typed counts: the page writes them with its plural filter
     return {"ch2.fma_latency": FMA_LATENCY, "ch2.fmas_per_cycle": per_cycle,
-            "ch2.fmas_per_cycle_from": source, "ch2.vec_bits": 32 * vec,
+            "ch2.fma_ops_measured": ops, "ch2.fma_lanes": lanes, "ch2.vec_bits": 32 * vec,
             "ch2.fmas_in_flight": FMA_LATENCY * per_cycle,
             "ch2.latency_bound": vec * FMA_LATENCY * per_cycle,
-            "ch2.fmas_measured": not source.startswith("the "),
+            "ch2.fmas_measured": ops is not None,
             "ch2.hw_load_bits": hw["ch1.hw.load_bits"],
             "ch2.hw_loads_per_cycle": hw["ch1.hw.loads_per_cycle"],
             "ch2.hw_vendor": hw["ch1.hw.vendor"], "ch2.hw_cite": hw["ch1.hw.cite"],
@@ -78,5 +79,8 @@ def block_values(s: dict, n: int, no5: str) -> dict:
         "ch2.b_block_kib": f"{b['kc'] * min(b['nc'], n) * 4 / 1024:.0f} KiB",
         "ch2.b_row_bytes": f"{nr * 4} bytes",
         "ch2.b_row_lines": math.ceil(nr * 4 / g["L1d"]["line"]),
+        # lines of rung 0's column of B (rows 4n bytes apart) that the L1's sets hold at once
+        "ch2.column_lines_l1": ch1.column_lines_held(g["L1d"]["bytes"], g["L1d"]["ways"], 4 * n,
+                                                     g["L1d"]["line"]),
     })
     return values

@@ -8,8 +8,7 @@ from .. import compare, figures, records
 
 
 MODEL_KEYS = ("ch2.order", "ch2.order_other", "ch2.order_need", "ch2.order_have",
-              "ch2.order_headroom", "ch2.order_bytes_per_op", "ch2.order_f32_core",
-              "ch2.order_forced")
+              "ch2.order_headroom", "ch2.order_bytes_per_op", "ch2.order_forced")
 TIMED_KEYS = ("ch2.order_n", "ch2.order_chosen_gops", "ch2.order_other_gops",
               "ch2.order_other_vs")
 
@@ -21,9 +20,9 @@ def order_values(rec: dict) -> dict:
     s = rec["settings"]
     if not {"order", "order_why", "feeds"} <= set(s):
         return dict.fromkeys(MODEL_KEYS + TIMED_KEYS, records.not_measured(
-            rec, "the record predates the loop-order model")) | {"ch2.order_other_faster": False,
-                                                                  "ch2.has_order_model": False,
-                                                                  "ch2.has_order_timing": False}
+            rec, "the record predates the loop-order model")) | {
+                "ch2.order_other_faster": False, "ch2.order_other_slower": False,
+                "ch2.has_order_model": False, "ch2.has_order_timing": False}
     why, chosen = s["order_why"], s["order"]
     other = next(o for o in gemm.ORDERS if o != chosen)
     found = {r["params"]["order"]: r for r in records.results(rec, "order")}
@@ -33,20 +32,21 @@ def order_values(rec: dict) -> dict:
         "ch2.order_have": f(why["have_gbs"], "GB/s"),
         "ch2.order_headroom": f"{100 * why['headroom']:.0f} %",
         "ch2.order_bytes_per_op": f(why["bytes_per_op"], "byte"),
-        "ch2.order_f32_core": f(s["feeds"]["f32_gops_core"], "Gop/s"),
         "ch2.order_forced": "set" if (s.get("env") or {}).get(gemm.ORDER_ENV) else "not set",
     }
     if set(found) != set(gemm.ORDERS):
         values.update(dict.fromkeys(TIMED_KEYS, records.not_measured(
             rec, "the record did not time both orders")))
-        return values | {"ch2.order_other_faster": False, "ch2.has_order_model": True,
-                          "ch2.has_order_timing": False}
+        return values | {"ch2.order_other_faster": False, "ch2.order_other_slower": False,
+                          "ch2.has_order_model": True, "ch2.has_order_timing": False}
     values.update({
         "ch2.order_n": str(found[chosen]["params"]["n"]),
         "ch2.order_chosen_gops": f(found[chosen]["value"]["median"], "Gop/s"),
         "ch2.order_other_gops": f(found[other]["value"]["median"], "Gop/s"),
         "ch2.order_other_vs": compare.versus(found[other], found[chosen]),
+        # typed: the signed-rank test's call on the other order (neither: within the noise)
         "ch2.order_other_faster": compare.difference(found[other], found[chosen]).sign > 0,
+        "ch2.order_other_slower": compare.difference(found[other], found[chosen]).sign < 0,
         "ch2.has_order_model": True, "ch2.has_order_timing": True,
     })
     return values

@@ -92,14 +92,13 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
 
 
 def _peak(rec: dict, rec_dir) -> tuple[float, str]:
-    """The f32 peak for '% of peak': chapter 1's probe, run again in this run, and chapter 1's
-    record if present. A busy machine only ever lowers a peak, so the higher one is used."""
-    here = records.value(rec, "peak_f32")
+    """The page's one f32 peak on all cores, for every '% of peak': chapter 1's FMA probe from
+    its record (the peak its roofline, chapter 1 and the home page show, and the same run as
+    the one-core peak of :func:`_peak_core`), else this run's own run of the probe."""
     facts = ch1.facts(rec_dir)
     if facts is None:
-        return here, "this run's probe"
-    recorded = facts["peak"][("f32", facts["cores"])]
-    return (recorded, "chapter 1's record") if recorded >= here else (here, "this run's probe")
+        return records.value(rec, "peak_f32"), "this run's probe"
+    return facts["peak"][("f32", facts["cores"])], "chapter 1's record"
 
 
 
@@ -122,8 +121,7 @@ def blocking_verdict(gain: float) -> str:
 
 
 
-def predicted(rec: dict, facts: dict | None,
-              peak_all: float | None = None) -> dict[int, tuple[float, str]]:
+def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
     """What the hardware predicts for each rung on the ladder's n^3 product: rung index ->
     (Gop/s, the bound that sets it), from chapter 1's measurements (clock, one core's and all
     cores' f32 peaks, each level's triad bandwidth and where its plateau ends) and the
@@ -137,8 +135,8 @@ def predicted(rec: dict, facts: dict | None,
       vector FMA, at one store a cycle;
     - rung 3: the micro-kernel's FMAs against its loads (M_R broadcasts and N_R / V vectors
       per step, two loads a cycle): one core's measured peak unless the loads bind;
-    - rung 4: one core's measured peak; rung 5: all cores' measured peak (``peak_all``,
-      the page's peak, where it is the higher: the page quotes one peak).
+    - rung 4: one core's measured peak; rung 5: all cores' measured peak, the page's one
+      peak (:func:`_peak`).
     """
     if facts is None:
         return {}
@@ -170,7 +168,7 @@ def predicted(rec: dict, facts: dict | None,
     share = min(1.0, (fmas / FMA_PIPES) / (loads / 2))
     out[3] = (one * share, "one core's peak" if share == 1 else "the micro-kernel's loads")
     out[4] = (one, "one core's peak")
-    out[5] = (max(cores, peak_all or 0), f"{facts['cores']} cores' peak")
+    out[5] = (cores, f"{facts['cores']} cores' peak")
     return out
 
 
@@ -187,7 +185,7 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     peak, peak_src = _peak(rec, rec_dir)
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
-    pred = predicted(rec, ch1.facts(rec_dir), peak)
+    pred = predicted(rec, ch1.facts(rec_dir))
     rows, gains = _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one)
     final = records.value(rec, "rung", rung=LADDER["threads"].index, M=n)
     naive = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
@@ -242,6 +240,7 @@ def _prediction_values(rec: dict, n: int, pred: dict) -> dict:
     ratio = {i: records.value(rec, "rung", rung=i, M=n) / gops for i, (gops, _) in pred.items()}
     values = {f"ch2.rung{i}_of_predicted": ratio.get(i) for i in range(len(LADDER))}
     values["ch2.has_predictions"] = bool(pred)
+    values["ch2.rung0_by_chain"] = bool(pred) and pred[0][1].startswith("one FMA per")
     above = [i for i in sorted(ratio) if ratio[i] > 1 + NOISE]
     values["ch2.any_above_model"] = bool(above)
     values["ch2.above_model"] = compare.listing([f"rung {i}" for i in above], "none")
@@ -473,7 +472,6 @@ def _shape_verdicts(rec: dict) -> dict:
 
 def pool_values(rec: dict, rec_dir=None) -> dict:
     f = figures.fmt
-    peak, _ = _peak(rec, rec_dir)
     empty = records.value(rec, "pool", what="empty_region")
     spawn = records.value(rec, "pool", what="spawn_join")
     ids = rec["settings"]["pool_ids"]
@@ -483,9 +481,8 @@ def pool_values(rec: dict, rec_dir=None) -> dict:
             "ch2.pool_same": "the same" if same else "not the same",
             "ch2.pool_calls": str(len(ids)),
             "ch2.thread_min_mop": f"{THREAD_MIN_OPS / 1e6:.1f} million",
-            # at one core's share of the peak every "% of peak" divides by
-            "ch2.thread_min_us": f(THREAD_MIN_OPS / (peak * 1e9 / rec["settings"]["threads"])
-                                   * 1e6, "µs")}
+            # at the page's one-core peak
+            "ch2.thread_min_us": f(THREAD_MIN_OPS / (_peak_core(rec, rec_dir) * 1e9) * 1e6, "µs")}
 
 
 
@@ -566,11 +563,14 @@ def roofline_points(rec: dict, rec_dir=None) -> list[tuple[str, float, float]]:
              2: (2 / 4, f"B from {lv['ch2.rung2_level'] or 'L3'}"),
              3: (nr / 2, "A from L2"), 4: (nr / 2, "A from L2"), 5: (nr / 2, "A from L2")}
     # rungs that share an intensity get their labels on alternate lines (a trailing newline
-    # lifts the text by one line), so that close points stay readable
+    # lifts the text by one line), so that close points stay readable; rung 5's goes above
+    # the f32 roof where the figure has room there (a roof twice its rate)
+    rates = {r.index: records.value(rec, "rung", rung=r.index, M=n) for r in LADDER}
+    facts = ch1.facts(rec_dir)
+    lift = (2, 4, 5) if facts and max(facts["peak"].values()) >= 2 * rates[5] else (2, 4)
     return [(f"{r.index} {r.name.replace('_', ' ')} ({where[r.index][1]}"
-             f"{'' if r.threaded else ', 1 core'})"
-             + ("\n" if r.index in (2, 4) else ""), where[r.index][0],
-             records.value(rec, "rung", rung=r.index, M=n)) for r in LADDER]
+             f"{'' if r.threaded else ', 1 core'})" + ("\n" if r.index in lift else ""),
+             where[r.index][0], rates[r.index]) for r in LADDER]
 
 
 
@@ -683,12 +683,20 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     values["ch2.alone_l3_gbs"] = l3_rate * 2 / mr if mr else None
     if facts is not None:
         lv, bw = ch1.level_of(facts, l3_kib * 1024, 1)
+        end = facts["triad_spans"][1][lv]["last"] if lv != "DRAM" else None
         values.update({"ch2.alone_big_level": lv, "ch2.alone_big_level_gbs": bw,
-                       "ch2.alone_big_level_end": compare.size(
-                           facts["triad_spans"][1][lv]["last"] / 1024) if lv != "DRAM" else None})
+                       "ch2.alone_big_level_end": compare.size(end / 1024) if end else None,
+                       # past half the plateau's last size: at its edge, not inside it
+                       "ch2.alone_big_at_end": bool(end and 2 * l3_kib * 1024 > end),
+                       # from L2, against the page's peaks (one core's; all cores')
+                       "ch2.alone_one_of_peak": by["L2", True, 1]["value"]["median"]
+                       / facts["peak"][("f32", 1)],
+                       "ch2.alone_all_of_peak": by["L2", True, cores]["value"]["median"]
+                       / facts["peak"][("f32", facts["cores"])]})
     else:
         values.update(dict.fromkeys(("ch2.alone_big_level", "ch2.alone_big_level_gbs",
-                                     "ch2.alone_big_level_end")))
+                                     "ch2.alone_big_level_end", "ch2.alone_big_at_end",
+                                     "ch2.alone_one_of_peak", "ch2.alone_all_of_peak")))
     # the tiles inside the model's products: 2MNK over each thread's time in its tiles
     tiles = []
     for label, *_ in shape_pairs(rec):
