@@ -103,7 +103,7 @@ def _step_table(rec, rec_dir, rungs, values):
             f"how it counts).")
     figures.write_table("ch3_step", rows, ["path", "training speed", "per core",
                                            "time per step", "model FLOP rate",
-                                           "MFU (of which peak)"], note)
+                                           "MFU (of the peak named)"], note)
     for k in ("kernels_toks", "kernels_vs_numpy", "kernels_mfu"):
         values[f"ch3.{k}"] = "n/a (not measured: the record has no such step)"
     if "kernels" in toks:
@@ -689,7 +689,8 @@ STEP_KEYS = (
     "kv_tiles", "l1_line", "l1_sets", "l1_size", "l1_ways", "long_T", "long_extra_matrices",
     "long_extra_ratio", "long_extra_tiles", "long_matrices_ms", "long_tiles_ms",
     "long_tiles_vs", "matmul_share", "matrices_toks", "modern_ratio", "muon_equiv_tokens",
-    "muon_share", "muon_target_tokens", "numpy_toks", "products_intensity", "ref_cpu", "ref_mfu", "ref_peak", "ref_toks",
+    "muon_share", "muon_target_tokens", "numpy_toks", "products_intensity", "ref_cpu",
+    "ref_mfu", "ref_peak", "ref_toks",
     "regions_per_step", "rest_share", "rung2_vs_1", "rung3_vs_2", "rung5_vs_4", "rung6_vs_5",
     "rung7_toks", "rung7_vs_6", "scores_block", "scores_step", "spin_us", "target_bf16",
     "target_bf16_torch", "target_f32_mfu", "target_f32_torch", "target_modern", "threads",
