@@ -34,34 +34,6 @@ def values_hook():
     return module
 
 
-_ACROSS: dict = {}
-_ACROSS_DIR: list = []
-
-
-def across_values() -> dict:
-    """Appendix C's values (every captured folder side by side): the same on every rendering,
-    made once; its tables go to a scratch folder (:func:`report` copies them to each
-    rendering's), never to the repository's ``figures/``."""
-    if not _ACROSS:
-        from smallem.book import figures, machines, records
-
-        folder = Path(tempfile.mkdtemp(prefix="smallem-across-"))
-        env = os.environ.get("SMALLEM_FIGURES")
-        os.environ["SMALLEM_FIGURES"] = str(folder)
-        old = figures.DRAW
-        figures.DRAW = False
-        try:
-            _ACROSS.update(machines.report(records.records_dir()) or {})
-        finally:
-            figures.DRAW = old
-            if env is None:
-                os.environ.pop("SMALLEM_FIGURES", None)
-            else:
-                os.environ["SMALLEM_FIGURES"] = env
-        _ACROSS_DIR.append(folder)
-    return _ACROSS
-
-
 def report(rec_dir: Path, out: Path) -> dict:
     """Every chapter's values for ``rec_dir``, its tables written under ``out/figures``."""
     from smallem import book
@@ -73,7 +45,9 @@ def report(rec_dir: Path, out: Path) -> dict:
     old = figures.DRAW
     figures.DRAW = False
     try:
-        values = book.report_all(rec_dir, only=[c for c in book.CHAPTERS if c != "machines"])
+        # every chapter, appendix C's too: its columns read every captured folder (the same on
+        # every rendering), its home-page table this machine's records
+        values = book.report_all(rec_dir)
     finally:
         figures.DRAW = old
         for k, v in env.items():
@@ -81,9 +55,7 @@ def report(rec_dir: Path, out: Path) -> dict:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    across = across_values()
-    shutil.copytree(_ACROSS_DIR[0] / "tables", out / "figures" / "tables", dirs_exist_ok=True)
-    return {**across, **values}
+    return values
 
 
 def render(rec_dir: Path, out: Path) -> dict[str, str]:
