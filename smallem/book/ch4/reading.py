@@ -10,6 +10,7 @@ import numpy as np
 from smallem.plumbing import build
 from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
+from .balance import balance
 from smallem.training.model import CONFIGS, get_config
 from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
                         STUDY_MIN_TOKENS, STUDY_TOKENS, STUDY_TOP, matrix_params, study_config)
@@ -705,49 +706,6 @@ def _quality(rec, values):
                             f"{100 * change:+.2f} %, target within {100 * QUALITY:g} %")]
 
 
-def _gpu_cell(rec_dir, chapter: str) -> str:
-    """Our GPU's figure for the balance sheet: the GPT-2 step (ch3.gpu) or the int8 decode
-    with its graph (ch4.gpu), or why there is none."""
-    from ..gpu.reading import load_gpu  # the GPU's records, from the folder its chapters read
-    rec = load_gpu(f"{chapter}.gpu", rec_dir)
-    if rec is None:
-        return records.NOT_ON_GPU
-    found = (records.results(rec, "gpu_step", block="gpt2") if chapter == "ch3" else
-             records.results(rec, "gpu_decode", dtype="int8", dp4a="auto", graph=True))
-    return f(found[0]["value"]["median"], "tokens/s") if found else records.NOT_ON_GPU
-
-
-def _balance(values, rec_dir):
-    """The series' balance sheet: training and generating, ours beside the reference's."""
-    rows = []
-    steps = (records.results(records.load("ch3.train_step", rec_dir), "rung_step")
-             if records.exists("ch3.train_step", rec_dir) else [])
-    if steps:  # none in a record that predates chapter 3's climb
-        best = max(steps, key=lambda r: r["value"]["median"])
-        rows.append(["train, xl step", f(best["value"]["median"], "tokens/s"),
-                     f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
-                     f"— (given as {100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak, not in tokens/s)",
-                     _gpu_cell(rec_dir, "ch3")])
-    if records.exists(RECORD, rec_dir):
-        rec = records.load(RECORD, rec_dir)
-        top = top_rung(rec)
-        r = _one(rec, "decode", rung=top)
-        if r:
-            rows.append([f"generate, one sequence ({rec['settings']['ladder']['config']['name']}, "
-                         f"rung {top}, the fastest)",
-                         f(r["value"]["median"], "tokens/s"),
-                         f"{reference.CH4_GEN_BEFORE_TOKS} → {f(reference.CH4_GEN_AFTER_TOKS)} tokens/s",
-                         f(reference.CH4_GEN_GPU_TOKS, "tokens/s"), _gpu_cell(rec_dir, "ch4")])
-    head = ["", "ours, this machine", f"reference CPU ({reference.CORES} cores)", "reference GPU",
-            "ours, GPU"]
-    if all(row[-1] == records.NOT_ON_GPU for row in rows):  # no GPU record: no column of it
-        rows, head = [row[:-1] for row in rows], head[:-1]
-    figures.write_table("ch4_balance", rows, head,
-                        f"Reference figures from {reference.CITE}, on {reference.MACHINE}; "
-                        f"ours from this book's records on this machine (chapter 3's best rung "
-                        f"for training, chapter 4's fastest int8 rung for generating).")
-
-
 NOT_MEASURED = "not measured here (no llama.cpp: `make llama`)"
 # the values the page quotes, read from it: each is set (None where its record is missing)
 PAGE_KEYS = sorted(set(re.findall(r"\b(ch4\.[a-z0-9_]+)", (records.ROOT / "chapters" / "4-generation.md").read_text())))
@@ -807,7 +765,7 @@ def report(rec_dir) -> dict:
     for key in PAGE_KEYS:  # appendix C reads the rungs' rates: "not measured" there
         values.setdefault(key, "not measured (no record ch4.decode)" if re.fullmatch(r"ch4\.rung\d_toks", key) else None)
     values["ch4.f32_ridges"] = values.get("ch4.f32_ridges") if facts else None
-    _balance(values, rec_dir)
+    balance(rec_dir)
     figures.write_table("ch4_targets", [[t.split(": ")[0], t.split(": ", 1)[1]] for t in targets],
                         ["what must hold", "on this machine"])
     return values
