@@ -251,7 +251,7 @@ def live_note(live: float, recorded: float, same: bool, what: str = "the record'
         return ""
     side = "below" if live < recorded else "above"
     pct = abs(live / recorded - 1) * 100
-    why = ("taken on a busy host, or at another clock than the record's run"
-           if same else "taken on this host, which is not the records' machine")
+    why = ("this run's figure, on a host busier now or at another clock than the record's run"
+           if same else "this host's figure, not the records' machine's")
     figure = f"{recorded:.3g}" + (f" {unit}" if unit else "")
-    return f" ({pct:.0f} % {side} {what} {figure}: this run's figure, {why})"
+    return f" ({pct:.0f} % {side} {what} {figure}: {why})"
