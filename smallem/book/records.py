@@ -255,3 +255,32 @@ def live_note(live: float, recorded: float, same: bool, what: str = "the record'
            if same else "this host's figure, not the records' machine's")
     figure = f"{recorded:.3g}" + (f" {unit}" if unit else "")
     return f" ({pct:.0f} % {side} {what} {figure}: {why})"
+
+
+# The GPU's records belong to no CPU: a captured machine's folder holds none, and the book
+# rendered from it quotes the GPU records the book itself keeps, so that the home page,
+# chapters 1 to 4 and the GPU roofline agree on every rendering.
+BOOK_RECORDS = ROOT / "figures" / "records"
+GPU_NAMES = ("ch1.gpu", "ch2.gpu", "ch3.gpu", "ch4.gpu")
+
+
+def gpu_dir(rec_dir=None) -> Path:
+    """The folder the GPU's records are read from: ``rec_dir`` (default: the records the book
+    is rendered from) where it holds any GPU record or none at all (nothing measured yet),
+    else, for a machine's records without a GPU's (a captured CPU's), the book's own
+    ``figures/records``. The four records always come from one folder, so one GPU's run is
+    never mixed with another's."""
+    rec_dir = Path(rec_dir or records_dir())
+    if any(exists(n, rec_dir) for n in GPU_NAMES):
+        return rec_dir
+    if not rec_dir.is_dir() or not any(rec_dir.glob("*.json")):
+        return rec_dir
+    return BOOK_RECORDS
+
+
+def load_gpu(name: str, rec_dir=None) -> dict | None:
+    """A GPU record (``ch1.gpu`` ... ``ch4.gpu``) from :func:`gpu_dir`, or None."""
+    try:
+        return load(name, gpu_dir(rec_dir))
+    except RecordError:
+        return None

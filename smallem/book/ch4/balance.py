@@ -3,17 +3,35 @@ reference's (and our GPU's, where its records hold them)."""
 
 from __future__ import annotations
 
+from smallem.generating import decode
 from .. import figures, records, reference
 from .measuring import RECORD
 
 f = figures.fmt
+AT = {r.name: r.index for r in decode.RUNGS}  # each rung's place, by its name: what records keep
+
+
+def _one(rec, name, **params):
+    found = records.results(rec, name, **params)
+    return found[0] if found else None
+
+
+def top_rung(rec) -> int | None:
+    """The ladder's top rung: its fastest int8 rung (the median decode), which the page's
+    "top" decode, its verdict against llama.cpp and the balance sheet take; the last rung
+    where no int8 rung was timed."""
+    rungs = [i for i, _ in rec["settings"]["ladder"]["rungs"]]
+    timed = {i: r for i in rungs if i >= AT["int8"] and (r := _one(rec, "decode", rung=i))}
+    if timed:
+        return max(timed, key=lambda i: timed[i]["value"]["median"])
+    return max(rungs) if rungs else None
 
 
 def _gpu_cell(rec_dir, chapter: str) -> str:
     """Our GPU's figure for the balance sheet: the GPT-2 step (ch3.gpu) or the int8 decode
     with its graph (ch4.gpu), or why there is none."""
-    from ..gpu.reading import load_gpu  # the GPU's records, from the folder its chapters read
-    rec = load_gpu(f"{chapter}.gpu", rec_dir)
+    rec = records.load_gpu(  # the GPU's records, from the folder its chapters read
+        f"{chapter}.gpu", rec_dir)
     if rec is None:
         return records.NOT_ON_GPU
     found = (records.results(rec, "gpu_step", block="gpt2") if chapter == "ch3" else
@@ -23,7 +41,6 @@ def _gpu_cell(rec_dir, chapter: str) -> str:
 
 def balance(rec_dir):
     """The series' balance sheet: training and generating, ours beside the reference's."""
-    from .reading import _one, top_rung  # the ladder's reading (which calls this one)
     rows = []
     steps = (records.results(records.load("ch3.train_step", rec_dir), "rung_step")
              if records.exists("ch3.train_step", rec_dir) else [])

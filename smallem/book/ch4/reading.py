@@ -10,14 +10,13 @@ import numpy as np
 from smallem.plumbing import build
 from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
-from .balance import balance
+from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
 from smallem.training.model import CONFIGS, get_config
 from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
                         STUDY_MIN_TOKENS, STUDY_TOKENS, STUDY_TOP, matrix_params, study_config)
 
 f = figures.fmt
 NOISE = 0.05          # a rate above its bound by more than this must say which assumption failed
-AT = {r.name: r.index for r in decode.RUNGS}  # each rung's place, by its name: what records keep
 L3_VS_LLAMA = 1.3     # int8 decode against llama.cpp's Q8_0, weights in the L3
 DRAM_VS_LLAMA = 1.0   # ... weights several times larger than the L3
 DRAM_SHARE = 0.8      # ... there, weight bytes per second against chapter 1's DRAM read stream
@@ -133,24 +132,8 @@ def _prompt_bound(facts, p, rung: int, weights: int):
     return peak * 1e9 / (2 * weights), f"{kind} peak on {th} thread{'s' if th > 1 else ''}"
 
 
-def _one(rec, name, **params):
-    found = records.results(rec, name, **params)
-    return found[0] if found else None
-
-
 def _ratio(a, b) -> float:
     return a["value"]["median"] / b["value"]["median"] if a and b else math.nan
-
-
-def top_rung(rec) -> int | None:
-    """The ladder's top rung: its fastest int8 rung (the median decode), which the page's
-    "top" decode, its verdict against llama.cpp and the balance sheet take; the last rung
-    where no int8 rung was timed."""
-    rungs = [i for i, _ in rec["settings"]["ladder"]["rungs"]]
-    timed = {i: r for i in rungs if i >= AT["int8"] and (r := _one(rec, "decode", rung=i))}
-    if timed:
-        return max(timed, key=lambda i: timed[i]["value"]["median"])
-    return max(rungs) if rungs else None
 
 
 def _ladder(rec, facts, values):

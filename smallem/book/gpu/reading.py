@@ -21,30 +21,8 @@ def load(name: str, rec_dir=None) -> dict | None:
         return None
 
 
-# The GPU's records belong to no CPU: a captured machine's folder holds none, and the book
-# rendered from it quotes the GPU records the book itself keeps, so that the home page,
-# chapters 1 to 4 and the GPU roofline agree on every rendering.
-BOOK_RECORDS = ROOT / "figures" / "records"
-GPU_NAMES = ("ch1.gpu", "ch2.gpu", "ch3.gpu", "ch4.gpu")
-
-
-def gpu_dir(rec_dir=None) -> Path:
-    """The folder the GPU's records are read from: ``rec_dir`` (default: the records the book
-    is rendered from) where it holds any GPU record or none at all (nothing measured yet),
-    else, for a machine's records without a GPU's (a captured CPU's), the book's own
-    ``figures/records``. The four records always come from one folder, so one GPU's run is
-    never mixed with another's."""
-    rec_dir = Path(rec_dir or records.records_dir())
-    if any(records.exists(n, rec_dir) for n in GPU_NAMES):
-        return rec_dir
-    if not rec_dir.is_dir() or not any(rec_dir.glob("*.json")):
-        return rec_dir
-    return BOOK_RECORDS
-
-
-def load_gpu(name: str, rec_dir=None) -> dict | None:
-    """A GPU record (``ch1.gpu`` ... ``ch4.gpu``) from :func:`gpu_dir`, or None."""
-    return load(name, gpu_dir(rec_dir))
+# the GPU's records' folder rule lives with the records (chapter 4's balance sheet reads it too)
+from ..records import BOOK_RECORDS, GPU_NAMES, gpu_dir, load_gpu  # noqa: E402,F401
 
 
 def gpu_line(rec: dict) -> str:
