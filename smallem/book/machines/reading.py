@@ -528,7 +528,8 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
           if records.exists("ch1.machine", rec_dir) else "not measured")
 
     def v(key, link):
-        c = cell(values[key], UNITS.get(key, "")) if key in values else ""
+        c = (cell(values[key], UNITS.get(key, ""))
+             if values.get(key) is not None else "")  # None: this record lacks it
         return nm if not c or c.startswith(("not measured", "n/a")) else f"[{c}]({link})"
 
     # chapter 4's top rung, as chapter 4 names it (its rate where it publishes one)
@@ -573,8 +574,9 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
         ["prompt against llama.cpp (chapter 4's model)", "not published",
          v("ch4.pp_vs_llama", "4-generation.md#llamacpp-and-pytorch-beside-us"), "—", gnm],
         ["a one-minute training run, tokens/s (bits per byte)", "not published",
-         (f"{v('ch3.s_tokens_per_s', '3-training.md#a-real-run')} "
-          f"({values.get('ch3.s_final_bpb', nm)})"), "—", gnm],
+         v('ch3.s_tokens_per_s', '3-training.md#a-real-run')
+         + (f" ({values['ch3.s_final_bpb']})" if values.get("ch3.s_final_bpb") is not None
+            else ""), "—", gnm],
     ]
     header = ["", f"reference's CPU ({ref.CPU})", "this machine", f"reference's GPU ({ref.GPU})",
               f"our {gpu['_header']}" if gpu else "our GPU"]
