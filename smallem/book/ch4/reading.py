@@ -669,11 +669,14 @@ def _quality(rec, values):
     for r in agree:
         i = r["params"]["prompt"]
         lr = lla.get(i)
-        rows.append([repr(rec["settings"]["prompts"][i]), f"{100 * r['value']['median']:.0f} %",
-                     str(r["params"]["first_difference"]),
+        # counts, not a rounded share: 199 of 200 would print as "100 %" beside a difference
+        tokens = rec["settings"]["greedy_tokens"]
+        rows.append([repr(rec["settings"]["prompts"][i]),
+                     f"{round(r['value']['median'] * tokens)} of {tokens}",
+                     f"{r['params']['first_difference']} of {tokens}",
                      f"{lr['value']['median']:.0f} of {lr['params']['compared']}" if lr else
                      "not measured (no llama.cpp)"])
-    figures.write_table("ch4_quality", rows, ["prompt", "int8 = f32, greedy", "first difference",
+    figures.write_table("ch4_quality", rows, ["prompt", "int8 = f32, greedy: bytes equal", "bytes before the first difference",
                                               "llama.cpp f32 = ours f32, tokens before the first difference"],
                         f"Model {rec['settings']['config']['name']} trained here for "
                         f"{rec['settings']['steps']} steps; validation over "
