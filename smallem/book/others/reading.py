@@ -193,7 +193,7 @@ def _tiles(rec, facts) -> dict:
                 "others.tiles_vs_rows": None, "others.tiles_dot": None, "others.rows_dot": None,
                 "others.tiles_share": None, "others.rows_share": None,
                 "others.tiles_faster": 0, "others.tiles_slower": 0, "others.tiles_files": 0,
-                "others.tiles_sign": 0}
+                "others.tiles_sign": 0, "others.tiles_mem": None, "others.near_share": BOUND_SHARE}
     rows, values, signs = [], {}, []
     for r in runs:
         p = r["params"]
@@ -216,7 +216,8 @@ def _tiles(rec, facts) -> dict:
                       "others.tiles_vs_rows": compare.versus(mine, r),
                       "others.tiles_sign": signs[-1],
                       "others.rows_dot": dot[False], "others.tiles_dot": dot[True],
-                      "others.rows_share": share(r), "others.tiles_share": share(mine)}
+                      "others.rows_share": share(r), "others.tiles_share": share(mine),
+                      "others.tiles_mem": bw, "others.near_share": BOUND_SHARE}
     values |= {"others.tiles_faster": signs.count(1), "others.tiles_slower": signs.count(-1),
                "others.tiles_files": len(signs)}
     figures.write_table(
@@ -236,24 +237,26 @@ RATE_FIELDS = (*RATES, "tg_rest_ms", "tg_prefetch")
 
 
 def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
-    """One file's decode rates: with its prefetch against without, the arithmetic alone
-    (dot_rate), the memory alone (``bw``, chapter 1's), the step, and what the two allow
-    done in turn and perfectly overlapped, in GB/s of weights."""
+    """One file's decode rates on its rows, the path the prefetch serves (where the forward
+    decodes Q8_0 through tiles, the same decoder kept on the rows, timed in the same rounds):
+    with its prefetch against without, the arithmetic alone (dot_rate on the rows), the
+    memory alone (``bw``, chapter 1's), the step, and what the two allow done in turn and
+    perfectly overlapped, in GB/s of weights. The tiles' figures are in the tiles table."""
     p = ours["params"]
     bare = _one(rec, "decode_ahead", model=p["model"], type=p["type"], ahead=0)
     rest = _one(rec, "decode_rest", model=p["model"], type=p["type"])
-    step_s, rest_s = (1 / r["value"]["median"] if r else None for r in (ours, rest))
+    rows_r = _on_rows(rec, p["model"], p["type"])
+    step_s, rest_s = (1 / r["value"]["median"] if r else None for r in (rows_r, rest))
     dots = _one(rec, "dot_rate", model=p["model"], type=p["type"],
-                **({"tiles": True} if p.get("tiles") else {}))
+                **({"tiles": False} if p.get("tiles") else {}))
     dot = dots["value"]["median"] if dots else None
     both = dot is not None and bw is not None
-    rows_r = _on_rows(rec, p["model"], p["type"])
     return {key + "tg_prefetch": compare.versus(rows_r, bare) if bare else None,
             key + "prefetch_sign": compare.difference(rows_r, bare).sign if bare else None,
             key + "prefetch_change": (rows_r["value"]["median"] / bare["value"]["median"] - 1
                                       if bare else None),
             key + "dot_rate": dot,
-            key + "tg_rate": ours["value"]["median"] * p["weight_bytes"] / 1e9,
+            key + "tg_rate": rows_r["value"]["median"] * p["weight_bytes"] / 1e9,
             key + "mem_rate": bw,
             key + "tg_none": 1 / (1 / dot + 1 / bw) if both else None,
             key + "tg_full": min(dot, bw) if both else None,
@@ -269,7 +272,10 @@ def _rates_table(rec, rows: list, threads: int):
         ["file", "arithmetic alone", "memory alone", "the two in turn", "the two overlapped",
          "the step", "its products (the step less the rest)", "the rest",
          "the step against no prefetch"],
-        "GB/s of weights a decode step reads. Arithmetic: each type's products over the first "
+        "GB/s of weights a decode step reads, every matrix on the file's rows, the path the "
+        "prefetch serves (where the forward decodes Q8_0 through tiles, the same decoder kept on "
+        "the rows, timed in the same rounds; the tiles' figures are in the table of rows against "
+        "tiles). Arithmetic: each type's products over the first "
         "rows of one of its matrices in L2, on one core, weighted by the type's bytes in the "
         f"file, times {threads} cores. Memory: chapter 1's read-only stream at the level that "
         "holds the weights. In turn: one over the sum of their inverses; overlapped: the "
@@ -355,7 +361,8 @@ def _speed_table(rec, facts, rows: list) -> None:
         + (f"The bound: the bytes a token reads over chapter 1's "
            f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth of the level that holds them. "
            if facts else "No bound on decoding: chapter 1's record is not here. ")
-        + f"The prompt bound: chapter 2's GEMM "
+        + f"The prompt bound: the prompt's own GEMM (the integer GEMM on Q8_0 blocks where "
+        f"the prompt takes int8, chapter 2's float GEMM otherwise) "
         f"at the file's gate shape, timed in the same run on the same threads and inputs, over "
         f"two operations a weight a token, the output head counted once a prompt (the prompt "
         f"computes the logits of its last row only). llama.cpp: one llama-bench repetition a "
