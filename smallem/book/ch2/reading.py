@@ -328,13 +328,15 @@ def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_on
     if not found:  # one core: rung 5's row is that comparison
         return {k: "n/a (one core)" for k in ("ch2.one_core_gops", "ch2.one_core_vs_numpy",
                                               "ch2.one_core_vs", "ch2.one_core_gain",
-                                              "ch2.numpy_thread_gain", "ch2.numpy_1t_gops")}
+                                              "ch2.numpy_thread_gain", "ch2.numpy_1t_gops")
+                } | {"ch2.one_core_gain_x": None}
     one = found[0]["value"]["median"]
     theirs = records.results(rec, "numpy", threads=1, M=n)[0]
     return {"ch2.one_core_gops": f(one, "Gop/s"),
             "ch2.one_core_vs_numpy": f"{100 * one / numpy_one:.1f} %",
             "ch2.one_core_vs": compare.versus(found[0], theirs),
-            "ch2.one_core_gain": f(final / one), "ch2.numpy_thread_gain": f(numpy_all / numpy_one),
+            "ch2.one_core_gain": f(final / one), "ch2.one_core_gain_x": final / one,
+            "ch2.numpy_thread_gain": f(numpy_all / numpy_one),
             "ch2.numpy_1t_gops": f(numpy_one, "Gop/s")}
 
 
@@ -553,21 +555,24 @@ def roofline_points(rec: dict, rec_dir=None) -> list[tuple[str, float, float]]:
       the column's stride keeps out of L1 and most of L2 (chapter 1): from L3;
     - rungs 1, 2: each multiply-add reads 4 bytes of B, from the level of chapter 1's
       staircase that holds what their inner loops sweep (L3 without chapter 1's record);
-    - rungs 3 to 5: each step of the micro-kernel does 2 MR NR operations and reads an MR
-      sliver of A (4 MR bytes) from L2; B's sliver stays in L1: NR / 2 operations per byte.
+    - rungs 3 and 4: each step of the micro-kernel does 2 MR NR operations and reads an MR
+      sliver of A (4 MR bytes) from L2; B's sliver stays in L1: NR / 2 operations per byte;
+    - rung 5 (the row order): A's sliver stays in L1 and each step reads an NR sliver of B
+      (4 NR bytes) from L2 and L3: MR / 2 operations per byte.
     """
     n = rec["settings"]["n_ladder"]
-    nr = rec["settings"]["nr"]
+    nr, mr = rec["settings"]["nr"], rec["settings"]["mr"]
     lv = _levels(rec, rec_dir)
     where = {0: (2 / 64, "B lines from L3"), 1: (2 / 4, f"B from {lv['ch2.rung1_level'] or 'L3'}"),
              2: (2 / 4, f"B from {lv['ch2.rung2_level'] or 'L3'}"),
-             3: (nr / 2, "A from L2"), 4: (nr / 2, "A from L2"), 5: (nr / 2, "A from L2")}
+             3: (nr / 2, "A from L2"), 4: (nr / 2, "A from L2"), 5: (mr / 2, "B from L2 and L3")}
     # rungs that share an intensity get their labels on alternate lines (a trailing newline
-    # lifts the text by one line), so that close points stay readable; rung 5's goes above
+    # lifts the text by one line) where their rates are close (rungs 1 and 2), so that close
+    # points stay readable; rung 5's (at its own intensity, above rung 4) goes above
     # the f32 roof where the figure has room there (a roof twice its rate)
     rates = {r.index: records.value(rec, "rung", rung=r.index, M=n) for r in LADDER}
     facts = ch1.facts(rec_dir)
-    lift = (2, 4, 5) if facts and max(facts["peak"].values()) >= 2 * rates[5] else (2, 4)
+    lift = (2, 5) if facts and max(facts["peak"].values()) >= 2 * rates[5] else (2,)
     return [(f"{r.index} {r.name.replace('_', ' ')} ({where[r.index][1]}"
              f"{'' if r.threaded else ', 1 core'})" + ("\n" if r.index in lift else ""),
              where[r.index][0], rates[r.index]) for r in LADDER]
@@ -634,24 +639,43 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
 
 
 
+def _plateau_of(facts: dict, nbytes: float, threads: int) -> tuple[str, str | None]:
+    """Where a working set of ``nbytes`` on ``threads`` threads sits on chapter 1's triad
+    staircase: (its level, None) inside a plateau, or (the last cache's level, "DRAM") in the
+    gap between that cache's last point and the first point of DRAM's plateau, where chapter 1
+    measured no size and the data comes from both in shares its records do not give."""
+    lv, _ = ch1.level_of(facts, nbytes, threads)
+    ext = facts["triad_spans"]
+    th = threads if threads in ext else max(ext)
+    first = ext[th]["DRAM"]["first"]
+    caches = [c for c in ("L1", "L2", "L3") if ext[th][c]["bw"] == ext[th][c]["bw"]]
+    if lv == "DRAM" and caches and first == first and nbytes < first:
+        return caches[-1], "DRAM"
+    return lv, None
+
+
 def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     """Table ch2_alone: the micro-kernel alone, its B slivers in L2 or L3, on one core and
     on all, each against the FMA probe timed in turn with it; and the values the text
     quotes (each case against B in L2 on as many threads)."""
     found = records.results(rec, "alone")
     f = figures.fmt
+    facts = ch1.facts(rec_dir) if rec_dir is not None else None
     rows, by = [], {}
     for r in found:
         p = r["params"]
         probe = records.value(rec, "alone_probe", threads=p["threads"])
         rate = r["value"]["median"]
         by[p["b_in"], p["shared_b"], p["threads"]] = r
-        if p["b_in"] == "L2":
-            where = "L2"
-        elif p["threads"] == 1:
-            where = "L3"
-        else:
-            where = "L3, one block all threads read" if p["shared_b"] else "L3, a block per thread"
+        # the level from chapter 1's plateaus on as many threads (all the threads' blocks
+        # together), the benchmark's own aim without its record
+        where = p["b_in"]
+        if facts is not None:
+            blocks = 1 if p["shared_b"] else p["threads"]
+            where = " and ".join(x for x in _plateau_of(facts, blocks * p["b_kib"] * 1024,
+                                                         p["threads"]) if x)
+        if p["b_in"] != "L2" and p["threads"] > 1:
+            where += ", one block all threads read" if p["shared_b"] else ", a block per thread"
         rows.append([where, compare.size(p["b_kib"]), str(p["threads"]), f(rate, "Gop/s"),
                      f(probe, "Gop/s"), f"{100 * rate / probe:.0f} %"])
     p0 = found[0]["params"]
@@ -677,17 +701,23 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                                    if cores > 1 else na)}
     # where the larger set of slivers sits on chapter 1's one-core staircase, and the bytes
     # of B a second the kernel drew from there (4 N_R bytes per 2 M_R N_R operations)
-    facts = ch1.facts(rec_dir) if rec_dir is not None else None
     l3_rate = by["L3", True, 1]["value"]["median"]
     mr = rec["settings"].get("mr")
     values["ch2.alone_l3_gbs"] = l3_rate * 2 / mr if mr else None
     if facts is not None:
-        lv, bw = ch1.level_of(facts, l3_kib * 1024, 1)
-        end = facts["triad_spans"][1][lv]["last"] if lv != "DRAM" else None
+        lv, also = _plateau_of(facts, l3_kib * 1024, 1)
+        span = facts["triad_spans"][1 if 1 in facts["triad_spans"] else max(facts["triad_spans"])]
+        bw = span[lv]["bw"]
+        end = span[lv]["last"] if lv != "DRAM" else None
         values.update({"ch2.alone_big_level": lv, "ch2.alone_big_level_gbs": bw,
+                       # in the gap between that cache's plateau and DRAM's: DRAM's first
+                       # point and bandwidth (None inside a plateau)
+                       "ch2.alone_big_dram_first": (compare.size(span["DRAM"]["first"] / 1024)
+                                                    if also else None),
+                       "ch2.alone_big_dram_gbs": span["DRAM"]["bw"] if also else None,
                        "ch2.alone_big_level_end": compare.size(end / 1024) if end else None,
                        # past half the plateau's last size: at its edge, not inside it
-                       "ch2.alone_big_at_end": bool(end and 2 * l3_kib * 1024 > end),
+                       "ch2.alone_big_at_end": bool(end and not also and 2 * l3_kib * 1024 > end),
                        # from L2, against the page's peaks (one core's; all cores')
                        "ch2.alone_one_of_peak": by["L2", True, 1]["value"]["median"]
                        / facts["peak"][("f32", 1)],
@@ -696,6 +726,7 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     else:
         values.update(dict.fromkeys(("ch2.alone_big_level", "ch2.alone_big_level_gbs",
                                      "ch2.alone_big_level_end", "ch2.alone_big_at_end",
+                                     "ch2.alone_big_dram_first", "ch2.alone_big_dram_gbs",
                                      "ch2.alone_one_of_peak", "ch2.alone_all_of_peak")))
     # the tiles inside the model's products: 2MNK over each thread's time in its tiles
     tiles = []
@@ -705,6 +736,20 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
             q = t[0]["params"]
             tiles.append(2.0 * q["M"] * q["N"] * q["K"] / 1e9 / (t[0]["value"]["median"] / 1e3))
     values["ch2.alone_kc"] = p0["kc"]
+    # the M_C sweep's fastest point (rung 4, columns), where it ran on one thread: above the
+    # kernel alone from L2 by more than the noise, the kernel alone is no ceiling for it
+    one_l2 = by["L2", True, 1]["value"]["median"]
+    mc = [p for p in records.results(rec, "mc_sweep") if p["params"]["threads"] == 1]
+    best = max(mc, key=lambda p: p["value"]["median"]) if mc else None
+    values["ch2.alone_one_gops"] = one_l2
+    # the FMA probe timed beside it, all cores' over one core's (what the host gave then)
+    values["ch2.alone_probe_gain"] = (records.value(rec, "alone_probe", threads=cores)
+                                      / records.value(rec, "alone_probe", threads=1)
+                                      if cores > 1 else None)
+    values["ch2.mc_above_alone"] = (best["value"]["median"] / one_l2 - 1
+                                    if best and best["value"]["median"] > one_l2 * (1 + NOISE)
+                                    else None)
+    values["ch2.mc_best_kc"] = best["params"]["kc"] if best else None
     values["ch2.alone_l3_loss"] = 1 - l3_rate / by["L2", True, 1]["value"]["median"]
     values["ch2.tiles_range"] = (f"{f(min(tiles))} to {f(max(tiles), 'Gop/s')}" if tiles
                                  else "n/a (no phase results in this record)")
@@ -785,4 +830,5 @@ def report(rec_dir) -> dict:
     values["ch2.ai_naive"] = figures.fmt(pts[0][1], "op/byte")
     values["ch2.ai_loop"] = figures.fmt(pts[1][1], "op/byte")
     values["ch2.ai_kernel"] = figures.fmt(pts[3][1], "op/byte")
+    values["ch2.ai_kernel_rows"] = figures.fmt(pts[5][1], "op/byte")
     return values
