@@ -573,3 +573,20 @@ def test_measured_fmas_a_cycle_times_lanes_is_the_measured_lanes(name):
         assert hw["ch1.hw.cite"] == row["cite"] and hw["ch1.hw.pipes"] == row["pipes"]
         # the table's pipes carry at least what was measured
         assert row["pipes"] * row["pipe_bits"] >= th["lanes"] * 32
+
+
+def test_dot_and_tile_rates_a_cycle_take_the_better_per_core_rate():
+    # a disturbed one-thread probe (the EMR capture's int8 and AMX runs) must not halve the
+    # rate a cycle: the page takes the f32 peak's rule, the better of one thread's rate and
+    # all cores' over the cores, and says which
+    rec = records.load(ch1.RECORD, MACHINES / "intel-xeon-emr-2c" / "records")
+    sm = ch1.summary(rec)
+    values = ch1.reading._dot_values(rec, sm)
+    ghz, cores = sm["theory"]["clock_ghz"], sm["theory"]["cores"]
+    for kind, key, ops in (("amx_int8", "tiles.int8", 1), ("amx_bf16", "tiles.bf16", 1),
+                           ("int8", "dot.int8", ch1.reading.DOT_OPS["int8"]),
+                           ("bf16", "dot.bf16", ch1.reading.DOT_OPS["bf16"])):
+        one, every = sm["peak"][kind, 1], sm["peak"][kind, sm["cores"]] / cores
+        assert values[f"ch1.{key}_per_cycle"] == pytest.approx(max(one, every) / ops / ghz)
+        assert values[f"ch1.{key}_from_all"] == (every > one)
+    assert values["ch1.tiles.int8_from_all"] and not values["ch1.dot.bf16_from_all"]

@@ -507,31 +507,43 @@ def _typed_values(rec: dict, sm: dict) -> dict:
 def _dot_values(rec: dict, sm: dict) -> dict:
     """The dot probes' accumulators each run kept (one core's, all cores') and the
     instructions one core started a cycle at the peak's clock; AMX's tiles against the
-    vendor's rate, at the peak's clock and at the clock the FMA probe implies."""
+    vendor's rate, at the peak's clock and at the clock the FMA probe implies. A core's rate
+    is the f32 peak's (:func:`smallem.cpu.machine.peak_theory`): the better of one thread's
+    rate and all cores' rate over the physical cores, so that one disturbed probe cannot
+    halve it; ``*_from_all`` says which it took."""
     cores, th, peak = sm["cores"], sm["theory"], sm["peak"]
     ghz = th["clock_ghz"]
     out = {}
     runs = {(r["params"]["kind"], r["params"]["threads"]): r["params"]
             for r in records.results(rec, "peak")}
+
+    def per_core(kind):  # (operations a second on one core, taken from all cores' run)
+        one = peak[kind, 1]
+        every = peak.get((kind, cores), math.nan) / th["cores"]
+        return (every, True) if every > one else (one, False)
+
     for kind in ("bf16", "int8"):
         native = bool(sm["native"].get(kind)) and th["vector_bits"] == 512
         for who, t in (("one", 1), ("all", cores)):
             chains = runs.get((kind, t), {}).get("chains") if native else None
             out[f"ch1.chains.{kind}_{who}"] = chains
-        out[f"ch1.dot.{kind}_per_cycle"] = (peak[kind, 1] / DOT_OPS[kind] / ghz if native
-                                            else None)
+        rate, from_all = per_core(kind) if native else (None, None)
+        out[f"ch1.dot.{kind}_per_cycle"] = rate / DOT_OPS[kind] / ghz if native else None
+        out[f"ch1.dot.{kind}_from_all"] = from_all
     for kind in AMX_KINDS:
         key = kind[4:]
         have = (kind, 1) in peak
+        rate, from_all = per_core(kind) if have else (None, None)
+        rated = machine.AMX_OPS_PER_CYCLE[kind]
         out[f"ch1.tiles.{key}_all"] = peak[kind, cores] if have else None
-        out[f"ch1.tiles.{key}_per_cycle"] = peak[kind, 1] / ghz if have else None
-        out[f"ch1.tiles.{key}_rated"] = machine.AMX_OPS_PER_CYCLE[kind] if have else None
-        out[f"ch1.tiles.{key}_of_rated"] = (peak[kind, 1] / ghz / machine.AMX_OPS_PER_CYCLE[kind]
-                                          if have else None)
+        out[f"ch1.tiles.{key}_from_all"] = from_all
+        out[f"ch1.tiles.{key}_per_cycle"] = rate / ghz if have else None
+        out[f"ch1.tiles.{key}_rated"] = rated if have else None
+        out[f"ch1.tiles.{key}_of_rated"] = rate / ghz / rated if have else None
         # the same at the clock the FMA probe implies (the chains' clock may not be the one
         # a core keeps under heavy vector or tile work)
         out[f"ch1.tiles.{key}_of_rated_f32_clock"] = (
-            peak[kind, 1] / sm["clock_f32_ghz"] / machine.AMX_OPS_PER_CYCLE[kind] if have else None)
+            rate / sm["clock_f32_ghz"] / rated if have else None)
     return out
 
 
@@ -548,6 +560,13 @@ def _scaling_values(sm: dict) -> dict:
         out[f"ch1.scale.triad_{lv.lower()}"] = r
         # a level that gave less than cores x one core's, by more than the noise (5 %)
         out[f"ch1.scale.{lv.lower()}_short"] = r is not None and r < 0.95 * cores
+    # the same cores' FMA probe and read-only stream from L1, beside the triad's private levels
+    fma = sm["peak"].get(("f32", cores), math.nan) / sm["peak"][("f32", 1)]
+    out["ch1.scale.fma"] = fma if fma == fma else None
+    out["ch1.scale.fma_short"] = fma == fma and fma < 0.95 * cores
+    read = sm.get("read_plateaus")
+    r = read[cores]["L1"] / read[1]["L1"] if read and cores in read and 1 in read else math.nan
+    out["ch1.scale.read_l1"] = r if r == r else None
     for who, t in (("core", 1), ("all", cores)):
         if "read_plateaus" in sm:
             read, triad = sm["read_plateaus"][t]["DRAM"], sm["triad_plateaus"][t]["DRAM"]
