@@ -17,6 +17,47 @@ from .kernel import block_values, latency_values
 # what a value needs that a record made before rung 5 had blocks of its own lacks
 
 
+def same_product_values(rec: dict) -> dict:
+    """The first of the model's products as each run on the page timed it (typed Gop/s, None
+    where a run lacks it): beside numpy ("shape"), the phase entry point (2MNK over its
+    median call), all of B at once and a slice at a time, the dtype table's f32 inputs; and
+    the spread of those rates (largest over smallest, minus one)."""
+    pairs = shape_pairs(rec)
+    if not pairs:
+        return dict.fromkeys(["ch2.same_label", "ch2.same_spread", "ch2.cube_spread"]
+                             + [f"ch2.same_{k}" for k in ("shape", "phase", "whole", "slices",
+                                                           "dtype")]
+                             + [f"ch2.cube_{k}" for k in ("rung5", "sweep", "dtype")])
+    label, ours, _ = pairs[0]
+    p = records.results(rec, "shape", impl="smallem", label=label)[0]["params"]
+    M, N, K = p["M"], p["N"], p["K"]
+    wall = records.results(rec, "phase", label=label, phase="wall")
+    whole = {r["params"]["b"]: r["value"]["median"] for r in records.results(rec, "whole_b")
+             if r["params"]["label"] == label}
+    dtype = records.results(rec, "dtype", dtype="f32", M=M, K=K, N=N)
+    runs = {"shape": ours,
+            "phase": (2.0 * M * N * K / 1e9 / (wall[0]["value"]["median"] / 1e3)
+                      if wall and wall[0]["value"]["median"] > 0 else None),
+            "whole": whole.get("whole"), "slices": whole.get("slices"),
+            "dtype": dtype[0]["value"]["median"] if dtype else None}
+    got = [v for v in runs.values() if v]
+    # the ladder's size n³ likewise: rung 5 in the ladder, the package's matmul in the sizes
+    # sweep, the dtype table's f32 inputs
+    n = rec["settings"]["n_ladder"]
+
+    def one(kind, **kw):
+        found = records.results(rec, kind, **kw)
+        return found[0]["value"]["median"] if found else None
+    cube = {"rung5": one("rung", rung=5, M=n), "sweep": one("sweep", impl="smallem", n=n),
+            "dtype": one("dtype", dtype="f32", M=n, K=n, N=n)}
+    have = [v for v in cube.values() if v]
+    return {"ch2.same_label": _short(label),
+            **{f"ch2.same_{k}": v for k, v in runs.items()},
+            "ch2.same_spread": max(got) / min(got) - 1 if len(got) > 1 else None,
+            **{f"ch2.cube_{k}": v for k, v in cube.items()},
+            "ch2.cube_spread": max(have) / min(have) - 1 if len(have) > 1 else None}
+
+
 def whole_b_values(rec: dict) -> dict:
     """The chapter's words on packing all of B at once, from the "whole_b" results."""
     f = figures.fmt
@@ -781,6 +822,7 @@ def report(rec_dir) -> dict:
     r, v = shape_rows(rec)
     values.update(v)
     values.update(whole_b_values(rec))
+    values.update(same_product_values(rec))
     figures.write_table("ch2_shapes", r,
                         ["Product", "M×K×N", "smallem", "numpy", "smallem / numpy",
                          ROUNDS_HEADER], note=note)
