@@ -9,7 +9,7 @@ from .measuring import AVERAGE_EVERY, LINKS_GBIT, MACHINES, RECORD
 f = figures.fmt
 NOT_MEASURED = "not measured here (no MPI: `pip install -e '.[mpi]'`)"
 KEYS = ("mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", "mpi.ratio",
-        "mpi.rounds", "mpi.verdict", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
+        "mpi.rounds", "mpi.verdict", "mpi.outcome", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
         "mpi.curve_steps", "mpi.curve_tokens", "mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100",
         "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10", "mpi.comm_gbs",
         "mpi.dram_gbs")
@@ -47,6 +47,15 @@ def _verdict(many: dict, one: dict) -> str:
         return "the two are within the noise of each other" + compare.note(d.note())
     return ("the ranks are faster" if d.sign > 0 else "the one process is faster") + \
         compare.note(d.note())
+
+
+def _outcome(many: dict, one: dict) -> str | None:
+    """The rounds' outcome as a name for the page to choose its sentences by: "faster" (the
+    ranks), "slower", "noise", or None where the rounds were not kept."""
+    d = compare.difference(many, one)
+    if d.rounds is None:
+        return None
+    return "noise" if d.sign == 0 else "faster" if d.sign > 0 else "slower"
 
 
 def _one(rec, name, **params):
@@ -137,6 +146,7 @@ def report(rec_dir=None) -> dict:
         "mpi.ratio": f"{f(many['value']['median'] / one['value']['median'])} times",
         "mpi.rounds": compare.rounds_text(rounds),
         "mpi.verdict": _verdict(many, one),
+        "mpi.outcome": _outcome(many, one),
         "mpi.comm_ms": f(1e3 * comm["value"]["median"], "ms"),
         "mpi.comm_share": f"{100 * comm['value']['median'] / many['seconds']['median']:.0f} %",
         # the bytes each rank sends a step over the time in collectives, against the slowest
