@@ -192,6 +192,11 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     for i, j in ((r.index, r.index - 1) for r in RUNGS[AT["pool"]:] if r.name != "tiles"):
         if i in rungs and j in rungs:
             values[f"ch3.rung{i}_vs_{j}"] = compare.versus(rungs[i], rungs[j])
+    # the arena's rung against the first, which has neither the pool nor the arena (a ratio of
+    # the medians, typed: 0.97 is 3 % slower)
+    first = AT["pool"] - 1
+    values["ch3.rung3_over_1"] = (toks[AT["arena"]] / toks[first]
+                                  if AT["arena"] in rungs and first in rungs else None)
     _climb_targets(rec, rungs, toks, peaks, values)
 
 
@@ -313,6 +318,18 @@ def _accumulated_values(rec, values):
         f"with {A} micro-batches per optimiser step ({f(n)} tokens), timed in turn "
         f"{acc[7]['value']['n']} times each, the modern step with Muon ran at {modern} against "
         f"GPT-2's {gpt2} in bf16: {_pct(v.ratio)} of its speed")
+    # GPT-2's accumulated step against the climb's rung 6 (the same trainer, one micro-batch
+    # per optimiser step), typed: the ratio of the medians, and the most that sharing one
+    # AdamW update among A micro-batches can give, from rung 6's profiled AdamW share
+    climb6 = next(iter(records.results(rec, "rung_step", rung=AT["bf16"])), None)
+    prof6 = _profile(rec, AT["bf16"])
+    adamw = (prof6.get("AdamW + gradient norm", 0.0) / sum(prof6.values())) if prof6 else None
+    values.update({
+        "ch3.acc_micro": A, "ch3.acc_rounds": acc[AT["bf16"]]["value"]["n"],
+        "ch3.acc6_over_climb6": (acc[AT["bf16"]]["value"]["median"] / climb6["value"]["median"]
+                                 if climb6 else None),
+        "ch3.acc6_adamw_share": adamw,
+        "ch3.acc6_adamw_gain": 1 / (1 - adamw * (1 - 1 / A)) if adamw is not None else None})
 
 
 def _bounds(rec, rec_dir, step_toks, values):
@@ -536,7 +553,7 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
         values["ch3.kernels_torch_verdict"] = None
 
 
-def _ops_table(rec, values):
+def _ops_table(rec, values, rungs=None):
     prof: dict = {}
     for r in records.results(rec, "op_seconds"):
         prof.setdefault(r["params"]["rung"], {})[r["params"]["op"]] = r["value"]["median"]
@@ -562,13 +579,32 @@ def _ops_table(rec, values):
             sec, total = groups[rung].get(name, 0.0), sum(groups[rung].values())
             row += [f(1e3 * sec, "ms"), f"{100 * sec / total:.1f}%"]
         rows.append(row)
+    # each column is one profiled step: its sum beside its rung's median step in the climb,
+    # so that a reader sees how far one step strays from the rounds' median
+    rungs = rungs or {}
+    sums = {rung: sum(groups[rung].values()) for rung in groups}
+    rows.append(["the profiled step (the column's sum)"]
+                + [c for rung in sorted(groups) for c in (f(1e3 * sums[rung], "ms"), "100%")])
+    medians = {rung: rungs[rung]["seconds"]["median"] for rung in groups
+               if rung in rungs and "seconds" in rungs[rung]}
+    off = [abs(sums[r] / m - 1) for r, m in medians.items() if m]
+    if medians:
+        rows.append(["the rung's median step in the climb"]
+                    + [c for rung in sorted(groups) for c in
+                       ((f(1e3 * medians[rung], "ms"), "—") if rung in medians else ("—", "—"))])
     header = ["op (forward + backward)"]
     for rung in sorted(groups):
         header += [f"rung {rung}: time per step", "share"]
     figures.write_table("ch3_ops", rows, header,
                         "One profiled step after a warm-up, on the trainers of the climb: "
                         + "; ".join(f"rung {i} ({rung_label(i)})" for i in sorted(groups))
+                        + (f". Each column is a single step, and its sum is up to "
+                           f"{100 * max(off):.0f}% off its rung's median step in the climb (the "
+                           f"last two rows): a part's difference between two columns is not "
+                           f"a measured gain, and its shares are one step's, not exact"
+                           if off else "")
                         + f". {figures.machine_line(rec)}.")
+    values["ch3.ops_off_max"] = max(off) if off else None
     top = groups[max(groups)]
     values["ch3.muon_share"] = f"{100 * top.get(MUON_GROUP, 0.0) / sum(top.values()):.0f}%"
     for prefix, rung in (("", min(groups)), ("top_", max(groups))):
@@ -620,6 +656,11 @@ def _fork_join_table(rec, values):
         values["ch3.fj_pool_min_vs_forever"] = _faster(forever["median"], pool["min"])
         values["ch3.fj_forever_faster"] = forever["median"] * 1.1 < pool["median"]
         values["ch3.fj_forever_slower"] = forever["median"] > pool["median"] * 1.1
+    # with one thread more than cores: the bounded pool against libgomp (a ratio of the
+    # medians, typed: 7.7 is 7.7 times as slow)
+    values["ch3.fj_over_pool_vs_openmp"] = (
+        by["over_pool"]["value"]["median"] / by["over_openmp"]["value"]["median"]
+        if "over_pool" in by and "over_openmp" in by else None)
     if "pool" in by and "openmp" in by:  # what the pool is kept for, where it holds
         values["ch3.fj_pool_faster"] = (by["pool"]["value"]["median"]
                                         < by["openmp"]["value"]["median"])
@@ -677,21 +718,22 @@ FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain
 # the page's values of each record: where the record is missing (or predates the climb), each
 # is None and the page's section says so once at its head (the hook wants every key it names)
 STEP_KEYS = (
+    "acc6_adamw_gain", "acc6_adamw_share", "acc6_over_climb6", "acc_micro", "acc_rounds",
     "accumulated", "arena_zeroing", "attention_share", "barrier_openmp", "barrier_pool",
     "bench_batch", "bench_workspace", "bf16_bound", "bf16_path", "bf16_products_gain",
     "bf16_products_vs_peak", "bf16_ratio", "climb_against", "climb_as", "climb_beyond",
     "climb_missed", "climb_parts", "climb_small", "climb_top", "climb_top_toks", "climb_unseen",
     "climb_vs_numpy", "elementwise_sizes", "fj_create", "fj_forever", "fj_forever_vs_pool",
-    "fj_openmp", "fj_over_forever", "fj_over_openmp", "fj_over_pool", "fj_pool", "fj_pool_min",
+    "fj_openmp", "fj_over_forever", "fj_over_openmp", "fj_over_pool", "fj_over_pool_vs_openmp", "fj_pool", "fj_pool_min",
     "fj_pool_min_vs_forever", "fj_sleep", "flash_tile", "head_dim", "kernels_mfu",
     "kernels_toks", "kernels_vs_numpy", "kt_packed_sets", "kt_stride", "kt_strip_held",
     "kt_strip_lines", "kt_strip_sets", "kt_tile_held", "kt_tile_lines", "kt_tile_sets",
     "kv_tiles", "l1_line", "l1_sets", "l1_size", "l1_ways", "long_T", "long_extra_matrices",
     "long_extra_ratio", "long_extra_tiles", "long_matrices_ms", "long_tiles_ms",
     "long_tiles_vs", "matmul_share", "matrices_toks", "modern_ratio", "muon_equiv_tokens",
-    "muon_share", "muon_target_tokens", "numpy_toks", "products_intensity", "ref_cpu",
+    "muon_share", "muon_target_tokens", "numpy_toks", "ops_off_max", "products_intensity", "ref_cpu",
     "ref_mfu", "ref_peak", "ref_toks",
-    "regions_per_step", "rest_share", "rung2_vs_1", "rung3_vs_2", "rung5_vs_4", "rung6_vs_5",
+    "regions_per_step", "rest_share", "rung2_vs_1", "rung3_over_1", "rung3_vs_2", "rung5_vs_4", "rung6_vs_5",
     "rung7_toks", "rung7_vs_6", "scores_block", "scores_step", "spin_us", "target_bf16",
     "target_bf16_torch", "target_f32_mfu", "target_f32_torch", "target_modern", "threads",
     "tiles_rounds", "tiles_toks", "tiles_vs_matrices", "top_attention_share",
@@ -722,10 +764,14 @@ def report(rec_dir) -> dict:
     values.setdefault("ch3.step_predates", False)
     values["ch3.run_measured"] = records.exists(RECORD_RUN, rec_dir)
     if rec is not None:
+        # the typed facts a part of the record may lack: None unless that part sets them
+        values.update({f"ch3.{k}": None for k in (
+            "acc6_adamw_gain", "acc6_adamw_share", "acc6_over_climb6", "acc_micro", "acc_rounds",
+            "fj_over_pool_vs_openmp", "ops_off_max", "rung3_over_1")})
         rungs = {r["params"]["rung"]: r for r in records.results(rec, "rung_step")}
         toks = _step_table(rec, rec_dir, rungs, values)
         _rungs_table(rec, rec_dir, rungs, toks, values)
-        _ops_table(rec, values)
+        _ops_table(rec, values, rungs)
         _explain_values(rec, rec_dir, rungs, toks, values)
         _bounds(rec, rec_dir, toks, values)
         fused_table(rec, rec_dir, rungs, values)
