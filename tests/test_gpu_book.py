@@ -111,3 +111,22 @@ def test_an_older_gpu_record_is_said_once_and_typed():
     assert v["gpu.ch2_older"] is (not v["gpu.has_mma_rung"])
     assert isinstance(v["gpu.ladder_n"], int)
     assert "0.0e+00" not in "".join(str(c) for r in reading.gemm_rows(ch2) for c in r)
+
+
+def test_every_cublas_rate_names_its_size():
+    """cuBLAS's rate depends on n: chapter 1 quotes the fastest of its record's sizes, chapter 2
+    its ladder's, and each names the size (the committed H200 records: 8192 and 4096)."""
+    from smallem.book.gpu import reading
+    ch1 = reading.load_gpu("ch1.gpu", reading.BOOK_RECORDS)
+    ch2 = reading.load_gpu("ch2.gpu", reading.BOOK_RECORDS)
+    v = {**reading.peak_values(ch1), **reading.gemm_values(ch2)}
+    for dt in ("f32", "bf16"):
+        n = v[f"gpu.cublas_{dt}_n"]
+        assert records.value(ch1, "cublas", dtype=dt, n=n) == max(
+            r["value"]["median"] for r in records.results(ch1, "cublas", dtype=dt))
+    assert all(f"(n = {v['gpu.cublas_f32_n']})" in r[2] for r in reading.peaks_rows(ch1)[:1])
+    if v["gpu.cublas_beats_mma"]:
+        assert v["gpu.tensor_ceiling_by"].endswith(f"at n = {v['gpu.cublas_bf16_n']}")
+    assert v["gpu.ladder_cublas_bf16"] == records.value(ch2, "cublas", dtype="bf16",
+                                                       n=v["gpu.ladder_n"])
+    assert v["gpu.sweep_n"] is None or v["gpu.sweep_n"] > v["gpu.ladder_n"]

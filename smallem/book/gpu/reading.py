@@ -47,8 +47,14 @@ def l2_plateau(rec: dict) -> tuple[float, float]:
 
 
 def _best_cublas(rec: dict, dtype: str) -> float:
-    vals = [r["value"]["median"] for r in records.results(rec, "cublas", dtype=dtype)]
-    return max(vals) if vals else float("nan")
+    return _best_cublas_at(rec, dtype)[0]
+
+
+def _best_cublas_at(rec: dict, dtype: str) -> tuple[float, int | None]:
+    """(cuBLAS's fastest rate in ``dtype`` over the sizes the record ran, that size n)."""
+    runs = [(r["value"]["median"], r["params"].get("n"))
+            for r in records.results(rec, "cublas", dtype=dtype)]
+    return max(runs, key=lambda x: x[0]) if runs else (float("nan"), None)
 
 
 def _wgmma(rec: dict) -> float | None:
@@ -67,15 +73,16 @@ def peaks_rows(rec: dict | None) -> list[list]:
         return [[NOT_MEASURED, "-", "-", "-"]]
     f = figures.fmt
     fma, mma = records.value(rec, "fma_peak"), records.value(rec, "mma_peak")
-    cb32, cb16 = _best_cublas(rec, "f32"), _best_cublas(rec, "bf16")
+    (cb32, n32), (cb16, n16) = _best_cublas_at(rec, "f32"), _best_cublas_at(rec, "bf16")
+    at = lambda n: f" (n = {n})" if n else ""
     ours, theirs = records.value(rec, "copy", impl="ours"), records.value(rec, "copy", impl="cupy")
     l2, hbm = l2_plateau(rec)
     pct = lambda a, b: f"{100 * a / b:.0f} %" if b == b and b else "-"
     wg = _wgmma(rec)
     return [
-        ["f32 FMA, CUDA cores", f(fma, "Gop/s"), f"cuBLAS f32 {f(cb32, 'Gop/s')}", pct(cb32, fma)],
-        ["bf16 wmma, tensor cores", f(mma, "Gop/s"), f"cuBLAS bf16 {f(cb16, 'Gop/s')}", pct(cb16, mma)],
-        *([["bf16 wgmma, tensor cores (Hopper)", f(wg, "Gop/s"), f"cuBLAS bf16 {f(cb16, 'Gop/s')}",
+        ["f32 FMA, CUDA cores", f(fma, "Gop/s"), f"cuBLAS f32 {f(cb32, 'Gop/s')}{at(n32)}", pct(cb32, fma)],
+        ["bf16 wmma, tensor cores", f(mma, "Gop/s"), f"cuBLAS bf16 {f(cb16, 'Gop/s')}{at(n16)}", pct(cb16, mma)],
+        *([["bf16 wgmma, tensor cores (Hopper)", f(wg, "Gop/s"), f"cuBLAS bf16 {f(cb16, 'Gop/s')}{at(n16)}",
             pct(cb16, wg)]] if wg else []),
         ["HBM copy (read + write)", f(ours, "GB/s"), f"CuPy copy {f(theirs, 'GB/s')}", pct(theirs, ours)],
         ["L2 read", f(l2, "GB/s"), "-", "-"],
@@ -257,9 +264,9 @@ def tensor_ceiling(rec: dict) -> tuple[float, str]:
     """The highest bf16 rate measured on the tensor cores and what measured it: the faster of
     the probes, or cuBLAS's bf16 product where it ran faster than every probe (a record taken
     before the wgmma probe, on a Hopper card): the roof a reader may compare against."""
-    probe, cb16 = tensor_peak(rec), _best_cublas(rec, "bf16")
+    probe, (cb16, n) = tensor_peak(rec), _best_cublas_at(rec, "bf16")
     if cb16 == cb16 and cb16 > probe:
-        return cb16, "cuBLAS's bf16 product"
+        return cb16, "cuBLAS's bf16 product" + (f" at n = {n}" if n else "")
     return probe, "the wgmma probe" if _wgmma(rec) else "the wmma probe"
 
 
@@ -274,9 +281,10 @@ def peak_values(rec: dict | None) -> dict:
                                      "gpu.cublas_over_mma", "gpu.cublas_f32_over_fma",
                                      "gpu.tensor_ceiling", "gpu.tensor_ceiling_by",
                                      "gpu.rated_bf16", "gpu.mma_of_rated",
-                                     "gpu.cublas_of_rated")}}
+                                     "gpu.cublas_of_rated", "gpu.cublas_f32_n",
+                                     "gpu.cublas_bf16_n")}}
     fma, mma = records.value(rec, "fma_peak"), tensor_peak(rec)
-    cb32, cb16 = _best_cublas(rec, "f32"), _best_cublas(rec, "bf16")
+    (cb32, n32), (cb16, n16) = _best_cublas_at(rec, "f32"), _best_cublas_at(rec, "bf16")
     name = rec["machine"].get("gpu", {}).get("name", "GPU")
     h200 = "H200" in name
     rated = H200_RATED_BF16_GOPS
@@ -286,6 +294,8 @@ def peak_values(rec: dict | None) -> dict:
             "gpu.has_wgmma": wg, "gpu.ch1_older": hopper and not wg,
             "gpu.fma_peak": fma, "gpu.mma_peak": mma, "gpu.cublas_over_mma": cb16 / mma,
             "gpu.cublas_f32_over_fma": cb32 / fma,
+            # the size each cuBLAS figure was measured at (the fastest of the record's sizes)
+            "gpu.cublas_f32_n": n32, "gpu.cublas_bf16_n": n16,
             "gpu.tensor_ceiling": ceiling, "gpu.tensor_ceiling_by": by,
             "gpu.rated_bf16": rated if h200 else None,
             "gpu.mma_of_rated": mma / rated if h200 else None,
@@ -299,7 +309,9 @@ def gemm_values(rec: dict | None) -> dict:
         return {"gpu.gemm_measured": False, "gpu.ch2_older": False, "gpu.has_mma_rung": False,
                 **{k: None for k in ("gpu.ladder_n", "gpu.ladder_last",
                                      *(f"gpu.top_{dt}{y}" for dt in ("f32", "bf16")
-                                       for y in ("_rung", "", "_of_cublas")))}}
+                                       for y in ("_rung", "", "_of_cublas")),
+                                     "gpu.ladder_cublas_bf16", "gpu.sweep_cublas_bf16",
+                                     "gpu.sweep_n")}}
     from smallem.plumbing import cuda
 
     n = rec["settings"]["ladder_n"]
@@ -315,4 +327,11 @@ def gemm_values(rec: dict | None) -> dict:
         out[f"gpu.top_{dt}_rung"] = top["params"]["rung"] if top else None
         out[f"gpu.top_{dt}"] = top["value"]["median"] if top else None
         out[f"gpu.top_{dt}_of_cublas"] = top["value"]["median"] / ref if top else None
+    # cuBLAS's bf16 at the ladder's size and at the sweep's largest: a rate depends on n
+    big = max((r["params"]["n"] for r in records.results(rec, "cublas", dtype="bf16")),
+              default=None)
+    out["gpu.ladder_cublas_bf16"] = records.value(rec, "cublas", dtype="bf16", n=n)
+    out["gpu.sweep_n"] = big if big and big != n else None
+    out["gpu.sweep_cublas_bf16"] = (records.value(rec, "cublas", dtype="bf16", n=big)
+                                    if out["gpu.sweep_n"] else None)
     return out
