@@ -168,7 +168,8 @@ NOISE = 0.05  # a rate this far from its model is off it, not within this machin
 def blocking_verdict(gain: float) -> str:
     """What rung 2 (blocking alone, expected to change little) did, from its measured gain."""
     return ("is slower here" if gain < 0.95 else "buys little" if gain <= 1.1 else
-            "helps a little" if gain <= 1.3 else "helps a great deal here")
+            "helps a little" if gain <= 1.3 else "helps somewhat" if gain <= 1.6 else
+            "helps a great deal here")
 
 
 
