@@ -60,19 +60,25 @@ def _l3_end(facts) -> float:
 def holding(facts, nbytes: float, threads: int) -> dict | None:
     """The level of chapter 1's measured staircase that holds ``nbytes`` read by ``threads``
     threads: {"level", "bw" (bytes/s at those threads), "size" (bytes: where its plateau
-    ends)}, from the read-only stream where the record has it (:func:`ch1.level_of`); None
-    without a chapter 1 record. The shared L3 holds whatever fits the largest end of its
-    plateau (:func:`_l3_end`)."""
+    ends at those threads), "gap_bw", "gap_first"}, from the read-only stream where the
+    record has it (:func:`ch1.level_of`); None without a chapter 1 record. Between the last
+    cache's last point and DRAM's first, where chapter 1 measured no size and the bytes
+    come from both in shares its records do not give, the level is that cache and
+    "gap_bw"/"gap_first" are DRAM's bandwidth (bytes/s) and first point (bytes); else None."""
     if facts is None:
         return None
     stream = ch1.read_stream(facts)
     ext = facts[f"{stream}_spans"]
     th = threads if threads in ext else max(ext)
     level, gbs = ch1.level_of(facts, nbytes, threads, stream)
-    if level == "DRAM" and nbytes <= _l3_end(facts) and ext[th]["L3"]["bw"] == ext[th]["L3"]["bw"]:
-        level, gbs = "L3", ext[th]["L3"]["bw"]
-    size = _l3_end(facts) if level == "L3" else (ext[th][level]["last"] if level != "DRAM" else math.inf)
-    return {"level": level, "bw": gbs * 1e9, "size": size}
+    gap_bw = gap_first = None
+    first = ext[th]["DRAM"].get("first", math.nan)
+    caches = [c for c in ("L1", "L2", "L3") if ext[th][c]["bw"] == ext[th][c]["bw"]]
+    if level == "DRAM" and caches and first == first and nbytes < first:
+        gap_bw, gap_first = gbs * 1e9, first
+        level, gbs = caches[-1], ext[th][caches[-1]]["bw"]
+    size = ext[th][level]["last"] if level != "DRAM" else math.inf
+    return {"level": level, "bw": gbs * 1e9, "size": size, "gap_bw": gap_bw, "gap_first": gap_first}
 
 
 def core_holding(facts, nbytes: float) -> dict | None:
@@ -169,6 +175,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     token reads, weights and the cached keys and values, over the bandwidth of the level that
     holds them; rung 0's prefix at the f32 peak), its prompt against its compute bound."""
     rows, prev = [], None
+    values["ch4.gap_rungs"] = None  # the rungs whose bytes lie between a cache's plateau and DRAM's
     above = []  # (share, rung, level, data, level size) of decodes above their bound
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
@@ -191,6 +198,17 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
             values["ch4.rung0_prefix"] = round(prefix)
             wb = 4 * weights  # one forward over the prefix reads each f32 weight once
             bound_cell = f"{f(bound, 'tokens/s')}: {100 * share:.0f} % of it (the prefix at the f32 peak)"
+        elif h and h["gap_bw"]:
+            # past the cache's last measured point, short of DRAM's first: against both
+            gap_share = r["value"]["median"] * data / h["gap_bw"]
+            bound_cell = (f"{f(h['bw'] / data, 'tokens/s')} from the {h['level']}, "
+                          f"{f(h['gap_bw'] / data, 'tokens/s')} from DRAM: {100 * share:.0f} % "
+                          f"and {100 * gap_share:.0f} % of them ({compare.size(data / 1024)}, "
+                          f"past the {h['level']}'s plateau, which ends at "
+                          f"{compare.size(h['size'] / 1024)}, short of DRAM's, which starts at "
+                          f"{compare.size(h['gap_first'] / 1024)})")
+            values["ch4.gap_rungs"] = values.get("ch4.gap_rungs") or []
+            values["ch4.gap_rungs"].append(i)
         elif h:
             where = (f"{h['level']}, whose plateau ends at {compare.size(h['size'] / 1024)}"
                      if h["level"] != "DRAM" else "DRAM")
@@ -200,7 +218,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                 above.append((share, i, h["level"], data, h["size"]))
             dram = holding(facts, math.inf, th)["bw"]
             gbs = r["value"]["median"] * data
-            if (h["level"] == "L3" and (1 - NOISE) * dram <= gbs < (dram + h["bw"]) / 2
+            if (h["level"] == "L3" and not h["gap_bw"] and (1 - NOISE) * dram <= gbs < (dram + h["bw"]) / 2
                     and data > h["size"] / 2 and values.get("ch4.l3_miss_rung") is None):
                 # charged to the L3, in its plateau's upper half, but drawn nearer DRAM's
                 # rate: the first such rung
@@ -403,7 +421,8 @@ def _targets(rec, values, rec_dir=None):
     facts = ch1.facts(rec_dir)
     held = (holding(facts, ours["params"]["weight_bytes"], ours["params"]["threads"])
             if ours and "weight_bytes" in ours["params"] else None)
-    level = held["level"] if held else None  # None without chapter 1's record
+    # None without chapter 1's record; "DRAM" between the L3's plateau and DRAM's (not in the L3)
+    level = ("DRAM" if held["gap_bw"] else held["level"]) if held else None
     values["ch4.ladder_level"] = level
     values["ch4.ladder_in_l3"] = level == "L3"
     if ours and q8:
@@ -509,12 +528,13 @@ def _study_l3(facts, widths, by, lla, values) -> list[str]:
     """The largest model whose int8 weights sit in the measured L3 plateau, against
     llama.cpp (unless the ladder's model was there), and of those the largest whose f32
     weights no longer do: int8 against f32 there."""
-    def level(r):
-        return bandwidth_bound(facts, r["params"]["weight_bytes"], r["params"]["threads"])[0]
+    def level(r):  # None between a cache's plateau and DRAM's: in neither
+        h = holding(facts, r["params"]["weight_bytes"], r["params"]["threads"])
+        return None if h is None or h["gap_bw"] else h["level"]
 
     # the models whose int8 weights sit in the measured L3 plateau; of those, where f32 no longer does
     in_l3 = [d for d in widths if level(by[d, "int8"]) == "L3"]
-    mid = [d for d in in_l3 if level(by[d, "f32"]) == "DRAM"]
+    mid = [d for d in in_l3 if level(by[d, "f32"]) != "L3"]  # DRAM's, or past the L3's plateau
     out = []
     if "ch4.vs_llama_l3" not in values or values["ch4.vs_llama_l3"] == NOT_MEASURED:
         values["ch4.l3_params"] = "no model of the study"
@@ -684,6 +704,15 @@ def _quality(rec, values):
                         f"{f(f32)} bits/byte, int8 {f(q8)} ({100 * change:+.2f} %). "
                         f"{figures.machine_line(rec)}.")
     values["ch4.agreement"] = f"{100 * np.mean([r['value']['median'] for r in agree]):.0f} %"
+    # a prompt whose outputs differ early yet hold the same byte at most later positions:
+    # the one where equal bytes exceed those before the first difference the most
+    tokens = rec["settings"]["greedy_tokens"]
+    rejoin = max(((round(r["value"]["median"] * tokens) - r["params"]["first_difference"], r)
+                  for r in agree), key=lambda t: t[0], default=(0, None))
+    rj = rejoin[1] if rejoin[0] > tokens // 10 else None
+    values["ch4.q_rejoin_prompt"] = repr(rec["settings"]["prompts"][rj["params"]["prompt"]]) if rj else None
+    values["ch4.q_rejoin_first"] = rj["params"]["first_difference"] if rj else None
+    values["ch4.q_rejoin_equal"] = round(rj["value"]["median"] * tokens) if rj else None
     sample = rec["settings"].get("sample", "")
     (figures.tables_dir() / "ch4_sample.md").write_text("~~~text\n" + sample.replace("~~~", "~ ~ ~")
                                                         + "\n~~~\n")
@@ -720,7 +749,7 @@ def report(rec_dir) -> dict:
                 "ch4.rung5_vs_rung4", "ch4.small_largest_kib", "ch4.small_par_min_kib",
                 "ch4.fork_join_us", "ch4.regions", "ch4.sync_share", "ch4.above_rung",
                 "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
-                "ch4.big_resident_gbs", "ch4.l3_end_mib", "ch4.l2_end_mib", "ch4.rung0_prefix",
+                "ch4.big_resident_gbs", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
                 "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n",
                 "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
