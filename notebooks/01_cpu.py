@@ -82,7 +82,8 @@ print(f"measured: {figures.plural(hw['ch1.hw.fmas_per_cycle'], 'FMA')} of "
 display(Markdown(ch1.table_markdown(data)))
 summary = ch1.summary(data)
 print(f"f32: measured / theoretical = {summary['f32_fraction_of_theory']:.1%}")
-print(f"DRAM triad on all cores / numpy copy = {summary['dram_triad_vs_numpy']:.1%}")
+print(f"DRAM triad on one core, in bytes moved / numpy's one-thread copy = "
+      f"{summary['dram_moved_vs_numpy']:.1%}")
 print(f"naive product: {summary['naive_below_peak']:.0f} times below the measured f32 peak")
 
 # %% [markdown]

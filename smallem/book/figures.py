@@ -128,7 +128,13 @@ def plural(n, word: str, many: str | None = None) -> str:
     return f"{fmt(n)} {word if one else (many or word + 's')}"
 
 
-FILTERS = {"num": num, "pct": pct, "times": times, "plural": plural}
+def words(items) -> str:
+    """"a", "a and b", "a, b and c"."""
+    items = [str(x) for x in items]
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+FILTERS = {"num": num, "pct": pct, "times": times, "plural": plural, "words": words}
 
 
 def peer_notes(llama_cpp: dict | None, missing: dict) -> str:
@@ -151,6 +157,5 @@ def machine_line(rec: dict) -> str:
     return (f"{m['cpu']}, {m['cores']} cores, ISA {m['isa']['isa']}"
             f"{' + ' + '/'.join(m['isa']['extensions']) if m['isa']['extensions'] else ''}; "
             f"measured {rec['date'][:10]}, commit {rec['commit']}"
-            + "".join(f" (warning: {w})" for w in rec.get("warnings", []))
             + (" (a quick run on tiny sizes, for tests: its numbers are not this machine's)"
                if rec.get("settings", {}).get("quick") else ""))

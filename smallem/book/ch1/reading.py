@@ -119,7 +119,9 @@ def summary(rec: dict) -> dict:
     # the clock at which one thread's f32 probe would run at exactly the whole pipes' FMAs
     # per cycle: against the chains' clock, a check of the rounding and of the probe
     out["clock_f32_ghz"] = out["peak"][("f32", 1)] / out["theory"]["flops_per_cycle_per_core"]
-    out["dram_triad_vs_numpy"] = stairs[cores]["DRAM"] / out["numpy_copy"]
+    # one core's triad in the bytes it moves (a write-allocating triad moves 32 for the 24
+    # STREAM counts) against numpy's one-thread copy, which moves what it counts
+    out["dram_moved_vs_numpy"] = stairs[1]["DRAM"] * 32 / 24 / out["numpy_copy"]
     out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / out["theory"]["gops_all"]
     out["naive_below_peak"] = out["peak"][("f32", cores)] / out["naive_gops"]
     return out
@@ -304,6 +306,29 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     return _table(rec, sm), _values(rec, sm)
 
 
+PEAK_NAMES = {"f32": "f32 FMA", "bf16": "bf16 dot", "int8": "int8 dot",
+              "amx_bf16": "AMX bf16 tile", "amx_int8": "AMX int8 tile"}
+
+
+def disturbed(sm: dict) -> list[str]:
+    """The probes whose one-thread rate fell below ONE_THREAD_FLOOR of all cores' rate per
+    physical core (after the second try that measuring gives them): their one-core cell is
+    not a core's rate, and the chapter's per-core rate for them is all cores' over the cores."""
+    peak, cores, scale = sm["peak"], sm["cores"], sm["theory"]["cores"]
+    if scale <= 1:
+        return []
+    return [k for k in PEAK_NAMES if (k, 1) in peak and (k, cores) in peak
+            and peak[k, 1] < ONE_THREAD_FLOOR * peak[k, cores] / scale]
+
+
+def unscaled_peaks(sm: dict) -> list[str]:
+    """The probes whose all-core rate stayed below SCALING_FLOOR of the cores times one
+    thread's, after measuring's retries: another program held a core during that run."""
+    peak, cores, scale = sm["peak"], sm["cores"], sm["theory"]["cores"]
+    return [k for k in PEAK_NAMES if (k, 1) in peak and (k, cores) in peak and scale > 1
+            and peak[k, cores] < SCALING_FLOOR * scale * peak[k, 1]]
+
+
 def _bandwidth_text(sm: dict, top: int, th: int, level: str, kernel: str = "triad") -> str:
     """A plateau's bandwidth for the table and the prose, or that it was not reached."""
     f = figures.fmt
@@ -318,10 +343,14 @@ def _table(rec: dict, sm: dict) -> list[list]:
     th = sm["theory"]
     f = figures.fmt
 
+    low, unscaled = disturbed(sm), unscaled_peaks(sm)
+
     def peak_row(kind, what):
         nat = "" if sm["native"][kind] else " (emulated)"
-        return [f"{what}{nat}", f(sm["peak"][(kind, 1)], "Gop/s"),
-                f(sm["peak"][(kind, cores)], "Gop/s")]
+        mark = " †" if kind in low else ""
+        short = " ‡" if kind in unscaled else ""
+        return [f"{what}{nat}", f(sm["peak"][(kind, 1)], "Gop/s") + mark,
+                f(sm["peak"][(kind, cores)], "Gop/s") + short]
 
     none = ["—", "—"]  # the reference published no such figure
     ref_peak = [f(reference.CH1_F32_PEAK_GOPS / reference.CORES, "Gop/s"),
@@ -377,7 +406,7 @@ def _values(rec: dict, sm: dict) -> dict:
     # a write-allocating triad moves 32 bytes for the 24 STREAM counts (the written line is
     # read first); numpy's copy of a large array is glibc's memmove with non-temporal
     # stores, which moves what it counts
-    moved = sm["triad_plateaus"][1]["DRAM"] * 32 / 24
+    moved = sm["dram_moved_vs_numpy"] * sm["numpy_copy"]
     values = {
         "ch1.cores": str(cores),
         "ch1.scaling_floor": f"{100 * SCALING_FLOOR:.0f} %",
@@ -412,6 +441,7 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.distinct": f"{100 * (DISTINCT - 1):.0f} %",
         "ch1.stream_top": f"{f(top / MiB)} MiB",
         "ch1.machine": figures.machine_line(rec),
+        "ch1.disturbed": [PEAK_NAMES[k] for k in disturbed(sm)],
         **reference_values(),
         "ch1.ridge": f(sm["peak"][("f32", cores)] / sm["triad_plateaus"][cores]["DRAM"], "op/byte"),
         "ch1.ridges": _listing([f"{lv} {f(x, 'op/byte')}" for lv, x in ridges(sm).items()]),
@@ -651,13 +681,27 @@ def _l1_read_values(sm: dict) -> dict:
 
 
 
+def _disturbed_note(rec: dict) -> str:
+    sm = summary(rec)
+    low, unscaled = disturbed(sm), unscaled_peaks(sm)
+    out = ""
+    if unscaled:
+        out += (f"‡ All cores gave less than {100 * SCALING_FLOOR:.0f} % of the cores times "
+                f"one thread's rate, measured again: another program held a core. ")
+    if not low:
+        return out
+    return out + (f"† One thread reached less than {100 * ONE_THREAD_FLOOR:.0f} % of all cores' rate "
+            f"per core, measured twice: something else ran on its core, so this cell is not "
+            f"a core's rate; the chapter's per-core rate for it is all cores' over the cores. ")
+
+
 def table_markdown(rec: dict) -> str:
     rows, _ = table_rows(rec)
     cores = max(rec["settings"]["threads"])
     return figures.table_markdown(
         rows, ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
                "Reference, per core", f"Reference, {reference.CORES} cores"],
-        note=f"This machine: {figures.machine_line(rec)}. "
+        note=f"This machine: {figures.machine_line(rec)}. " + _disturbed_note(rec) +
              f"Reference: {reference.MACHINE.split(' vs ')[0]}, as published in {reference.CITE}; "
              f"its per-core figure is its {reference.CORES}-core figure "
              f"divided by {reference.CORES}.")

@@ -547,7 +547,7 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
         ["f32 peak, every core", f"{f(ref.CH1_F32_PEAK_GOPS, 'Gop/s')}",
          v("machines.f32_all", "1-cpu.md#measuring-the-peak"), "—",
          g.get("machines.f32_all", gnm)],
-        ["1024³ product, three loops → last rung",
+        ["square product, three loops → last rung (1024³ where no other n is given)",
          f"{f(ref.CH2_GEMM_1024_NAIVE_GOPS)} → {f(ref.CH2_GEMM_1024_FINAL_GOPS, 'Gop/s')}",
          f"{v('machines.naive_gops', '2-matmul.md#rung-0-three-loops')} → "
          f"{v('machines.final_gops', '2-matmul.md#rung-5-threads')}", "—",
