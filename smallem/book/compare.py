@@ -124,6 +124,9 @@ def pv(p: float) -> str:
 
 
 PARITY_MARGIN = 0.95  # a target "as fast as" a peer is judged at this share of its speed
+# Two points of one sweep, each timed once, with no rounds to test: a difference larger than
+# this is called more than the noise (a threshold the book states, not a test)
+SWEEP_NOISE = 0.05
 
 WORDS = ("reached", "not reached", "not shown")  # the only verdicts the book says
 
@@ -328,4 +331,5 @@ def method_values() -> dict:
             "how.target_fewest": FEWEST, "how.two_sided_fewest": two,
             "how.two_sided_at_fewest": 2 * signed_rank_above([1.0] * FEWEST),
             "how.min_rounds": MIN_ROUNDS, "how.min_rounds_decide": MIN_ROUNDS >= two,
-            "how.wake_skip_ms": 1000 * WAKE_SKIP, "how.far": FAR}
+            "how.wake_skip_ms": 1000 * WAKE_SKIP, "how.far": FAR,
+            "how.sweep_noise": SWEEP_NOISE}

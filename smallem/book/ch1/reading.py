@@ -704,7 +704,8 @@ def table_markdown(rec: dict) -> str:
         note=f"This machine: {figures.machine_line(rec)}. " + _disturbed_note(rec) +
              f"Reference: {reference.MACHINE.split(' vs ')[0]}, as published in {reference.CITE}; "
              f"its per-core figure is its {reference.CORES}-core figure "
-             f"divided by {reference.CORES}.")
+             f"divided by {reference.CORES}, except the naive product's, which is one "
+             f"thread's.")
 
 
 def narrow_paths(sm: dict) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from smallem.product.gemm import cache_geometry
 from .. import ch1, compare, figures, records
 
-NOISE = 0.05  # a rate this far from its model is off it, not within this machine's noise
+NOISE = compare.SWEEP_NOISE  # a rate this far from its model is off it, not within the noise
 
 
 def _big_set_values(facts: dict | None, by: dict, l3_kib: float, cores: int) -> dict:

@@ -129,7 +129,7 @@ def _square(n, rng):
 
 
 def model_shapes() -> list[dict]:
-    """The GPT-2-small products of chapter 3 at 8 x 1024 tokens (d=768, 4d=3072)."""
+    """A GPT-2-small layer's feed-forward products at 8 x 1024 tokens (d=768, 4d=3072)."""
     T, d, f = 8192, 768, 3072
     return [
         {"label": "x W1 (8192x768 · 768x3072)", "M": T, "K": d, "N": f, "ta": False, "tb": False},

@@ -204,13 +204,15 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
             bound_cell = (f"{f(h['bw'] / data, 'tokens/s')} from the {h['level']}, "
                           f"{f(h['gap_bw'] / data, 'tokens/s')} from DRAM: {100 * share:.0f} % "
                           f"and {100 * gap_share:.0f} % of them ({compare.size(data / 1024)}, "
-                          f"past the {h['level']}'s plateau, which ends at "
+                          f"past the {h['level']}'s plateau in chapter 1's {stream_name(facts)} "
+                          f"on {figures.plural(th, 'thread')}, which ends at "
                           f"{compare.size(h['size'] / 1024)}, short of DRAM's, which starts at "
                           f"{compare.size(h['gap_first'] / 1024)})")
             values["ch4.gap_rungs"] = values.get("ch4.gap_rungs") or []
             values["ch4.gap_rungs"].append(i)
         elif h:
-            where = (f"{h['level']}, whose plateau ends at {compare.size(h['size'] / 1024)}"
+            where = (f"{h['level']}, whose plateau in chapter 1's {stream_name(facts)} on "
+                     f"{figures.plural(th, 'thread')} ends at {compare.size(h['size'] / 1024)}"
                      if h["level"] != "DRAM" else "DRAM")
             bound_cell = (f"{f(h['bw'] / data, 'tokens/s')}: {100 * share:.0f} % of it "
                           f"({compare.size(data / 1024)} in {where})")
@@ -266,7 +268,8 @@ def _peer_rows(rec) -> list[list[str]]:
     rows = []
     r32 = _one(rec, "decode", case="f32-threads")
     if r32:
-        rows.append(["", "f32 with rung 4's threads (for comparison)",
+        rows.append(["", "f32 with rung 4's threads (for comparison; its prompt through the f32 "
+                     "tiles in blocks of rows, as rung 2's tokens, not through the GEMM)",
                      f(r32["value"]["median"], "tokens/s"), "—",
                      compare.size(r32["params"]["weight_bytes"] / 1024), "—",
                      f(_one(rec, "prefill", case="f32-threads")["value"]["median"], "tokens/s"), "—"])

@@ -114,8 +114,8 @@ ROWS = (
     ("ch1", "where L2 ends (one core's triad)", "machines.l2_end", "1-cpu.md#the-memory-staircase"),
     ("ch1", "where L3 ends (one core's triad)", "machines.l3_end", "1-cpu.md#the-memory-staircase"),
     ("ch2", "1024³ product, three loops", "machines.naive_gops", "2-matmul.md#rung-0-three-loops"),
-    ("ch2", "1024³ product, last rung", "machines.final_gops", "2-matmul.md#rung-5-threads"),
-    ("ch2", "last rung's share of the f32 peak", "machines.final_share", "2-matmul.md#rung-5-threads"),
+    ("ch2", "1024³ product, top f32 rung", "machines.final_gops", "2-matmul.md#rung-5-threads"),
+    ("ch2", "top f32 rung's share of the f32 peak", "machines.final_share", "2-matmul.md#rung-5-threads"),
     ("ch2", "loop order the model chose", "ch2.order", "2-matmul.md#the-packages-gemm"),
     ("ch2", "micro-kernel (rows x columns)", "machines.tile", "2-matmul.md#rung-3-the-micro-kernel-in-registers"),
     ("ch2", "blocks mc, kc, nc of that order", "machines.blocks", "2-matmul.md#block-sizes-from-the-caches-not-from-tuning"),
@@ -507,7 +507,7 @@ def summary_lines(values: dict) -> list[str]:
     """The page's comparisons in a terminal's words (the notebook prints them)."""
     lines = []
     for ch, what, unit in (("ch1", "one core's f32 peak", "Gop/s"),
-                           ("ch2", "the 1024³ product's last rung", "Gop/s"),
+                           ("ch2", "the 1024³ product's top f32 rung", "Gop/s"),
                            ("ch3", "the xl step on the f32 kernels", "tokens/s"),
                            ("ch4", "the top decode rung", "tokens/s")):
         if not values.get(f"machines.{ch}.shown"):
@@ -547,7 +547,7 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
         ["f32 peak, every core", f"{f(ref.CH1_F32_PEAK_GOPS, 'Gop/s')}",
          v("machines.f32_all", "1-cpu.md#measuring-the-peak"), "—",
          g.get("machines.f32_all", gnm)],
-        ["square product, three loops → last rung (1024³ where no other n is given)",
+        ["square product, three loops → top f32 rung (1024³ where no other n is given)",
          f"{f(ref.CH2_GEMM_1024_NAIVE_GOPS)} → {f(ref.CH2_GEMM_1024_FINAL_GOPS, 'Gop/s')}",
          f"{v('machines.naive_gops', '2-matmul.md#rung-0-three-loops')} → "
          f"{v('machines.final_gops', '2-matmul.md#rung-5-threads')}", "—",
