@@ -5,7 +5,7 @@
 
 writes ``/tmp/gnr/<page>.md`` for every page in ``chapters/``: the values of that machine's
 records put in, the sentences chosen, the tables included in place (a code snippet stays a
-``--8<--`` line), the footnotes as the site makes them. The tables and figures go to
+``--8<--`` line, unless ``--code`` includes it), the footnotes as the site makes them. The tables and figures go to
 ``<out>/figures`` (never the repository's ``figures/``). ``--without NAME`` renders as if the
 record NAME were missing (a copy of the folder without it). ``tests/test_prose.py`` reads the
 same renderings; a reader (or a helper) can read these files as the site's pages.
@@ -25,6 +25,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ROOT / "chapters"
 SNIPPET = re.compile(r'^--8<-- "(figures/tables/[^"]+\.md)"\s*$', re.M)
+CODE = re.compile(r'^--8<-- "([^":]+)(?::([\w-]+))?"\s*$', re.M)
+
+
+def with_code(md: str) -> str:
+    """``md`` with every other ``--8<--`` line replaced by what the site includes there: a
+    file's section between its ``[start:name]`` and ``[end:name]`` markers, or a whole file
+    (the bibliography, the style guide), for a reader of these files."""
+    def code(m):
+        path = ROOT / m.group(1)
+        if not path.is_file():
+            return m.group(0)
+        lines = path.read_text().splitlines()
+        if m.group(2) is None:
+            return "\n".join(lines)
+        inside, out = False, []
+        for line in lines:
+            if f"[end:{m.group(2)}]" in line:
+                inside = False
+            elif f"[start:{m.group(2)}]" in line:
+                inside = True
+            elif inside and "--8<--" not in line:
+                out.append(line)
+        return "\n".join(out) if out else m.group(0)
+    return CODE.sub(code, md)
 
 
 def values_hook():
@@ -90,13 +114,15 @@ def main(argv=None) -> int:
     ap.add_argument("records", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--without", metavar="NAME", help="render as if this record were missing")
+    ap.add_argument("--code", action="store_true",
+                    help="include the code and the files the site includes, for a reader")
     a = ap.parse_args(argv)
     rec_dir = a.records.resolve()
     if a.without:
         rec_dir = without(rec_dir, a.without, Path(tempfile.mkdtemp()))
     pages = render(rec_dir, a.out)
     for name, text in pages.items():
-        (a.out / name).write_text(text)
+        (a.out / name).write_text(with_code(text) if a.code else text)
     sys.path.insert(0, str(Path(__file__).parent))
     from prose import defects
 
