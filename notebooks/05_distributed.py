@@ -35,7 +35,7 @@ REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
 # here, the tables and figures are the record's
 SAME_HOST, _host = records.host_check(mpi.RECORD)
 print(_host)
-print("mpiexec:", distributed.mpiexec() or "not found (pip install -e '.[mpi]')")
+print("mpiexec:", "found" if distributed.mpiexec() else "not found (pip install -e '.[mpi]')")
 
 # %% [markdown]
 # ## Which rows each rank trains on
@@ -45,7 +45,7 @@ print("mpiexec:", distributed.mpiexec() or "not found (pip install -e '.[mpi]')"
 
 # %%
 for n in (1, 2, 4):
-    print(f"{n} ranks:", [f"{s.start}-{s.stop - 1}" for s in (distributed.rows(16, n, r)
+    print(f"{n} rank{'s' if n > 1 else ''}:", [f"{s.start}-{s.stop - 1}" for s in (distributed.rows(16, n, r)
                                                           for r in range(n))])
 
 # %% [markdown]

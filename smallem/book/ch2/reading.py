@@ -7,7 +7,7 @@ import math
 from smallem.product.gemm import (FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
                                   THREAD_MIN_OPS, cache_geometry)
 from .. import ch1, compare, figures, records, reference
-from .measuring import RECORD
+from .measuring import RECORD, model_shapes
 from .bf16 import DTYPE_HEADER, amx_values, bf16_elsewhere, dtype_rows
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
 from .blocks import PREDATES_ROWS, kc_rows, sweep_values as _sweep_values
@@ -453,6 +453,9 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     for impl, key in (("smallem", "ch2.call_us"), ("numpy", "ch2.numpy_call_us")):
         values[key] = f(records.value(rec, "call", impl=impl), "µs")
     values["ch2.smallest"] = f"{small}³"
+    # matmul's own rule (auto_threads): a small product runs on fewer threads than the cores
+    values["ch2.smallest_threads"] = max(1, min(rec["settings"]["threads"],
+                                                2 * small ** 3 // THREAD_MIN_OPS))
     # The FMA probe timed between one size's samples: the product's share of it separates
     # a slow product from cores the host gave less of at the time.
     beside = records.results(rec, "peak_beside")[0]
@@ -493,9 +496,22 @@ def shape_pairs(rec: dict) -> list[tuple[str, float, float]]:
 
 
 
+def b_packed_whole(rec: dict, N: int, K: int) -> bool | None:
+    """Whether the package's GEMM packs all of a K x N B before any tile, by the driver's
+    rule (``b_whole`` in kernels_c/gemm/driver.c) at the record's blocks (None: no blocks)."""
+    s = rec["settings"]
+    b, nr = s.get("blocks"), s.get("nr")
+    if not b or not nr:
+        return None
+    return K > b["kc"] and 2 * K * (-(-N // nr) * nr) <= b["kc"] * b["nc"]
+
+
 def shape_rows(rec: dict) -> tuple[list[list], dict]:
     f = figures.fmt
     rows, values = [], {}
+    # the weights' gradient, xᵀ dY: its B is dY (the tokens by the hidden width)
+    grad = next((sh for sh in model_shapes() if sh["ta"]), None)
+    values["ch2.grad_b_whole"] = (b_packed_whole(rec, grad["N"], grad["K"]) if grad else None)
     for label, ours, theirs in shape_pairs(rec):
         p = records.results(rec, "shape", impl="smallem", label=label)[0]["params"]
         rows.append([label, f"{p['M']}×{p['K']}×{p['N']}", f(ours, "Gop/s"), f(theirs, "Gop/s"),
@@ -726,9 +742,12 @@ def report(rec_dir) -> dict:
                         note=note + f" Reference: quoted from {reference.CITE}, measured on that machine.")
     r, v = sweep_rows(rec, rec_dir)
     values.update(v)
-    figures.write_table("ch2_sweep", r, ["Size", f"smallem, {cores} threads",
+    figures.write_table("ch2_sweep", r, ["Size", f"smallem, up to {cores} threads",
                                          f"numpy, {cores} threads", "smallem / numpy",
-                                         ROUNDS_HEADER], note=note)
+                                         ROUNDS_HEADER],
+                        note=note + f" smallem's `matmul` gives a thread at least "
+                        f"{THREAD_MIN_OPS / 1e6:.1f} million operations, so the smaller sizes "
+                        f"run on fewer threads.")
     r, v = shape_rows(rec)
     values.update(v)
     values.update(whole_b_values(rec))

@@ -122,7 +122,7 @@ ROWS = (
     ("ch2", "bf16 path chosen", "ch2.bf16_chosen", "2-matmul.md#bf16-inputs"),
     ("ch3", "xl step, kernels (f32)", "machines.step_toks", "3-training.md#the-climb"),
     ("ch3", "xl step, top of the climb", "ch3.climb_top_toks", "3-training.md#the-climb"),
-    ("ch3", "f32 step's share of the f32 peak (MFU)", "machines.step_share", "3-training.md#against-the-targets"),
+    ("ch3", "f32 step's share of the f32 peak (MFU, the climb's rung 3)", "machines.step_share", "3-training.md#the-climb"),
     ("ch3", "modern block with Muon, the climb's batch", "ch3.rung7_toks", "3-training.md#the-modern-block-and-muon"),
     ("ch4", "generation, first rung", "ch4.rung0_toks", "4-generation.md#the-ladder"),
     ("ch4", "generation, top rung", "machines.gen_top", "4-generation.md#the-ladder"),
@@ -559,7 +559,7 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
          f"{v('ch3.climb_top_toks', '3-training.md#the-climb')}", "—", gnm],
         ["xl step's share of the f32 peak (our f32 kernels, rung 3 of the climb)",
          f"{100 * ref.CH3_XL_MFU_CPU:.0f} %",
-         v("machines.step_share", "3-training.md#against-the-targets"),
+         v("machines.step_share", "3-training.md#the-climb"),
          f"{100 * ref.CH3_XL_MFU_GPU:.0f} %", gnm],
         ["modern block with Muon, bf16, tokens/s"
          + (f" ({values['ch3.accumulated_tokens']} tokens an optimiser step)"
