@@ -124,11 +124,8 @@
 #include "forward.h"
 
 #define INLINE static inline __attribute__((always_inline))
-enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_BLOCKS = 2 };            /* sm_mat.kind */
-enum { NORM_LAYER = 0, NORM_RMS = 1 };                             /* sm_model.norm */
-enum { MLP_GELU = 0, MLP_SWIGLU = 1, MLP_GEGLU = 2 };              /* sm_model.mlp */
-enum { ROPE_NONE = 0, ROPE_PAIRS = 1, ROPE_NEOX = 2 };             /* sm_model.rope */
-enum { CACHE_TILES = 0, CACHE_F16 = 1, CACHE_STATE = 2 };                           /* sm_model.cache */
+/* the ids of kinds, norms, MLPs, RoPEs, caches and ggml's types are forward.h's enums, which
+ * cffi reads too: Python takes them from the compiled library (tests/test_forward_ids.py) */
 
 #include "forward/tiles.c"
 #include "forward/blocks.c"

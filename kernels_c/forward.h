@@ -1,3 +1,14 @@
+/* The one forward's ids: every .c includes them and cffi reads them, so Python takes the
+ * numbers from the compiled library (a test checks every Python name against them). */
+enum { KIND_F32 = 0, KIND_INT8 = 1, KIND_BLOCKS = 2 };            /* sm_mat.kind */
+enum { NORM_LAYER = 0, NORM_RMS = 1 };                             /* sm_model.norm */
+enum { MLP_GELU = 0, MLP_SWIGLU = 1, MLP_GEGLU = 2 };              /* sm_model.mlp */
+enum { ROPE_NONE = 0, ROPE_PAIRS = 1, ROPE_NEOX = 2 };             /* sm_model.rope */
+enum { CACHE_TILES = 0, CACHE_F16 = 1, CACHE_STATE = 2 };          /* sm_model.cache */
+/* ggml's type numbers (sm_mat.type), and one of ours: Q8_0 in pairs of blocks laid out for
+ * the nibbles */
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14,
+       T_Q8_K = 15, T_BF16 = 30, T_Q8_0X2 = 1000 };
 typedef struct {
     int K, N;
     int kind;
@@ -44,6 +55,8 @@ void sm_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *x
 const char *sm_g_instruction(void);
 int sm_g_supported(int type);
 int sm_g_act_type(int type);
+int sm_g_block_weights(int type);
+int sm_g_block_bytes(int type);
 long long sm_g_act_bytes(int type, int K);
 void sm_g_quantize(int type, const float *x, int K, void *act);
 void sm_g_act_values(int type, const void *act, int K, double *out);
@@ -52,6 +65,7 @@ int sm_g_tile_q8_0(const sm_mat *w, int8_t *q, uint16_t *s);
 void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads, long long ahead);
 double sm_time_product(const sm_mat *w, int reps);
 const char *sm_q_instruction(void);
+int sm_q_supported(int type);
 int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads);
 long long sm_work_floats(const sm_model *m);
 int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logits, int all_logits, int nthreads);

@@ -610,3 +610,25 @@ def test_dot_and_tile_rates_a_cycle_take_the_better_per_core_rate():
         assert values[f"ch1.{key}_per_cycle"] == pytest.approx(max(one, every) / ops / ghz)
         assert values[f"ch1.{key}_from_all"] == (every > one)
     assert values["ch1.tiles.int8_from_all"] and not values["ch1.dot.bf16_from_all"]
+
+
+def test_a_kept_choice_is_measured_once_and_again_only_when_forgotten(tmp_path, monkeypatch):
+    """machine.kept: the first call measures and keeps, later calls (any process) read it; a
+    different key, a damaged file or forget_kept() measures again."""
+    from smallem.cpu import machine
+    from smallem.plumbing import build
+    monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
+    calls = []
+
+    def measure_it(v=7):
+        calls.append(v)
+        return v
+
+    assert machine.kept("t", [1], measure_it) == 7
+    assert machine.kept("t", [1], lambda: measure_it(8)) == 7 and calls == [7]
+    assert machine.kept("t", [2], lambda: measure_it(9)) == 9 and calls == [7, 9]
+    for p in tmp_path.glob("kept_t_*.json"):
+        p.write_text("{ not json")
+    assert machine.kept("t", [1], lambda: measure_it(10)) == 10
+    assert machine.forget_kept() == 2 and not list(tmp_path.glob("kept_*"))
+    assert machine.kept("t", [1], lambda: measure_it(11)) == 11

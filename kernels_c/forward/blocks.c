@@ -2,9 +2,7 @@
  * their activations and the instructions are described in forward.c's opening comment.
  * Included by forward.c (one translation unit). */
 
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_K = 15, T_Q4_K = 12,
-       T_Q6_K = 14, T_BF16 = 30,
-       T_Q8_0X2 = 1000 /* ours, not ggml's: Q8_0 in pairs of blocks laid out for the nibbles */ };
+/* the types' ids (T_*) are forward.h's enum, which Python reads from the library */
 
 typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
 typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;
@@ -46,6 +44,31 @@ int sm_g_supported(int type)
     case T_F32: case T_F16: case T_BF16: case T_Q8_0: case T_Q4_0: case T_Q5_0: case T_Q4_K:
     case T_Q6_K:
         return 1;
+    }
+    return 0;
+}
+
+/* a type's block as the products read it: its weights and its bytes (0 where they read none) */
+int sm_g_block_weights(int type)
+{
+    switch (type) {
+    case T_F32: case T_F16: case T_BF16: return 1;
+    case T_Q8_0: case T_Q4_0: case T_Q5_0: return 32;
+    case T_Q4_K: case T_Q6_K: return 256;
+    }
+    return 0;
+}
+
+int sm_g_block_bytes(int type)
+{
+    switch (type) {
+    case T_F32: return 4;
+    case T_F16: case T_BF16: return 2;
+    case T_Q8_0: return (int)sizeof(blk_q8_0);
+    case T_Q4_0: return (int)sizeof(blk_q4_0);
+    case T_Q5_0: return (int)sizeof(blk_q5_0);
+    case T_Q4_K: return (int)sizeof(blk_q4_K);
+    case T_Q6_K: return (int)sizeof(blk_q6_K);
     }
     return 0;
 }

@@ -51,6 +51,12 @@ static int qg_supported(int type)
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0 || type == T_Q4_K || type == T_Q6_K;
 }
 
+/* the types the prompt's integer GEMM takes, for Python (which keeps no copy of them) */
+int sm_q_supported(int type)
+{
+    return qg_supported(type);
+}
+
 /* K must be whole blocks: 32, or a K type's 256 */
 static int qg_k_multiple(int type)
 {

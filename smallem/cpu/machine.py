@@ -505,6 +505,52 @@ def _feeds(path: str, level: str) -> dict:
     return found
 
 
+# ---------------------------------------------------------------- choices kept per machine
+
+KEPT_PREFIX = "kept_"
+
+
+def kept(name: str, key: list, measure_it):
+    """A choice that decides a kernel's speed (a thread threshold, a prompt path), measured
+    once on this machine and kept in the build cache under ``name`` and ``key`` (with the
+    CPU, its caches and its usable cores), so that every process here makes the same choice:
+    a choice timed anew in each process flips with the noise of the moment, and the speed
+    with it. ``measure_it()`` returns a JSON value. :func:`forget_kept` measures them all
+    again (chapter 1's measurement calls it, so a book's choices come from a quiet machine)."""
+    ident = json.dumps([name, machine_info.cpu_model(), machine_info.usable_cores(),
+                        machine_info.caches(), key], sort_keys=True, default=str)
+    path = build.cache_dir() / f"{KEPT_PREFIX}{name}_{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+    try:
+        with open(path) as f:
+            found = json.load(f)
+        if found.get("ident") == ident:
+            return found["value"]
+    except (OSError, ValueError, AttributeError):
+        pass  # not measured yet, or a damaged file: measure again
+    value = measure_it()
+    try:
+        os.makedirs(path.parent, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump({"ident": ident, "value": value,
+                       "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, f)
+        os.replace(f.name, path)  # whole or not at all, even with several processes at once
+    except OSError:
+        pass  # a cache that cannot be written: this process keeps its own measurement
+    return value
+
+
+def forget_kept() -> int:
+    """Remove every kept choice (:func:`kept`); returns how many there were."""
+    n = 0
+    for p in build.cache_dir().glob(f"{KEPT_PREFIX}*.json"):
+        try:
+            p.unlink()
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
 def measure_feeds(level: str, repeats: int = 5) -> dict:
     """:func:`feeds`, measured: the best of ``repeats`` short runs of each probe."""
     out = {}

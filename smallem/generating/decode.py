@@ -28,13 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from smallem import checks
+from smallem.cpu import isa, machine
 from smallem.plumbing import build
 from smallem.training import checkpoint
 from smallem.plumbing import pool as _pool
 from smallem.ladder import Ladder, Rung, Where
 from smallem.training.model import GPT, get_config
 from smallem.training.ops import LN_EPS, rope_tables
-from smallem.generating.forward import Forward, Rows, Spec
+from smallem.generating.forward import Q8_0_ID, Forward, Rows, Spec
 from smallem.generating.quant import Packed
 
 DTYPES = ("f32", "int8")
@@ -201,7 +202,7 @@ class Tiles:
         # int8 weights where the prompt may take the GEMM: the same integers and scales as
         # ggml's Q8_0 rows too (one row of K / 32 blocks a column), for the integer GEMM
         self.q8_0 = q8_0_rows(*self.pk.q8) if plain and dtype == "int8" and self.K % 32 == 0 else None
-        self.int8_type = Q8_0_TYPE if self.q8_0 is not None else -1
+        self.int8_type = Q8_0_ID if self.q8_0 is not None else -1
 
     def fill(self, ffi, mat):
         self.pk.fill(ffi, mat)
@@ -209,11 +210,9 @@ class Tiles:
             mat.plain = ffi.cast("float *", self.plain.ctypes.data)
             mat.plain_trans = 0
         if self.q8_0 is not None:
-            mat.type, mat.row_bytes = Q8_0_TYPE, self.q8_0.shape[1]
+            mat.type, mat.row_bytes = Q8_0_ID, self.q8_0.shape[1]
             mat.w = ffi.cast("const uint8_t *", self.q8_0.ctypes.data)
 
-
-Q8_0_TYPE = 8  # ggml's type number of Q8_0
 
 
 def q8_0_rows(q: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -310,30 +309,46 @@ class Decoder(Forward):
     def _choose_prefill(self):
         """Time the prompt paths from position 0 on a short prompt (a few of the C path's
         row blocks) and a long one (half the context), each warmed once and then timed
-        twice (the faster kept): the int8 tiles stream their weights once per block of rows,
-        the f32 GEMM and the integer GEMM (an int8 decoder's third path) get faster as the
-        prompt widens their products, so which wins depends on the machine and the length. A prompt takes the path measured faster at the nearer
-        of the two lengths (on a log scale)."""
+        three times (the fastest kept): the int8 tiles stream their weights once per block of
+        rows, the f32 GEMM and the integer GEMM (an int8 decoder's third path) get faster as
+        the prompt widens their products, so which wins depends on the machine and the length.
+        A prompt takes the path measured faster at the nearer of the two lengths (on a log
+        scale). The choice is measured once on this machine for the model's shapes, the
+        weights' type, the teams and the level, and kept (:func:`machine.kept`), so every
+        process takes the same path."""
         c = self.config
         short = min(c.context, 4 * int(self.lib.sm_rows()))
         lengths = sorted({short, max(short, c.context // 2)})
-        tokens = np.arange(max(lengths), dtype=np.int64) % c.vocab
         modes = ("c", "gemm", "int8") if self.int8_prompt else ("c", "gemm")
+        level = self.level or isa.selected()
+        shape = [c.block, c.d_model, c.n_layer, c.n_head, c.mlp_hidden, c.vocab, c.context, c.tied]
+        key = [level, sorted(isa.extensions(level)), self.team.runtime, self.threads,
+               self.prompt_threads, self.dtype, shape, lengths, modes]
+        kept = machine.kept("prefill_path", key, lambda: {
+            str(n): mode for n, mode in self._time_prefill(lengths, modes).items()})
+        self.prefill_choice = {int(n): mode for n, mode in kept.items()}
+        self.prefill_mode = "auto"
+        self.reset()
+
+    def _time_prefill(self, lengths, modes) -> dict:
+        """{prompt length: the mode that ran it fastest}, measured now."""
+        c = self.config
+        tokens = np.arange(max(lengths), dtype=np.int64) % c.vocab
+        choice = {}
         for n in lengths:
             took = {}
             for mode in modes:
                 self.prefill_mode = mode
                 best = math.inf
-                for i in range(3):
+                for i in range(4):
                     self.reset()
                     t0 = time.perf_counter()
                     self.prefill(tokens[:n])
                     if i:
                         best = min(best, time.perf_counter() - t0)
                 took[mode] = best
-            self.prefill_choice[n] = min(took, key=took.get)
-        self.prefill_mode = "auto"
-        self.reset()
+            choice[n] = min(took, key=took.get)
+        return choice
 
     def _prefill_path(self, n: int) -> str:
         if self.prefill_mode != "auto":

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from smallem import checks
+from smallem.cpu import isa, machine
 from smallem.plumbing import build
 from smallem.plumbing import pool as _pool
 
@@ -32,8 +33,13 @@ CACHES = ("tiles", "f16", "state")  # chapter 4's f32 key tiles, llama.cpp's f16
 #                                     the recurrent block's state (appendix D)
 INT_MAX = 2**31 - 1
 GEMM_BLOCK = 512   # a prompt's rows per C call on the GEMM branch: wide enough for the GEMM
+# The C side's ids are kernels_c/forward.h's enums; these names are Python's, and
+# tests/test_forward_ids.py checks each against the compiled library (KIND_*, NORM_*, ...).
 KIND_BLOCKS = 2    # sm_mat.kind of a GGUF tensor (0, 1: chapter 4's f32 and int8 tiles)
-Q8_0_ID = 8        # ggml's type number of Q8_0
+# ggml's type numbers (the file format's, which the gguf package holds too)
+GGML_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14,
+            "Q8_K": 15, "BF16": 30}
+Q8_0_ID = GGML_IDS["Q8_0"]
 
 ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
           -4: "a token id outside the vocabulary",
@@ -304,19 +310,30 @@ class Forward:
     # ------------------------------------------------------------ the threshold
     def _par_min_bytes(self) -> int:
         """Below how many bytes a product (or an attention) runs on one thread: the bytes one
-        core streams in SYNC_SHARE fork-joins of the team, both measured here, now (the
-        cheapest of a few tries of each: the machine's cost, not a neighbour's noise). A team
-        that met for less would spend more of the token meeting than working."""
+        core streams in SYNC_SHARE fork-joins of the team (the cheapest of several tries of
+        each: the machine's cost, not a neighbour's noise). A team that met for less would
+        spend more of the token meeting than working. Measured once on this machine for the
+        team, the level and the largest matrix's form, and kept (:func:`machine.kept`), so every
+        process decodes with the same threshold."""
         if self.threads == 1:
             return 0
-        fj = min(_pool.fork_join_seconds(self.team.runtime, self.threads, 500) for _ in range(5))
         big = max(self.mats, key=lambda w: w.nbytes)
         dst = self.ffi.new("sm_mat *")
         big.fill(self.ffi, dst)
-        secs = self.lib.sm_time_product(dst, 20)
-        if secs <= 0:
-            raise MemoryError("no memory for the product's timing")
-        return int(self.SYNC_SHARE * fj * big.nbytes / secs)
+        form = [int(dst.kind), int(dst.type), int(dst.K), int(dst.N), int(big.nbytes)]
+
+        def measure_it():
+            fj = min(_pool.fork_join_seconds(self.team.runtime, self.threads, 500)
+                     for _ in range(9))
+            secs = min(self.lib.sm_time_product(dst, 20) for _ in range(3))
+            if secs <= 0:
+                raise MemoryError("no memory for the product's timing")
+            return int(self.SYNC_SHARE * fj * big.nbytes / secs)
+
+        level = self.level or isa.selected()
+        return int(machine.kept("par_min_bytes", [level, sorted(isa.extensions(level)),
+                                                  self.team.runtime, self.threads,
+                                                  self.SYNC_SHARE, form], measure_it))
 
     @property
     def weight_bytes(self) -> int:
@@ -396,8 +413,10 @@ class Forward:
 
 
 PROMPT_DTYPES = ("int8", "bf16", "f32")
-# ggml's Q8_0, Q4_0, Q5_0, Q4_K, Q6_K: the types kernels_c/forward/qgemm.c takes
-INT8_TYPE_IDS = (8, 2, 6, 12, 14)
+# the types the prompt's integer GEMM takes (kernels_c/forward/qgemm.c's sm_q_supported),
+# by name and by ggml's number
+INT8_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")
+INT8_TYPE_IDS = tuple(GGML_IDS[t] for t in INT8_TYPES)
 DEFAULT_CONTEXT = 4096  # a GGUF model's cache positions unless the caller asks for more (or fewer)
 GGUF_ROWS = 64     # a GGUF prompt's rows per C call off the GEMM: each block of 4 weight rows
                    # meets all of them in L1

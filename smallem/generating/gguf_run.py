@@ -16,7 +16,7 @@ import numpy as np
 
 from smallem import checks
 from smallem.plumbing import build, pool as _pool
-from smallem.generating.forward import GGUF_ROWS as ROWS, Blocks, Tiled, tileable  # noqa: F401 (the appendix quotes ROWS)
+from smallem.generating.forward import GGUF_ROWS as ROWS, INT8_TYPES, Blocks, Tiled, tileable  # noqa: F401 (the appendix quotes ROWS)
 from smallem.generating.gguf_file import TYPES, Tensor
 
 
@@ -99,7 +99,6 @@ def product_seconds(t: Tensor, reps: int = 20, level=None, tiles: bool = False) 
     return float(secs)
 
 
-INT8_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K")  # the types the prompt's integer GEMM takes
 
 
 def int8_instruction(level=None) -> str:

@@ -234,4 +234,5 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     rec.data["settings"]["theory"] = theory(rec.data, clock, clock_mul, physical, level)
     if not quick:  # the GEMM's choices are made from this quiet run, not from an older cache
         rec.data["settings"]["feeds"] = machine.feeds(level, refresh=True)
+        machine.forget_kept()  # and the decoders' thresholds and paths measured again, quietly
     return rec

@@ -293,7 +293,10 @@ def bench_decode(quick: bool | None = None, progress: bool = True, threads: int 
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": threads, "ladder_config": LADDER_CONFIG,
         "llama_cpp": llama.peer_settings(tools),
-        "torch": torch_peer.version(), "tile": 16, "qblock": 32})
+        "torch": torch_peer.version(), "tile": 16, "qblock": 32,
+        # the decoders' thread threshold and prompt path: measured once a machine and kept
+        # (machine.kept), not timed anew by each decoder
+        "choices_kept": True})
     if why:  # not found, or found and unusable: the page says why
         rec.data["settings"].setdefault("missing", {})["llama.cpp"] = why
     with tempfile.TemporaryDirectory() as tmp:

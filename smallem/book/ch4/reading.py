@@ -309,6 +309,7 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
     r4 = _one(rec, "decode", rung=AT["threads"])
     r5 = _one(rec, "decode", rung=AT["prompt_path"])
     values["ch4.sync_factor"] = decode.Decoder.SYNC_SHARE
+    values["ch4.choices_kept"] = bool(rec["settings"].get("choices_kept"))
     # each decoder measures its own threshold when it is made: rung 4's, rung 5's
     values["ch4.par_min_kib"] = (r4["params"]["par_min_bytes"] / 1024
                                  if r4 and "par_min_bytes" in r4["params"] else None)

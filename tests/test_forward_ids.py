@@ -1,0 +1,56 @@
+"""Every Python name of a C id agrees with the compiled forward.
+
+The C side's ids (a matrix's kind, the norm, the MLP, the RoPE, the cache, ggml's type numbers)
+are the enums of ``kernels_c/forward.h``, which cffi reads as it builds the library; the
+types each product takes and their blocks are functions of the library. Python keeps names for
+them (``smallem.generating.forward``, ``gguf_file.TYPES``), and these tests fail where any of
+them disagrees with the library built here, or with the gguf package's own table of ggml's
+types.
+"""
+
+import gguf
+import pytest
+
+from smallem.generating import decode, forward, gguf_file, gguf_run
+from smallem.plumbing import build
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return build.load("forward")[1]
+
+
+@pytest.mark.parametrize("names, prefix", [
+    (("f32", "int8", "blocks"), "KIND"),
+    (forward.NORMS, "NORM"),
+    (forward.MLPS, "MLP"),
+    (tuple("none" if r is None else r for r in forward.ROPES), "ROPE"),
+    (forward.CACHES, "CACHE"),
+])
+def test_each_python_choice_is_the_libraries_number(lib, names, prefix):
+    """The Spec's choices are packed as their place in these tuples: each place is the enum."""
+    for i, name in enumerate(names):
+        assert getattr(lib, f"{prefix}_{name.upper()}") == i, (prefix, name)
+    assert forward.KIND_BLOCKS == lib.KIND_BLOCKS
+
+
+def test_ggml_type_numbers_are_the_libraries_and_the_formats(lib):
+    for name, number in forward.GGML_IDS.items():
+        assert getattr(lib, f"T_{name}") == number, name
+        assert int(gguf.GGMLQuantizationType[name]) == number, name
+    assert forward.Q8_0_ID == lib.T_Q8_0 and decode.Q8_0_ID == lib.T_Q8_0
+
+
+def test_the_types_each_product_takes_are_the_libraries(lib):
+    """The reader's types are the ones the block products take, with the library's block
+    geometry (and ggml's); the integer GEMM's types are the ones Python sends it."""
+    every = range(64)
+    assert {t for t in every if lib.sm_g_supported(t)} == {
+        forward.GGML_IDS[n] for n in gguf_file.TYPES}
+    for name, (weights, nbytes) in gguf_file.TYPES.items():
+        t = forward.GGML_IDS[name]
+        assert (lib.sm_g_block_weights(t), lib.sm_g_block_bytes(t)) == (weights, nbytes), name
+        assert tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]) == (weights, nbytes)
+    assert {t for t in every if lib.sm_q_supported(t)} == set(forward.INT8_TYPE_IDS)
+    assert gguf_run.INT8_TYPES == forward.INT8_TYPES
+    assert all(gguf_run.type_id(n) == forward.GGML_IDS[n] for n in forward.INT8_TYPES)
