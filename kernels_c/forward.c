@@ -244,7 +244,6 @@ static void to_half(const float *x, uint16_t *o, int n)
 }
 
 /* ------------------------------------------------------------------ attention, cache 0 */
-/* --8<-- [start:attend] */
 /* Each new row's query against the cached keys 0..p of its head: scores, softmax, the
  * weighted sum of the cached values. The rows' own keys and values are already in. The
  * keys are kept in tiles of KT = 16 positions, each tile [hd][16] (the scores of 16
@@ -448,10 +447,9 @@ static void attend_f32(const sm_model *m, int l, const float *qb, size_t qs, flo
     }
 }
 }
-/* --8<-- [end:attend] */
 
 /* ------------------------------------------------------------------ attention, cache 1 */
-/* --8<-- [start:attend] */
+/* --8<-- [start:attend_f16] */
 /* Row r's query of head h against the cached keys 0..p of its kv head, as ggml's CPU flash
  * attention computes it (llama.cpp's default), so that the attention's output, and every
  * activation rounded after it, is llama.cpp's: the keys in order, an online softmax (M the
@@ -510,7 +508,7 @@ static void attend_f16(const sm_model *m, int l, const float *q, int lo, int p, 
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int i = 0; i < vd; i++) o[i] *= inv;
 }
-/* --8<-- [end:attend] */
+/* --8<-- [end:attend_f16] */
 
 #if defined(SM_AVX512)
 /* --8<-- [start:attend_block] */

@@ -138,7 +138,6 @@ static void quantize_q8_0(const float *x, int K, blk_q8_0 *b)
     for (int i = 0; i < K / 32; i++, x += 32) q8_0_of(x, b[i].qs, &b[i].d);
 }
 
-/* --8<-- [start:quantize] */
 /* One activation row of K floats in the form the weights' type pairs with. */
 void sm_g_quantize(int type, const float *x, int K, void *act)
 {
@@ -195,7 +194,6 @@ void sm_g_quantize(int type, const float *x, int K, void *act)
     }
     }
 }
-/* --8<-- [end:quantize] */
 
 /* The values the rounded activation stands for (for the tests' float64 references). */
 void sm_g_act_values(int type, const void *act, int K, double *out)
@@ -411,7 +409,6 @@ INLINE __m256i fifth_bits(const uint8_t *qh4)
 #endif
 
 /* ------------------------------------------------------------------ one row's dot */
-/* --8<-- [start:dot_q8_0] */
 /* Q8_0, Q4_0 and Q5_0 weights by a Q8_0 activation: per block the signed weights (q - 8 and
  * q - 16 for the 4- and 5-bit types) times the activation's int8, summed exactly, scaled by
  * d_w d_x. */
@@ -511,7 +508,6 @@ INLINE __m512i dot_u2(__m512i acc, __m512i u, __m512i x)
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)));
 #endif
 }
-/* --8<-- [start:dot_q4_0x2] */
 /* one pair: TWO is 1 for blocks i and i + 1, 0 for a last block alone */
 #define STEP_Q4_0(TWO)                                                                         \
     do {                                                                                       \
@@ -532,7 +528,6 @@ static float dot_q4_0(const uint8_t *wp, const void *ap, int nb)
     if (i < nb) STEP_Q4_0(0);
     return _mm512_reduce_add_ps(acc);
 }
-/* --8<-- [end:dot_q4_0x2] */
 /* Q5_0's fifth bits of blocks i and i + 1 as a mask over the zmm's bytes: the two qh words
  * side by side are the 16-bit groups (i low, i high, i+1 low, i+1 high); the zmm's order wants
  * the middle two swapped (a delta swap), and a masked add of 16 sets them */
@@ -683,9 +678,7 @@ static float dot_q5_0(const uint8_t *wp, const void *ap, int nb)
     return s;
 }
 #endif
-/* --8<-- [end:dot_q8_0] */
 
-/* --8<-- [start:dot_q4_k] */
 /* Q4_K's eight 6-bit scales and mins, from its 12 bytes as three words: bytes 0-3 hold the
  * scales of sub-blocks 0-3 (low 6 bits) and the top 2 bits of scales 4-7, bytes 4-7 the same
  * for the mins, bytes 8-11 the low 4 bits of scales 4-7 (low nibbles) and mins 4-7 (high). */
@@ -754,9 +747,7 @@ static float dot_q4_k(const uint8_t *wp, const void *ap, int nb)
     }
     return s;
 }
-/* --8<-- [end:dot_q4_k] */
 
-/* --8<-- [start:dot_q6_k] */
 /* Q6_K by Q8_K: per 256 weights, 6-bit q (0..63, w = d sc (q - 32)) with an int8 scale per 16;
  * the block is d_x d (sum_g sc_g sum q q_x - 32 sum_g sc_g bsum_g). q is at most 63, so
  * vpmaddubsw does not saturate either; vpmaddwd applies the two groups' scales. */
@@ -809,9 +800,7 @@ static float dot_q6_k(const uint8_t *wp, const void *ap, int nb)
     }
     return s;
 }
-/* --8<-- [end:dot_q6_k] */
 
-/* --8<-- [start:dot_float] */
 /* F32, F16 and BF16 weights by an activation of the same type: each pair in f32, multiplied
  * and added in f32. */
 static float dot_f32(const uint8_t *wp, const void *ap, int K)
@@ -858,7 +847,6 @@ static float dot_bf16(const uint8_t *wp, const void *ap, int K)
     for (; k < K; k++) s += bf2f(w[k]) * bf2f(x[k]);
     return s;
 }
-/* --8<-- [end:dot_float] */
 
 typedef float (*dot_fn)(const uint8_t *, const void *, int);
 

@@ -32,7 +32,6 @@ const char *sm_int8_instruction(void)
 
 int sm_tile(void) { return TILE; }
 
-/* --8<-- [start:quantize] */
 /* 32 floats as one of ggml's Q8_0 blocks: d = max|x| / 127 kept as an f16, and
  * q = round-half-even(x 127 / max|x|), as llama.cpp's x86 code quantises an activation. */
 static void q8_0_of(const float *x, int8_t *q, uint16_t *d)
@@ -91,7 +90,6 @@ void sm_quantize_rows(const float *x, int rows, int K, int8_t *xq, float *xs)
         }
     }
 }
-/* --8<-- [end:quantize] */
 
 #define GROUP 8
 
