@@ -8,7 +8,7 @@ import sys
 import time
 
 from ..book.options import count, number
-from smallem.generating.decode import Sampler
+from smallem.generating.sampling import Sampler
 from smallem.generating.forward import DEFAULT_CONTEXT
 from .generate import Terminal
 

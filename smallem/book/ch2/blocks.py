@@ -90,3 +90,13 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         # and the fastest point's is not
         "ch2.kc_b_past_l3": bool(slow and taken and end and b_block(chosen) > end >= b_block(best))})
     return rows, values
+
+
+def b_packed_whole(rec: dict, N: int, K: int) -> bool | None:
+    """Whether the package's GEMM packs all of a K x N B before any tile, by the driver's
+    rule (``b_whole`` in kernels_c/gemm/driver.c) at the record's blocks (None: no blocks)."""
+    s = rec["settings"]
+    b, nr = s.get("blocks"), s.get("nr")
+    if not b or not nr:
+        return None
+    return K > b["kc"] and 2 * K * (-(-N // nr) * nr) <= b["kc"] * b["nc"]

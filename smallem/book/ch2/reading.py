@@ -10,7 +10,7 @@ from .. import ch1, compare, figures, records, reference
 from .measuring import RECORD, model_shapes
 from .bf16 import DTYPE_HEADER, amx_values, bf16_elsewhere, dtype_rows
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
-from .blocks import PREDATES_ROWS, kc_rows, sweep_values as _sweep_values
+from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, sweep_values as _sweep_values
 from .order import order_values
 from .kernel import block_values, latency_values
 from .alone import NOISE, _plateau_of, alone_rows as _alone_rows  # noqa: F401
@@ -494,16 +494,6 @@ def shape_pairs(rec: dict) -> list[tuple[str, float, float]]:
     return [(label, records.value(rec, "shape", impl="smallem", label=label),
              records.value(rec, "shape", impl="numpy", label=label)) for label in labels]
 
-
-
-def b_packed_whole(rec: dict, N: int, K: int) -> bool | None:
-    """Whether the package's GEMM packs all of a K x N B before any tile, by the driver's
-    rule (``b_whole`` in kernels_c/gemm/driver.c) at the record's blocks (None: no blocks)."""
-    s = rec["settings"]
-    b, nr = s.get("blocks"), s.get("nr")
-    if not b or not nr:
-        return None
-    return K > b["kc"] and 2 * K * (-(-N // nr) * nr) <= b["kc"] * b["nc"]
 
 
 def shape_rows(rec: dict) -> tuple[list[list], dict]:
