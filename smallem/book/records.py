@@ -251,8 +251,9 @@ def live_note(live: float, recorded: float, same: bool, what: str = "the record'
         return ""
     side = "below" if live < recorded else "above"
     pct = abs(live / recorded - 1) * 100
-    why = ("this run's figure, on a host busier now or at another clock than the record's run"
-           if same else "this host's figure, not the records' machine's")
+    why = ((f"this run's figure, on a host {'busier' if live < recorded else 'quieter'} now, or at "
+            f"another clock, than in the record's run") if same
+           else "this host's figure, not the records' machine's")
     figure = f"{recorded:.3g}" + (f" {unit}" if unit else "")
     return f" ({pct:.0f} % {side} {what} {figure}: {why})"
 

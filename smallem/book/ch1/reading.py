@@ -16,6 +16,7 @@ from smallem.cpu.machine import (FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, Ki
 from .. import figures, records, reference
 from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, ONE_THREAD_FLOOR, RECORD,
                         SCALING_FLOOR, THEORY_BAND)
+from .disturbed import PEAK_NAMES, disturbed, unscaled_peaks, disturbed_note as _disturbed_note  # noqa: F401
 from .staircase import (DISTINCT, LEVELS, level_sizes, plateaus, spans,  # noqa: F401
                         staircase_close, staircase_distinct)
 
@@ -306,29 +307,6 @@ def table_rows(rec: dict) -> tuple[list[list], dict]:
     return _table(rec, sm), _values(rec, sm)
 
 
-PEAK_NAMES = {"f32": "f32 FMA", "bf16": "bf16 dot", "int8": "int8 dot",
-              "amx_bf16": "AMX bf16 tile", "amx_int8": "AMX int8 tile"}
-
-
-def disturbed(sm: dict) -> list[str]:
-    """The probes whose one-thread rate fell below ONE_THREAD_FLOOR of all cores' rate per
-    physical core (after the second try that measuring gives them): their one-core cell is
-    not a core's rate, and the chapter's per-core rate for them is all cores' over the cores."""
-    peak, cores, scale = sm["peak"], sm["cores"], sm["theory"]["cores"]
-    if scale <= 1:
-        return []
-    return [k for k in PEAK_NAMES if (k, 1) in peak and (k, cores) in peak
-            and peak[k, 1] < ONE_THREAD_FLOOR * peak[k, cores] / scale]
-
-
-def unscaled_peaks(sm: dict) -> list[str]:
-    """The probes whose all-core rate stayed below SCALING_FLOOR of the cores times one
-    thread's, after measuring's retries: another program held a core during that run."""
-    peak, cores, scale = sm["peak"], sm["cores"], sm["theory"]["cores"]
-    return [k for k in PEAK_NAMES if (k, 1) in peak and (k, cores) in peak and scale > 1
-            and peak[k, cores] < SCALING_FLOOR * scale * peak[k, 1]]
-
-
 def _bandwidth_text(sm: dict, top: int, th: int, level: str, kernel: str = "triad") -> str:
     """A plateau's bandwidth for the table and the prose, or that it was not reached."""
     f = figures.fmt
@@ -597,6 +575,18 @@ def _scaling_values(sm: dict) -> dict:
     read = sm.get("read_plateaus")
     r = read[cores]["L1"] / read[1]["L1"] if read and cores in read and 1 in read else math.nan
     out["ch1.scale.read_l1"] = r if r == r else None
+    # a private level whose all-core plateau fell below one core's alone (by more than the
+    # noise): no sharing explains it, the all-core run was disturbed
+    below = []
+    for kernel, name in (("triad", "triad"), ("read", "read-only stream")):
+        st = sm.get(f"{kernel}_plateaus")
+        if not st or cores not in st or 1 not in st or cores == 1:
+            continue
+        for lv in ("L1", "L2"):
+            one, every = st[1][lv], st[cores][lv]
+            if one == one and every == every and every < 0.95 * one:
+                below.append(f"{lv} {name}")
+    out["ch1.scale.below_one"] = below
     for who, t in (("core", 1), ("all", cores)):
         if "read_plateaus" in sm:
             read, triad = sm["read_plateaus"][t]["DRAM"], sm["triad_plateaus"][t]["DRAM"]
@@ -681,27 +671,13 @@ def _l1_read_values(sm: dict) -> dict:
 
 
 
-def _disturbed_note(rec: dict) -> str:
-    sm = summary(rec)
-    low, unscaled = disturbed(sm), unscaled_peaks(sm)
-    out = ""
-    if unscaled:
-        out += (f"‡ All cores gave less than {100 * SCALING_FLOOR:.0f} % of the cores times "
-                f"one thread's rate, measured again: another program held a core. ")
-    if not low:
-        return out
-    return out + (f"† One thread reached less than {100 * ONE_THREAD_FLOOR:.0f} % of all cores' rate "
-            f"per core, measured twice: something else ran on its core, so this cell is not "
-            f"a core's rate; the chapter's per-core rate for it is all cores' over the cores. ")
-
-
 def table_markdown(rec: dict) -> str:
     rows, _ = table_rows(rec)
     cores = max(rec["settings"]["threads"])
     return figures.table_markdown(
         rows, ["Measure", "This machine, 1 core", f"This machine, {cores} cores",
                "Reference, per core", f"Reference, {reference.CORES} cores"],
-        note=f"This machine: {figures.machine_line(rec)}. " + _disturbed_note(rec) +
+        note=f"This machine: {figures.machine_line(rec)}. " + _disturbed_note(summary(rec)) +
              f"Reference: {reference.MACHINE.split(' vs ')[0]}, as published in {reference.CITE}; "
              f"its per-core figure is its {reference.CORES}-core figure "
              f"divided by {reference.CORES}, except the naive product's, which is one "

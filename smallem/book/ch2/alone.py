@@ -107,6 +107,11 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     values["ch2.alone_l3_gbs"] = l3_rate * 2 / mr if mr else None
     values.update(_big_set_values(facts, by, l3_kib, cores))
     values["ch2.alone_kc"] = p0["kc"]
+    # the FMA probe timed beside the kernel on one core, against chapter 1's one-core peak:
+    # above it, the host gave this run more than it gave chapter 1's
+    probe_one = records.value(rec, "alone_probe", threads=1)
+    values["ch2.alone_probe_over_peak"] = (probe_one / facts["peak"][("f32", 1)]
+                                           if facts else None)
     # the M_C sweep's fastest point (rung 4, columns), where it ran on one thread: above the
     # kernel alone from L2 by more than the noise, the kernel alone is no ceiling for it
     one_l2 = by["L2", True, 1]["value"]["median"]

@@ -110,3 +110,21 @@ def bf16_elsewhere(rec_dir) -> dict:
     return {"ch2.bf16_native_machine": figures.machine_line(rec),
             "ch2.bf16_native_threads": rec["settings"]["threads"], **values,
             "ch2.bf16_native_exists": True}
+
+
+def native_values(rec: dict, rec_dir) -> dict:
+    """The fastest vdpbf16ps product against chapter 1's bf16 dot probe on as many cores
+    (typed; None where either is missing): a product above the probe says the probe was not
+    this run's ceiling."""
+    best = None
+    for r in records.results(rec, "dtype", dtype="bf16"):
+        p = r["params"]
+        if p.get("path") == "native" and (best is None or r["value"]["median"] > best[0]):
+            best = (r["value"]["median"], p["M"], p["K"], p["N"])
+    facts = ch1.facts(rec_dir)
+    probe = (facts or {}).get("peak", {}).get(("bf16", rec["settings"]["threads"]))
+    if best is None or not probe:
+        return dict.fromkeys(("ch2.native_best", "ch2.native_size", "ch2.native_probe"))
+    return {"ch2.native_best": best[0], "ch2.native_size": f"{best[1]}×{best[2]}×{best[3]}",
+            "ch2.native_probe": probe}
+

@@ -13,7 +13,7 @@ TIMED_KEYS = ("ch2.order_n", "ch2.order_chosen_gops", "ch2.order_other_gops",
               "ch2.order_other_vs")
 
 
-def order_values(rec: dict) -> dict:
+def order_values(rec: dict, facts: dict | None = None) -> dict:
     """The page's numbers on the order of the tiles ("order" results and the settings); "not
     measured at <commit>" for what a record made before the order's model lacks."""
     f = figures.fmt
@@ -22,7 +22,8 @@ def order_values(rec: dict) -> dict:
         return dict.fromkeys(MODEL_KEYS + TIMED_KEYS, records.not_measured(
             rec, "the record predates the loop-order model")) | {
                 "ch2.order_other_faster": False, "ch2.order_other_slower": False,
-                "ch2.has_order_model": False, "ch2.has_order_timing": False}
+                "ch2.has_order_model": False, "ch2.has_order_timing": False,
+                "ch2.order_l3_ch1": None, "ch2.order_have_low": False}
     why, chosen = s["order_why"], s["order"]
     other = next(o for o in gemm.ORDERS if o != chosen)
     found = {r["params"]["order"]: r for r in records.results(rec, "order")}
@@ -34,6 +35,11 @@ def order_values(rec: dict) -> dict:
         "ch2.order_bytes_per_op": f(why["bytes_per_op"], "byte"),
         "ch2.order_forced": "set" if (s.get("env") or {}).get(gemm.ORDER_ENV) else "not set",
     }
+    # chapter 1's own L3 triad on all cores, a core's share: the model's reading far below it
+    # was a disturbed one, and the order rests on it
+    l3 = facts["triad_plateaus"][facts["cores"]]["L3"] / facts["cores"] if facts else None
+    values["ch2.order_l3_ch1"] = l3 if l3 == l3 else None
+    values["ch2.order_have_low"] = bool(l3 == l3 and l3 and why["have_gbs"] < 0.5 * l3)
     if set(found) != set(gemm.ORDERS):
         values.update(dict.fromkeys(TIMED_KEYS, records.not_measured(
             rec, "the record did not time both orders")))

@@ -8,7 +8,7 @@ from smallem.product.gemm import (FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGIST
                                   THREAD_MIN_OPS, cache_geometry)
 from .. import ch1, compare, figures, records, reference
 from .measuring import RECORD, model_shapes
-from .bf16 import DTYPE_HEADER, amx_values, bf16_elsewhere, dtype_rows
+from .bf16 import DTYPE_HEADER, amx_values, bf16_elsewhere, dtype_rows, native_values
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
 from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, sweep_values as _sweep_values
 from .order import order_values
@@ -462,6 +462,7 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     s, probe = beside["params"]["n"], beside["value"]["median"]
     values["ch2.beside_n"] = f"{s}³"
     values["ch2.beside_peak"] = f(probe, "Gop/s")
+    values["ch2.beside_over_peak"] = probe / peak if peak else None  # the host gave this run more
     for impl, key in (("smallem", "ch2.beside_pct"), ("numpy", "ch2.beside_numpy_pct")):
         values[key] = f"{100 * records.value(rec, 'sweep', impl=impl, n=s) / probe:.0f} %"
     for impl, key in (("smallem", "ch2.smallest_us"), ("numpy", "ch2.numpy_smallest_us")):
@@ -765,6 +766,7 @@ def report(rec_dir) -> dict:
                         note=note + f" bf16 path: {values['ch2.bf16_chosen']}.")
     values.update(bf16_elsewhere(rec_dir))
     values.update(amx_values(rec, rec_dir))
+    values.update(native_values(rec, rec_dir))
     r, v = mc_rows(rec)
     values.update(v)
     figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block",
@@ -781,7 +783,7 @@ def report(rec_dir) -> dict:
                                      " This record predates rung 5's own K_C: no row is the "
                                      "model's."))
     values.update(pool_values(rec, rec_dir))
-    values.update(order_values(rec))
+    values.update(order_values(rec, ch1.facts(rec_dir)))
     values.update(chapter1_links(rec, rec_dir))
     ladder_figure(rec, peak, rec_dir=rec_dir)
     sweep_figure(rec, peak)

@@ -177,6 +177,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     rows, prev = [], None
     values["ch4.gap_rungs"] = None  # the rungs whose bytes lie between a cache's plateau and DRAM's
     above = []  # (share, rung, level, data, level size) of decodes above their bound
+    drawn = {}  # (bytes a token reads, threads) -> the fastest rate a rung drew them at
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
         if r is None:
@@ -218,15 +219,9 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                           f"({compare.size(data / 1024)} in {where})")
             if share > 1 + NOISE:
                 above.append((share, i, h["level"], data, h["size"]))
-            dram = holding(facts, math.inf, th)["bw"]
-            gbs = r["value"]["median"] * data
-            if (h["level"] == "L3" and not h["gap_bw"] and (1 - NOISE) * dram <= gbs < (dram + h["bw"]) / 2
-                    and data > h["size"] / 2 and values.get("ch4.l3_miss_rung") is None):
-                # charged to the L3, in its plateau's upper half, but drawn nearer DRAM's
-                # rate: the first such rung
-                values.update({"ch4.l3_miss_rung": i, "ch4.l3_miss_gbs": gbs / 1e9,
-                               "ch4.l3_miss_dram_gbs": dram / 1e9, "ch4.l3_miss_l3_gbs": h["bw"] / 1e9,
-                               "ch4.l3_miss_mib": data / 2**20, "ch4.l3_miss_end_mib": h["size"] / 2**20})
+            _l3_miss(facts, h, i, th, data, r["value"]["median"] * data, drawn, values)
+        if h and data:
+            drawn[data, th] = max(drawn.get((data, th), 0), r["value"]["median"] * data)
         if i == AT["prompt_path"] and p and p["params"].get("prefill_path") in PATHS:
             # the record's label names two paths; the page's, the one this prompt took
             what = f"prompt path chosen by measurement: {PATHS[p['params']['prefill_path']]} here"
@@ -247,10 +242,24 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     values["ch4.above_level"] = top[2] if top else None
     values["ch4.above_mib"] = top[3] / 2**20 if top else None
     values["ch4.above_level_mib"] = top[4] / 2**20 if top else None
+    values["ch4.above_others"] = sorted(a[1] for a in above if a is not top)
     return rows
 
 
 PATHS = {"c": "the int8 call", "gemm": "the f32 GEMM", "int8": "the integer GEMM"}  # rung 5's prompt
+
+
+def _l3_miss(facts, h, i, th, data, gbs, drawn, values) -> None:
+    """The first rung charged to the L3 (its plateau's upper half) that drew its bytes nearer
+    DRAM's rate, unless a rung before drew the same bytes on as many threads nearer the L3's."""
+    dram = holding(facts, math.inf, th)["bw"]
+    near_l3 = (dram + h["bw"]) / 2
+    if (h["level"] == "L3" and not h["gap_bw"] and (1 - NOISE) * dram <= gbs < near_l3
+            and data > h["size"] / 2 and values.get("ch4.l3_miss_rung") is None
+            and drawn.get((data, th), 0) < near_l3):
+        values.update({"ch4.l3_miss_rung": i, "ch4.l3_miss_gbs": gbs / 1e9,
+                       "ch4.l3_miss_dram_gbs": dram / 1e9, "ch4.l3_miss_l3_gbs": h["bw"] / 1e9,
+                       "ch4.l3_miss_mib": data / 2**20, "ch4.l3_miss_end_mib": h["size"] / 2**20})
 
 
 def _versus(r, base) -> str:
@@ -753,6 +762,7 @@ def report(rec_dir) -> dict:
                 "ch4.rung5_vs_rung4", "ch4.small_largest_kib", "ch4.small_par_min_kib",
                 "ch4.fork_join_us", "ch4.regions", "ch4.sync_share", "ch4.above_rung",
                 "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
+                "ch4.above_others",
                 "ch4.big_resident_gbs", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
                 "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n",

@@ -172,8 +172,8 @@ def _bare(text: str) -> str:
     return figures.NOTE.sub("", text)
 
 
-TEST_NOTE = ("Against: the median of the per-round ratios, \"within the noise\" where the "
-             "two-sided signed-rank test on their logs does not pass at 5 %.")
+TEST_NOTE = ("Against: the ratio of the two medians, \"within the noise\" where the "
+             "two-sided signed-rank test on the per-round ratios' logs does not pass at 5 %.")
 
 
 def _one(rec, name, **params):
