@@ -23,7 +23,8 @@ def order_values(rec: dict, facts: dict | None = None) -> dict:
             rec, "the record predates the loop-order model")) | {
                 "ch2.order_other_faster": False, "ch2.order_other_slower": False,
                 "ch2.has_order_model": False, "ch2.has_order_timing": False,
-                "ch2.order_l3_ch1": None, "ch2.order_have_low": False}
+                "ch2.order_l3_ch1": None, "ch2.order_have_low": False,
+                "ch2.order_same_with_ch1": None}
     why, chosen = s["order_why"], s["order"]
     other = next(o for o in gemm.ORDERS if o != chosen)
     found = {r["params"]["order"]: r for r in records.results(rec, "order")}
@@ -40,6 +41,10 @@ def order_values(rec: dict, facts: dict | None = None) -> dict:
     l3 = facts["triad_plateaus"][facts["cores"]]["L3"] / facts["cores"] if facts else None
     values["ch2.order_l3_ch1"] = l3 if l3 == l3 else None
     values["ch2.order_have_low"] = bool(l3 == l3 and l3 and why["have_gbs"] < 0.5 * l3)
+    # the model's choice with chapter 1's figure in place of its own reading: the same order?
+    fits = lambda have: why["need_gbs"] <= why["headroom"] * have  # noqa: E731
+    values["ch2.order_same_with_ch1"] = bool(l3 == l3 and l3 and
+                                             fits(l3) == fits(why["have_gbs"]))
     if set(found) != set(gemm.ORDERS):
         values.update(dict.fromkeys(TIMED_KEYS, records.not_measured(
             rec, "the record did not time both orders")))

@@ -693,7 +693,7 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
     values = {"ch2.mc_n": str(pts[0]["params"]["n"]),
               "ch2.mc_threads": f"{th} thread{'s' if th != 1 else ''}",
               "ch2.mc_rung": str(rung[0]), **_sweep_values(pts, "mc", chosen, "ch2.mc",
-                                                             typed=("spread",))}
+                                                             typed=("spread", "model_gap"))}
     return rows, values
 
 

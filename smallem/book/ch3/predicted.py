@@ -74,11 +74,13 @@ def _predicted_from_products(rec_dir, th: int, fpt: float) -> dict[int, tuple[fl
                                      (AT["kernels"], "rung", {"rung": LADDER["threads"].index},
                                       "our")):
             found = [r["value"]["median"] for r in records.results(g, name, M=n, **params)]
+            # a bound is the best the product reached: numpy's in the ladder's rounds and in
+            # the sizes table's; ours as the ladder's last rung, and as the package's matmul
+            # (which the step calls) in the sizes table and as the f32 inputs of the bf16
+            # table, each timed in a run of its own
+            impl = "numpy" if i == AT["numpy"] else "smallem"
+            found += [r["value"]["median"] for r in records.results(g, "sweep", impl=impl, n=n)]
             if i == AT["kernels"]:
-                # a bound is the best the product reached: the ladder's last rung, and the
-                # package's matmul (which the step calls) in the sizes table and as the f32
-                # inputs of the bf16 table, each timed in a run of its own
-                found += [r["value"]["median"] for r in records.results(g, "sweep", impl="smallem", n=n)]
                 found += [r["value"]["median"] for r in records.results(
                     g, "dtype", dtype="f32", M=n, K=n, N=n)]
             if found:

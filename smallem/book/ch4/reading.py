@@ -11,6 +11,8 @@ from smallem.plumbing import build
 from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
+from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, stream_name  # noqa: F401
+from .peers import _equal_cells, peer_rows
 from smallem.training.model import CONFIGS, get_config
 from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
                         STUDY_MIN_TOKENS, STUDY_TOKENS, STUDY_TOP, matrix_params, study_config)
@@ -35,68 +37,6 @@ def _verdict(ours, theirs, target: float) -> str:
     """reached / not reached / not shown for ours against theirs at ``target`` times, by the
     one-sided signed-rank test of the rounds (compare.against; a parity target at the parity margin)."""
     return compare.against(ours, theirs, target).text()
-
-
-STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
-
-
-def stream_name(facts) -> str:
-    """What the decode bounds are read from, for prose: chapter 1's read-only stream (a
-    decoder reads its weights and writes almost nothing), or, in a record from before it,
-    the triad."""
-    return STREAM_NAMES[ch1.read_stream(facts)] if facts else STREAM_NAMES["read"]
-
-
-def _l3_end(facts) -> float:
-    """Where chapter 1's L3 plateau ends (bytes): the largest end measured at any thread
-    count. The L3 is shared, so its size does not depend on the threads that read it; a
-    plateau that ends earlier on one thread than on all of them ends on the staircase's
-    coarse grid of sizes, not at the cache's size."""
-    ext = facts[f"{ch1.read_stream(facts)}_spans"]
-    ends = [sp["L3"]["last"] for sp in ext.values() if "L3" in sp and sp["L3"]["bw"] == sp["L3"]["bw"]]
-    return max(ends) if ends else math.nan
-
-
-def holding(facts, nbytes: float, threads: int) -> dict | None:
-    """The level of chapter 1's measured staircase that holds ``nbytes`` read by ``threads``
-    threads: {"level", "bw" (bytes/s at those threads), "size" (bytes: where its plateau
-    ends at those threads), "gap_bw", "gap_first"}, from the read-only stream where the
-    record has it (:func:`ch1.level_of`); None without a chapter 1 record. Between the last
-    cache's last point and DRAM's first, where chapter 1 measured no size and the bytes
-    come from both in shares its records do not give, the level is that cache and
-    "gap_bw"/"gap_first" are DRAM's bandwidth (bytes/s) and first point (bytes); else None."""
-    if facts is None:
-        return None
-    stream = ch1.read_stream(facts)
-    ext = facts[f"{stream}_spans"]
-    th = threads if threads in ext else max(ext)
-    level, gbs = ch1.level_of(facts, nbytes, threads, stream)
-    gap_bw = gap_first = None
-    first = ext[th]["DRAM"].get("first", math.nan)
-    caches = [c for c in ("L1", "L2", "L3") if ext[th][c]["bw"] == ext[th][c]["bw"]]
-    if level == "DRAM" and caches and first == first and nbytes < first:
-        gap_bw, gap_first = gbs * 1e9, first
-        level, gbs = caches[-1], ext[th][caches[-1]]["bw"]
-    size = ext[th][level]["last"] if level != "DRAM" else math.inf
-    return {"level": level, "bw": gbs * 1e9, "size": size, "gap_bw": gap_bw, "gap_first": gap_first}
-
-
-def core_holding(facts, nbytes: float) -> dict | None:
-    """:func:`holding` for one core reading ``nbytes`` alone: a private level (L1, L2) holds
-    what fits the largest end of its plateau per core measured at any thread count (the
-    staircase's grid is coarse, so a plateau that ends at 1 MiB on one thread and at 4 MiB
-    on two ends, per core, at 2 MiB), at one thread's bandwidth; beyond them :func:`holding`
-    on one thread. None without a chapter 1 record."""
-    if facts is None:
-        return None
-    ext = facts[f"{ch1.read_stream(facts)}_spans"]
-    one = ext[1] if 1 in ext else ext[min(ext)]
-    for lv in ("L1", "L2"):
-        ends = [sp[lv]["last"] / th for th, sp in ext.items()
-                if lv in sp and sp[lv]["bw"] == sp[lv]["bw"] and sp[lv]["last"] == sp[lv]["last"]]
-        if ends and nbytes <= max(ends) and one[lv]["bw"] == one[lv]["bw"]:
-            return {"level": lv, "bw": one[lv]["bw"] * 1e9, "size": max(ends)}
-    return holding(facts, nbytes, 1)
 
 
 def bandwidth_bound(facts, weight_bytes: float, threads: int) -> tuple[str, float]:
@@ -149,14 +89,15 @@ def _ladder(rec, facts, values):
     rung3 = dict(s["rungs"]).get(AT["int8"], "")
     values["ch4.int8_instruction"] = s.get("int8_instruction") or rung3.partition(", ")[2] or "n/a"
     weights = matrix_params(get_config(cfg)) if cfg in CONFIGS else 0
-    rows = _rung_rows(rec, facts, s, weights, values) + _peer_rows(rec)
+    rows = _rung_rows(rec, facts, s, weights, values) + peer_rows(rec, facts, s)
     note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
             f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
             f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
             f"from position 0. Bytes of the decode bound: the weights and the keys and values "
             f"cached at the last timed position (f32); its level: chapter 1's staircase. "
             f"{figures.machine_line(rec)}."
-            + (figures.peer_notes(rec["settings"]["llama_cpp"], {}) if rec["settings"].get("llama_cpp") else ""))
+            + (figures.peer_notes(rec["settings"]["llama_cpp"], {}) if rec["settings"].get("llama_cpp") else "")
+            + _equal_cells(rows))
     figures.write_table("ch4_ladder", rows, ["rung", "what it adds", "decode", "against the "
                                              "rung before", "weights per token",
                                              "decode predicted: bytes ÷ bandwidth",
@@ -164,10 +105,6 @@ def _ladder(rec, facts, values):
     _ladder_values(rec, facts, s, cfg, values)
 
 
-def _kv_bytes(s, rung_tokens: int) -> int:
-    """The keys and values a token reads at the last timed position (f32, every layer)."""
-    c = s["config"]
-    return 2 * c["n_layer"] * (s["prompt"] + rung_tokens) * c["d_model"] * 4
 
 
 def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
@@ -271,32 +208,6 @@ def _versus(r, base) -> str:
     d = compare.difference(r, base)
     return f(x) + "×" + (compare.note(d.note()) if d.rounds is not None else "")
 
-
-def _peer_rows(rec) -> list[list[str]]:
-    """f32 on rung 4's threads, llama.cpp, PyTorch, and the reference series."""
-    rows = []
-    r32 = _one(rec, "decode", case="f32-threads")
-    if r32:
-        rows.append(["", "f32 with rung 4's threads (for comparison; its prompt through the f32 "
-                     "tiles in blocks of rows, as rung 2's tokens, not through the GEMM)",
-                     f(r32["value"]["median"], "tokens/s"), "—",
-                     compare.size(r32["params"]["weight_bytes"] / 1024), "—",
-                     f(_one(rec, "prefill", case="f32-threads")["value"]["median"], "tokens/s"), "—"])
-    for dtype, label in (("q8_0", "llama.cpp, Q8_0"), ("f32", "llama.cpp, f32")):
-        tg, pp = _one(rec, "llama_tg", dtype=dtype), _one(rec, "llama_pp", dtype=dtype)
-        if tg:
-            rows.append(["peer", f"{label} (same file, same threads, same rounds)",
-                         f(tg["value"]["median"], "tokens/s"), "—", "—", "—",
-                         f(pp["value"]["median"], "tokens/s") if pp else "—", "—"])
-    for kind, label in (("torch-f32", "PyTorch eager, f32, KV cache"),
-                        ("torch-int8", "PyTorch eager, dynamic int8 (quantize_dynamic)")):
-        t = _one(rec, "decode", case=kind)
-        if t:
-            rows.append(["peer", label, f(t["value"]["median"], "tokens/s"), "—", "—", "—", "—", "—"])
-    rows.append(["ref.", f"the reference series, one sequence ({reference.CITE}, "
-                 f"{reference.MACHINE})", f"{reference.CH4_GEN_BEFORE_TOKS} → "
-                 f"{f(reference.CH4_GEN_AFTER_TOKS)} tokens/s", "—", "—", "—", "—", "—"])
-    return rows
 
 
 def _ladder_values(rec, facts, s, cfg, values) -> None:

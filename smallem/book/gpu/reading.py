@@ -282,6 +282,7 @@ def peak_values(rec: dict | None) -> dict:
                                      "gpu.tensor_ceiling", "gpu.tensor_ceiling_by",
                                      "gpu.rated_bf16", "gpu.mma_of_rated",
                                      "gpu.cublas_of_rated", "gpu.cublas_f32_n",
+                                     "gpu.copy_ours", "gpu.copy_cupy", "gpu.hbm_read",
                                      "gpu.cublas_bf16_n")}}
     fma, mma = records.value(rec, "fma_peak"), tensor_peak(rec)
     (cb32, n32), (cb16, n16) = _best_cublas_at(rec, "f32"), _best_cublas_at(rec, "bf16")
@@ -299,7 +300,11 @@ def peak_values(rec: dict | None) -> dict:
             "gpu.tensor_ceiling": ceiling, "gpu.tensor_ceiling_by": by,
             "gpu.rated_bf16": rated if h200 else None,
             "gpu.mma_of_rated": mma / rated if h200 else None,
-            "gpu.cublas_of_rated": cb16 / rated if h200 else None}
+            "gpu.cublas_of_rated": cb16 / rated if h200 else None,
+            # the copy probe against CuPy's copy, and the read stream's HBM plateau (the roof)
+            "gpu.copy_ours": records.value(rec, "copy", impl="ours"),
+            "gpu.copy_cupy": records.value(rec, "copy", impl="cupy"),
+            "gpu.hbm_read": l2_plateau(rec)[1]}
 
 
 def gemm_values(rec: dict | None) -> dict:

@@ -1,0 +1,76 @@
+"""Which level of chapter 1's staircase holds a decoder's bytes, at the rate of which stream,
+and the bytes a token reads: what chapter 4's decode bounds are made of."""
+
+from __future__ import annotations
+
+import math
+
+from .. import ch1
+
+
+STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
+
+
+def stream_name(facts) -> str:
+    """What the decode bounds are read from, for prose: chapter 1's read-only stream (a
+    decoder reads its weights and writes almost nothing), or, in a record from before it,
+    the triad."""
+    return STREAM_NAMES[ch1.read_stream(facts)] if facts else STREAM_NAMES["read"]
+
+
+def _l3_end(facts) -> float:
+    """Where chapter 1's L3 plateau ends (bytes): the largest end measured at any thread
+    count. The L3 is shared, so its size does not depend on the threads that read it; a
+    plateau that ends earlier on one thread than on all of them ends on the staircase's
+    coarse grid of sizes, not at the cache's size."""
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]
+    ends = [sp["L3"]["last"] for sp in ext.values() if "L3" in sp and sp["L3"]["bw"] == sp["L3"]["bw"]]
+    return max(ends) if ends else math.nan
+
+
+def holding(facts, nbytes: float, threads: int) -> dict | None:
+    """The level of chapter 1's measured staircase that holds ``nbytes`` read by ``threads``
+    threads: {"level", "bw" (bytes/s at those threads), "size" (bytes: where its plateau
+    ends at those threads), "gap_bw", "gap_first"}, from the read-only stream where the
+    record has it (:func:`ch1.level_of`); None without a chapter 1 record. Between the last
+    cache's last point and DRAM's first, where chapter 1 measured no size and the bytes
+    come from both in shares its records do not give, the level is that cache and
+    "gap_bw"/"gap_first" are DRAM's bandwidth (bytes/s) and first point (bytes); else None."""
+    if facts is None:
+        return None
+    stream = ch1.read_stream(facts)
+    ext = facts[f"{stream}_spans"]
+    th = threads if threads in ext else max(ext)
+    level, gbs = ch1.level_of(facts, nbytes, threads, stream)
+    gap_bw = gap_first = None
+    first = ext[th]["DRAM"].get("first", math.nan)
+    caches = [c for c in ("L1", "L2", "L3") if ext[th][c]["bw"] == ext[th][c]["bw"]]
+    if level == "DRAM" and caches and first == first and nbytes < first:
+        gap_bw, gap_first = gbs * 1e9, first
+        level, gbs = caches[-1], ext[th][caches[-1]]["bw"]
+    size = ext[th][level]["last"] if level != "DRAM" else math.inf
+    return {"level": level, "bw": gbs * 1e9, "size": size, "gap_bw": gap_bw, "gap_first": gap_first}
+
+
+def core_holding(facts, nbytes: float) -> dict | None:
+    """:func:`holding` for one core reading ``nbytes`` alone: a private level (L1, L2) holds
+    what fits the largest end of its plateau per core measured at any thread count (the
+    staircase's grid is coarse, so a plateau that ends at 1 MiB on one thread and at 4 MiB
+    on two ends, per core, at 2 MiB), at one thread's bandwidth; beyond them :func:`holding`
+    on one thread. None without a chapter 1 record."""
+    if facts is None:
+        return None
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]
+    one = ext[1] if 1 in ext else ext[min(ext)]
+    for lv in ("L1", "L2"):
+        ends = [sp[lv]["last"] / th for th, sp in ext.items()
+                if lv in sp and sp[lv]["bw"] == sp[lv]["bw"] and sp[lv]["last"] == sp[lv]["last"]]
+        if ends and nbytes <= max(ends) and one[lv]["bw"] == one[lv]["bw"]:
+            return {"level": lv, "bw": one[lv]["bw"] * 1e9, "size": max(ends)}
+    return holding(facts, nbytes, 1)
+
+
+def _kv_bytes(s, rung_tokens: int) -> int:
+    """The keys and values a token reads at the last timed position (f32, every layer)."""
+    c = s["config"]
+    return 2 * c["n_layer"] * (s["prompt"] + rung_tokens) * c["d_model"] * 4
