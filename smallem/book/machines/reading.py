@@ -573,7 +573,7 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
          f"{f(ref.CH4_GEN_GPU_TOKS, 'tokens/s')}", gnm],
         ["prompt against llama.cpp (chapter 4's model)", "not published",
          v("ch4.pp_vs_llama", "4-generation.md#llamacpp-and-pytorch-beside-us"), "—", gnm],
-        ["a one-minute training run, tokens/s (bits per byte)", "not published",
+        ["a training run on a one-minute budget (f32), tokens/s (bits per byte)", "not published",
          v('ch3.s_tokens_per_s', '3-training.md#a-real-run')
          + (f" ({values['ch3.s_final_bpb']})" if values.get("ch3.s_final_bpb") is not None
             else ""), "—", gnm],
