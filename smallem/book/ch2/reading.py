@@ -468,10 +468,8 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     for impl, key in (("smallem", "ch2.smallest_us"), ("numpy", "ch2.numpy_smallest_us")):
         values[key] = f(1e6 * records.results(rec, "sweep", impl=impl, n=small)[0]
                         ["seconds"]["median"], "µs")
-    # the empty call's cost against the smallest product's time (two runs: need not add up)
-    values["ch2.call_share"] = (records.value(rec, "call", impl="smallem") / 1e6
-                                / records.results(rec, "sweep", impl="smallem", n=small)[0]
-                                ["seconds"]["median"])
+    values["ch2.call_share"] = (records.value(rec, "call", impl="smallem") / 1e6  # two runs
+                                / records.results(rec, "sweep", impl="smallem", n=small)[0]["seconds"]["median"])
     return rows, values
 
 

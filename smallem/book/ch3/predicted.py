@@ -235,3 +235,16 @@ def bound_n(rec_dir) -> int | None:
     if not records.exists("ch2.gemm", rec_dir):
         return None
     return records.load("ch2.gemm", rec_dir)["settings"]["n_ladder"]
+
+
+def products_rate(rec, rec_dir, mm: float) -> dict:
+    """The large products' own rate in rung 3's profile (``mm`` seconds a step; every FLOP
+    but attention's T x T part), and its share of the rate rung 1's bound assumes."""
+    s = rec["settings"]
+    cfg, fpt, th = s["config"], s["flops_per_token"], s["threads"]
+    attn = 12 * cfg["n_layer"] * s["seq_len"] * cfg["d_model"]
+    bound = _predicted_from_products(rec_dir, th, fpt).get(AT["kernels"])
+    rate = (fpt - attn) * s["batch_size"] * s["seq_len"] / mm / 1e9 if mm else None
+    return {"ch3.p3_products_gops": rate,
+            "ch3.p3_products_of_bound": rate / (bound[0] * fpt / 1e9) if rate and bound else None}
+

@@ -14,8 +14,8 @@ from .measuring import (F32_TOP, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RU
                         RUNGS, AT, mfu, rung_label)
 from .climb import CELL_TEST, TOLERANCE, cell, outcome_note, switches, within_times
 from .fused import fused_table, roofline
-from .predicted import (_peak, _peaks, _predicted_from_products, _profile, bf16_gemm, bound_n,
-                        modern_split, predicted)
+from .predicted import (_peak, _peaks, _profile, bf16_gemm, bound_n, modern_split, predicted,
+                        products_rate)
 from .run import run_figure_and_values
 
 f = figures.fmt
@@ -503,14 +503,7 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
         values.update({"ch3.p3_matmul": mm / total, "ch3.p3_attention": at / total,
                        "ch3.p3_rest": 1 - (mm + at) / total,
                        "ch3.p3_attention_larger": at > total - mm - at})
-        # the large products' own rate in that profile (every FLOP but attention's T x T
-        # part), against the rate rung 1's bound assumes
-        attn = 12 * cfg["n_layer"] * s["seq_len"] * cfg["d_model"]
-        bound = _predicted_from_products(rec_dir, th, fpt).get(AT["kernels"])
-        rate = (fpt - attn) * n_tok / mm / 1e9 if mm else None
-        values["ch3.p3_products_gops"] = rate
-        values["ch3.p3_products_of_bound"] = (rate / (bound[0] * fpt / 1e9)
-                                              if rate and bound else None)
+        values.update(products_rate(rec, rec_dir, mm))
     # the MFU counts the whole T x T square (the convention); from rung 4 the tiles skip the
     # masked half of attention's 12 L T d per token
     skipped = 6 * cfg["n_layer"] * s["seq_len"] * cfg["d_model"] / fpt
@@ -705,16 +698,14 @@ def _long_attention_values(rec, values):
         f"{100 * t['params']['extra_bytes'] / m['params']['extra_bytes']:.2f}%")
 
 
-# the typed facts the page's sentences test, each None until a record gives it (the page
-# says a sentence only where its facts are known)
+# the typed facts the page's sentences test, each None until a record gives it
 FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain",
          "fused_any_below", "fused_closest_op", "fused_closest",
          "fused_farthest_op", "fused_farthest", "fused_right", "fused_left", "fused_all_left", "fused_any_above", "fused_above",
          "fused_above_many", "fused_above_level", "fused_above_of", "fused_above_mib",
          "fused_above_inner", "fused_inner_last_mib", "fused_outer_first_mib",
-         "fused_inner_reported_mib", "p3_matmul", "p3_attention", "p3_rest",
-         "p3_products_gops", "p3_products_of_bound",
-         "p3_attention_larger", "causal_skipped", "top_mfu_computed",
+         "fused_inner_reported_mib", "p3_matmul", "p3_attention", "p3_rest", "p3_products_gops",
+         "p3_products_of_bound", "p3_attention_larger", "causal_skipped", "top_mfu_computed",
          "top_mfu_known", "bf16_pred_from_gemm", "bf16_pred_shape", "bf16_pred_ratio",
          "bf16_products_gain_x", "rung7_split", "ns_pred_ms", "ns_meas_ms", "ns_as_predicted",
          "rest_pred_ms", "rest_meas_ms", "rest_as_predicted", "rung7_rest_ms",
