@@ -15,9 +15,10 @@ from smallem.generating import decode, forward, gguf_file, gguf_run
 from smallem.plumbing import build
 
 
-@pytest.fixture(scope="module")
-def lib():
-    return build.load("forward")[1]
+@pytest.fixture
+def lib(level):
+    """The forward built at each ISA level (each is its own compiled library)."""
+    return build.load("forward", level)[1]
 
 
 @pytest.mark.parametrize("names, prefix", [

@@ -31,7 +31,7 @@ TESTS = Path(__file__).resolve().parent
 
 SUBSET = ["tests/test_gemm.py", "tests/test_model.py", "tests/test_decode.py",
           "tests/test_pool.py", "tests/test_machine.py", "tests/test_properties.py",
-          "tests/test_gguf_kernels.py", "tests/test_scan.py"]
+          "tests/test_gguf_kernels.py", "tests/test_scan.py", "tests/test_forward_ids.py"]
 # What the subset leaves out: the tests that time a kernel (a sanitized kernel's speed means
 # nothing), PyTorch, the browser, the GPU, and the book's quick runs (they measure; the
 # kernels they call are the ones the rest enters, as the second test below checks).
