@@ -417,8 +417,9 @@ def report(rec_dir=None) -> dict:
         signs.append(rates[key + "prefetch_sign"])
         changes.append(rates[key + "prefetch_change"])
         turn, prod = rates[key + "tg_none"], rates[key + "tg_products"]
-        if turn and rates[key + "tg_rate"] < 0.95 * turn:  # slower than the two in turn
-            below["rest" if prod and prod >= 0.95 * turn else "model"].append(f"{shape} {qtype}")
+        near = 1 - compare.SWEEP_NOISE  # below the two in turn by more than the noise
+        if turn and rates[key + "tg_rate"] < near * turn:
+            below["rest" if prod and prod >= near * turn else "model"].append(f"{shape} {qtype}")
         rate_rows.append(_rate_row(f"{shape} {qtype}", key, rates))
     _speed_table(rec, facts, rows)
     figures.write_table("others_types", *types_table(facts, weights, s["threads"]))
