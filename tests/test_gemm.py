@@ -890,6 +890,11 @@ def test_sweep_values_say_where_the_model_landed():
     assert "p_spread_frac" not in v  # only the fractions asked for
     v = ch2.reading._sweep_values(pts({84: 100.0, 168: 96.0, 252: 98.0}), "mc", 168, "p")
     assert v["p_best"] == "84" and v["p_model_gap"] == "4.0 %" == v["p_spread"]
+    # a two-level step (flat, a drop, flat again) is a fall too; a rise past the noise is not
+    two_level = pts({1: 100.0, 2: 101.0, 3: 80.0, 4: 79.5})
+    assert ch2.reading._sweep_values(two_level, "mc", 1, "p")["p_trend"] == "falls"
+    up_down = pts({1: 100.0, 2: 80.0, 3: 92.0, 4: 78.0})
+    assert ch2.reading._sweep_values(up_down, "mc", 1, "p")["p_trend"] is None
 
 
 def test_auto_threads_gives_each_thread_enough_work(monkeypatch):

@@ -25,19 +25,21 @@ def sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
             f"{prefix}_model_gap": (f"{100 * frac['model_gap']:.1f} %"
                                     if chosen in by else unknown),
             f"{prefix}_spread": f"{100 * frac['spread']:.1f} %",
-            # typed: the rate steadily "falls" or "rises" as the block grows (every step the
-            # same way, first to last more than the noise), else None; and the fractions asked
+            # typed: the rate "falls" or "rises" as the block grows (first to last by more than
+            # SLOW, no step the other way by more than SLOW: a two-level step is a trend too),
+            # else None; and the fractions asked
             f"{prefix}_trend": _trend([by[k] for k in sorted(by)]),
             **{f"{prefix}_{k}_frac": frac[k] for k in typed}}
 
 
 def _trend(rates: list[float]) -> str | None:
-    steps = [b - a for a, b in zip(rates, rates[1:])]
     if len(rates) < 3 or abs(rates[-1] / rates[0] - 1) <= SLOW:
         return None
-    if all(d < 0 for d in steps):
+    tol = SLOW * max(rates)  # a step the other way this small is within the sweep's noise
+    steps = [b - a for a, b in zip(rates, rates[1:])]
+    if rates[-1] < rates[0] and all(d < tol for d in steps):
         return "falls"
-    if all(d > 0 for d in steps):
+    if rates[-1] > rates[0] and all(d > -tol for d in steps):
         return "rises"
     return None
 
