@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from smallem.cpu.timing import FAR, WAKE_SKIP, measure_interleaved
+from . import records
 from .figures import NOTE, NOTE_OPEN, fmt, note, plain  # noqa: F401  (for the readings)
 
 
@@ -206,7 +207,7 @@ def judge(ratios: list[float], ratio: float, target: float) -> Verdict:
 def per_round_rates(r: dict) -> list[float]:
     """Each round's rate of a result of :func:`paired` (or any result keeping its samples):
     the work per call (median rate x median seconds) over the round's seconds."""
-    work = r["value"]["median"] * r["seconds"]["median"]
+    work = records.median(r) * r["seconds"]["median"]
     return [work / t for t in r.get("seconds", {}).get("samples") or []]
 
 
@@ -217,13 +218,13 @@ def against(ours: dict, theirs: dict, target: float, scale: float = 1.0) -> Verd
     if len(b) == 1 < len(a):  # a peer timed once, far behind (timing.FAR): every round against it
         b = b * len(a)
     ratios = [scale * x / y for x, y in zip(a, b)] if len(a) == len(b) else []
-    return judge(ratios, scale * ours["value"]["median"] / theirs["value"]["median"], target)
+    return judge(ratios, scale * records.median(ours) / records.median(theirs), target)
 
 
 def against_bound(ours: dict, bound: float, target: float) -> Verdict:
     """Ours against a fixed figure (a peak, a bandwidth, in our rate's unit) at ``target``
     times it: each round's rate over the bound."""
-    return judge([x / bound for x in per_round_rates(ours)], ours["value"]["median"] / bound,
+    return judge([x / bound for x in per_round_rates(ours)], records.median(ours) / bound,
                  target)
 
 
@@ -263,7 +264,7 @@ def difference(r: dict, base: dict) -> Difference:
     """:class:`Difference` of two results of one :func:`paired` run (or any two keeping
     their samples in the same rounds). Each round's rates come from its samples: the work
     per call is median rate x median seconds, as the two may do different work."""
-    pct = 100 * (r["value"]["median"] / base["value"]["median"] - 1)
+    pct = 100 * (records.median(r) / records.median(base) - 1)
     a, b = per_round_rates(r), per_round_rates(base)
     if not a or len(a) != len(b):
         return Difference(pct, 0)

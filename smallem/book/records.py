@@ -166,6 +166,11 @@ def results(data: dict, name: str | None = None, **params) -> list[dict]:
     return out
 
 
+def median(result: dict) -> float:
+    """A result's median (of its samples)."""
+    return result["value"]["median"]
+
+
 def value(data: dict, name: str, stat: str = "median", **params) -> float:
     """The single result matching ``name`` and ``params``; error if none or several."""
     found = results(data, name, **params)

@@ -43,8 +43,8 @@ def poorly_scaled(peaks: dict, cores: int, kinds=PEAK_KINDS, physical: int | Non
     if scale == 1:
         return []
     return [k for k in kinds if (k, 1) in peaks and (k, cores) in peaks
-            and peaks[k, cores]["value"]["median"]
-            < SCALING_FLOOR * scale * peaks[k, 1]["value"]["median"]]
+            and records.median(peaks[k, cores])
+            < SCALING_FLOOR * scale * records.median(peaks[k, 1])]
 
 
 def slow_one_thread(peaks: dict, cores: int, kinds=PEAK_KINDS,
@@ -60,8 +60,8 @@ def slow_one_thread(peaks: dict, cores: int, kinds=PEAK_KINDS,
     if scale == 1:
         return []
     return [k for k in kinds if (k, 1) in peaks and (k, cores) in peaks
-            and peaks[k, 1]["value"]["median"]
-            < ONE_THREAD_FLOOR * peaks[k, cores]["value"]["median"] / scale]
+            and records.median(peaks[k, 1])
+            < ONE_THREAD_FLOOR * records.median(peaks[k, cores]) / scale]
 
 
 def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
@@ -94,7 +94,7 @@ def measure_peaks(thread_counts: list[int], measure_one=None, retries: int = 2,
     scale = min(cores, physical or cores)
 
     def ratio(kind):
-        return peaks[kind, cores]["value"]["median"] / peaks[kind, 1]["value"]["median"]
+        return records.median(peaks[kind, cores]) / records.median(peaks[kind, 1])
 
     warnings = [
         f"{kind} peak: {cores} threads reached only {ratio(kind):.2f}x one thread's rate "
@@ -119,7 +119,7 @@ def _feeds_checked(rec, level: str, cores: int, tries: int = 3) -> dict:
         if not pts:
             return fd
         near = min(pts, key=lambda r: abs(math.log(r["params"]["bytes"] / fd["working_set"])))
-        if fd["l3_gbs_core"] >= 0.5 * near["value"]["median"] / cores:
+        if fd["l3_gbs_core"] >= 0.5 * records.median(near) / cores:
             return fd
         settle()
     rec.warn(f"the GEMM's model's L3 reading stayed below half of this run's triad "

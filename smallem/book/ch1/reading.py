@@ -70,7 +70,7 @@ def theory(rec: dict) -> dict:
     physical = min(cores, s.get("physical_cores") or rec["machine"].get("physical_cores") or cores)
     mul = records.results(rec, "clock_mul")
     return peak_theory(records.value(rec, "clock") * 1e9,
-                       mul[0]["value"]["median"] * 1e9 if mul else math.nan,
+                       records.median(mul[0]) * 1e9 if mul else math.nan,
                        records.value(rec, "peak", kind="f32", threads=1) * 1e9,
                        records.value(rec, "peak", kind="f32", threads=cores) * 1e9,
                        physical, s["isa"], record_identity(rec["machine"]))
@@ -101,9 +101,9 @@ def summary(rec: dict) -> dict:
     out = {
         "cores": cores,
         "clock_ghz": records.value(rec, "clock"),
-        "clock_mul_ghz": clock_mul[0]["value"]["median"] if clock_mul else math.nan,
+        "clock_mul_ghz": records.median(clock_mul[0]) if clock_mul else math.nan,
         "theory": theory(rec),
-        "peak": {k: v["value"]["median"] for k, v in peak.items()},
+        "peak": {k: records.median(v) for k, v in peak.items()},
         "native": {k[0]: v["params"]["native"] for k, v in peak.items()},
         # the dot probes' accumulators on all cores (records before the probe chose: 24)
         "chains": {k[0]: v["params"].get("chains", OLD_DOT_CHAINS) for k, v in peak.items()
@@ -283,7 +283,7 @@ def staircase_figure(rec: dict, name: str = "ch1_staircase"):
     for ax, th in zip(axes[0], s["threads"]):
         for kernel in STREAM_KERNELS:
             pts = records.results(rec, "stream", kernel=kernel, threads=th)
-            ax.plot([p["params"]["bytes"] for p in pts], [p["value"]["median"] for p in pts],
+            ax.plot([p["params"]["bytes"] for p in pts], [records.median(p) for p in pts],
                     marker=".", label=kernel)
         for level, key in (("L1", "L1d_bytes"), ("L2", "L2_bytes"), ("L3", "L3_bytes")):
             size = caches[key] * (min(th, caches["L3_instances"]) if level == "L3" else th)

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from .. import records
 
 LEVELS = ("L1", "L2", "L3", "DRAM")
 DISTINCT = 1.15  # two neighbouring plateaus are distinct when one is this much faster
@@ -53,7 +54,7 @@ def spans(points: list[dict], caches: dict, threads: int) -> dict:
     reached = [lv for lv in known if top >= 2 * above[lv]]
     nan = float("nan")
     out = {lv: {"bw": nan, "first": nan, "last": nan} for lv in LEVELS}
-    bw = np.array([p["value"]["median"] for p in pts])
+    bw = np.array([records.median(p) for p in pts])
     at = [p["params"]["bytes"] for p in pts]
 
     def allowed(m, c):  # may level m's stretch end just before point c?

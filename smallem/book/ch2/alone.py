@@ -28,9 +28,9 @@ def _big_set_values(facts: dict | None, by: dict, l3_kib: float, cores: int) -> 
                        # past half the plateau's last size: at its edge, not inside it
                        "ch2.alone_big_at_end": bool(end and not also and 2 * l3_kib * 1024 > end),
                        # from L2, against the page's peaks (one core's; all cores')
-                       "ch2.alone_one_of_peak": by["L2", True, 1]["value"]["median"]
+                       "ch2.alone_one_of_peak": records.median(by["L2", True, 1])
                        / facts["peak"][("f32", 1)],
-                       "ch2.alone_all_of_peak": by["L2", True, cores]["value"]["median"]
+                       "ch2.alone_all_of_peak": records.median(by["L2", True, cores])
                        / facts["peak"][("f32", facts["cores"])]})
     else:
         values.update(dict.fromkeys(("ch2.alone_big_level", "ch2.alone_big_level_gbs",
@@ -66,7 +66,7 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     for r in found:
         p = r["params"]
         probe = records.value(rec, "alone_probe", threads=p["threads"])
-        rate = r["value"]["median"]
+        rate = records.median(r)
         by[p["b_in"], p["shared_b"], p["threads"]] = r
         # the level from chapter 1's plateaus on as many threads (all the threads' blocks
         # together), the benchmark's own aim without its record
@@ -85,7 +85,7 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     l3_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L3")
 
     def pct(t):
-        rate = by["L2", True, t]["value"]["median"]
+        rate = records.median(by["L2", True, t])
         return f"{100 * rate / records.value(rec, 'alone_probe', threads=t):.0f} %"
 
     na = "n/a (one core)"
@@ -102,7 +102,7 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                                    if cores > 1 else na)}
     # where the larger set of slivers sits on chapter 1's one-core staircase, and the bytes
     # of B a second the kernel drew from there (4 N_R bytes per 2 M_R N_R operations)
-    l3_rate = by["L3", True, 1]["value"]["median"]
+    l3_rate = records.median(by["L3", True, 1])
     mr = rec["settings"].get("mr")
     values["ch2.alone_l3_gbs"] = l3_rate * 2 / mr if mr else None
     values.update(_big_set_values(facts, by, l3_kib, cores))
@@ -114,17 +114,17 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                                            if facts else None)
     # the M_C sweep's fastest point (rung 4, columns), where it ran on one thread: above the
     # kernel alone from L2 by more than the noise, the kernel alone is no ceiling for it
-    one_l2 = by["L2", True, 1]["value"]["median"]
+    one_l2 = records.median(by["L2", True, 1])
     mc = [p for p in records.results(rec, "mc_sweep") if p["params"]["threads"] == 1]
-    best = max(mc, key=lambda p: p["value"]["median"]) if mc else None
+    best = max(mc, key=records.median) if mc else None
     values["ch2.alone_one_gops"] = one_l2
     # the FMA probe timed beside it, all cores' over one core's (what the host gave then)
     values["ch2.alone_probe_gain"] = (records.value(rec, "alone_probe", threads=cores)
                                       / records.value(rec, "alone_probe", threads=1)
                                       if cores > 1 else None)
-    values["ch2.mc_above_alone"] = (best["value"]["median"] / one_l2 - 1
-                                    if best and best["value"]["median"] > one_l2 * (1 + NOISE)
+    values["ch2.mc_above_alone"] = (records.median(best) / one_l2 - 1
+                                    if best and records.median(best) > one_l2 * (1 + NOISE)
                                     else None)
     values["ch2.mc_best_kc"] = best["params"]["kc"] if best else None
-    values["ch2.alone_l3_loss"] = 1 - l3_rate / by["L2", True, 1]["value"]["median"]
+    values["ch2.alone_l3_loss"] = 1 - l3_rate / records.median(by["L2", True, 1])
     return rows, values, p0["kc"]

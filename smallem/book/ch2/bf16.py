@@ -13,7 +13,7 @@ def _bf16_value(rec: dict, path: str, M, K, N) -> float | None:
         # records made before the two paths have one bf16 result, on the path the build had
         got = r["params"].get("path", "native" if rec["settings"]["native_bf16"] else "widen")
         if got == path:
-            return r["value"]["median"]
+            return records.median(r)
     return None
 
 
@@ -53,7 +53,7 @@ def dtype_rows(rec: dict, prefix: str = "ch2.bf16") -> tuple[list[list], dict]:
     values[f"{prefix}_chosen"] = f"{chosen} ({BF16_PATH_TEXT[chosen]})"
     peaks = {k: records.results(rec, "peak", kind=k) for k in ("f32", "bf16")}
     if all(peaks.values()):  # the second machine's record times the probes beside it
-        p32, p16 = (peaks[k][0]["value"]["median"] for k in ("f32", "bf16"))
+        p32, p16 = (records.median(peaks[k][0]) for k in ("f32", "bf16"))
         values.update({f"{prefix}_f32_probe": f(p32, "Gop/s"),
                        f"{prefix}_bf16_probe": f(p16, "Gop/s")})
     return rows, values
@@ -80,8 +80,8 @@ def amx_values(rec: dict, rec_dir) -> dict:
     best = None
     for r in records.results(rec, "dtype", dtype="bf16"):
         p = r["params"]
-        if p.get("path") == "amx" and (best is None or r["value"]["median"] > best[0]):
-            best = (r["value"]["median"], p["M"], p["K"], p["N"])
+        if p.get("path") == "amx" and (best is None or records.median(r) > best[0]):
+            best = (records.median(r), p["M"], p["K"], p["N"])
     if best is None:
         return dict.fromkeys(keys) | {"ch2.has_amx": False}
     g, M, K, N = best
@@ -119,8 +119,8 @@ def native_values(rec: dict, rec_dir) -> dict:
     best = None
     for r in records.results(rec, "dtype", dtype="bf16"):
         p = r["params"]
-        if p.get("path") == "native" and (best is None or r["value"]["median"] > best[0]):
-            best = (r["value"]["median"], p["M"], p["K"], p["N"])
+        if p.get("path") == "native" and (best is None or records.median(r) > best[0]):
+            best = (records.median(r), p["M"], p["K"], p["N"])
     facts = ch1.facts(rec_dir)
     probe = (facts or {}).get("peak", {}).get(("bf16", rec["settings"]["threads"]))
     if best is None or not probe:

@@ -17,7 +17,7 @@ def sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
     """A block-size sweep in numbers: the fastest value and its rate, how far below it the
     model's choice (``unknown`` where the record does not say it) and the slowest came.
     ``typed`` names the fractions the page also takes as numbers ("spread", "model_gap")."""
-    by = {p["params"][param]: p["value"]["median"] for p in pts}
+    by = {p["params"][param]: records.median(p) for p in pts}
     best, slowest = max(by, key=by.get), min(by, key=by.get)
     frac = {"spread": 1 - by[slowest] / by[best],
             "model_gap": 1 - by[chosen] / by[best] if chosen in by else None}
@@ -71,11 +71,11 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
              f"{p['params']['kc'] * width * 4 / 1024:.0f} KiB",
              f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
              f"{b_block(p['params']['kc']) / 2**20:.1f} MiB",
-             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+             figures.fmt(records.median(p), "Gop/s")] for p in pts]
     values = {"ch2.kc_n": str(n), "ch2.kc_c_mib": f"{n ** 2 * 4 / 1024**2:.0f} MiB",
               **sweep_values(pts, "kc", chosen, "ch2.kc", records.not_measured(rec, PREDATES_ROWS),
                              typed=("model_gap",))}
-    by = {p["params"]["kc"]: p["value"]["median"] for p in pts}
+    by = {p["params"]["kc"]: records.median(p) for p in pts}
     best = max(by, key=by.get)
     end = _l3_end(rec_dir)
     slow = chosen in by and by[chosen] < (1 - SLOW) * by[best]

@@ -52,8 +52,8 @@ def order_values(rec: dict, facts: dict | None = None) -> dict:
                           "ch2.has_order_model": True, "ch2.has_order_timing": False}
     values.update({
         "ch2.order_n": str(found[chosen]["params"]["n"]),
-        "ch2.order_chosen_gops": f(found[chosen]["value"]["median"], "Gop/s"),
-        "ch2.order_other_gops": f(found[other]["value"]["median"], "Gop/s"),
+        "ch2.order_chosen_gops": f(records.median(found[chosen]), "Gop/s"),
+        "ch2.order_other_gops": f(records.median(found[other]), "Gop/s"),
         "ch2.order_other_vs": compare.versus(found[other], found[chosen]),
         # typed: the signed-rank test's call on the other order (neither: within the noise)
         "ch2.order_other_faster": compare.difference(found[other], found[chosen]).sign > 0,

@@ -33,14 +33,14 @@ def same_product_values(rec: dict) -> dict:
     p = records.results(rec, "shape", impl="smallem", label=label)[0]["params"]
     M, N, K = p["M"], p["N"], p["K"]
     wall = records.results(rec, "phase", label=label, phase="wall")
-    whole = {r["params"]["b"]: r["value"]["median"] for r in records.results(rec, "whole_b")
+    whole = {r["params"]["b"]: records.median(r) for r in records.results(rec, "whole_b")
              if r["params"]["label"] == label}
     dtype = records.results(rec, "dtype", dtype="f32", M=M, K=K, N=N)
     runs = {"shape": ours,
-            "phase": (2.0 * M * N * K / 1e9 / (wall[0]["value"]["median"] / 1e3)
-                      if wall and wall[0]["value"]["median"] > 0 else None),
+            "phase": (2.0 * M * N * K / 1e9 / (records.median(wall[0]) / 1e3)
+                      if wall and records.median(wall[0]) > 0 else None),
             "whole": whole.get("whole"), "slices": whole.get("slices"),
-            "dtype": dtype[0]["value"]["median"] if dtype else None}
+            "dtype": records.median(dtype[0]) if dtype else None}
     got = [v for v in runs.values() if v]
     # the ladder's size n³ likewise: rung 5 in the ladder, the package's matmul in the sizes
     # sweep, the dtype table's f32 inputs
@@ -48,7 +48,7 @@ def same_product_values(rec: dict) -> dict:
 
     def one(kind, **kw):
         found = records.results(rec, kind, **kw)
-        return found[0]["value"]["median"] if found else None
+        return records.median(found[0]) if found else None
     cube = {"rung5": one("rung", rung=5, M=n), "sweep": one("sweep", impl="smallem", n=n),
             "dtype": one("dtype", dtype="f32", M=n, K=n, N=n)}
     have = [v for v in cube.values() if v]
@@ -91,7 +91,7 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
         if set(found) != {*PHASES, "wall"}:
             continue
         p = found["wall"]["params"]
-        ms = {k: r["value"]["median"] for k, r in found.items()}
+        ms = {k: records.median(r) for k, r in found.items()}
         busy = sum(ms[k] for k in PHASES)
         pct = {k: 100 * ms[k] / busy for k in PHASES}
         wait = pct["wait after packing B"] + pct["wait at the end"]
@@ -176,7 +176,8 @@ def blocking_verdict(gain: float) -> str:
 def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
     """What the hardware predicts for each rung on the ladder's n^3 product: rung index ->
     (Gop/s, the bound that sets it), from chapter 1's measurements (clock, one core's and all
-    cores' f32 peaks, each level's triad bandwidth and where its plateau ends) and the
+    cores' f32 peaks, each level's bandwidth, read-only where chapter 1 measured it, and where
+    its plateau ends) and the
     kernel's shape; {} without chapter 1's record. Each bound is the tightest of a few limits:
 
     - rung 0: the chain ``sum += a * b`` completes one FMA (2 operations) per FMA latency;
@@ -206,13 +207,14 @@ def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
                                  4 * n) >= n:
             level = lv
             break
-    lines = facts["triad_plateaus"][1][level] * 2 / 64
+    stream = ch1.read_stream(facts)  # B is only read: the read-only stream where measured
+    lines = facts[f"{stream}_plateaus"][1][level] * 2 / 64
     out[0] = ((chain, f"one FMA per {FMA_LATENCY} cycles (the chain)") if chain <= lines else
               (lines, f"a 64-byte line of B per FMA from {level}"))
     stores = 2 * vec * ghz
     ladder = s["blocks_ladder"]
     for i, swept in ((1, 4 * n * n), (2, 4 * ladder["kc"] * min(ladder["nc"], n))):
-        lv, bw = ch1.level_of(facts, swept, 1)
+        lv, bw = ch1.level_of(facts, swept, 1, stream)
         b_bound = bw * 2 / 4
         out[i] = ((b_bound, f"4 bytes of B per FMA from {lv}") if b_bound <= stores else
                   (stores, "one store of C per vector FMA"))
@@ -333,9 +335,10 @@ def _levels(rec: dict, rec_dir) -> dict:
         lv2 = reported(4 * b["kc"] * min(b["nc"], n))
         return {"ch2.rung1_level": reported(4 * n * n), "ch2.rung2_level": lv2,
                 "ch2.b_block_level": lv2, "ch2.l2_plateau_end": None}
-    lv1, _ = ch1.level_of(facts, 4 * n * n, 1)
-    lv2, _ = ch1.level_of(facts, 4 * b["kc"] * min(b["nc"], n), 1)
-    end = facts["triad_spans"][1]["L2"]["last"]
+    stream = ch1.read_stream(facts)  # B is only read (as :func:`predicted` charges it)
+    lv1, _ = ch1.level_of(facts, 4 * n * n, 1, stream)
+    lv2, _ = ch1.level_of(facts, 4 * b["kc"] * min(b["nc"], n), 1, stream)
+    end = facts[f"{stream}_spans"][1]["L2"]["last"]
     return {"ch2.rung1_level": lv1, "ch2.rung2_level": lv2, "ch2.b_block_level": lv2,
             "ch2.l2_plateau_end": compare.size(end / 1024)}
 
@@ -382,7 +385,7 @@ def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_on
                                               "ch2.one_core_vs", "ch2.one_core_gain",
                                               "ch2.numpy_thread_gain", "ch2.numpy_1t_gops")
                 } | {"ch2.one_core_gain_x": None}
-    one = found[0]["value"]["median"]
+    one = records.median(found[0])
     theirs = records.results(rec, "numpy", threads=1, M=n)[0]
     return {"ch2.one_core_gops": f(one, "Gop/s"),
             "ch2.one_core_vs_numpy": f"{100 * one / numpy_one:.1f} %",
@@ -459,7 +462,7 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     # The FMA probe timed between one size's samples: the product's share of it separates
     # a slow product from cores the host gave less of at the time.
     beside = records.results(rec, "peak_beside")[0]
-    s, probe = beside["params"]["n"], beside["value"]["median"]
+    s, probe = beside["params"]["n"], records.median(beside)
     values["ch2.beside_n"] = f"{s}³"
     values["ch2.beside_peak"] = f(probe, "Gop/s")
     values["ch2.beside_over_peak"] = probe / peak if peak else None  # the host gave this run more
@@ -600,7 +603,7 @@ def sweep_figure(rec: dict, peak: float, name: str = "ch2_sweep"):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("n (n×n times n×n, f32)")
     ax.set_ylabel("Gop/s")
-    top = max([peak] + [r["value"]["median"] for r in records.results(rec, "sweep")])
+    top = max([peak] + [records.median(r) for r in records.results(rec, "sweep")])
     ax.set_ylim(0, top * 1.1)
     ax.set_title(f"Size sweep, {rec['settings']['threads']} threads", fontsize=10)
     ax.grid(True, alpha=0.25)
@@ -674,11 +677,13 @@ def chapter1_links(rec: dict, rec_dir) -> dict:
     f = figures.fmt
     sm = ch1.facts(rec_dir)
     if sm is None:
-        return {"ch2.l3_core_bw": "n/a", "ch2.rung1_l3_bound": "n/a"}
+        return {"ch2.l3_core_bw": "n/a", "ch2.rung1_l3_bound": "n/a", "ch2.rung1_stream": None}
     n = rec["settings"]["n_ladder"]
-    _, l3 = ch1.level_of(sm, 4 * n * n, 1)  # the level that holds all of B (rung 1's)
+    stream = ch1.read_stream(sm)  # rung 1 only reads B; C's row stays in L1
+    _, l3 = ch1.level_of(sm, 4 * n * n, 1, stream)  # the level that holds all of B
     # rung 1 reads one 4-byte float of B from there per multiply-add (2 operations)
-    return {"ch2.l3_core_bw": f(l3, "GB/s"), "ch2.rung1_l3_bound": f(l3 * 2 / 4, "Gop/s")}
+    return {"ch2.l3_core_bw": f(l3, "GB/s"), "ch2.rung1_l3_bound": f(l3 * 2 / 4, "Gop/s"),
+            "ch2.rung1_stream": stream}
 
 
 
@@ -689,7 +694,7 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
     rows = [[f"{p['params']['l2_ways']}" + (" (model)" if p["params"]["mc"] == chosen else ""),
              f"{p['params']['mc']} × {p['params']['kc']}",
              f"{p['params']['mc'] * p['params']['kc'] * 4 / 1024:.0f} KiB",
-             figures.fmt(p["value"]["median"], "Gop/s")] for p in pts]
+             figures.fmt(records.median(p), "Gop/s")] for p in pts]
     th = pts[0]["params"]["threads"]
     rung = [r.index for r in LADDER if r.name == pts[0]["params"]["rung"]]
     values = {"ch2.mc_n": str(pts[0]["params"]["n"]),
@@ -709,9 +714,9 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict, int]:
     tiles = []
     for label, *_ in shape_pairs(rec):
         t = records.results(rec, "phase", label=label, phase="tiles")
-        if t and t[0]["value"]["median"] > 0:
+        if t and records.median(t[0]) > 0:
             q = t[0]["params"]
-            tiles.append(2.0 * q["M"] * q["N"] * q["K"] / 1e9 / (t[0]["value"]["median"] / 1e3))
+            tiles.append(2.0 * q["M"] * q["N"] * q["K"] / 1e9 / (records.median(t[0]) / 1e3))
     values["ch2.tiles_range"] = (f"{f(min(tiles))} to {f(max(tiles), 'Gop/s')}" if tiles
                                  else "n/a (no phase results in this record)")
     return rows, values, kc

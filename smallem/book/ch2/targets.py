@@ -67,7 +67,7 @@ def bf16_target(rec: dict) -> str:
         p = r["params"]
         bf16 = [b for q in BF16_PATHS if (b := _bf16_result(rec, q, p["M"], p["K"], p["N"]))]
         if bf16:  # a size timed in f32 only has nothing to compare
-            best = max(bf16, key=lambda b: b["value"]["median"])
+            best = max(bf16, key=lambda b: records.median(b))
             verdicts.append((f"{p['M']}x{p['K']}x{p['N']}",
                              compare.against(best, r, BF16_TARGET)))
     if not verdicts:
@@ -78,7 +78,7 @@ def bf16_target(rec: dict) -> str:
         f"furthest from the target, target {BF16_TARGET:g}")
     peaks = [records.results(rec, "peak", kind=k) for k in ("f32", "bf16")]
     if all(peaks):
-        ratio = peaks[1][0]["value"]["median"] / peaks[0][0]["value"]["median"]
+        ratio = records.median(peaks[1][0]) / records.median(peaks[0][0])
         line += f"; the bf16 dot probe runs at {ratio:.2f}x the f32 FMA probe on this CPU"
     return line
 

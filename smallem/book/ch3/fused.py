@@ -132,7 +132,7 @@ def roofline(rec, rec_dir, values):
     intensity = 2.0 * N * C * W / (4.0 * (N * C + C * W + N * W))
     product_flops = (s["flops_per_token"] - 12 * cfg["n_layer"] * C * s["seq_len"]) * N
     for rung in (AT["arena"], AT["bf16"]):
-        t = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=rung)
+        t = sum(records.median(r) for r in records.results(rec, "op_seconds", rung=rung)
                 if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
         if t:
             points.append((f"the step's products, rung {rung}", intensity,

@@ -41,7 +41,7 @@ def _profile(rec, rung: int) -> dict:
     out: dict = {}
     for r in records.results(rec, "op_seconds", rung=rung):
         group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
-        out[group] = out.get(group, 0.0) + r["value"]["median"]
+        out[group] = out.get(group, 0.0) + records.median(r)
     return out
 
 
@@ -73,15 +73,15 @@ def _predicted_from_products(rec_dir, th: int, fpt: float) -> dict[int, tuple[fl
         for i, name, params, who in ((AT["numpy"], "numpy", {"threads": th}, "numpy's"),
                                      (AT["kernels"], "rung", {"rung": LADDER["threads"].index},
                                       "our")):
-            found = [r["value"]["median"] for r in records.results(g, name, M=n, **params)]
+            found = [records.median(r) for r in records.results(g, name, M=n, **params)]
             # a bound is the best the product reached: numpy's in the ladder's rounds and in
             # the sizes table's; ours as the ladder's last rung, and as the package's matmul
             # (which the step calls) in the sizes table and as the f32 inputs of the bf16
             # table, each timed in a run of its own
             impl = "numpy" if i == AT["numpy"] else "smallem"
-            found += [r["value"]["median"] for r in records.results(g, "sweep", impl=impl, n=n)]
+            found += [records.median(r) for r in records.results(g, "sweep", impl=impl, n=n)]
             if i == AT["kernels"]:
-                found += [r["value"]["median"] for r in records.results(
+                found += [records.median(r) for r in records.results(
                     g, "dtype", dtype="f32", M=n, K=n, N=n)]
             if found:
                 out[i] = (max(found) * 1e9 / fpt,
@@ -100,7 +100,7 @@ def _dtype_ratios(g: dict, path: str, threads: int) -> dict[tuple, float]:
             continue
         b = _bf16_value(g, path, M, K, N)
         if b:
-            out[(M, K, N)] = b / r["value"]["median"]
+            out[(M, K, N)] = b / records.median(r)
     return out
 
 
@@ -163,7 +163,7 @@ def predicted(rec, rec_dir, toks: dict) -> dict[int, tuple[float, str]]:
             if t > 0:
                 out[i] = (1.0 / t, how)
 
-    fj = {r["params"]["kind"]: r["value"]["median"] for r in records.results(rec, "fork_join")
+    fj = {r["params"]["kind"]: records.median(r) for r in records.results(rec, "fork_join")
           if r["params"]["what"] in ("pool", "OpenMP")}
     regions = s.get("regions_per_step")
     if regions and {"pool", "openmp"} <= set(fj):
@@ -224,7 +224,7 @@ def modern_split(rec, rungs) -> dict | None:
     ns_meas = p7.get(MUON_GROUP, 0.0)
     if not ns_meas:
         return None
-    return {"ns_pred": equiv / rungs[AT["bf16"]]["value"]["median"], "ns_meas": ns_meas,
+    return {"ns_pred": equiv / records.median(rungs[AT["bf16"]]), "ns_meas": ns_meas,
             "rest_pred": sum(p6.values()), "rest_meas": sum(p7.values()) - ns_meas,
             "other6": p6.get("Python and the rest", 0.0),
             "other7": p7.get("Python and the rest", 0.0)}

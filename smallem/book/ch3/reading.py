@@ -77,7 +77,7 @@ def _step_table(rec, rec_dir, rungs, values):
             why = s.get("missing", {}).get(backend, "not measured")
             rows.append([name, "—", "—", "—", "—", f"not run: {why}"])
             continue
-        v = toks[backend] = r["value"]["median"]
+        v = toks[backend] = records.median(r)
         rows.append([name, f(v, "tokens/s"), f(v / s["threads"], "tokens/s"),
                      f(r["seconds"]["median"], "s"), f(v * fpt / 1e9, "GFLOP/s"),
                      _step_mfu(v, fpt, peaks, backend == "torch-bf16")])
@@ -146,7 +146,7 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     s = rec["settings"]
     fpt, th = s["flops_per_token"], s["threads"]
     peaks = _peaks(rec, rec_dir, th)
-    toks = {i: r["value"]["median"] for i, r in rungs.items()}
+    toks = {i: records.median(r) for i, r in rungs.items()}
     if "numpy" in step_toks:
         toks[AT["numpy"]] = step_toks["numpy"]
     pred = predicted(rec, rec_dir, toks)
@@ -175,7 +175,7 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
            f"({f(peaks['bf16'], 'Gop/s')}) probes on as many threads. "
            if peaks["f32"] and peaks["bf16"] else "") +
         f"{outcome_note()} {CELL_TEST} {figures.machine_line(rec)}.")
-    _climb_figure(toks, s, pred, {b: r["value"]["median"] for b, r in
+    _climb_figure(toks, s, pred, {b: records.median(r) for b, r in
                                   ((r["params"]["backend"], r) for r in records.results(rec, "step"))
                                   if b.startswith("torch")})
     # the headline: the fastest rung on the climb's own model (rung 7 trains another block
@@ -309,7 +309,7 @@ def _accumulated_values(rec, values):
                                      "accumulated steps)")
         return
     A, n = acc[7]["params"]["accumulate"], acc[7]["params"]["tokens"]
-    gpt2, modern = (f(acc[i]["value"]["median"], "tokens/s") for i in (AT["bf16"], AT["modern"]))
+    gpt2, modern = (f(records.median(acc[i]), "tokens/s") for i in (AT["bf16"], AT["modern"]))
     v = compare.against(acc[7], acc[6], 1 - MODERN_MARGIN)
     values["ch3.target_modern"] = v.text(
         f"{_pct(v.ratio)} of the GPT-2 bf16 step's speed at {f(n)} tokens per optimiser step, "
@@ -329,7 +329,7 @@ def _accumulated_values(rec, values):
     adamw = (prof6.get("AdamW + gradient norm", 0.0) / sum(prof6.values())) if prof6 else None
     values.update({
         "ch3.acc_micro": A, "ch3.acc_rounds": acc[AT["bf16"]]["value"]["n"],
-        "ch3.acc6_over_climb6": (acc[AT["bf16"]]["value"]["median"] / climb6["value"]["median"]
+        "ch3.acc6_over_climb6": (records.median(acc[AT["bf16"]]) / records.median(climb6)
                                  if climb6 else None),
         "ch3.acc6_adamw_share": adamw,
         "ch3.acc6_adamw_gain": 1 / (1 - adamw * (1 - 1 / A)) if adamw is not None else None})
@@ -346,7 +346,7 @@ def _bounds(rec, rec_dir, step_toks, values):
     prof = {}
     for r in records.results(rec, "op_seconds", rung=F32_TOP):
         group = OP_GROUPS.get(r["params"]["op"], "Python and the rest")
-        prof[group] = prof.get(group, 0.0) + r["value"]["median"]
+        prof[group] = prof.get(group, 0.0) + records.median(r)
     values["ch3.bf16_bound"] = None  # no profile of rung 5 or no peaks: the page leaves it out
     values["ch3.bf16_products_faster"] = False
     if prof and peaks["f32"] and peaks["bf16"]:
@@ -355,7 +355,7 @@ def _bounds(rec, rec_dir, step_toks, values):
         at = prof.get("attention", 0.0)
         bound = total / (mm / ratio + total - mm)
         with_attention = total / ((mm + at) / ratio + total - mm - at)
-        mm6 = sum(r["value"]["median"] for r in records.results(rec, "op_seconds", rung=AT["bf16"])
+        mm6 = sum(records.median(r) for r in records.results(rec, "op_seconds", rung=AT["bf16"])
                   if OP_GROUPS.get(r["params"]["op"]) == "matrix products (+ bias)")
         if mm6:  # the products' own gain from rung 5 to rung 6, in the two profiles
             values["ch3.bf16_products_faster"] = mm / mm6 > 1.0
@@ -510,7 +510,7 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
     values["ch3.causal_skipped"] = skipped
     peak = _peak(rec_dir, "f32", th)
     if F32_TOP in rungs and peak:
-        m = mfu(rungs[F32_TOP]["value"]["median"], fpt, peak)
+        m = mfu(records.median(rungs[F32_TOP]), fpt, peak)
         values["ch3.top_mfu_computed"] = m * (1 - skipped)
     values["ch3.top_mfu_known"] = F32_TOP in rungs and bool(peak)
     # bf16: where the prediction's ratio came from, and what the products gained
@@ -560,7 +560,7 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
 def _ops_table(rec, values, rungs=None):
     prof: dict = {}
     for r in records.results(rec, "op_seconds"):
-        prof.setdefault(r["params"]["rung"], {})[r["params"]["op"]] = r["value"]["median"]
+        prof.setdefault(r["params"]["rung"], {})[r["params"]["op"]] = records.median(r)
     if not prof:
         return
     groups = {}
@@ -649,9 +649,9 @@ def _fork_join_table(rec, values):
     for r in found:
         key = keys.get((r["params"]["what"], r["params"]["kind"]))
         if key:
-            values[f"ch3.fj_{key}"] = f(r["value"]["median"], "us")
+            values[f"ch3.fj_{key}"] = f(records.median(r), "us")
     for kind, r in bars.items():
-        values[f"ch3.barrier_{kind}"] = f(r["value"]["median"], "us")
+        values[f"ch3.barrier_{kind}"] = f(records.median(r), "us")
     by = {keys.get((r["params"]["what"], r["params"]["kind"])): r for r in found}
     if "pool" in by and "forever" in by:
         pool, forever = by["pool"]["value"], by["forever"]["value"]
@@ -663,14 +663,14 @@ def _fork_join_table(rec, values):
     # with one thread more than cores: the bounded pool against libgomp (a ratio of the
     # medians, typed: 7.7 is 7.7 times as slow)
     values["ch3.fj_over_pool_vs_openmp"] = (
-        by["over_pool"]["value"]["median"] / by["over_openmp"]["value"]["median"]
+        records.median(by["over_pool"]) / records.median(by["over_openmp"])
         if "over_pool" in by and "over_openmp" in by else None)
     if "pool" in by and "openmp" in by:  # what the pool is kept for, where it holds
-        values["ch3.fj_pool_faster"] = (by["pool"]["value"]["median"]
-                                        < by["openmp"]["value"]["median"])
+        values["ch3.fj_pool_faster"] = (records.median(by["pool"])
+                                        < records.median(by["openmp"]))
         values["ch3.barrier_pool_faster"] = ("pool" in bars and "openmp" in bars and
-                                             bars["pool"]["value"]["median"]
-                                             < bars["openmp"]["value"]["median"])
+                                             records.median(bars["pool"])
+                                             < records.median(bars["openmp"]))
 
 
 def _faster(base: float, x: float, close: float = 1.1) -> str:
@@ -745,7 +745,8 @@ STEP_KEYS = (
 RUN_KEYS = (
     "bf16_final_bpb", "bf16_steps", "bf16_tokens_per_s", "corpus_files", "corpus_mb",
     "corpus_sha", "modern_final_bpb", "modern_steps", "modern_tokens_per_s", "run_budget",
-    "run_common_s", "run_seconds", "run_winner", "s_final_bpb", "s_steps", "s_tokens_per_s",
+    "run_common_s", "run_long", "run_seconds", "run_short", "run_steps_s", "run_winner",
+    "s_final_bpb", "s_steps", "s_tokens_per_s",
 )
 
 
@@ -787,8 +788,8 @@ def report(rec_dir) -> dict:
         _long_attention_values(rec, values)
         if 3 in rungs and 4 in rungs:  # the section on tiles quotes its rung
             arena, tiles = rungs[AT["arena"]], rungs[AT["tiles"]]
-            values["ch3.matrices_toks"] = f(arena["value"]["median"], "tokens/s")
-            values["ch3.tiles_toks"] = f(tiles["value"]["median"], "tokens/s")
+            values["ch3.matrices_toks"] = f(records.median(arena), "tokens/s")
+            values["ch3.tiles_toks"] = f(records.median(tiles), "tokens/s")
             values["ch3.tiles_vs_matrices"] = compare.versus(tiles, arena)
             values["ch3.tiles_rounds"] = str(tiles["seconds"]["n"])
     if records.exists(RECORD_RUN, rec_dir):

@@ -26,6 +26,31 @@ def same_time_losses(runs: dict) -> tuple[float, dict]:
                     for name, pts in at_eval.items() if pts and pts[0][0] <= edge}
 
 
+def run_times(runs: dict, minutes: float) -> dict:
+    """How long each run trained (its steps' seconds, evaluations not counted) against the
+    budget, and why they differ: each run's step count is the budget over the median of a
+    few steps of a throwaway copy, so that median is about the budget over the count (a
+    little more: the count is rounded down), to set beside the run's own median step."""
+    took, probe, own = {}, {}, {}
+    for name, run in runs.items():
+        c = run["curve"]
+        if not c["seconds"]:
+            continue
+        took[name] = c["seconds"][-1]
+        probe[name] = 60 * minutes / run["total_steps"]
+        own[name] = float(np.median(np.diff([0.0] + c["seconds"])))
+    budget = 60 * minutes
+    return {
+        "ch3.run_seconds": compare.listing([f"{f(t, 's')} ({n})" for n, t in took.items()],
+                                           "not recorded"),
+        "ch3.run_steps_s": compare.listing(
+            [f"{f(probe[n], 's')} and {f(own[n], 's')} ({n})" for n in took], "not recorded"),
+        # typed: a run ended more than a tenth before (or after) the budget
+        "ch3.run_short": any(t < 0.9 * budget for t in took.values()),
+        "ch3.run_long": any(t > 1.1 * budget for t in took.values()),
+    }
+
+
 def run_figure_and_values(rec, values):
     s = rec["settings"]
     runs = s["runs"]
@@ -56,20 +81,17 @@ def run_figure_and_values(rec, values):
         a.legend(fontsize=8)
         a.grid(alpha=0.3)
     figures.save(fig, "ch3_loss")
-    final = {name: records.results(rec, "final_val_bpb", run=name)[0]["value"]["median"]
+    final = {name: records.median(records.results(rec, "final_val_bpb", run=name)[0])
              for name in runs}
     for name, prefix in (("f32", "s"), ("bf16", "bf16"), ("modern", "modern")):
         if name not in runs:
             continue
         values[f"ch3.{prefix}_final_bpb"] = f"{final[name]:.2f} bits per byte"
         values[f"ch3.{prefix}_steps"] = str(runs[name]["total_steps"])
-        values[f"ch3.{prefix}_tokens_per_s"] = f(records.results(
-            rec, "train_tokens_per_s", run=name)[0]["value"]["median"], "tokens/s")
+        values[f"ch3.{prefix}_tokens_per_s"] = f(records.median(records.results(
+            rec, "train_tokens_per_s", run=name)[0]), "tokens/s")
     values["ch3.run_budget"] = f(s["minutes"], "min")
-    took = {name: records.results(rec, "run_seconds", run=name) for name in runs}
-    values["ch3.run_seconds"] = compare.listing(
-        [f"{f(t[0]['value'] if not isinstance(t[0]['value'], dict) else t[0]['value']['median'], 's')}"
-         f" ({name})" for name, t in took.items() if t], "not recorded")
+    values.update(run_times(runs, s["minutes"]))
     common, same = same_time_losses(runs)
     values["ch3.run_common_s"] = f(common, "s")
     best = min(same, key=same.get)

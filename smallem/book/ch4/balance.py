@@ -23,7 +23,7 @@ def top_rung(rec) -> int | None:
     rungs = [i for i, _ in rec["settings"]["ladder"]["rungs"]]
     timed = {i: r for i in rungs if i >= AT["int8"] and (r := _one(rec, "decode", rung=i))}
     if timed:
-        return max(timed, key=lambda i: timed[i]["value"]["median"])
+        return max(timed, key=lambda i: records.median(timed[i]))
     return max(rungs) if rungs else None
 
 
@@ -36,7 +36,7 @@ def _gpu_cell(rec_dir, chapter: str) -> str:
         return records.NOT_ON_GPU
     found = (records.results(rec, "gpu_step", block="gpt2") if chapter == "ch3" else
              records.results(rec, "gpu_decode", dtype="int8", dp4a="auto", graph=True))
-    return f(found[0]["value"]["median"], "tokens/s") if found else records.NOT_ON_GPU
+    return f(records.median(found[0]), "tokens/s") if found else records.NOT_ON_GPU
 
 
 def balance(rec_dir):
@@ -45,8 +45,8 @@ def balance(rec_dir):
     steps = (records.results(records.load("ch3.train_step", rec_dir), "rung_step")
              if records.exists("ch3.train_step", rec_dir) else [])
     if steps:  # none in a record that predates chapter 3's climb
-        best = max(steps, key=lambda r: r["value"]["median"])
-        rows.append(["train, xl step", f(best["value"]["median"], "tokens/s"),
+        best = max(steps, key=records.median)
+        rows.append(["train, xl step", f(records.median(best), "tokens/s"),
                      f"{reference.CH3_XL_STEP_BEFORE_TOKS} → {f(reference.CH3_XL_STEP_AFTER_TOKS)} tokens/s",
                      f"— (given as {100 * reference.CH3_XL_MFU_GPU:.0f} % of its peak, not in tokens/s)",
                      _gpu_cell(rec_dir, "ch3")])
@@ -57,7 +57,7 @@ def balance(rec_dir):
         if r:
             rows.append([f"generate, one sequence ({rec['settings']['ladder']['config']['name']}, "
                          f"rung {top}, the fastest)",
-                         f(r["value"]["median"], "tokens/s"),
+                         f(records.median(r), "tokens/s"),
                          f"{reference.CH4_GEN_BEFORE_TOKS} → {f(reference.CH4_GEN_AFTER_TOKS)} tokens/s",
                          f(reference.CH4_GEN_GPU_TOKS, "tokens/s"), _gpu_cell(rec_dir, "ch4")])
     head = ["", "ours, this machine", f"reference CPU ({reference.CORES} cores)", "reference GPU",

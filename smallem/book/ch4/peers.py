@@ -3,7 +3,7 @@ bound, as the rungs'), llama.cpp, PyTorch; and the note for two rows that print 
 
 from __future__ import annotations
 
-from .. import compare, figures, reference
+from .. import compare, figures, records, reference
 from .balance import _one
 from .levels import _kv_bytes, holding
 
@@ -36,7 +36,7 @@ def peer_rows(rec, facts=None, s=None) -> list[list[str]]:
         h = holding(facts, data, th) if facts and data else None
         bound = "—"
         if h and not h["gap_bw"]:
-            share = r32["value"]["median"] * data / h["bw"]
+            share = records.median(r32) * data / h["bw"]
             bound = (f"{f(h['bw'] / data, 'tokens/s')}: {100 * share:.0f} % of it "
                      f"({compare.size(data / 1024)} in the {h['level']} on "
                      f"{figures.plural(th, 'thread')}"
@@ -44,20 +44,22 @@ def peer_rows(rec, facts=None, s=None) -> list[list[str]]:
                         else "") + ")")
         rows.append(["", "f32 with rung 4's threads (for comparison; its prompt through the f32 "
                      "tiles in blocks of rows, as rung 2's tokens, not through the GEMM)",
-                     f(r32["value"]["median"], "tokens/s"), "—",
+                     f(records.median(r32), "tokens/s"), "—",
                      compare.size(wb / 1024), bound,
-                     f(_one(rec, "prefill", case="f32-threads")["value"]["median"], "tokens/s"), "—"])
+                     f(records.median(_one(rec, "prefill", case="f32-threads")), "tokens/s"),
+                     "—"])
     for dtype, label in (("q8_0", "llama.cpp, Q8_0"), ("f32", "llama.cpp, f32")):
         tg, pp = _one(rec, "llama_tg", dtype=dtype), _one(rec, "llama_pp", dtype=dtype)
         if tg:
             rows.append(["peer", f"{label} (same file, same threads, same rounds)",
-                         f(tg["value"]["median"], "tokens/s"), "—", "—", "—",
-                         f(pp["value"]["median"], "tokens/s") if pp else "—", "—"])
+                         f(records.median(tg), "tokens/s"), "—", "—", "—",
+                         f(records.median(pp), "tokens/s") if pp else "—", "—"])
     for kind, label in (("torch-f32", "PyTorch eager, f32, KV cache"),
                         ("torch-int8", "PyTorch eager, dynamic int8 (quantize_dynamic)")):
         t = _one(rec, "decode", case=kind)
         if t:
-            rows.append(["peer", label, f(t["value"]["median"], "tokens/s"), "—", "—", "—", "—", "—"])
+            rows.append(["peer", label, f(records.median(t), "tokens/s"),
+                         "—", "—", "—", "—", "—"])
     rows.append(["ref.", f"the reference series, one sequence ({reference.CITE}, "
                  f"{reference.MACHINE})", f"{reference.CH4_GEN_BEFORE_TOKS} → "
                  f"{f(reference.CH4_GEN_AFTER_TOKS)} tokens/s", "—", "—", "—", "—", "—"])

@@ -79,7 +79,7 @@ def _prompt_bound(facts, p, rung: int, weights: int):
 
 
 def _ratio(a, b) -> float:
-    return a["value"]["median"] / b["value"]["median"] if a and b else math.nan
+    return records.median(a) / records.median(b) if a and b else math.nan
 
 
 def _ladder(rec, facts, values):
@@ -124,7 +124,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
         th = r["params"].get("threads", rec["settings"]["threads"])
         data = wb + _kv_bytes(s, s["decode_tokens"]) if wb else None
         h = holding(facts, data, th) if data else None
-        share = r["value"]["median"] * data / h["bw"] if h else math.nan
+        share = records.median(r) * data / h["bw"] if h else math.nan
         pp = _prompt_bound(facts, p, i, weights)
         bound_cell = "—"
         if i == AT["no_cache"] and facts is not None and weights:
@@ -132,13 +132,13 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
             prefix = s["prompt"] + s["rung0_tokens"] / 2
             peak = facts["peak"][("f32", facts["cores"])]
             bound = peak * 1e9 / (2 * weights * prefix)
-            share = r["value"]["median"] / bound
+            share = records.median(r) / bound
             values["ch4.rung0_prefix"] = round(prefix)
             wb = 4 * weights  # one forward over the prefix reads each f32 weight once
             bound_cell = f"{f(bound, 'tokens/s')}: {100 * share:.0f} % of it (the prefix at the f32 peak)"
         elif h and h["gap_bw"]:
             # past the cache's last measured point, short of DRAM's first: against both
-            gap_share = r["value"]["median"] * data / h["gap_bw"]
+            gap_share = records.median(r) * data / h["gap_bw"]
             bound_cell = (f"{f(h['bw'] / data, 'tokens/s')} from the {h['level']}, "
                           f"{f(h['gap_bw'] / data, 'tokens/s')} from DRAM: {100 * share:.0f} % "
                           f"and {100 * gap_share:.0f} % of them ({compare.size(data / 1024)}, "
@@ -156,22 +156,22 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                           f"({compare.size(data / 1024)} in {where})")
             if share > 1 + NOISE:
                 above.append((share, i, h["level"], data, h["size"]))
-            _l3_miss(facts, h, i, th, data, r["value"]["median"] * data, drawn, values)
+            _l3_miss(facts, h, i, th, data, records.median(r) * data, drawn, values)
         if h and data:
-            drawn[data, th] = max(drawn.get((data, th), 0), r["value"]["median"] * data)
+            drawn[data, th] = max(drawn.get((data, th), 0), records.median(r) * data)
         if i == AT["prompt_path"] and p and p["params"].get("prefill_path") in PATHS:
             # the record's label names two paths; the page's, the one this prompt took
             what = f"prompt path chosen by measurement: {PATHS[p['params']['prefill_path']]} here"
-        rows.append([str(i), what, f(r["value"]["median"], "tokens/s"),
+        rows.append([str(i), what, f(records.median(r), "tokens/s"),
                      _versus(r, prev) if prev else "—",
                      compare.size(wb / 1024) if wb else "—", bound_cell,
-                     f(p["value"]["median"], "tokens/s") if p else "—",
+                     f(records.median(p), "tokens/s") if p else "—",
                      f"{f(pp[0], 'tokens/s')} ({pp[1]}): {100 * p['value']['median'] / pp[0]:.0f} %"
                      if pp else "—"])
         if pp and i == AT["prompt_path"]:  # the path rung 5 took, which the page discusses
-            values[f"ch4.rung{i}_prompt_of_bound"] = p["value"]["median"] / pp[0]
+            values[f"ch4.rung{i}_prompt_of_bound"] = records.median(p) / pp[0]
         prev = r
-        values[f"ch4.rung{i}_toks"] = f(r["value"]["median"], "tokens/s")
+        values[f"ch4.rung{i}_toks"] = f(records.median(r), "tokens/s")
     # the decode furthest above its bound, for the sentence that says which assumption failed
     top = max(above) if above else None
     values["ch4.above_rung"] = top[1] if top else None
@@ -202,7 +202,7 @@ def _l3_miss(facts, h, i, th, data, gbs, drawn, values) -> None:
 def _versus(r, base) -> str:
     """:func:`compare.versus`, a factor where the rate more than doubled ("18.8×", not
     "1779.1 % faster")."""
-    x = r["value"]["median"] / base["value"]["median"]
+    x = records.median(r) / records.median(base)
     if x < 2:
         return compare.versus(r, base)
     d = compare.difference(r, base)
@@ -259,14 +259,14 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
     r32, l32 = _one(rec, "decode", case="f32-threads"), _one(rec, "llama_tg", dtype="f32")
     if r32 and l32:  # our f32 decode against llama.cpp's, same threads, same rounds
         d = compare.difference(r32, l32)
-        values["ch4.f32_vs_llama"] = r32["value"]["median"] / l32["value"]["median"]
+        values["ch4.f32_vs_llama"] = records.median(r32) / records.median(l32)
         values["ch4.f32_vs_llama_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0
         values["ch4.f32_vs_llama_text"] = compare.versus(r32, l32)
     t = top_rung(rec)
     r0, top = _one(rec, "decode", rung=AT["no_cache"]), _one(rec, "decode", rung=t)
     last = max(i for i, _ in s["rungs"])
     values["ch4.top_rung"], values["ch4.last_rung"] = t, last
-    values["ch4.top_toks"] = top["value"]["median"] if top else None
+    values["ch4.top_toks"] = records.median(top) if top else None
     rl = _one(rec, "decode", rung=last)
     values["ch4.last_vs_top"] = compare.versus(rl, top) if top and rl and last != t else None
     if r0 and top:
@@ -364,7 +364,7 @@ def _targets(rec, values, rec_dir=None):
     # the prompt: the fastest prompt of the int8 rungs (rung 5's measured path, as a rule)
     pps = {i: p for i, _ in rec["settings"]["ladder"]["rungs"]
            if i >= AT["int8"] and (p := _one(rec, "prefill", rung=i))}
-    pr = max(pps, key=lambda i: pps[i]["value"]["median"]) if pps else top
+    pr = max(pps, key=lambda i: records.median(pps[i])) if pps else top
     values["ch4.pp_rung"] = pr if pps else None
     pp, lpp = _one(rec, "prefill", rung=pr), _one(rec, "llama_pp", dtype="q8_0")
     if pp and lpp:
@@ -413,7 +413,7 @@ def _study_figure(rec, facts, widths, by, lla):
     style = {"int8": ("tab:blue", "int8, all cores"), "f32": ("tab:red", "f32, all cores"),
              "int8-1": ("tab:cyan", "int8, one core")}
     for kind, (color, label) in style.items():
-        y = [by[d, kind]["value"]["median"] for d in widths]
+        y = [records.median(by[d, kind]) for d in widths]
         ax.plot(params, y, "o-", color=color, label=label)
         bound = []
         for d in widths:
@@ -424,7 +424,7 @@ def _study_figure(rec, facts, widths, by, lla):
             ax.plot(params, bound, ":", color=color, lw=1, label=f"{label.split(',')[0]}: weight "
                     "bytes ÷ bandwidth of their level")
     if lla:
-        ax.plot(params, [lla[d]["value"]["median"] if d in lla else np.nan for d in widths], "s--",
+        ax.plot(params, [records.median(lla[d]) if d in lla else np.nan for d in widths], "s--",
                 color="tab:green", label="llama.cpp Q8_0, all cores")
     th = rec["settings"]["threads"]
     # where the measured plateaus end (chapter 1's staircase at these threads), in bytes
@@ -499,7 +499,7 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
     values["ch4.big_int8_mib"] = compare.size(b8["params"]["weight_bytes"] / 1024)
     values["ch4.big_int8_vs_f32"] = x
     level, bw = bandwidth_bound(facts, b8["params"]["weight_bytes"], b8["params"]["threads"])
-    gbs = b8["value"]["median"] * b8["params"]["weight_bytes"]
+    gbs = records.median(b8) * b8["params"]["weight_bytes"]
     values["ch4.big_level"] = level if facts else None
     values["ch4.big_gbs"] = gbs / 1e9
     values["ch4.big_bw"] = bw / 1e9 if bw == bw else None
@@ -536,8 +536,8 @@ def _study_small(rec, facts, small, by, values) -> None:
     of the regions that go to the team, and the prediction from both."""
     s1, s2 = by[small, "int8-1"], by[small, "int8"]
     values["ch4.small_params"] = f(s1["params"]["params"] / 1e6, "M parameters")
-    values["ch4.small_one_core"] = f(s1["value"]["median"], "tokens/s")
-    values["ch4.small_all_cores"] = f(s2["value"]["median"], "tokens/s")
+    values["ch4.small_one_core"] = f(records.median(s1), "tokens/s")
+    values["ch4.small_all_cores"] = f(records.median(s2), "tokens/s")
     values["ch4.small_all_vs_one"] = compare.versus(s2, s1)
     values["ch4.small_differs"] = compare.difference(s2, s1).sign != 0
     largest, par_min = _small_regions(rec, small, s2)
@@ -546,13 +546,13 @@ def _study_small(rec, facts, small, by, values) -> None:
     values["ch4.small_par_min_kib"] = par_min / 1024 if par_min is not None else None
     values["ch4.small_teamed"] = teamed
     fj = _one(rec, "fork_join", kind="pool")
-    values["ch4.fork_join_us"] = 1e6 * fj["value"]["median"] if fj else None
+    values["ch4.fork_join_us"] = 1e6 * records.median(fj) if fj else None
     values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     if fj:
         L = rec["settings"]["study"]["layers"]
-        per = (5 * L + 1) * fj["value"]["median"]
+        per = (5 * L + 1) * records.median(fj)
         values["ch4.regions"] = 5 * L + 1
-        values["ch4.sync_share"] = per * s2["value"]["median"]
+        values["ch4.sync_share"] = per * records.median(s2)
         # all cores: one core's fixed cost per token (its measured time less its bytes at
         # their level's bandwidth: Python, the call, the sampling), plus the regions'
         # fork-joins, plus the bytes at the bandwidth of all cores
@@ -562,10 +562,10 @@ def _study_small(rec, facts, small, by, values) -> None:
         # fit a core's L2 plateau, as the figure's bound holds them on all cores)
         h1 = core_holding(facts, s1["params"]["weight_bytes"])
         bw1 = h1["bw"] if h1 else math.nan
-        fixed = 1.0 / s1["value"]["median"] - s1["params"]["weight_bytes"] / bw1
+        fixed = 1.0 / records.median(s1) - s1["params"]["weight_bytes"] / bw1
         ok = fixed == fixed and fixed > 0
         values["ch4.small_fixed_us"] = 1e6 * fixed if ok else None
-        values["ch4.small_token_us"] = 1e6 / s1["value"]["median"]
+        values["ch4.small_token_us"] = 1e6 / records.median(s1)
         values["ch4.small_int8_mib"] = s1["params"]["weight_bytes"] / 2**20
         values["ch4.small_fixed_level"] = h1["level"] if h1 else None
         values["ch4.small_fixed_gbs"] = bw1 / 1e9 if h1 else None
@@ -575,7 +575,7 @@ def _study_small(rec, facts, small, by, values) -> None:
         # does the one-core decoder's work, and its "prediction" would be that measurement
         pred = 1.0 / (fixed + per + wb / bw) if teamed and ok and bw == bw else None
         values["ch4.small_predicted"] = pred
-        values["ch4.small_of_predicted"] = s2["value"]["median"] / pred if pred else None
+        values["ch4.small_of_predicted"] = records.median(s2) / pred if pred else None
 
 
 def _block_products(cfg) -> list[int]:
@@ -599,7 +599,7 @@ def _small_regions(rec, d: int, r) -> tuple[int, int | None]:
 
 
 def _quality(rec, values):
-    f32, q8 = (_one(rec, "val_bpb", dtype=d)["value"]["median"] for d in ("f32", "int8"))
+    f32, q8 = (records.median(_one(rec, "val_bpb", dtype=d)) for d in ("f32", "int8"))
     change = q8 / f32 - 1
     values.update({"ch4.bpb_f32": f(f32, "bits/byte"), "ch4.bpb_int8": f(q8, "bits/byte"),
                    "ch4.bpb_change": f"{100 * change:+.2f} %",
@@ -631,12 +631,12 @@ def _quality(rec, values):
     # a prompt whose outputs differ early yet hold the same byte at most later positions:
     # the one where equal bytes exceed those before the first difference the most
     tokens = rec["settings"]["greedy_tokens"]
-    rejoin = max(((round(r["value"]["median"] * tokens) - r["params"]["first_difference"], r)
+    rejoin = max(((round(records.median(r) * tokens) - r["params"]["first_difference"], r)
                   for r in agree), key=lambda t: t[0], default=(0, None))
     rj = rejoin[1] if rejoin[0] > tokens // 10 else None
     values["ch4.q_rejoin_prompt"] = repr(rec["settings"]["prompts"][rj["params"]["prompt"]]) if rj else None
     values["ch4.q_rejoin_first"] = rj["params"]["first_difference"] if rj else None
-    values["ch4.q_rejoin_equal"] = round(rj["value"]["median"] * tokens) if rj else None
+    values["ch4.q_rejoin_equal"] = round(records.median(rj) * tokens) if rj else None
     sample = rec["settings"].get("sample", "")
     (figures.tables_dir() / "ch4_sample.md").write_text("~~~text\n" + sample.replace("~~~", "~ ~ ~")
                                                         + "\n~~~\n")

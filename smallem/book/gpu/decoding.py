@@ -166,10 +166,10 @@ def decode_rows(rec: dict | None, rec_dir) -> list[list]:
     for dtype, label in (("f32", "decode, f32 weights"), ("int8", "decode, int8 weights")):
         g = _one(rec, "gpu_decode", dtype=dtype, dp4a="auto" if dtype == "int8" else False,
                  graph=True)
-        here = (f(cpu["value"]["median"], "tokens/s") + f" (rung {cpu['params']['rung']})"
+        here = (f(records.median(cpu), "tokens/s") + f" (rung {cpu['params']['rung']})"
                 if cpu else "no chapter 4 record on this machine")
         rows.append([label, here if dtype == "int8" else "—",
-                     f(g["value"]["median"], "tokens/s") if g else NOT_MEASURED])
+                     f(records.median(g), "tokens/s") if g else NOT_MEASURED])
     ng, gr = (_one(rec, "gpu_decode", dtype="f32", dp4a=False, graph=x) for x in (False, True))
     rows.append(["the token step as one CUDA graph, over launch by launch", "—",
                  f"{gr['value']['median'] / ng['value']['median']:.2f}x" if ng and gr else NOT_MEASURED])
@@ -186,8 +186,8 @@ def crossover(rec: dict | None) -> int | None:
     """The widest layer at which dp4a is still ahead (None: never, or not measured)."""
     rows = records.results(rec, "int8_product") if rec else []
     ahead = [w for w in sorted({r["params"]["width"] for r in rows})
-             if _one(rec, "int8_product", width=w, dp4a=True)["value"]["median"]
-             > _one(rec, "int8_product", width=w, dp4a=False)["value"]["median"]]
+             if records.median(_one(rec, "int8_product", width=w, dp4a=True))
+             > records.median(_one(rec, "int8_product", width=w, dp4a=False))]
     return max(ahead) if ahead else None
 
 

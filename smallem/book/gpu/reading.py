@@ -39,9 +39,9 @@ def l2_plateau(rec: dict) -> tuple[float, float]:
     """(L2 read GB/s, HBM read GB/s): medians over sets well inside / far outside L2."""
     l2 = rec["machine"].get("gpu", {}).get("l2_bytes") or 50 * MiB
     pts = records.results(rec, "read")
-    inside = [p["value"]["median"] for p in pts if 2 * MiB <= p["params"]["bytes"] <= l2 // 4]
-    outside = [p["value"]["median"] for p in pts if p["params"]["bytes"] >= 8 * l2]
-    inside = inside or [p["value"]["median"] for p in pts if p["params"]["bytes"] <= l2 // 2]
+    inside = [records.median(p) for p in pts if 2 * MiB <= p["params"]["bytes"] <= l2 // 4]
+    outside = [records.median(p) for p in pts if p["params"]["bytes"] >= 8 * l2]
+    inside = inside or [records.median(p) for p in pts if p["params"]["bytes"] <= l2 // 2]
     med = lambda v: float(np.median(v)) if v else float("nan")
     return med(inside), med(outside)
 
@@ -52,7 +52,7 @@ def _best_cublas(rec: dict, dtype: str) -> float:
 
 def _best_cublas_at(rec: dict, dtype: str) -> tuple[float, int | None]:
     """(cuBLAS's fastest rate in ``dtype`` over the sizes the record ran, that size n)."""
-    runs = [(r["value"]["median"], r["params"].get("n"))
+    runs = [(records.median(r), r["params"].get("n"))
             for r in records.results(rec, "cublas", dtype=dtype)]
     return max(runs, key=lambda x: x[0]) if runs else (float("nan"), None)
 
@@ -60,7 +60,7 @@ def _best_cublas_at(rec: dict, dtype: str) -> tuple[float, int | None]:
 def _wgmma(rec: dict) -> float | None:
     """The wgmma probe's rate, where the record has one (compute capability 9.0)."""
     found = records.results(rec, "wgmma_peak")
-    return found[0]["value"]["median"] if found else None
+    return records.median(found[0]) if found else None
 
 
 def tensor_peak(rec: dict) -> float:
@@ -99,7 +99,7 @@ GEMM_HEADER = ["rung", "kernel", "inputs", "Gop/s", "% of cuBLAS (same inputs)",
 def stair_rows(rec: dict | None) -> list[list]:
     if rec is None:
         return [[NOT_MEASURED, "-"]]
-    return [[_bytes(p["params"]["bytes"]), figures.fmt(p["value"]["median"])]
+    return [[_bytes(p["params"]["bytes"]), figures.fmt(records.median(p))]
             for p in records.results(rec, "read")]
 
 
@@ -124,7 +124,7 @@ def gemm_rows(rec: dict | None) -> list[list]:
     for r in records.results(rec, "gemm"):
         p = r["params"]
         ref = records.value(rec, "cublas", dtype=p["dtype"], n=n)
-        rows.append([p["number"], p["rung"], p["dtype"], figures.fmt(r["value"]["median"]),
+        rows.append([p["number"], p["rung"], p["dtype"], figures.fmt(records.median(r)),
                      f"{100 * r['value']['median'] / ref:.0f} %", _err(p['max_rel_err']),
                      _err(p['max_rel_err_f64'])])
     for dt in ("f32", "bf16"):
@@ -147,7 +147,7 @@ def staircase_figure(rec: dict, name: str = "gpu_staircase"):
     import matplotlib.pyplot as plt
     pts = records.results(rec, "read")
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([p["params"]["bytes"] for p in pts], [p["value"]["median"] for p in pts], marker=".",
+    ax.plot([p["params"]["bytes"] for p in pts], [records.median(p) for p in pts], marker=".",
             label="read (ld.global.cg)")
     l2 = rec["machine"]["gpu"].get("l2_bytes")
     if l2:
@@ -206,7 +206,7 @@ def gemm_figure(rec: dict, name: str = "gpu_gemm"):
     n = rec["settings"]["ladder_n"]
     rows = records.results(rec, "gemm")
     labels = [f"{r['params']['number']} {r['params']['rung']}" for r in rows]
-    vals = [r["value"]["median"] for r in rows]
+    vals = [records.median(r) for r in rows]
     fig, ax = plt.subplots(figsize=(7.5, 4))
     ax.bar(labels, vals, color=["#2a9d8f" if r["params"]["dtype"] == "f32" else "#e76f51"
                                 for r in rows])
@@ -330,8 +330,8 @@ def gemm_values(rec: dict | None) -> dict:
         top = max(mine, key=lambda r: r["params"]["number"]) if mine else None
         ref = records.value(rec, "cublas", dtype=dt, n=n)
         out[f"gpu.top_{dt}_rung"] = top["params"]["rung"] if top else None
-        out[f"gpu.top_{dt}"] = top["value"]["median"] if top else None
-        out[f"gpu.top_{dt}_of_cublas"] = top["value"]["median"] / ref if top else None
+        out[f"gpu.top_{dt}"] = records.median(top) if top else None
+        out[f"gpu.top_{dt}_of_cublas"] = records.median(top) / ref if top else None
     # cuBLAS's bf16 at the ladder's size and at the sweep's largest: a rate depends on n
     big = max((r["params"]["n"] for r in records.results(rec, "cublas", dtype="bf16")),
               default=None)

@@ -133,7 +133,8 @@ def measure_products(rec, s: dict) -> str:
         t = gpu_measure(fn, repeats=s["rounds"], warmup=2)
         rec.add("step_product", "Gop/s", t.rate(2.0 * M * N * K / 1e9),
                 seconds={**t.stats(), "samples": t.seconds}, impl=name, m=M, n=N, k=K)
-    rate = {r["params"]["impl"]: r["value"]["median"] for r in records.results(rec.data, "step_product")}
+    rate = {r["params"]["impl"]: records.median(r)
+            for r in records.results(rec.data, "step_product")}
     return "ours" if rate["ours_f32"] > rate["cublas_f32"] else "cublas"
 
 
@@ -165,7 +166,7 @@ def _cpu_steps(rec_dir) -> dict:
     out = {}
     for r in steps:
         key = "modern" if "modern" in str(r["params"].get("config", "")) else "gpt2"
-        if key not in out or r["value"]["median"] > out[key]["value"]["median"]:
+        if key not in out or records.median(r) > records.median(out[key]):
             out[key] = r
     return out
 
@@ -183,7 +184,7 @@ def train_rows(rec: dict | None, rec_dir) -> list[list]:
                     f"{g['params']['batch']} x {g['params']['seq']})" if g else NOT_MEASURED)
         rows.append([label, cpu_cell, gpu_cell])
     m = records.results(rec, "loss_match") if rec else []
-    worst = max(m, key=lambda r: r["value"]["median"]) if m else None
+    worst = max(m, key=records.median) if m else None
     rows.append(["losses against the CPU's, same batches",
                  "the reference", f"{worst['value']['median']:.1e} at most over "
                  f"{worst['params']['steps']} steps" if worst else NOT_MEASURED])
@@ -200,12 +201,12 @@ def train_values(rec: dict | None) -> dict:
         return {"gpu.ch3_measured": False, "gpu.ch3_line": NOT_MEASURED,
                 "gpu.ch3_products": NOT_MEASURED, "gpu.ch3_losses": NOT_MEASURED}
     from .reading import gpu_line
-    prods = {r["params"]["impl"]: r["value"]["median"]
+    prods = {r["params"]["impl"]: records.median(r)
              for r in records.results(rec, "step_product")}
     steps = records.results(rec, "gpu_step")
     used = steps[0]["params"]["products"] if steps else "cublas"
     m = records.results(rec, "loss_match")
-    ok = all(r["value"]["median"] <= LOSS_RTOL for r in m)
+    ok = all(records.median(r) <= LOSS_RTOL for r in m)
     f = figures.fmt
     return {"gpu.ch3_measured": True, "gpu.ch3_line": gpu_line(rec),
             "gpu.ch3_products": (f"{'our kernels' if used == 'ours' else 'cuBLAS'}, the faster at the "
@@ -221,7 +222,7 @@ def _losses_text(m: list, rec: dict) -> str:
     """"equal to rounding" where every step's loss is within LOSS_RTOL of the CPU's."""
     if not m:
         return records.not_measured(rec, "no loss comparison in the record")
-    worst = max(r["value"]["median"] for r in m)
+    worst = max(records.median(r) for r in m)
     steps = min(r["params"]["steps"] for r in m)
     return (("equal to rounding" if worst <= LOSS_RTOL else "not equal to rounding")
             + figures.note(f"the largest relative difference of a step's loss over {steps} "

@@ -222,7 +222,7 @@ def _ch3_numbers(rec_dir: Path, facts: dict) -> dict:
         from ..ch3.reading import AT
         step = records.results(rec, "rung_step", rung=AT["arena"])
         if step and "flops_per_token" in rec["settings"]:
-            toks = step[0]["value"]["median"]
+            toks = records.median(step[0])
             peak = {t: v for (k, t), v in facts["peak"].items() if k == "f32"}
             p = peak.get(rec["settings"]["threads"], peak[max(peak)])
             out["step_toks"], out["step_peak"] = toks, p
@@ -256,7 +256,7 @@ def _ch4_numbers(rec_dir: Path, facts: dict, values: dict | None = None) -> dict
             r, s = found[0], rec["settings"]["ladder"]
             data = r["params"]["weight_bytes"] + ch4r._kv_bytes(s, s["decode_tokens"])
             h = ch4r.holding(facts, data, r["params"].get("threads", rec["settings"]["threads"]))
-            toks = r["value"]["median"]
+            toks = records.median(r)
             out.update({"gen_top": toks, "gen_rung": rung, "gen_read_gbs": h["bw"] / 1e9,
                         "gen_level": h["level"], "gen_share": toks * data / h["bw"]})
     return out
@@ -273,7 +273,7 @@ def _others_numbers(rec_dir: Path) -> dict:
             found = records.results(rec, "decode", model=shape, type=qtype)
             if found:
                 slug = f"{shape.split('-')[0].replace('.', '')}_{qtype.lower()}"
-                out[f"others_{slug}"] = found[0]["value"]["median"]
+                out[f"others_{slug}"] = records.median(found[0])
     return out
 
 
@@ -388,9 +388,9 @@ def gpu_column(rec_dirs: list[Path]) -> dict | None:
         out = {"_header": f"GPU: {gpu.get('name', 'GPU')}", "_commit": rec.get("commit", "?")[:7],
                "_name": gpu.get("name", "GPU")}
         out["machines.f32_all"] = f(records.value(rec, "fma_peak", kind="f32"), "Gop/s")
-        bf16 = [(r["value"]["median"], "tensor-core probe")
+        bf16 = [(records.median(r), "tensor-core probe")
                 for r in records.results(rec, "mma_peak")]
-        bf16 += [(r["value"]["median"], f"cuBLAS, n = {r['params']['n']}")
+        bf16 += [(records.median(r), f"cuBLAS, n = {r['params']['n']}")
                  for r in records.results(rec, "cublas") if r["params"].get("dtype") == "bf16"]
         if bf16:
             v, how = max(bf16)

@@ -107,7 +107,7 @@ def report(rec_dir=None) -> dict:
     rows = []
     for r in (one, many):
         rows.append([r["params"]["case"], str(r["params"]["ranks"]), str(r["params"]["threads"]),
-                     f(r["value"]["median"], "tokens/s"),
+                     f(records.median(r), "tokens/s"),
                      f"{f(r['value']['min'])} to {f(r['value']['max'])}"])
     figures.write_table("mpi_throughput", rows,
                         ["case", "processes", "threads each", "tokens/s (median)", "range"],
@@ -121,7 +121,7 @@ def report(rec_dir=None) -> dict:
             cells = [str(n), f"{g} Gbit/s"]
             for k in (1, 10):
                 tps = model(step_s, one["params"]["tokens_per_step"], grad, n, g, k)
-                eff = tps / (n * one["value"]["median"])
+                eff = tps / (n * records.median(one))
                 cells.append(f"{f(tps)} ({100 * eff:.0f} %)")
             mrows.append(cells)
     figures.write_table("mpi_model", mrows,
@@ -133,7 +133,7 @@ def report(rec_dir=None) -> dict:
     curves = {}
     for r in records.results(rec, "val_bpb"):
         curves.setdefault(r["params"]["average_every"], []).append(
-            (r["params"]["tokens"], r["value"]["median"]))
+            (r["params"]["tokens"], records.median(r)))
     _curve_figure({k: sorted(v) for k, v in sorted(curves.items())})
     last = {k: sorted(v)[-1] for k, v in curves.items()}
     top, low, high = MACHINES[-1], LINKS_GBIT[0], LINKS_GBIT[-1]
@@ -141,17 +141,17 @@ def report(rec_dir=None) -> dict:
     values = {
         "mpi.config": s["config"] if isinstance(s["config"], str) else s["config"]["name"],
         "mpi.batch": str(s["batch"]), "mpi.ranks": str(ranks),
-        "mpi.one_tps": f(one["value"]["median"], "tokens/s"),
-        "mpi.ranks_tps": f(many["value"]["median"], "tokens/s"),
+        "mpi.one_tps": f(records.median(one), "tokens/s"),
+        "mpi.ranks_tps": f(records.median(many), "tokens/s"),
         "mpi.ratio": f"{f(many['value']['median'] / one['value']['median'])} times",
         "mpi.rounds": compare.rounds_text(rounds),
         "mpi.verdict": _verdict(many, one),
         "mpi.outcome": _outcome(many, one),
-        "mpi.comm_ms": f(1e3 * comm["value"]["median"], "ms"),
+        "mpi.comm_ms": f(1e3 * records.median(comm), "ms"),
         "mpi.comm_share": f"{100 * comm['value']['median'] / many['seconds']['median']:.0f} %",
         # the bytes each rank sends a step over the time in collectives, against the slowest
         # level chapter 1 measured one core to stream (DRAM)
-        "mpi.comm_gbs": comm["params"]["bytes_per_step"] / comm["value"]["median"] / 1e9,
+        "mpi.comm_gbs": comm["params"]["bytes_per_step"] / records.median(comm) / 1e9,
         "mpi.dram_gbs": _dram_gbs(rec_dir),
         "mpi.mb_per_step": f(comm["params"]["bytes_per_step"] / 1e6, "MB"),
         "mpi.grad_mb": f(grad / 1e6, "MB"),

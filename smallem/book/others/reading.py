@@ -95,7 +95,7 @@ def _ahead(rec) -> dict:
     every = sorted(same + [mine], key=lambda r: r["params"]["ahead"])
     wb = mine["params"]["weight_bytes"]
     rows = [[_kib(r["params"]["ahead"]) + (" (the forward's distance)" if r is mine else ""),
-             f(r["value"]["median"]), f(r["value"]["median"] * wb / 1e9),
+             f(records.median(r)), f(records.median(r) * wb / 1e9),
              "—" if r is mine else _bare(compare.versus(r, mine))] for r in every]
     figures.write_table(
         "others_ahead", rows, ["prefetch distance", "decode (tokens/s)", "weights read (GB/s)",
@@ -103,7 +103,7 @@ def _ahead(rec) -> dict:
         f"{shape} {qtype}, the same decoder at each distance, its Q8_0 matrices read on the "
         f"file's rows (the prefetch is the rows' reading; the tiles stream on their own), timed "
         f"in the same rounds (medians). {TEST_NOTE} {figures.machine_line(rec)}.")
-    best = max(every, key=lambda r: r["value"]["median"])
+    best = max(every, key=records.median)
     return base | {"others.ahead_swept": True, "others.ahead_file": f"{shape} {qtype}",
                    "others.ahead_best": _kib(best["params"]["ahead"]),
                    "others.ahead_default_best": best is mine
@@ -211,10 +211,10 @@ def _tiles(rec, facts) -> dict:
         wb = p["weight_bytes"]
         bw = (ch1.level_of(facts, wb, rec["settings"]["threads"], ch1.read_stream(facts))[1]
               if facts else None)
-        share = (lambda x: x["value"]["median"] * wb / 1e9 / bw) if bw else (lambda x: None)
-        dot = {t: d["value"]["median"] if d else None for t, d in dots.items()}
-        rows.append([f"{p['model']} {p['type']}", f(r["value"]["median"]),
-                     f(mine["value"]["median"]), *(f(dot[t], "GB/s") if dot[t] else "—"
+        share = (lambda x: records.median(x) * wb / 1e9 / bw) if bw else (lambda x: None)
+        dot = {t: records.median(d) if d else None for t, d in dots.items()}
+        rows.append([f"{p['model']} {p['type']}", f(records.median(r)),
+                     f(records.median(mine)), *(f(dot[t], "GB/s") if dot[t] else "—"
                                                    for t in (False, True)),
                      *(figures.pct(share(x), 2) if bw else "—" for x in (r, mine)),
                      _bare(compare.versus(mine, r))])
@@ -253,17 +253,17 @@ def _rates(rec, key: str, ours: dict, bw: float | None) -> dict:
     bare = _one(rec, "decode_ahead", model=p["model"], type=p["type"], ahead=0)
     rest = _one(rec, "decode_rest", model=p["model"], type=p["type"])
     rows_r = _on_rows(rec, p["model"], p["type"])
-    step_s, rest_s = (1 / r["value"]["median"] if r else None for r in (rows_r, rest))
+    step_s, rest_s = (1 / records.median(r) if r else None for r in (rows_r, rest))
     dots = _one(rec, "dot_rate", model=p["model"], type=p["type"],
                 **({"tiles": False} if p.get("tiles") else {}))
-    dot = dots["value"]["median"] if dots else None
+    dot = records.median(dots) if dots else None
     both = dot is not None and bw is not None
     return {key + "tg_prefetch": compare.versus(rows_r, bare) if bare else None,
             key + "prefetch_sign": compare.difference(rows_r, bare).sign if bare else None,
-            key + "prefetch_change": (rows_r["value"]["median"] / bare["value"]["median"] - 1
+            key + "prefetch_change": (records.median(rows_r) / records.median(bare) - 1
                                       if bare else None),
             key + "dot_rate": dot,
-            key + "tg_rate": rows_r["value"]["median"] * p["weight_bytes"] / 1e9,
+            key + "tg_rate": records.median(rows_r) * p["weight_bytes"] / 1e9,
             key + "mem_rate": bw,
             key + "tg_none": 1 / (1 / dot + 1 / bw) if both else None,
             key + "tg_full": min(dot, bw) if both else None,
@@ -344,7 +344,7 @@ def _case(rec, facts, key: str, ours: dict, pp_target: float) -> tuple[dict, lis
         **({key + "gemm_rate": gm["value"]["max"] if gm else None}
            if "gemm_rate" in fields(shape) else {}),
         key + "gemm_dtype": pre["params"].get("prompt_dtype"),
-        key + "pp_share": pre["value"]["median"] / pp_bound if pp_bound else None,
+        key + "pp_share": records.median(pre) / pp_bound if pp_bound else None,
     }
     rates = _rates(rec, key, ours, bw if facts else None)
     values.update({k: v for k, v in rates.items() if k[len(key):] not in (
@@ -354,9 +354,9 @@ def _case(rec, facts, key: str, ours: dict, pp_target: float) -> tuple[dict, lis
     mix = ", ".join(f"{t} {100 * b / p['file_bytes']:.0f} %"
                     for t, b in sorted(p["type_bytes"].items(), key=lambda kv: -kv[1]))
     row = [f"{shape} {qtype}", f(wb / MiB), mix, level or "—", f(bound) if bound else "—",
-           f(ours["value"]["median"]), f(lt["value"]["median"]) if lt else "—",
+           f(records.median(ours)), f(records.median(lt)) if lt else "—",
            f"{100 * ours['value']['median'] / bound:.0f} %" if bound else "—",
-           f(pre["value"]["median"]), f(lp["value"]["median"]) if lp else "—",
+           f(records.median(pre)), f(records.median(lp)) if lp else "—",
            f(pp_bound) if pp_bound else "—"]
     return values, row, rates
 

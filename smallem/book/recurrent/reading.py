@@ -45,7 +45,7 @@ def _scan(rec, facts) -> dict:
         p = r["params"]
         peak = facts["peak"].get(("f32", p["threads"])) if facts else None
         rows.append([rung, SCAN_LADDER[rung].what, str(p["threads"]), f(r["seconds"]["median"], "s"),
-                     f(r["value"]["median"], "GFLOP/s"),
+                     f(records.median(r), "GFLOP/s"),
                      "—" if r is step else _versus(r, step),
                      f(peak, "GFLOP/s") if peak else "no chapter 1 record",
                      f"{100 * r['value']['median'] / peak:.0f} %" if peak else "—"])
@@ -63,7 +63,7 @@ def _scan(rec, facts) -> dict:
     # the step by step scan's state traffic at chapter 1's L1 rate on one core (the triad's:
     # it reads and writes, as the state's update does)
     l1 = facts["triad_spans"].get(1, {}).get("L1", {}).get("bw") if facts else None
-    ops = step["value"]["median"] * 1e9 * step["seconds"]["median"]
+    ops = records.median(step) * 1e9 * step["seconds"]["median"]
     l1_s = ops * STEP_BYTES_PER_OP / (l1 * 1e9) if l1 and l1 == l1 else None
     return {"rec.l1_gbs": l1 if l1_s else None, "rec.l1_ms": 1e3 * l1_s if l1_s else None,
             "rec.step_ms": 1e3 * step["seconds"]["median"],
@@ -72,14 +72,14 @@ def _scan(rec, facts) -> dict:
             "rec.chunked_vs_step": _versus(runs["chunked"], step),
             "rec.threaded_vs_step": _versus(runs["threaded"], step),
             "rec.scan_target": v.text(), "rec.scan_reached": v.met,
-            "rec.step_share": step["value"]["median"] / peak1 if peak1 else None,
-            "rec.chunked_share": runs["chunked"]["value"]["median"] / peak1 if peak1 else None}
+            "rec.step_share": records.median(step) / peak1 if peak1 else None,
+            "rec.chunked_share": records.median(runs["chunked"]) / peak1 if peak1 else None}
 
 
 def _versus(r, base) -> str:
     """:func:`compare.versus`, as a factor where the rate more than doubled ("4.23× as fast",
     not "322.6 % faster")."""
-    x = r["value"]["median"] / base["value"]["median"]
+    x = records.median(r) / records.median(base)
     if x < 2:
         return compare.versus(r, base)
     d = compare.difference(r, base)
@@ -92,8 +92,8 @@ def _train(rec) -> dict:
     rows = []
     for T in Ts:
         a, r = runs[("modern", T)], runs[("recurrent", T)]
-        rows.append([str(T), str(a["params"]["batch"]), f(a["value"]["median"]),
-                     f(a["params"]["flops_per_token"] / 1e6), f(r["value"]["median"]),
+        rows.append([str(T), str(a["params"]["batch"]), f(records.median(a)),
+                     f(a["params"]["flops_per_token"] / 1e6), f(records.median(r)),
                      f(r["params"]["flops_per_token"] / 1e6), _versus(r, a)])
     figures.write_table(
         "recurrent_train", rows,
@@ -102,7 +102,7 @@ def _train(rec) -> dict:
         "One forward and backward of each model (the same size, the same tokens a step at "
         "every context; f32, the attention in tiles), timed in the same rounds (medians). "
         f"{figures.machine_line(rec)}.")
-    ratio = lambda T: runs[("recurrent", T)]["value"]["median"] / runs[("modern", T)]["value"]["median"]  # noqa: E731
+    ratio = lambda T: records.median(runs[("recurrent", T)]) / records.median(runs[("modern", T)])  # noqa: E731
     return {"rec.train_size": f"{runs[('modern', Ts[0])]['params']['params'] / 1e6:.1f} million parameters",
             "rec.train_short": f"{ratio(Ts[0]):.2f} times the attention model's rate at T = {Ts[0]}",
             "rec.train_long": f"{ratio(Ts[-1]):.2f} times at T = {Ts[-1]}"}
@@ -128,7 +128,7 @@ def _decode(rec, facts) -> dict:
             r = runs[(b, p)]
             nbytes = r["params"]["weight_bytes"] + r["params"]["cache_bytes"]
             bound = _bound(facts, nbytes, th)
-            row += [f(r["value"]["median"]), f(nbytes / 2**20), f(bound) if bound else "—"]
+            row += [f(records.median(r)), f(nbytes / 2**20), f(bound) if bound else "—"]
         rows.append(row)
     figures.write_table(
         "recurrent_decode", rows,
@@ -144,12 +144,12 @@ def _decode(rec, facts) -> dict:
     bytes_of = lambda r: r["params"]["weight_bytes"] + r["params"]["cache_bytes"]  # noqa: E731
     return {"rec.decode_flat": compare.against(runs[("recurrent", ps[-1])],
                                                runs[("recurrent", ps[0])], FLAT).text(),
-            "rec.attn_fall": a1["value"]["median"] / a0["value"]["median"],
+            "rec.attn_fall": records.median(a1) / records.median(a0),
             "rec.attn_fall_predicted": (_bound(facts, bytes_of(a1), th) / _bound(facts, bytes_of(a0), th)
                                         if facts else None),
-            "rec.attn_first_share": (a0["value"]["median"] / _bound(facts, bytes_of(a0), th)
+            "rec.attn_first_share": (records.median(a0) / _bound(facts, bytes_of(a0), th)
                                      if facts else None),
-            "rec.attn_last_share": (a1["value"]["median"] / _bound(facts, bytes_of(a1), th)
+            "rec.attn_last_share": (records.median(a1) / _bound(facts, bytes_of(a1), th)
                                     if facts else None),
             "rec.decode_shape": rec["settings"].get("size"),
             "rec.decode_context": ps[-1] + rec["settings"].get("feed", 0) + 2,
@@ -160,7 +160,7 @@ def _decode(rec, facts) -> dict:
 def _runs(rec) -> dict:
     runs = {r["params"]["block"]: r for r in records.results(rec, "run")}
     a, r = runs["modern"], runs["recurrent"]
-    bpb = lambda x: x["value"]["median"]  # noqa: E731
+    bpb = lambda x: records.median(x)  # noqa: E731
     gap = abs(bpb(a) - bpb(r))
     return {"rec.bpb_gap": gap, "rec.bpb_gap_share": gap / max(bpb(a), bpb(r)),
             "rec.bpb_leader": ("recurrent" if bpb(r) < bpb(a) else "attention")
