@@ -55,3 +55,29 @@ def test_the_types_each_product_takes_are_the_libraries(lib):
     assert {t for t in every if lib.sm_q_supported(t)} == set(forward.INT8_TYPE_IDS)
     assert gguf_run.INT8_TYPES == forward.INT8_TYPES
     assert all(gguf_run.type_id(n) == forward.GGML_IDS[n] for n in forward.INT8_TYPES)
+
+
+def test_one_table_names_every_tensor_once_and_its_parts_are_the_c_layers_fields():
+    """gguf_file's table is the one home of the tensor names: each of our names and each of
+    the file's names appears once, and every part a forward reads is a field of the C
+    forward's sm_layer (or, at the top, of sm_model), which the Spec fills by that name."""
+    rows = gguf_file.TOP + gguf_file.LAYER
+    ours = [p.ours for p in rows]
+    files = [p.gguf for p in rows]
+    assert len(set(ours)) == len(ours) and len(set(files)) == len(files)
+    ffi, _ = build.load("forward")
+    fields = {name for name, _ in ffi.typeof("sm_layer").fields}
+    read = {p.ours for p in gguf_file.LAYER if p.ne is not None}
+    assert read <= fields, read - fields
+    top = {p.ours for p in gguf_file.TOP if p.ne is not None}
+    assert top <= {name for name, _ in ffi.typeof("sm_model").fields}
+    # a fused architecture's parts are matrices of the table, and their whole is a row too
+    for whole, parts in gguf_file.FUSED:
+        assert whole in ours and set(parts) <= read
+    # every name a file of each architecture must hold comes from the table
+    for arch in gguf_file.ARCHS.values():
+        h = gguf_file.Hyper(arch, d=8, n_layer=2, n_head=2, n_kv_head=1, head_dim=4, v_dim=4,
+                            hidden=16, vocab=300, context=8, eps=1e-6, rope_base=1e4,
+                            rope_dim=4, tied=False)
+        for key in gguf_file.expected_shapes(h):
+            assert key in files or key.split(".", 2)[2] in files, (arch.name, key)

@@ -452,7 +452,7 @@ def prompt_rates(level=None) -> dict:
     b = rng.standard_normal((N, K), np.float32)
     ffi, lib = build.load("forward", level)
     m = ffi.new("sm_mat *")
-    m.kind, m.type, m.K, m.N, m.row_bytes = KIND_BLOCKS, 8, K, N, 34 * K // 32
+    m.kind, m.type, m.K, m.N, m.row_bytes = KIND_BLOCKS, Q8_0_ID, K, N, 34 * K // 32
     m.w = ffi.cast("const uint8_t *", blocks.ctypes.data)
     y = np.zeros((M, N), np.float32)
     calls = {"int8": lambda: lib.sm_q_matmul(m, ffi.cast("float *", x.ctypes.data), M,
@@ -491,15 +491,15 @@ def prefetch_ahead() -> int:
 def gguf_spec(mf, context=None) -> Spec:
     """The Spec of a GGUF file's model: every switch from its architecture's row
     (:data:`smallem.generating.gguf_file.ARCHS`), every matrix in the file's blocks."""
-    from smallem.generating.gguf_file import rope_angles
+    from smallem.generating.gguf_file import LAYER, head_name, name, rope_angles
 
     h, a = mf.hyper, mf.hyper.arch
     T = mf.tensors
     context = (min(h.context, DEFAULT_CONTEXT) if context is None
                else checks.positive_int(context, "context", limit=h.context))
-    vec = lambda name: T[name].dequantize() if name in T else None  # noqa: E731
-    blocks = lambda name: Blocks(T[name])  # noqa: E731
-    freqs = vec("rope_freqs.weight")
+    vec = lambda n: T[n].dequantize() if n in T else None  # noqa: E731
+    blocks = lambda n: Blocks(T[n])  # noqa: E731
+    freqs = vec(name("rope_freqs"))
 
     def tables(swa):
         ang = rope_angles(h, np.arange(context), freqs, **({"swa": True} if swa else {}))
@@ -509,16 +509,10 @@ def gguf_spec(mf, context=None) -> Spec:
     swa_tables = None
     layers = []
     for i in range(h.n_layer):
-        b = f"blk.{i}."
-        L = {"norm1_w": vec(b + "attn_norm.weight"), "norm2_w": vec(b + "ffn_norm.weight"),
-             "post1_w": vec(b + "post_attention_norm.weight"),
-             "post2_w": vec(b + "post_ffw_norm.weight"),
-             "q_norm": vec(b + "attn_q_norm.weight"), "k_norm": vec(b + "attn_k_norm.weight"),
-             "bq": vec(b + "attn_q.bias"), "bk": vec(b + "attn_k.bias"),
-             "bv": vec(b + "attn_v.bias")}
-        for f, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output"),
-                        ("gate", "ffn_gate"), ("up", "ffn_up"), ("down", "ffn_down")):
-            L[f] = blocks(b + name + ".weight")
+        # every part the file has, by gguf_file's one table: the matrices in their blocks,
+        # the vectors in f32 (None where this architecture has none)
+        L = {p.ours: (blocks if p.ne(h) and len(p.ne(h)) == 2 else vec)(name(p.ours, i))
+             for p in LAYER if p.ne is not None}
         if h.is_swa(i):
             if swa_tables is None:
                 swa_tables = tables(True)
@@ -531,7 +525,6 @@ def gguf_spec(mf, context=None) -> Spec:
         mlp=a.mlp, rope="neox" if a.rope == "neox" else "pairs", rope_dim=h.rope_dim,
         cache="f16", eps=h.eps, attn_scale=h.attn_scale, q_prescaled=a.q_prescaled,
         embed_scale=float(np.float32(np.sqrt(h.d))) if a.embed_scale else 1.0,
-        softcap=h.softcap, embd=blocks("token_embd.weight"),
-        head=blocks("token_embd.weight" if h.tied else "output.weight"), layers=layers,
-        out_norm_w=vec("output_norm.weight"), rope_cos=cos, rope_sin=sin, block_rows=GGUF_ROWS,
-        extra={"file": mf})
+        softcap=h.softcap, embd=blocks(name("embd")), head=blocks(head_name(h)),
+        layers=layers, out_norm_w=vec(name("out_norm_w")), rope_cos=cos, rope_sin=sin,
+        block_rows=GGUF_ROWS, extra={"file": mf})

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from smallem.generating.gguf_file import name
 from smallem.generating.gguf_tokenizer import byte_tokens  # noqa: F401  (the vocabulary the export writes)
 from smallem.training.model import GPT
 from smallem.training.ops import LN_EPS, ROPE_BASE
@@ -43,38 +44,40 @@ def q8_0_bytes(w: np.ndarray) -> np.ndarray:
 
 def tensors(model: GPT) -> dict[str, tuple[np.ndarray, bool]]:
     """{GGUF name: (array as GGUF wants it, (out, in) for a matrix; whether it is a product's
-    matrix, hence Q8_0 in a q8_0 file)}. Matrices are given (in, out), our own way round."""
+    matrix, hence Q8_0 in a q8_0 file)}. Matrices are given (in, out), our own way round.
+    The names are gguf_file's one table's."""
     c, P = model.config, model.params
     modern = c.block == "modern"
-    out: dict = {"token_embd.weight": (P["wte"].T, True)}  # (V, d): its (in, out) is wte.T
+    out: dict = {name("embd"): (P["wte"].T, True)}  # (V, d): its (in, out) is wte.T
     if not modern:
-        out["position_embd.weight"] = (P["wpe"].T, False)
+        out[name("wpe")] = (P["wpe"].T, False)
     if not c.tied:
-        out["output.weight"] = (P["lm_head"].T, True)
-    out["output_norm.weight"] = (P["lnf.w"], False)
+        out[name("head")] = (P["lm_head"].T, True)
+    out[name("out_norm_w")] = (P["lnf.w"], False)
     if not modern:
-        out["output_norm.bias"] = (P["lnf.b"], False)
+        out[name("out_norm_b")] = (P["lnf.b"], False)
     d, h = c.d_model, c.mlp_hidden
     for i in range(c.n_layer):
-        n, b = f"h{i}.", f"blk.{i}."
-        out[b + "attn_norm.weight"] = (P[n + "ln1.w"], False)
-        out[b + "ffn_norm.weight"] = (P[n + "ln2.w"], False)
+        n = f"h{i}."
+        b = lambda part: name(part, i)  # noqa: E731
+        out[b("norm1_w")] = (P[n + "ln1.w"], False)
+        out[b("norm2_w")] = (P[n + "ln2.w"], False)
         if modern:
             qkv, fc = P[n + "attn.w"], P[n + "fc.w"]
-            out[b + "attn_q.weight"] = (qkv[:, :d], True)
-            out[b + "attn_k.weight"] = (qkv[:, d:2 * d], True)
-            out[b + "attn_v.weight"] = (qkv[:, 2 * d:], True)
-            out[b + "attn_output.weight"] = (P[n + "proj.w"], True)
-            out[b + "ffn_gate.weight"] = (fc[:, :h], True)
-            out[b + "ffn_up.weight"] = (fc[:, h:], True)
-            out[b + "ffn_down.weight"] = (P[n + "fc2.w"], True)
+            out[b("q")] = (qkv[:, :d], True)
+            out[b("k")] = (qkv[:, d:2 * d], True)
+            out[b("v")] = (qkv[:, 2 * d:], True)
+            out[b("o")] = (P[n + "proj.w"], True)
+            out[b("gate")] = (fc[:, :h], True)
+            out[b("up")] = (fc[:, h:], True)
+            out[b("down")] = (P[n + "fc2.w"], True)
             continue
-        for name, ours in (("attn_qkv", "attn"), ("attn_output", "proj"), ("ffn_up", "fc"),
-                           ("ffn_down", "fc2")):
-            out[b + name + ".weight"] = (P[n + ours + ".w"], True)
-            out[b + name + ".bias"] = (P[n + ours + ".b"], False)
-        out[b + "attn_norm.bias"] = (P[n + "ln1.b"], False)
-        out[b + "ffn_norm.bias"] = (P[n + "ln2.b"], False)
+        for w, bias, ours in (("qkv", "bqkv", "attn"), ("o", "bo", "proj"), ("up", "bup", "fc"),
+                              ("down", "bdown", "fc2")):
+            out[b(w)] = (P[n + ours + ".w"], True)
+            out[b(bias)] = (P[n + ours + ".b"], False)
+        out[b("norm1_b")] = (P[n + "ln1.b"], False)
+        out[b("norm2_b")] = (P[n + "ln2.b"], False)
     return out
 
 

@@ -64,6 +64,98 @@ ARCHS = {
                    post_norms=True, embed_scale=True, swa_period=6),
 }
 
+# --8<-- [start:names]
+# The one table of tensor names: every tensor a forward here reads from a GGUF file (or the
+# exporter writes), one row each: its name in our forward (the layer keys of forward.py's
+# Spec, the parts the numpy reference reads), its name in the file (a layer's after
+# "blk.<i>."), when an architecture has it, and its ne (innermost first) from the Hyper.
+# llama.cpp keeps the same in LLM_TENSOR_NAMES; a new architecture that reuses these parts
+# adds no row.
+@dataclass(frozen=True)
+class Part:
+    ours: str
+    gguf: str
+    when: object    # Hyper -> bool: whether a file of that shape has it
+    ne: object      # Hyper -> tuple, or None: a tensor no forward here reads (written for
+                    # llama.cpp's gpt2 by gguf_export; its shape is the exporter's)
+
+
+def _always(h):
+    return True
+
+
+def _never(h):
+    return False
+
+
+def _flag(name):
+    return lambda h: bool(getattr(h.arch, name))
+
+
+def _q(h):
+    return h.n_head * h.head_dim
+
+
+def _kv(h):
+    return h.n_kv_head * h.head_dim
+
+
+def _v(h):
+    return h.n_kv_head * h.v_dim
+
+
+TOP = (
+    Part("embd", "token_embd.weight", _always, lambda h: (h.d, h.vocab)),
+    Part("out_norm_w", "output_norm.weight", _always, lambda h: (h.d,)),
+    Part("head", "output.weight", lambda h: not h.tied, lambda h: (h.d, h.vocab)),
+    Part("rope_freqs", "rope_freqs.weight", _never, None),  # llama 3's, where the file has it
+    Part("wpe", "position_embd.weight", _never, None),
+    Part("out_norm_b", "output_norm.bias", _never, None),
+)
+LAYER = (
+    Part("norm1_w", "attn_norm.weight", _always, lambda h: (h.d,)),
+    Part("q", "attn_q.weight", _always, lambda h: (h.d, _q(h))),
+    Part("k", "attn_k.weight", _always, lambda h: (h.d, _kv(h))),
+    Part("v", "attn_v.weight", _always, lambda h: (h.d, _v(h))),
+    Part("bq", "attn_q.bias", _flag("qkv_bias"), lambda h: (_q(h),)),
+    Part("bk", "attn_k.bias", _flag("qkv_bias"), lambda h: (_kv(h),)),
+    Part("bv", "attn_v.bias", _flag("qkv_bias"), lambda h: (_v(h),)),
+    Part("q_norm", "attn_q_norm.weight", _flag("qk_norm"), lambda h: (h.head_dim,)),
+    Part("k_norm", "attn_k_norm.weight", _flag("qk_norm"), lambda h: (h.head_dim,)),
+    Part("o", "attn_output.weight", _always, lambda h: (h.n_head * h.v_dim, h.d)),
+    Part("post1_w", "post_attention_norm.weight", _flag("post_norms"), lambda h: (h.d,)),
+    Part("norm2_w", "ffn_norm.weight", _always, lambda h: (h.d,)),
+    Part("gate", "ffn_gate.weight", _always, lambda h: (h.d, h.hidden)),
+    Part("up", "ffn_up.weight", _always, lambda h: (h.d, h.hidden)),
+    Part("down", "ffn_down.weight", _always, lambda h: (h.hidden, h.d)),
+    Part("post2_w", "post_ffw_norm.weight", _flag("post_norms"), lambda h: (h.d,)),
+    # GPT-2's, which the exporter writes for llama.cpp and no forward here reads
+    Part("qkv", "attn_qkv.weight", _never, None),
+    Part("bqkv", "attn_qkv.bias", _never, None),
+    Part("bo", "attn_output.bias", _never, None),
+    Part("norm1_b", "attn_norm.bias", _never, None),
+    Part("norm2_b", "ffn_norm.bias", _never, None),
+    Part("bup", "ffn_up.bias", _never, None),
+    Part("bdown", "ffn_down.bias", _never, None),
+)
+# A fused architecture's file holds these parts as one matrix each, their rows in this order
+# (phi3); opening it splits the matrix into the parts' row views.
+FUSED = (("qkv", ("q", "k", "v")), ("up", ("gate", "up")))
+_BY_OURS = {p.ours: p for p in TOP + LAYER}
+# --8<-- [end:names]
+
+
+def name(part: str, layer: int | None = None) -> str:
+    """The file's name of our ``part`` (the table above), in ``layer`` where given."""
+    gguf = _BY_OURS[part].gguf
+    return gguf if layer is None else f"blk.{layer}.{gguf}"
+
+
+def head_name(h) -> str:
+    """The logits' matrix: the file's output matrix, or the embedding where it has none."""
+    return name("embd" if h.tied else "head")
+
+
 # the tensor types a product can read, with (weights per block, bytes per block)
 # (Q5_0 is in Q4_K_M files whose rows are not a multiple of 256: llama-quantize's fallback)
 TYPES = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18),
@@ -169,7 +261,7 @@ class ModelFile:
         h = self.hyper
         names = [n for n in self.tensors if n.startswith("blk.") and n.endswith(".weight")
                  and self.tensors[n].data.ndim == 2]
-        head = self.tensors["token_embd.weight" if h.tied else "output.weight"]
+        head = self.tensors[head_name(h)]
         return sum(self.tensors[n].nbytes for n in names) + head.nbytes
 
     @property
@@ -179,7 +271,7 @@ class ModelFile:
         h = self.hyper
         names = [n for n in self.tensors if n.startswith("blk.") and n.endswith(".weight")
                  and self.tensors[n].data.ndim == 2]
-        names.append("token_embd.weight" if h.tied else "output.weight")
+        names.append(head_name(h))
         return sum(int(np.prod(self.tensors[n].ne)) for n in names)
 
     def type_mix(self) -> dict:
@@ -287,7 +379,7 @@ def _hyper(path, meta, tok, tensors) -> Hyper:
                  context=_need(path, meta, a + "context_length"),
                  eps=_need(path, meta, a + "attention.layer_norm_rms_epsilon", float),
                  rope_base=_need(path, meta, a + "rope.freq_base", float, default=10000.0),
-                 rope_dim=rope_dim, tied="output.weight" not in tensors,
+                 rope_dim=rope_dim, tied=name("head") not in tensors,
                  window=window, swa_layers=swa, rope_base_swa=base_swa,
                  rope_scale=_rope_scale(path, meta, a),
                  attn_scale=_attn_scale(name, d, n_layer, n_head, hd), softcap=softcap)
@@ -349,32 +441,21 @@ def rope_angles(h: Hyper, positions, freqs=None, swa: bool = False) -> np.ndarra
 
 
 def expected_shapes(h: Hyper) -> dict:
-    """{tensor name: ne} of every tensor the forward reads (``rope_freqs.weight`` and the
-    output matrix only where the file has them)."""
-    d, q, kv, v = h.d, h.n_head * h.head_dim, h.n_kv_head * h.head_dim, h.n_kv_head * h.v_dim
-    out = {"token_embd.weight": (d, h.vocab), "output_norm.weight": (d,)}
-    if not h.tied:
-        out["output.weight"] = (d, h.vocab)
+    """{tensor name: ne} of every tensor the forward reads, as the file stores it (a fused
+    architecture's parts as their one matrix; ``rope_freqs.weight`` only where the file has
+    it, which :func:`open_model` checks apart)."""
+    out = {p.gguf: p.ne(h) for p in TOP if p.when(h)}
+    fused = {part: whole for whole, parts in FUSED for part in parts} if h.arch.fused else {}
     for i in range(h.n_layer):
-        b = f"blk.{i}."
-        if h.arch.fused:  # as the file stores them; open_model splits them
-            qkv = {b + "attn_qkv.weight": (d, q + kv + v)}
-            mlp = {b + "ffn_up.weight": (d, 2 * h.hidden)}
-        else:
-            qkv = {b + "attn_q.weight": (d, q), b + "attn_k.weight": (d, kv),
-                   b + "attn_v.weight": (d, v)}
-            mlp = {b + "ffn_gate.weight": (d, h.hidden), b + "ffn_up.weight": (d, h.hidden)}
-        out.update({b + "attn_norm.weight": (d,), **qkv,
-                    b + "attn_output.weight": (h.n_head * h.v_dim, d),
-                    b + "ffn_norm.weight": (d,), **mlp, b + "ffn_down.weight": (h.hidden, d)})
-        if h.arch.qkv_bias:
-            out.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (v,)})
-        if h.arch.qk_norm:
-            out.update({b + "attn_q_norm.weight": (h.head_dim,),
-                        b + "attn_k_norm.weight": (h.head_dim,)})
-        if h.arch.post_norms:
-            out.update({b + "post_attention_norm.weight": (d,),
-                        b + "post_ffw_norm.weight": (d,)})
+        for p in LAYER:
+            if not p.when(h):
+                continue
+            if p.ours not in fused:
+                out[name(p.ours, i)] = p.ne(h)
+                continue
+            whole = name(fused[p.ours], i)  # its width adds up the parts' in their order
+            d, n = out.get(whole, (p.ne(h)[0], 0))
+            out[whole] = (d, n + p.ne(h)[1])
     return out
 
 
@@ -436,8 +517,8 @@ def open_model(path) -> ModelFile:
                         f"(supported: {', '.join(TYPES)})")
         if len(ne) == 1 and t.type != "F32":
             _fail(path, f"tensor {name!r} is {t.type}; norms and biases must be F32")
-    if "rope_freqs.weight" in tensors:
-        t = tensors["rope_freqs.weight"]
+    if name("rope_freqs") in tensors:
+        t = tensors[name("rope_freqs")]
         if t.ne != (h.rope_dim // 2,) or t.type != "F32":
             _fail(path, f"tensor 'rope_freqs.weight' is {t.type} {list(t.ne)}, expected F32 "
                         f"[{h.rope_dim // 2}]")
@@ -456,16 +537,13 @@ def _split_fused(h: Hyper, tensors: dict) -> dict:
     first half). A row is whole blocks of any type, so each part is a view of the mapping's
     rows, no copy. The fused names leave the table, so no byte counts twice."""
     out = dict(tensors)
-    q, kv, v = h.n_head * h.head_dim, h.n_kv_head * h.head_dim, h.n_kv_head * h.v_dim
     for i in range(h.n_layer):
-        b = f"blk.{i}."
-        for fused, parts in (("attn_qkv", (("attn_q", q), ("attn_k", kv), ("attn_v", v))),
-                             ("ffn_up", (("ffn_gate", h.hidden), ("ffn_up", h.hidden)))):
-            t = out.pop(b + fused + ".weight")
+        for whole, parts in FUSED:
+            t = out.pop(name(whole, i))
             rows = np.asarray(t.data).reshape(t.ne[1], -1)
             r0 = 0
-            for name, n in parts:
-                out[b + name + ".weight"] = Tensor(b + name + ".weight", t.type, (t.ne[0], n),
-                                                   rows[r0:r0 + n])
+            for part in parts:
+                n, full = _BY_OURS[part].ne(h)[1], name(part, i)
+                out[full] = Tensor(full, t.type, (t.ne[0], n), rows[r0:r0 + n])
                 r0 += n
     return out

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from smallem.generating.gguf_file import ModelFile, rope_angles
+from smallem.generating.gguf_file import ModelFile, head_name, name, rope_angles
 
 
 def rope(x, angles, style: str):
@@ -177,8 +177,8 @@ class Reference:
         self.like_llama = like_llama
         self.cache16 = like_llama if cache16 is None else cache16
         self._vec = {}
-        self.freqs = (mf.tensors["rope_freqs.weight"].dequantize()
-                      if "rope_freqs.weight" in mf.tensors else None)
+        self.freqs = (mf.tensors[name("rope_freqs")].dequantize()
+                      if name("rope_freqs") in mf.tensors else None)
         self.reset()
 
     def reset(self):
@@ -187,21 +187,21 @@ class Reference:
         self.v = np.zeros((h.n_layer, h.context, h.n_kv_head, h.v_dim), self.dtype)
         self.pos = 0
 
-    def vec(self, name):
-        if name not in self._vec:
-            self._vec[name] = self.mf.tensors[name].dequantize().astype(self.dtype)
-        return self._vec[name]
+    def vec(self, key):
+        if key not in self._vec:
+            self._vec[key] = self.mf.tensors[key].dequantize().astype(self.dtype)
+        return self._vec[key]
 
-    def mat(self, name, x):
-        """x (n, n_in) times the file's matrix ``name`` (n_out rows of n_in): (n, n_out)."""
-        t = self.mf.tensors[name]
+    def mat(self, key, x):
+        """x (n, n_in) times the file's matrix ``key`` (n_out rows of n_in): (n, n_out)."""
+        t = self.mf.tensors[key]
         if self.like_llama:
             x = round_activation(t.type, x).astype(self.dtype)
         if self._kept is None:
             return x @ t.dequantize().astype(self.dtype).T
-        if name not in self._kept:
-            self._kept[name] = t.dequantize().astype(self.dtype)
-        return x @ self._kept[name].T
+        if key not in self._kept:
+            self._kept[key] = t.dequantize().astype(self.dtype)
+        return x @ self._kept[key].T
 
     def forward(self, tokens, all_logits: bool = False) -> np.ndarray:
         h, a = self.h, self.h.arch
@@ -211,7 +211,7 @@ class Reference:
             raise ValueError(f"tokens: {n} at position {p0} do not fit a context of {h.context}")
         if tokens.min() < 0 or tokens.max() >= h.vocab:
             raise ValueError(f"tokens: ids outside [0, {h.vocab})")
-        emb = self.mf.tensors["token_embd.weight"]
+        emb = self.mf.tensors[name("embd")]
         x = emb.rows(tokens).astype(self.dtype)
         if a.embed_scale:  # gemma3: times sqrt(d), in float32 in llama.cpp
             x = ((x.astype(np.float32) * np.sqrt(np.float32(h.d))).astype(self.dtype)
@@ -224,19 +224,18 @@ class Reference:
             back = pos[:, None] - np.arange(p0 + n)[None, :]
             mask_swa = np.where(back >= h.window, -np.inf, mask)
         for i in range(h.n_layer):
-            b = f"blk.{i}."
+            b = lambda part: name(part, i)  # noqa: E731  (layer i's tensor, by gguf_file's table)
             swa = h.is_swa(i)
-            t = rms(x, self.vec(b + "attn_norm.weight"), h.eps)
-            q, k, v = (self.mat(b + f"attn_{c}.weight", t) for c in "qkv")
+            t = rms(x, self.vec(b("norm1_w")), h.eps)
+            q, k, v = (self.mat(b(c), t) for c in "qkv")
             if a.qkv_bias:
-                q, k, v = q + self.vec(b + "attn_q.bias"), k + self.vec(b + "attn_k.bias"), \
-                    v + self.vec(b + "attn_v.bias")
+                q, k, v = q + self.vec(b("bq")), k + self.vec(b("bk")), v + self.vec(b("bv"))
             q = q.reshape(n, h.n_head, h.head_dim)
             k = k.reshape(n, h.n_kv_head, h.head_dim)
             v = v.reshape(n, h.n_kv_head, h.v_dim)
             if a.qk_norm:
-                q = rms(q, self.vec(b + "attn_q_norm.weight"), h.eps)
-                k = rms(k, self.vec(b + "attn_k_norm.weight"), h.eps)
+                q = rms(q, self.vec(b("q_norm")), h.eps)
+                k = rms(k, self.vec(b("k_norm")), h.eps)
             rope(q, ang[swa], a.rope)
             rope(k, ang[swa], a.rope)
             scale = h.attn_scale
@@ -259,24 +258,24 @@ class Reference:
                 s = np.exp(s - s.max(axis=-1, keepdims=True))
                 s /= s.sum(axis=-1, keepdims=True)
                 att = np.einsum("hnt,thd->nhd", s, V).reshape(n, h.n_head * h.v_dim)
-            o = self.mat(b + "attn_output.weight", att)
+            o = self.mat(b("o"), att)
             if a.post_norms:
-                o = rms(o, self.vec(b + "post_attention_norm.weight"), h.eps)
+                o = rms(o, self.vec(b("post1_w")), h.eps)
             x = x + o
-            t = rms(x, self.vec(b + "ffn_norm.weight"), h.eps)
-            g, u = self.mat(b + "ffn_gate.weight", t), self.mat(b + "ffn_up.weight", t)
+            t = rms(x, self.vec(b("norm2_w")), h.eps)
+            g, u = self.mat(b("gate"), t), self.mat(b("up"), t)
             if a.mlp == "geglu":
                 act = geglu_like_ggml(g, u).astype(self.dtype) if self.like_llama else gelu(g) * u
             else:
                 act = g / (1 + np.exp(-g)) * u
-            o = self.mat(b + "ffn_down.weight", act)
+            o = self.mat(b("down"), act)
             if a.post_norms:
-                o = rms(o, self.vec(b + "post_ffw_norm.weight"), h.eps)
+                o = rms(o, self.vec(b("post2_w")), h.eps)
             x = x + o
         self.pos += n
         x = x if all_logits else x[-1:]
-        x = rms(x, self.vec("output_norm.weight"), h.eps)
-        out = self.mat("token_embd.weight" if h.tied else "output.weight", x)
+        x = rms(x, self.vec(name("out_norm_w")), h.eps)
+        out = self.mat(head_name(h), x)
         if h.softcap:  # softcap * tanh(logits / softcap), in float32 steps in llama.cpp
             c = h.softcap
             out = ((np.tanh(out.astype(np.float32) * (np.float32(1) / np.float32(c)))
