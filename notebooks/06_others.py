@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from IPython.display import Markdown, display
 
-from smallem.generating import gguf_file, gguf_model, gguf_run
+from smallem.generating import gguf_file, gguf_model, gguf_products
 from smallem.generating.forward import Forward
 from smallem.book import figures, others, records
 from smallem.book.others import files
@@ -40,7 +40,7 @@ REMEASURE = os.environ.get("SMALLEM_REMEASURE") == "1"
 # here, the tables and figures are the record's
 SAME_HOST, _host = records.host_check(others.RECORD)
 print(_host)
-print(f"int8 products {'here' if SAME_HOST else 'on this host'}:", gguf_run.instruction())
+print(f"int8 products {'here' if SAME_HOST else 'on this host'}:", gguf_products.instruction())
 
 # %% [markdown]
 # ## One file, read and checked
@@ -111,7 +111,7 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
 mq = gguf_file.open_model(files.quantise(path, tmp / "tiny-Q8_0.gguf", "Q8_0", None))  # the gguf package's
 tq = next(t for t in mq.tensors.values() if t.type == "Q8_0" and t.name.startswith("blk."))
 x = np.random.default_rng(5).normal(0, 1, (1, tq.ne[0])).astype(np.float32)
-on_rows, in_tiles = gguf_run.matmul(tq, x), gguf_run.matmul(tq, x, tiles=True)
+on_rows, in_tiles = gguf_products.matmul(tq, x), gguf_products.matmul(tq, x, tiles=True)
 print("tiles against rows, largest difference over the largest output:",
       np.abs(in_tiles - on_rows).max() / np.abs(on_rows).max())
 display(Markdown((figures.tables_dir() / "others_tiles.md").read_text()))

@@ -11,7 +11,7 @@ types.
 import gguf
 import pytest
 
-from smallem.generating import decode, forward, gguf_file, gguf_run
+from smallem.generating import decode, forward, gguf_file, gguf_products
 from smallem.plumbing import build
 
 
@@ -53,8 +53,8 @@ def test_the_types_each_product_takes_are_the_libraries(lib):
         assert (lib.sm_g_block_weights(t), lib.sm_g_block_bytes(t)) == (weights, nbytes), name
         assert tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]) == (weights, nbytes)
     assert {t for t in every if lib.sm_q_supported(t)} == set(forward.INT8_TYPE_IDS)
-    assert gguf_run.INT8_TYPES == forward.INT8_TYPES
-    assert all(gguf_run.type_id(n) == forward.GGML_IDS[n] for n in forward.INT8_TYPES)
+    assert gguf_products.INT8_TYPES == forward.INT8_TYPES
+    assert all(gguf_products.type_id(n) == forward.GGML_IDS[n] for n in forward.INT8_TYPES)
 
 
 def test_one_table_names_every_tensor_once_and_its_parts_are_the_c_layers_fields():

@@ -1,4 +1,4 @@
-"""Others' models in C (kernels_c/forward/blocks.c through smallem.generating.gguf_run, the forward through smallem.generating.forward): each tensor type's row
+"""Others' models in C (kernels_c/forward/blocks.c through smallem.generating.gguf_products, the forward through smallem.generating.forward): each tensor type's row
 decoding and product, on every ISA path, against the gguf package's dequantiser and float64;
 the activations rounded as llama.cpp rounds them; the C forward against the numpy oracle.
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gguf_models
-from smallem.generating import gguf_file, gguf_model, gguf_run, quant
+from smallem.generating import gguf_file, gguf_model, gguf_products, quant
 from smallem.cpu import isa
 from smallem.generating.forward import Forward, Tiled
 from smallem.checks import assert_close
@@ -67,7 +67,7 @@ def test_rows_decode_as_the_gguf_package_does(level, qtype, rng):
         t = random_tensor(qtype, 5, K, rng)
         want = t.dequantize()
         for i in range(5):
-            got = gguf_run.row(t, i)
+            got = gguf_products.row(t, i)
             assert np.array_equal(got, want[i]), (qtype, K, i, np.abs(got - want[i]).max())
 
 
@@ -81,10 +81,10 @@ def test_products_against_float64(level, qtype, rng):
             t = random_tensor(qtype, N, K, rng)
             x = rng.normal(0, 1, (rows, K)).astype(np.float32)
             x[0, : min(K, 32)] = 0  # an all-zero block: scale 0
-            a = np.stack([gguf_run.quantize(qtype, r)[1] for r in x])
+            a = np.stack([gguf_products.quantize(qtype, r)[1] for r in x])
             w = t.dequantize().astype(np.float64)
             for threads in (1, 2):
-                y = gguf_run.matmul(t, x, threads=threads)
+                y = gguf_products.matmul(t, x, threads=threads)
                 assert_product(y, a, w, f"{qtype} {rows}x{K}x{N} threads={threads}")
 
 
@@ -97,7 +97,7 @@ def test_activations_round_as_llama_cpp_does(level, qtype, rng):
     x[:32] = 0
     x[32:64] = np.float32(0.5) * np.arange(32)          # halves: ties for Q8_0's rounding
     x[300] = -40.0                                       # a negative largest value for Q8_K
-    got = gguf_run.quantize(qtype, x)[1]
+    got = gguf_products.quantize(qtype, x)[1]
     want = gguf_model.round_activation(qtype, x)
     assert np.array_equal(got, want), (qtype, np.abs(got - want).max())
     if gguf_model.ACTIVATION.get(qtype, "").startswith("Q8"):
@@ -127,20 +127,20 @@ def test_every_int8_path(lvl, without, monkeypatch, rng):
     want = {("avx2", True): "vpdpbusd (AVX-VNNI)", ("avx2", False): "vpmaddubsw (AVX2)",
             ("avx512", True): "vpdpbusd (AVX512-VNNI)",
             ("avx512", False): "vpmaddubsw (AVX-512)"}[lvl, vnni]
-    assert gguf_run.instruction() == want
+    assert gguf_products.instruction() == want
     for qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"):
         K = 512
         t = random_tensor(qtype, 19, K, rng)
         x = rng.normal(0, 1, (2, K)).astype(np.float32)
-        a = np.stack([gguf_run.quantize(qtype, r)[1] for r in x])
-        assert_product(gguf_run.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
+        a = np.stack([gguf_products.quantize(qtype, r)[1] for r in x])
+        assert_product(gguf_products.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
                        f"{qtype} {lvl} without {without or 'nothing'}")
         if qtype == "Q8_0":  # the decode layout in tiles on the same path
-            assert_product(gguf_run.matmul(t, x, threads=2, tiles=True), a,
+            assert_product(gguf_products.matmul(t, x, threads=2, tiles=True), a,
                            t.dequantize().astype(np.float64), f"tiles {lvl}")
-        if qtype in gguf_run.INT8_TYPES:  # the prompt's integer GEMM on the same path
-            a8 = np.stack([gguf_run.quantize("Q8_0", r)[1] for r in x])
-            assert_product(gguf_run.int8_matmul(t, x, threads=2), a8,
+        if qtype in gguf_products.INT8_TYPES:  # the prompt's integer GEMM on the same path
+            a8 = np.stack([gguf_products.quantize("Q8_0", r)[1] for r in x])
+            assert_product(gguf_products.int8_matmul(t, x, threads=2), a8,
                            t.dequantize().astype(np.float64), f"GEMM {qtype} {lvl}")
 
 
@@ -152,11 +152,11 @@ def test_every_block_count_and_prefetch_distance(qtype, level, rng):
     for K in (32, 64, 96, 256, 288, 320, 352, 896):
         t = random_tensor(qtype, 21, K, rng)
         x = rng.normal(0, 1, (1, K)).astype(np.float32)
-        a = np.stack([gguf_run.quantize(qtype, r, level)[1] for r in x])
-        y = gguf_run.matmul(t, x, threads=2, level=level)
+        a = np.stack([gguf_products.quantize(qtype, r, level)[1] for r in x])
+        y = gguf_products.matmul(t, x, threads=2, level=level)
         assert_product(y, a, t.dequantize().astype(np.float64), f"{qtype} K={K} {level}")
         for ahead, threads in ((0, 1), (64, 2), (4096, 2), (1 << 20, 1)):
-            got = gguf_run.matmul(t, x, threads=threads, level=level, ahead=ahead)
+            got = gguf_products.matmul(t, x, threads=threads, level=level, ahead=ahead)
             assert np.array_equal(got, y), (qtype, K, ahead, threads)
 
 
@@ -170,10 +170,10 @@ def test_q8_0_tiles_against_float64(level, rng):
             t = random_tensor("Q8_0", N, K, rng)
             x = rng.normal(0, 1, (rows, K)).astype(np.float32)
             x[0, :32] = 0
-            a = np.stack([gguf_run.quantize("Q8_0", r, level)[1] for r in x])
+            a = np.stack([gguf_products.quantize("Q8_0", r, level)[1] for r in x])
             w = t.dequantize().astype(np.float64)
             for threads in (1, 2):
-                y = gguf_run.matmul(t, x, threads=threads, level=level, tiles=True)
+                y = gguf_products.matmul(t, x, threads=threads, level=level, tiles=True)
                 assert_product(y, a, w, f"tiles {rows}x{K}x{N} threads={threads} {level}")
 
 
@@ -181,16 +181,16 @@ def test_only_q8_0_has_tiles(rng):
     for qtype in ("Q4_0", "Q4_K", "F32"):
         t = random_tensor(qtype, 4, 256, rng)
         with pytest.raises(ValueError, match="only a Q8_0"):
-            gguf_run.matmul(t, np.zeros((1, 256), np.float32), tiles=True)
+            gguf_products.matmul(t, np.zeros((1, 256), np.float32), tiles=True)
 
 
 def test_a_bad_prefetch_distance_is_one_clear_error(rng):
     t = random_tensor("Q8_0", 4, 64, rng)
     x = np.zeros((1, 64), np.float32)
     with pytest.raises(ValueError, match="ahead"):
-        gguf_run.matmul(t, x, ahead=-1)
+        gguf_products.matmul(t, x, ahead=-1)
     with pytest.raises(TypeError, match="ahead"):
-        gguf_run.matmul(t, x, ahead=1.5)
+        gguf_products.matmul(t, x, ahead=1.5)
 
 
 def test_the_instruction_is_the_levels(level):
@@ -199,17 +199,17 @@ def test_the_instruction_is_the_levels(level):
             "avx2": "vpdpbusd (AVX-VNNI)" if "avx_vnni" in exts else "vpmaddubsw (AVX2)",
             "avx512": ("vpdpbusd (AVX512-VNNI)" if "avx512_vnni" in exts
                        else "vpmaddubsw (AVX-512)")}[level]
-    assert gguf_run.instruction(level) == want
+    assert gguf_products.instruction(level) == want
 
 
 def test_bad_products_are_refused(rng):
     t = random_tensor("Q8_0", 4, 64, rng)
     with pytest.raises(ValueError, match="rows of 63"):
-        gguf_run.matmul(t, np.zeros((1, 63), np.float32))
+        gguf_products.matmul(t, np.zeros((1, 63), np.float32))
     with pytest.raises(ValueError, match="type: expected"):
-        gguf_run.quantize("Q2_K", np.zeros(256, np.float32))
+        gguf_products.quantize("Q2_K", np.zeros(256, np.float32))
     with pytest.raises(ValueError, match="does not fill"):
-        gguf_run.quantize("Q4_K", np.zeros(32, np.float32))
+        gguf_products.quantize("Q4_K", np.zeros(32, np.float32))
 
 
 # ---------------------------------------------------------------- the forward
@@ -379,22 +379,22 @@ def test_every_type_is_supported_and_rounds_its_activation_as_llama_does(level):
     from smallem.plumbing import build
     ffi, lib = build.load("forward", level)
     for name in TYPES:
-        assert lib.sm_g_supported(gguf_run.type_id(name)) == 1, name
+        assert lib.sm_g_supported(gguf_products.type_id(name)) == 1, name
     for name in ("Q2_K", "Q3_K", "IQ4_NL"):
-        assert lib.sm_g_supported(gguf_run.type_id(name)) == 0, name
+        assert lib.sm_g_supported(gguf_products.type_id(name)) == 0, name
     pairs = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_K": "Q8_K", "Q6_K": "Q8_K"}
     for w, a in pairs.items():
-        assert lib.sm_g_act_type(gguf_run.type_id(w)) == gguf_run.type_id(a), w
-    paired_q8 = level == "avx512" and "VNNI" in gguf_run.instruction(level)
-    assert lib.sm_g_act_type(gguf_run.type_id("Q8_0")) == (
-        1000 if paired_q8 else gguf_run.type_id("Q8_0"))
+        assert lib.sm_g_act_type(gguf_products.type_id(w)) == gguf_products.type_id(a), w
+    paired_q8 = level == "avx512" and "VNNI" in gguf_products.instruction(level)
+    assert lib.sm_g_act_type(gguf_products.type_id("Q8_0")) == (
+        1000 if paired_q8 else gguf_products.type_id("Q8_0"))
     for w in ("Q4_0", "Q5_0"):
-        got = lib.sm_g_act_type(gguf_run.type_id(w))
-        assert got == (1000 if level == "avx512" else gguf_run.type_id("Q8_0")), w
+        got = lib.sm_g_act_type(gguf_products.type_id(w))
+        assert got == (1000 if level == "avx512" else gguf_products.type_id("Q8_0")), w
 
 
 # ---------------------------------------------------------------- the prompt's integer GEMM
-@pytest.mark.parametrize("qtype", gguf_run.INT8_TYPES)
+@pytest.mark.parametrize("qtype", gguf_products.INT8_TYPES)
 def test_int8_gemm_against_float64(level, qtype, rng):
     """kernels_c/forward/qgemm.c on this level: the rows rounded to Q8_0 blocks as llama.cpp
     rounds them, then every block's integer sum exact and scaled, on awkward shapes: one row,
@@ -409,8 +409,8 @@ def test_int8_gemm_against_float64(level, qtype, rng):
         t = random_tensor(qtype, N, K, rng)
         x = rng.normal(0, 1, (rows, K)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros: its scale 0
-        a = np.stack([gguf_run.quantize("Q8_0", r)[1] for r in x])
-        y = gguf_run.int8_matmul(t, x, threads=threads)
+        a = np.stack([gguf_products.quantize("Q8_0", r)[1] for r in x])
+        y = gguf_products.int8_matmul(t, x, threads=threads)
         assert_product(y, a, t.dequantize().astype(np.float64), f"{qtype} {level} {rows}x{N}x{K}")
 
 
@@ -421,8 +421,8 @@ def test_int8_gemm_instruction_and_refusals(level, rng):
             "avx512": ("vpdpbusd (AVX512-VNNI)" if "avx512_vnni" in exts
                        else "vpdpbusd (AVX-VNNI)" if "avx_vnni" in exts
                        else "vpmaddubsw (AVX2)")}[level]
-    assert gguf_run.int8_instruction() == want
+    assert gguf_products.int8_instruction() == want
     with pytest.raises(ValueError, match="takes Q8_0"):
-        gguf_run.int8_matmul(random_tensor("F16", 2, 256, rng), np.zeros((1, 256), np.float32))
+        gguf_products.int8_matmul(random_tensor("F16", 2, 256, rng), np.zeros((1, 256), np.float32))
     with pytest.raises(ValueError, match="expected"):
-        gguf_run.int8_matmul(random_tensor("Q8_0", 2, 64, rng), np.zeros((1, 63), np.float32))
+        gguf_products.int8_matmul(random_tensor("Q8_0", 2, 64, rng), np.zeros((1, 63), np.float32))

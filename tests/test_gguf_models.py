@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import gguf_models
-from smallem.generating import decode, gguf_export, gguf_file, gguf_model, gguf_run, gguf_tokenizer
+from smallem.generating import decode, gguf_export, gguf_file, gguf_model, gguf_products, gguf_tokenizer
 from smallem.generating.forward import Forward
 from smallem.book.ch4 import llama
 from smallem.generating.gguf_file import GGUFError

@@ -335,7 +335,7 @@ void sm_g_row(const sm_mat *w, int row, float *out)
 #endif
 
 /* Rows r0..r1 of the matrix as floats into out ((r1 - r0) x K), threads splitting the rows:
- * the panels a prompt's GEMM multiplies (smallem/gguf_run.py). */
+ * the panels a prompt's GEMM multiplies (smallem/generating/forward.py). */
 static void sm_g_rows(const sm_mat *w, int r0, int r1, float *out, int nthreads)
 {
     const int n = r1 - r0, nt = nthreads < n ? nthreads : (n > 0 ? n : 1);

@@ -1,5 +1,5 @@
 """`smallem run MODEL.gguf`: other people's models (a llama-family GGUF file), streamed
-through the C forward (:mod:`smallem.generating.gguf_run`); ``--info`` describes the file; ``--chat`` keeps a
+through the C forward (:mod:`smallem.generating.forward`); ``--info`` describes the file; ``--chat`` keeps a
 conversation at the terminal through the file's chat template."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import time
 from ..book.options import count, number
 from smallem.generating.sampling import Sampler
 from smallem.generating.forward import DEFAULT_CONTEXT
+from smallem.generating.gguf_file import ARCHS
 from .generate import Terminal
 
 
 def add_run_arguments(p):
-    p.add_argument("model", help="a GGUF file (llama, qwen2, qwen3 or phi3)")
+    p.add_argument("model", help="a GGUF file (" + ", ".join(sorted(ARCHS)) + ")")
     p.add_argument("--info", action="store_true",
                    help="describe the file (architecture, sizes, types, tokenizer) and stop")
     p.add_argument("--prompt", default="", help="the text to continue (UTF-8)")

@@ -25,7 +25,7 @@ llama.cpp's converter stores there). ``dtype`` float64 is the oracle; float32 ru
 arithmetic at the precision of the kernels. Each matrix is dequantised by the ``gguf``
 package when a product needs it and dropped after: slow, never a copy of the model.
 
-``like_llama`` makes it the oracle of what the C forward (:mod:`smallem.generating.gguf_run`) and
+``like_llama`` makes it the oracle of what the C forward (:mod:`smallem.generating.forward`) and
 llama.cpp compute: each product's activation rounded first as llama.cpp rounds it for the
 weights' type (:func:`round_activation`), the keys and values kept in f16, each query
 rounded to f16 before it meets the keys (ggml multiplies an f16 matrix by an f16 copy of the

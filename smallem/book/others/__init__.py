@@ -2,7 +2,7 @@
 llama.cpp's quantisations) run by the library's C forward beside llama.cpp on the same file.
 
 The engine is the library's :mod:`smallem.generating.gguf_file`, :mod:`smallem.generating.gguf_tokenizer`,
-:mod:`smallem.generating.gguf_model` and :mod:`smallem.generating.gguf_run` (``smallem run MODEL.gguf``).
+:mod:`smallem.generating.gguf_model` and the C forward, :mod:`smallem.generating.forward` (``smallem run MODEL.gguf``).
 ``files`` writes the files measured (random weights at real shapes), ``measuring`` runs the
 benchmark into the record, ``reading`` turns it into the page's tables and values, and this
 file holds what :mod:`smallem.book` asks of every chapter.

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from smallem import checks
-from smallem.generating import gguf_file, gguf_run
+from smallem.generating import gguf_file, gguf_products
 from smallem.cpu import timing
 from smallem.generating.forward import Forward, Tiled
 from smallem.cpu.timing import Timing, quick_mode
@@ -156,7 +156,7 @@ def dot_rate(mf, threads: int, reps: int, tiles: bool = False) -> dict:
             row = t.nbytes // t.ne[1]
             rows = max(1, min(t.ne[1], DOT_BYTES // row))
             part = Tensor(t.name, t.type, (t.ne[0], rows), np.asarray(t.data)[:rows])
-            secs += nbytes / (rows * row / gguf_run.product_seconds(
+            secs += nbytes / (rows * row / gguf_products.product_seconds(
                 part, reps, tiles=tiles and ty == "Q8_0"))
         rates.append(threads * sum(by_type.values()) / secs / 1e9)
     rates.sort()
@@ -183,7 +183,7 @@ def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
         blocks[:, :2] = np.full(len(q), 4 / 127, np.float16).view(np.uint8).reshape(-1, 2)
         blocks[:, 2:] = q.view(np.uint8)
         probe = Tensor("probe", "Q8_0", (h.d, h.hidden), blocks.reshape(h.hidden, -1))
-        call = lambda: gguf_run.int8_matmul(probe, a, threads=fw.team)  # noqa: E731
+        call = lambda: gguf_products.int8_matmul(probe, a, threads=fw.team)  # noqa: E731
     elif fw.prompt_dtype == "bf16":
         a, b = gemm.f32_to_bf16(a), gemm.f32_to_bf16(b)
         call = lambda: gemm.matmul_bf16(a, b, trans_b=True, threads=fw.team)  # noqa: E731
@@ -220,8 +220,8 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
     rec = records.Record(RECORD, settings={
         "quick": quick, "threads": threads, "prompt": PROMPT, "feed": 8 if quick else FEED,
         "pp": 64 if quick else PP, "rounds": 2 if quick else ROUNDS, "llama_reps": LLAMA_REPS,
-        "instruction": gguf_run.instruction(), "rows_per_call": gguf_run.ROWS,
-        "int8_instruction": gguf_run.int8_instruction(),
+        "instruction": gguf_products.instruction(), "rows_per_call": gguf_products.ROWS,
+        "int8_instruction": gguf_products.int8_instruction(),
         # the prompt's two GEMMs as the forward timed them to choose (Gop/s, one core)
         "prompt_rates": _prompt_rates(),
         "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},
