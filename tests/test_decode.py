@@ -278,6 +278,41 @@ def test_generator_prompts_and_the_context():
     assert list(text) == want
 
 
+def test_the_one_generate_loop_keeps_the_latest_half_of_a_full_context():
+    """sampling.generate, the loop of chapter 4's generator and the GGUF runner: a cache
+    never holds more than the context; when full it restarts with the latest half of the
+    ids (the newest included), and a stop id ends the run before it is kept."""
+    from smallem.generating.sampling import generate
+
+    context, cache, refills = 8, [], []
+
+    def logits_after(t):  # the next id is always the last one plus one
+        z = np.zeros(64)
+        z[(t + 1) % 64] = 1
+        return z
+
+    def step(t):
+        cache.append(t)
+        assert len(cache) <= context
+        return logits_after(t)
+
+    def refill(ids):
+        cache[:] = ids
+        refills.append(list(ids))
+        return logits_after(ids[-1])
+
+    history = [1, 2, 3]
+    out = list(generate(refill(history), history, 20, lambda z: int(np.argmax(z)),
+                        context=context, step=step, refill=refill))
+    assert out == list(range(4, 24))
+    assert refills[1] == [6, 7, 8, 9]  # full at 8 ids: 9 has no place, the latest 4 go on
+    assert all(len(r) <= context for r in refills) and history == cache + [23]
+    history = [1]
+    stopped = list(generate(refill(history), history, 20, lambda z: int(np.argmax(z)),
+                            context=context, step=step, refill=refill, stop={5}))
+    assert stopped == [2, 3, 4] and history == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("block", ["gpt2", "modern"])
 def test_generate_from_a_checkpoint(tmp_path, block):
     from smallem.training.data import Corpus

@@ -37,7 +37,7 @@ from smallem.training.model import GPT, get_config
 from smallem.training.ops import LN_EPS, rope_tables
 from smallem.generating.forward import Q8_0_ID, Forward, Rows, Spec
 from smallem.generating.quant import Packed
-from smallem.generating.sampling import Sampler  # noqa: F401 (chapter 4's generator, the tests)
+from smallem.generating.sampling import Sampler, generate  # noqa: F401 (Sampler: the tests too)
 
 DTYPES = ("f32", "int8")
 
@@ -512,17 +512,12 @@ class Generator:
             raise ValueError(f"tokens must be an int >= 0, got {tokens!r}")
         history = self.prompt_tokens(prompt)
         sampler = Sampler(temperature, top_k, top_p, seed, self.config.vocab)
-        dec, ctx = self.decoder, self.config.context
-        dec.reset()
-        logits = dec.prefill(history)
-        for i in range(tokens):
-            t = sampler(logits)
-            history.append(t)
+        dec = self.decoder
+
+        def refill(ids):
+            dec.reset()
+            return dec.prefill(ids)
+
+        for t in generate(refill(history), history, tokens, sampler,
+                          context=self.config.context, step=dec.step, refill=refill):
             yield bytes((t,))
-            if i + 1 == tokens:
-                break
-            if dec.pos == ctx:  # full: keep the latest half and go on
-                dec.reset()
-                logits = dec.prefill(history[-(ctx // 2):])
-            else:
-                logits = dec.step(t)

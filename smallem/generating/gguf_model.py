@@ -323,6 +323,7 @@ class Runner:
         if model not in ("c", "reference"):
             raise ValueError(f"model: expected 'c' or 'reference', got {model!r}")
         self.mf, self.tk = mf, from_model_file(mf)
+        self.history: list = []  # the ids in the cache
         if model == "c":
             from smallem.generating.forward import Forward
 
@@ -334,22 +335,27 @@ class Runner:
 
     def generate(self, ids: list, tokens: int, sampler, keep_cache: bool = False):
         """Yields the bytes of each new token after ``ids`` (which continue the cache when
-        ``keep_cache``), stopping at an end-of-generation token or the context's end."""
+        ``keep_cache``), stopping at an end-of-generation token; a full context keeps its
+        latest half and goes on (:func:`smallem.generating.sampling.generate`, the rule of
+        chapter 4's generator too)."""
+        from smallem.generating.sampling import generate
+
         if not keep_cache:
             self.model.reset()
+            self.history = []
         if not ids:
             raise ValueError("the prompt is empty and the tokenizer adds no BOS: nothing to "
                              "continue")
         if self.model.pos + len(ids) > self.context:
             raise ValueError(f"the prompt's {len(ids)} tokens do not fit the context of "
                              f"{self.context} after {self.model.pos}")
-        logits = self.model.forward(ids)
-        stop = eog_ids(self.tk)
-        for _ in range(tokens):
-            t = sampler(logits)
-            if t in stop:
-                return
+        self.history += list(ids)
+
+        def refill(kept):
+            self.model.reset()
+            return self.model.forward(kept)
+
+        for t in generate(self.model.forward(list(ids)), self.history, tokens, sampler,
+                          context=self.context, step=lambda t: self.model.forward([t]),
+                          refill=refill, stop=eog_ids(self.tk)):
             yield self.tk.piece(t, special=False)
-            if self.model.pos >= self.context:
-                return
-            logits = self.model.forward([t])

@@ -1,5 +1,7 @@
 """The next token from logits: greedy, or a seeded draw cut by top-k and top-p, in the
-library (not in chapter 4's ladder), for chapter 4's generator and the GGUF runner alike."""
+library (not in chapter 4's ladder), for chapter 4's generator and the GGUF runner alike;
+and the one loop that generates with it (:func:`generate`), with one rule for a full
+context."""
 
 from __future__ import annotations
 
@@ -41,3 +43,27 @@ class Sampler:
         keep = int(np.searchsorted(cum, self.top_p * (1 - 1e-12))) + 1 if self.top_p < 1 else p.size
         u = self.rng.random() * cum[keep - 1]
         return int(cand[min(int(np.searchsorted(cum[:keep], u, side="right")), keep - 1)])
+
+
+def generate(logits, history: list, tokens: int, sampler, *, context: int, step, refill,
+             stop=frozenset()):
+    """The one generate loop of the CPU decoders (chapter 4's generator, the GGUF runner):
+    yields up to ``tokens`` ids, the first sampled from ``logits`` (the prompt's), each next
+    from ``step(id)``'s logits, until one is in ``stop``. ``history`` holds the ids in the
+    cache and takes each new one. When the cache is full, the latest half of ``history`` is
+    given to ``refill(ids)`` (a cache started again with them; their last logits back) and
+    generation goes on: the model then sees the latest ``context // 2`` ids, never more than
+    its context."""
+    for i in range(tokens):
+        t = sampler(logits)
+        if t in stop:
+            return
+        history.append(t)
+        yield t
+        if i + 1 == tokens:
+            return
+        if len(history) > context:  # t has no place in the cache: keep the latest half
+            del history[:-(context // 2)]
+            logits = refill(list(history))
+        else:
+            logits = step(t)
