@@ -38,3 +38,25 @@ def number(low: float, high: float = float("inf"), low_open: bool = False):
         return x
     parse.__name__ = "number"
     return parse
+
+
+def bench_command(name: str, run, help_: str, *, threads: bool = True,
+                  quick_help: str = "tiny sizes, seconds (for tests)") -> dict:
+    """A chapter's benchmark as a ``smallem`` command, ``{name: (function, add_arguments,
+    help)}`` (what :mod:`smallem.book` asks a chapter's ``COMMANDS`` for): ``--quick`` and,
+    with ``threads``, ``--threads``, handed to ``run(quick=..., threads=...)``; each record
+    it returns (one, or a tuple) is saved and named."""
+    def add_arguments(p):
+        p.add_argument("--quick", action="store_true", help=quick_help)
+        if threads:
+            p.add_argument("--threads", type=count(1), help="threads (default: all cores)")
+
+    def command(args) -> int:
+        kw = {"threads": args.threads} if threads else {}
+        out = run(quick=args.quick or None, **kw)
+        for rec in out if isinstance(out, tuple) else (out,):
+            print(f"wrote {rec.save()}")
+        return 0
+
+    command.__name__ = "cmd_" + name.replace("-", "_")
+    return {name: (command, add_arguments, help_)}

@@ -16,7 +16,6 @@ from .measuring import (OP_GROUPS, RECORD_RUN, RECORD_STEP, RUNGS, bench_train, 
                         measure_step, profile_step)
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
 from .. import options
-from .. import records
 
 RECORDS = (RECORD_STEP, RECORD_RUN)
 # the peers its records compare against: record -> {peer: (result name, params)}
@@ -24,19 +23,7 @@ PEER_ROWS = {RECORD_STEP: {"PyTorch": ("step", {"backend": "torch"}),
                            "PyTorch with bf16 autocast": ("step", {"backend": "torch-bf16"})}}
 
 
-def add_bench_train_arguments(p):
-    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
-    p.add_argument("--threads", type=options.count(1), help="threads for every backend (default: all cores)")
-
-
-def cmd_bench_train(args) -> int:
-    bench_train(quick=args.quick or None, threads=args.threads)
-    print(f"wrote {records.records_dir() / (RECORD_STEP + '.json')} and "
-          f"{records.records_dir() / (RECORD_RUN + '.json')}")
-    return 0
-
-
 # what `smallem` offers for this chapter: name -> (function, add_arguments, help)
-COMMANDS = {"bench-train": (cmd_bench_train, add_bench_train_arguments,
-                            "chapter 3: time training steps, write records")}
+COMMANDS = options.bench_command("bench-train", bench_train,
+                                 "chapter 3: time training steps, write records")
 MEASURE = "bench-train"  # the command `make book` runs

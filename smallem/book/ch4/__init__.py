@@ -13,24 +13,11 @@ from __future__ import annotations
 from .measuring import RECORD, RECORD_QUALITY, bench_generate  # noqa: F401
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
 from .. import options
-from .. import records
 
 RECORDS = (RECORD, RECORD_QUALITY)
 # the peers its records compare against: record -> {peer: (result name, params)}
 PEER_ROWS = {RECORD: {"llama.cpp": ("llama_tg", {}), "PyTorch": ("decode", {"case": "torch-f32"})},
              RECORD_QUALITY: {"llama.cpp (llama-simple)": ("llama_greedy", {})}}
-
-
-def add_bench_generate_arguments(p):
-    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
-    p.add_argument("--threads", type=options.count(1), help="threads (default: all cores)")
-
-
-def cmd_bench_generate(args) -> int:
-    bench_generate(quick=args.quick or None, threads=args.threads)
-    print(f"wrote {records.records_dir() / (RECORD + '.json')} and "
-          f"{records.records_dir() / (RECORD_QUALITY + '.json')}")
-    return 0
 
 
 def add_llama_arguments(p):
@@ -49,8 +36,8 @@ def cmd_llama(args) -> int:
 
 
 # what `smallem` offers for this chapter: name -> (function, add_arguments, help)
-COMMANDS = {"bench-generate": (cmd_bench_generate, add_bench_generate_arguments,
-                               "chapter 4: time generation, write records"),
+COMMANDS = {**options.bench_command("bench-generate", bench_generate,
+                                    "chapter 4: time generation, write records"),
             "llama": (cmd_llama, add_llama_arguments,
                       "build the peer llama.cpp once for this machine (into the kernel cache) "
                       "and check it on quantised files")}

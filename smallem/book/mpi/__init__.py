@@ -12,21 +12,12 @@ from __future__ import annotations
 
 from .measuring import RECORD, bench_distributed  # noqa: F401
 from .reading import report  # noqa: F401  (what smallem.book asks of a chapter)
+from .. import options
 
 RECORDS = (RECORD,)
 
-
-def add_bench_distributed_arguments(p):
-    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
-
-
-def cmd_bench_distributed(args) -> int:
-    rec = bench_distributed(quick=args.quick or None)
-    print(f"wrote {rec.save()}")
-    return 0
-
-
 # what `smallem` offers for this chapter: name -> (function, add_arguments, help)
-COMMANDS = {"bench-distributed": (cmd_bench_distributed, add_bench_distributed_arguments,
-                                  "appendix: time training on MPI ranks, write the record")}
+COMMANDS = options.bench_command("bench-distributed", bench_distributed,
+                                 "appendix: time training on MPI ranks, write the record",
+                                 threads=False)
 MEASURE = "bench-distributed"  # the command `make book` runs

@@ -19,18 +19,8 @@ RECORDS = (RECORD,)
 PEER_ROWS = {RECORD: {"llama.cpp": ("llama_tg", {}), "llama.cpp's prompt": ("llama_pp", {})}}
 
 
-def add_bench_others_arguments(p):
-    p.add_argument("--quick", action="store_true", help="tiny models, seconds (for tests)")
-    p.add_argument("--threads", type=options.count(1), help="threads (default: all cores)")
-
-
-def cmd_bench_others(args) -> int:
-    rec = bench_others(quick=args.quick or None, threads=args.threads)
-    print(f"wrote {rec.save()}")
-    return 0
-
-
 # what `smallem` offers for this chapter: name -> (function, add_arguments, help)
-COMMANDS = {"bench-others": (cmd_bench_others, add_bench_others_arguments,
-                             "appendix B: others' GGUF models beside llama.cpp, write the record")}
+COMMANDS = options.bench_command("bench-others", bench_others,
+                                 "appendix B: others' GGUF models beside llama.cpp, write the record",
+                                 quick_help="tiny models, seconds (for tests)")
 MEASURE = "bench-others"  # the command `make book` runs

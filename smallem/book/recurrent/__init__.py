@@ -14,18 +14,7 @@ from .. import options
 RECORDS = (RECORD,)
 
 
-def add_bench_recurrent_arguments(p):
-    p.add_argument("--quick", action="store_true", help="tiny sizes, seconds (for tests)")
-    p.add_argument("--threads", type=options.count(1), help="threads (default: all cores)")
-
-
-def cmd_bench_recurrent(args) -> int:
-    rec = bench_recurrent(quick=args.quick or None, threads=args.threads)
-    print(f"wrote {rec.save()}")
-    return 0
-
-
 # what `smallem` offers for this chapter: name -> (function, add_arguments, help)
-COMMANDS = {"bench-recurrent": (cmd_bench_recurrent, add_bench_recurrent_arguments,
-                                "appendix D: the recurrent block beside attention, write the record")}
+COMMANDS = options.bench_command("bench-recurrent", bench_recurrent,
+                                 "appendix D: the recurrent block beside attention, write the record")
 MEASURE = "bench-recurrent"  # the command `make book` runs
