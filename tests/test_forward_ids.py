@@ -8,11 +8,14 @@ them disagrees with the library built here, or with the gguf package's own table
 types.
 """
 
+import subprocess
+
 import gguf
 import pytest
 
+from smallem.cpu import isa
 from smallem.generating import decode, forward, gguf_file, gguf_products
-from smallem.plumbing import build
+from smallem.plumbing import build, toolchain
 
 
 @pytest.fixture
@@ -81,3 +84,17 @@ def test_one_table_names_every_tensor_once_and_its_parts_are_the_c_layers_fields
                             rope_dim=4, tied=False)
         for key in gguf_file.expected_shapes(h):
             assert key in files or key.split(".", 2)[2] in files, (arch.name, key)
+
+
+@pytest.mark.parametrize("level", isa.LEVELS)
+@pytest.mark.parametrize("part", sorted(p.name for p in (build.KERNELS_DIR / "forward").glob("*.c")))
+def test_each_file_of_the_forward_compiles_alone(level, part):
+    """forward.c includes kernels_c/forward/*.c into one unit, and each of them includes what
+    it uses (forward/internal.h, the file it builds on), so each also compiles alone: at
+    every ISA level with every extension the level can have (a syntax check: no CPU needed)."""
+    cc = toolchain.compiler()
+    flags = isa.compile_flags(level, isa.OPTIONAL.get(level, ())) + build.openmp_flags(cc)[0]
+    r = subprocess.run([cc, "-fsyntax-only", "-std=gnu11", "-Wall", "-Wno-unused-function",
+                        *flags, str(build.KERNELS_DIR / "forward" / part)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr[-2000:]

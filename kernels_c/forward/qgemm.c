@@ -1,7 +1,7 @@
 /* The prompt in integers: a GEMM whose products are int8 by int8, for ggml's block types whose
  * weights are small integers times scales: Q8_0, Q4_0, Q5_0 (one scale a block of 32), Q4_K (a
  * scale and a min a sub-block of 32) and Q6_K (a scale a sub-block of 16).
- * Included by forward.c (one translation unit), after blocks.c.
+ * Included by forward.c (one translation unit), after blocks.c; compiles alone too.
  *
  * y (rows x N) = x (rows x K) W^T, W's N rows in the file's blocks. The activations are
  * rounded as ggml rounds them for a Q8_0 product (one f16 scale and 32 int8 a block); each
@@ -25,6 +25,10 @@
  *   d s dx sum((q - 8) x) + b dx sum(x): one more multiply-add a vector.
  * - QG_SPLIT (Q6_K): w = d s_h (q - 32), the scale s_h changing every 16 of k; the block's sum
  *   is two sums, of its first 16 and its last 16 products, each with its own scale. */
+#ifndef SM_FORWARD_QGEMM_C
+#define SM_FORWARD_QGEMM_C
+#include "quants.c" /* the blocks' layouts and unpacking, Q8_0's rounding */
+
 
 enum { QG_NR = 32, QG_KC = 16 /* blocks of k per pass over the rows: 22 KiB of panel */ };
 enum { QG_PLAIN = 0, QG_MIN = 1, QG_SPLIT = 2 };
@@ -493,3 +497,4 @@ int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthread
     free(panels);
     return 0;
 }
+#endif /* SM_FORWARD_QGEMM_C */

@@ -1,10 +1,14 @@
 /* Chapter 4's weights: repacked once into tiles of 16 output columns, f32 (kind 0) or int8
  * with an f16 scale per block of 32 (kind 1); the layout and the instructions are described
- * in forward.c's opening comment. Included by forward.c (one translation unit). */
+ * in forward.c's opening comment. Included by forward.c (one translation unit); compiles alone
+ * too (internal.h). */
+#ifndef SM_FORWARD_TILES_C
+#define SM_FORWARD_TILES_C
+#include "internal.h"
+
 #define TILE 16
 #define QBLOCK 32
 #define TILE_ROWS 32 /* the prefill's rows per pass: a tile's weights are reused by all of them */
-#define PAD(n, m) (((n) + (m) - 1) / (m) * (m))
 #define MAXRB 4
 #define MAXNT 8
 /* tiles per decode block: 8 accumulators of 16 lanes where there are 32 vector registers,
@@ -368,3 +372,4 @@ void sm_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *x
     }
 }
 /* --8<-- [end:matmul] */
+#endif /* SM_FORWARD_TILES_C */
