@@ -169,6 +169,18 @@ def test_files_a_reader_can_take_in(path):
     assert lines <= limit, f"{path.relative_to(ROOT)}: {lines} lines (at most {limit})"
 
 
+KERNEL_FILES = sorted(p for d in ("kernels_c", "kernels_cuda") for p in (ROOT / d).rglob("*")
+                      if p.suffix in (".c", ".h", ".cu", ".cuh"))
+
+
+@pytest.mark.parametrize("path", KERNEL_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_kernel_files_a_reader_can_take_in(path):
+    """The C and CUDA files under the same cap as the Python: a file a reader can open and
+    hold (the one forward is a loop in forward.c and its parts in kernels_c/forward/)."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= 800, f"{path.relative_to(ROOT)}: {lines} lines (at most 800)"
+
+
 BOOK_FUNCTION_LINES = 80  # a book function a reader can hold at once, docstring included
 
 
