@@ -94,7 +94,7 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
 # %%
 display(Markdown((figures.tables_dir() / "others_ahead.md").read_text()))
 display(Markdown((figures.tables_dir() / "others_rates.md").read_text()))
-print("the forward's distance:", values["others.ahead"], "| fastest here:",
+print("the forward's distance:", values["others.ahead"], "| fastest in this run (the table says by how much):",
       figures.plain(values["others.ahead_best"] or "not measured"))
 for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
     print(k, "| with the prefetch:",
