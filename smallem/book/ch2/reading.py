@@ -76,11 +76,9 @@ def whole_b_values(rec: dict) -> dict:
             "ch2.whole_b_vs": compare.versus(found["whole"], found["slices"])}
 
 
-
 def _phase_calls(rec: dict) -> str:
     found = records.results(rec, "phase", phase="wall")
     return str(found[0]["value"]["n"]) if found else "n/a"
-
 
 
 def phase_rows(rec: dict) -> tuple[list[list], dict]:
@@ -142,7 +140,6 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
-
 def _peak(rec: dict, rec_dir) -> tuple[float, str]:
     """The page's one f32 peak on all cores, for every '% of peak': chapter 1's FMA probe from
     its record (the peak its roofline, chapter 1 and the home page show, and the same run as
@@ -151,7 +148,6 @@ def _peak(rec: dict, rec_dir) -> tuple[float, str]:
     if facts is None:
         return records.value(rec, "peak_f32"), "this run's probe"
     return facts["peak"][("f32", facts["cores"])], "chapter 1's record"
-
 
 
 def _peak_core(rec: dict, rec_dir) -> float:
@@ -163,14 +159,11 @@ def _peak_core(rec: dict, rec_dir) -> float:
     return facts["peak"][("f32", 1)]
 
 
-
-
 def blocking_verdict(gain: float) -> str:
     """What rung 2 (blocking alone, expected to change little) did, from its measured gain."""
     return ("is slower here" if gain < 0.95 else "buys little" if gain <= 1.1 else
             "helps a little" if gain <= 1.3 else "helps somewhat" if gain <= 1.6 else
             "helps a great deal here")
-
 
 
 def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
@@ -395,7 +388,6 @@ def _one_core_values(rec: dict, n: int, final: float, numpy_all: float, numpy_on
             "ch2.numpy_1t_gops": f(numpy_one, "Gop/s")}
 
 
-
 def _blas_line(rec: dict) -> str:
     blas = [b for b in rec["settings"].get("blas_pinned", rec["settings"]["blas"])
             if b.get("user_api") == "blas"]
@@ -404,7 +396,6 @@ def _blas_line(rec: dict) -> str:
     b = blas[0]
     layer = f", threading: {b['threading_layer']}" if b.get("threading_layer") else ""
     return f"{b.get('internal_api')} {b.get('version')}, kernel {b.get('architecture')}{layer}"
-
 
 
 def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
@@ -476,7 +467,6 @@ def sweep_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     return rows, values
 
 
-
 def _pair_difference(rec: dict, name: str, **params) -> compare.Difference | None:
     ours = records.results(rec, name, impl="smallem", **params)
     theirs = records.results(rec, name, impl="numpy", **params)
@@ -489,9 +479,7 @@ def _pair_rounds(rec: dict, name: str, **params) -> tuple[int, int] | None:
     return compare.rounds_ahead(ours[0], theirs[0]) if ours and theirs else None
 
 
-
 ROUNDS_HEADER = "rounds smallem ahead"
-
 
 
 def shape_pairs(rec: dict) -> list[tuple[str, float, float]]:
@@ -499,7 +487,6 @@ def shape_pairs(rec: dict) -> list[tuple[str, float, float]]:
     labels = dict.fromkeys(r["params"]["label"] for r in records.results(rec, "shape"))
     return [(label, records.value(rec, "shape", impl="smallem", label=label),
              records.value(rec, "shape", impl="numpy", label=label)) for label in labels]
-
 
 
 def shape_rows(rec: dict) -> tuple[list[list], dict]:
@@ -517,11 +504,9 @@ def shape_rows(rec: dict) -> tuple[list[list], dict]:
     return rows, values
 
 
-
 def _short(label: str) -> str:
     """A model product's name without its shapes: "x W1 (8192x768 · 768x3072)" -> "x W1"."""
     return label.split(" (")[0]
-
 
 
 def _shape_verdicts(rec: dict) -> dict:
@@ -533,7 +518,6 @@ def _shape_verdicts(rec: dict) -> dict:
             return {f"ch2.shapes_{k}": "n/a (a record without samples)" for k in groups}
         groups[{1: "faster", -1: "slower"}.get(d.sign, "tied")].append(_short(label))
     return {f"ch2.shapes_{k}": compare.listing(v, "none") for k, v in groups.items()}
-
 
 
 def pool_values(rec: dict, rec_dir=None) -> dict:
@@ -549,7 +533,6 @@ def pool_values(rec: dict, rec_dir=None) -> dict:
             "ch2.thread_min_mop": f"{THREAD_MIN_OPS / 1e6:.1f} million",
             # at the page's one-core peak
             "ch2.thread_min_us": f(THREAD_MIN_OPS / (_peak_core(rec, rec_dir) * 1e9) * 1e6, "µs")}
-
 
 
 def cpu_title(rec: dict, rec_dir=None) -> str:
@@ -590,7 +573,6 @@ def ladder_figure(rec: dict, peak: float, name: str = "ch2_ladder", rec_dir=None
     return figures.save(fig, name)
 
 
-
 def sweep_figure(rec: dict, peak: float, name: str = "ch2_sweep"):
     import matplotlib.pyplot as plt
 
@@ -609,7 +591,6 @@ def sweep_figure(rec: dict, peak: float, name: str = "ch2_sweep"):
     ax.grid(True, alpha=0.25)
     ax.legend(fontsize=8)
     return figures.save(fig, name)
-
 
 
 def roofline_points(rec: dict, rec_dir=None) -> list[tuple[str, float, float]]:
@@ -642,11 +623,9 @@ def roofline_points(rec: dict, rec_dir=None) -> list[tuple[str, float, float]]:
              where[r.index][0], rates[r.index]) for r in LADDER]
 
 
-
 def dram_intensity(n: int) -> float:
     """Operations per byte of an n^3 product if each matrix crosses DRAM once: n / 6."""
     return 2.0 * n**3 / (3 * n * n * 4)
-
 
 
 def roofline(rec: dict, rec_dir, name: str = "ch2_roofline"):
@@ -671,7 +650,6 @@ def roofline(rec: dict, rec_dir, name: str = "ch2_roofline"):
     return figures.save(fig, name)
 
 
-
 def chapter1_links(rec: dict, rec_dir) -> dict:
     """Bounds that chapter 1's measurements put on the rungs (n/a without its record)."""
     f = figures.fmt
@@ -684,7 +662,6 @@ def chapter1_links(rec: dict, rec_dir) -> dict:
     # rung 1 reads one 4-byte float of B from there per multiply-add (2 operations)
     return {"ch2.l3_core_bw": f(l3, "GB/s"), "ch2.rung1_l3_bound": f(l3 * 2 / 4, "Gop/s"),
             "ch2.rung1_stream": stream}
-
 
 
 def mc_rows(rec: dict) -> tuple[list[list], dict]:
@@ -702,7 +679,6 @@ def mc_rows(rec: dict) -> tuple[list[list], dict]:
               "ch2.mc_rung": str(rung[0]), **_sweep_values(pts, "mc", chosen, "ch2.mc",
                                                              typed=("spread", "model_gap"))}
     return rows, values
-
 
 
 def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict, int]:

@@ -16,7 +16,7 @@ from .climb import CELL_TEST, TOLERANCE, cell, outcome_note, switches, within_ti
 from .fused import fused_table, roofline
 from .predicted import (_peak, _peaks, _profile, bf16_gemm, bound_n, modern_split, predicted,
                         products_rate)
-from .run import run_figure_and_values
+from .run import RUN_KEYS, run_figure_and_values
 
 f = figures.fmt
 F32_MFU_TARGET = 0.75    # the f32 step after rung 5, against chapter 1's f32 probe
@@ -741,12 +741,6 @@ STEP_KEYS = (
     "target_bf16_torch", "target_f32_mfu", "target_f32_torch", "target_modern", "threads",
     "tiles_rounds", "tiles_toks", "tiles_vs_matrices", "top_attention_share",
     "top_matmul_share", "top_rest_share",
-)
-RUN_KEYS = (
-    "bf16_final_bpb", "bf16_steps", "bf16_tokens_per_s", "corpus_files", "corpus_mb",
-    "corpus_sha", "modern_final_bpb", "modern_steps", "modern_tokens_per_s", "run_budget",
-    "run_common_s", "run_long", "run_seconds", "run_short", "run_steps_s", "run_winner",
-    "s_final_bpb", "s_steps", "s_tokens_per_s",
 )
 
 

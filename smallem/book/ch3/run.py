@@ -9,6 +9,13 @@ from smallem.training.train import LN2
 from .. import compare, figures, records
 
 f = figures.fmt
+# the values the real run gives the page (None each without its record)
+RUN_KEYS = (
+    "bf16_final_bpb", "bf16_steps", "bf16_tokens_per_s", "corpus_files", "corpus_mb",
+    "corpus_sha", "modern_final_bpb", "modern_steps", "modern_tokens_per_s", "run_budget",
+    "run_common_s", "run_long", "run_seconds", "run_short", "run_steps_s", "run_winner",
+    "s_final_bpb", "s_steps", "s_tokens_per_s",
+)
 
 
 def same_time_losses(runs: dict) -> tuple[float, dict]:
