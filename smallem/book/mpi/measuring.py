@@ -91,6 +91,9 @@ def bench_distributed(quick: bool | None = None, progress: bool = True) -> recor
         rec.add("step", "tokens/s", t.rate(r["tokens_per_step"]),
                 seconds={**t.stats(), "samples": t.seconds}, case=name, ranks=n,
                 threads=r["threads"], tokens_per_step=r["tokens_per_step"])
+    # the path both sides' steps took (the Trainer's defaults, as smallem train --distributed)
+    rec.data["settings"].update(backend=got["one process"].get("backend"),
+                                pool=got["one process"].get("pool"))
     multi = got[f"{ranks} ranks"]
     rec.add("communication", "s/step", comm.stats(), ranks=ranks,
             bytes_per_step=int(Timing([float(b) for b in multi["comm_bytes"]]).median),

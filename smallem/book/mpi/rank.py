@@ -34,7 +34,9 @@ def run(spec: dict) -> dict | None:
             curve.append((t.step, t.step * t.B * t.T, t.evaluate(spec.get("eval_batches", 4))))
     if d.rank:
         return None
+    kept = t.settings()
     return {"ranks": d.size, "threads": threads, "tokens_per_step": t.B * t.T,
+            "backend": kept["backend"], "pool": kept["pool"],
             "step_seconds": step_s, "comm_seconds": comm_s, "comm_bytes": nbytes,
             "grad_bytes": int(t.model.grad_flat.nbytes), "curve": curve}
 

@@ -12,7 +12,7 @@ KEYS = ("mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", 
         "mpi.rounds", "mpi.verdict", "mpi.outcome", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
         "mpi.curve_steps", "mpi.curve_tokens", "mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100",
         "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10", "mpi.comm_gbs",
-        "mpi.dram_gbs")
+        "mpi.dram_gbs", "mpi.backend", "mpi.pool", "mpi.run_tps", "mpi.run_backend")
 DESIGN = ("mpi.k_mid", "mpi.k_top", "mpi.machines_top", "mpi.link_low", "mpi.link_top",
           "mpi.timeout")
 
@@ -160,10 +160,29 @@ def report(rec_dir=None) -> dict:
         "mpi.model_16_10": f(m16[low], "tokens/s"), "mpi.model_16_100": f(m16[high], "tokens/s"),
         "mpi.model_eff_16_10": f"{100 * m16[low] / (top * one['value']['median']):.0f} %",
     }
+    values.update(_beside_chapter3(s, rec_dir))
     for k, key in zip(AVERAGE_EVERY, ("mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100")):
         values[key] = f"{last[k][1]:.3f}" if k in last else "n/a"
     assert set(values) == set(KEYS)
     return {**values, **design_values(), "mpi.measured": True, "mpi.missing_why": None}
+
+
+def _beside_chapter3(s: dict, rec_dir) -> dict:
+    """The path the steps took (typed: backend, pool), and chapter 3's real run of the same
+    model in f32 where its record has one of the same config and batch (its backend and its
+    tokens/s; None otherwise). Records made before the path was kept ran the Trainer's
+    defaults of the time: the kernels backend on OpenMP's threads."""
+    out = {"mpi.backend": s.get("backend") or "kernels", "mpi.pool": bool(s.get("pool")),
+           "mpi.run_tps": None, "mpi.run_backend": None}
+    if not records.exists("ch3.train_run", rec_dir):
+        return out
+    run = records.load("ch3.train_run", rec_dir)
+    f32 = run["settings"].get("runs", {}).get("f32", {})
+    name = s["config"] if isinstance(s["config"], str) else s["config"]["name"]
+    found = records.results(run, "train_tokens_per_s", run="f32")
+    if found and f32.get("config", {}).get("name") == name and f32.get("batch_size") == s["batch"]:
+        out.update({"mpi.run_tps": records.median(found[0]), "mpi.run_backend": f32.get("backend")})
+    return out
 
 
 def _dram_gbs(rec_dir) -> float | None:
