@@ -491,7 +491,7 @@ def prefetch_ahead() -> int:
 def gguf_spec(mf, context=None) -> Spec:
     """The Spec of a GGUF file's model: every switch from its architecture's row
     (:data:`smallem.generating.gguf_file.ARCHS`), every matrix in the file's blocks."""
-    from smallem.generating.gguf_file import LAYER, head_name, name, rope_angles
+    from smallem.generating.gguf_file import LAYER, head_name, rope_angles, tensor_name
 
     h, a = mf.hyper, mf.hyper.arch
     T = mf.tensors
@@ -499,7 +499,7 @@ def gguf_spec(mf, context=None) -> Spec:
                else checks.positive_int(context, "context", limit=h.context))
     vec = lambda n: T[n].dequantize() if n in T else None  # noqa: E731
     blocks = lambda n: Blocks(T[n])  # noqa: E731
-    freqs = vec(name("rope_freqs"))
+    freqs = vec(tensor_name("rope_freqs"))
 
     def tables(swa):
         ang = rope_angles(h, np.arange(context), freqs, **({"swa": True} if swa else {}))
@@ -511,7 +511,7 @@ def gguf_spec(mf, context=None) -> Spec:
     for i in range(h.n_layer):
         # every part the file has, by gguf_file's one table: the matrices in their blocks,
         # the vectors in f32 (None where this architecture has none)
-        L = {p.ours: (blocks if p.ne(h) and len(p.ne(h)) == 2 else vec)(name(p.ours, i))
+        L = {p.ours: (blocks if len(p.ne(h)) == 2 else vec)(tensor_name(p.ours, i))
              for p in LAYER if p.ne is not None}
         if h.is_swa(i):
             if swa_tables is None:
@@ -525,6 +525,6 @@ def gguf_spec(mf, context=None) -> Spec:
         mlp=a.mlp, rope="neox" if a.rope == "neox" else "pairs", rope_dim=h.rope_dim,
         cache="f16", eps=h.eps, attn_scale=h.attn_scale, q_prescaled=a.q_prescaled,
         embed_scale=float(np.float32(np.sqrt(h.d))) if a.embed_scale else 1.0,
-        softcap=h.softcap, embd=blocks(name("embd")), head=blocks(head_name(h)),
-        layers=layers, out_norm_w=vec(name("out_norm_w")), rope_cos=cos, rope_sin=sin,
-        block_rows=GGUF_ROWS, extra={"file": mf})
+        softcap=h.softcap, embd=blocks(tensor_name("embd")), head=blocks(head_name(h)),
+        layers=layers, out_norm_w=vec(tensor_name("out_norm_w")), rope_cos=cos,
+        rope_sin=sin, block_rows=GGUF_ROWS, extra={"file": mf})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from smallem.generating.gguf_file import name
+from smallem.generating.gguf_file import tensor_name
 from smallem.generating.gguf_tokenizer import byte_tokens  # noqa: F401  (the vocabulary the export writes)
 from smallem.training.model import GPT
 from smallem.training.ops import LN_EPS, ROPE_BASE
@@ -48,18 +48,18 @@ def tensors(model: GPT) -> dict[str, tuple[np.ndarray, bool]]:
     The names are gguf_file's one table's."""
     c, P = model.config, model.params
     modern = c.block == "modern"
-    out: dict = {name("embd"): (P["wte"].T, True)}  # (V, d): its (in, out) is wte.T
+    out: dict = {tensor_name("embd"): (P["wte"].T, True)}  # (V, d): its (in, out) is wte.T
     if not modern:
-        out[name("wpe")] = (P["wpe"].T, False)
+        out[tensor_name("wpe")] = (P["wpe"].T, False)
     if not c.tied:
-        out[name("head")] = (P["lm_head"].T, True)
-    out[name("out_norm_w")] = (P["lnf.w"], False)
+        out[tensor_name("head")] = (P["lm_head"].T, True)
+    out[tensor_name("out_norm_w")] = (P["lnf.w"], False)
     if not modern:
-        out[name("out_norm_b")] = (P["lnf.b"], False)
+        out[tensor_name("out_norm_b")] = (P["lnf.b"], False)
     d, h = c.d_model, c.mlp_hidden
     for i in range(c.n_layer):
         n = f"h{i}."
-        b = lambda part: name(part, i)  # noqa: E731
+        b = lambda part: tensor_name(part, i)  # noqa: E731
         out[b("norm1_w")] = (P[n + "ln1.w"], False)
         out[b("norm2_w")] = (P[n + "ln2.w"], False)
         if modern:

@@ -112,22 +112,22 @@ TOP = (
     Part("wpe", "position_embd.weight", _never, None),
     Part("out_norm_b", "output_norm.bias", _never, None),
 )
-LAYER = (
+LAYER = (  # in the order a file of the random writer (gguf_random) draws them
     Part("norm1_w", "attn_norm.weight", _always, lambda h: (h.d,)),
     Part("q", "attn_q.weight", _always, lambda h: (h.d, _q(h))),
     Part("k", "attn_k.weight", _always, lambda h: (h.d, _kv(h))),
     Part("v", "attn_v.weight", _always, lambda h: (h.d, _v(h))),
+    Part("o", "attn_output.weight", _always, lambda h: (h.n_head * h.v_dim, h.d)),
+    Part("norm2_w", "ffn_norm.weight", _always, lambda h: (h.d,)),
+    Part("gate", "ffn_gate.weight", _always, lambda h: (h.d, h.hidden)),
+    Part("up", "ffn_up.weight", _always, lambda h: (h.d, h.hidden)),
+    Part("down", "ffn_down.weight", _always, lambda h: (h.hidden, h.d)),
     Part("bq", "attn_q.bias", _flag("qkv_bias"), lambda h: (_q(h),)),
     Part("bk", "attn_k.bias", _flag("qkv_bias"), lambda h: (_kv(h),)),
     Part("bv", "attn_v.bias", _flag("qkv_bias"), lambda h: (_v(h),)),
     Part("q_norm", "attn_q_norm.weight", _flag("qk_norm"), lambda h: (h.head_dim,)),
     Part("k_norm", "attn_k_norm.weight", _flag("qk_norm"), lambda h: (h.head_dim,)),
-    Part("o", "attn_output.weight", _always, lambda h: (h.n_head * h.v_dim, h.d)),
     Part("post1_w", "post_attention_norm.weight", _flag("post_norms"), lambda h: (h.d,)),
-    Part("norm2_w", "ffn_norm.weight", _always, lambda h: (h.d,)),
-    Part("gate", "ffn_gate.weight", _always, lambda h: (h.d, h.hidden)),
-    Part("up", "ffn_up.weight", _always, lambda h: (h.d, h.hidden)),
-    Part("down", "ffn_down.weight", _always, lambda h: (h.hidden, h.d)),
     Part("post2_w", "post_ffw_norm.weight", _flag("post_norms"), lambda h: (h.d,)),
     # GPT-2's, which the exporter writes for llama.cpp and no forward here reads
     Part("qkv", "attn_qkv.weight", _never, None),
@@ -145,7 +145,7 @@ _BY_OURS = {p.ours: p for p in TOP + LAYER}
 # --8<-- [end:names]
 
 
-def name(part: str, layer: int | None = None) -> str:
+def tensor_name(part: str, layer: int | None = None) -> str:
     """The file's name of our ``part`` (the table above), in ``layer`` where given."""
     gguf = _BY_OURS[part].gguf
     return gguf if layer is None else f"blk.{layer}.{gguf}"
@@ -153,7 +153,7 @@ def name(part: str, layer: int | None = None) -> str:
 
 def head_name(h) -> str:
     """The logits' matrix: the file's output matrix, or the embedding where it has none."""
-    return name("embd" if h.tied else "head")
+    return tensor_name("embd" if h.tied else "head")
 
 
 # the tensor types a product can read, with (weights per block, bytes per block)
@@ -379,7 +379,7 @@ def _hyper(path, meta, tok, tensors) -> Hyper:
                  context=_need(path, meta, a + "context_length"),
                  eps=_need(path, meta, a + "attention.layer_norm_rms_epsilon", float),
                  rope_base=_need(path, meta, a + "rope.freq_base", float, default=10000.0),
-                 rope_dim=rope_dim, tied=name("head") not in tensors,
+                 rope_dim=rope_dim, tied=tensor_name("head") not in tensors,
                  window=window, swa_layers=swa, rope_base_swa=base_swa,
                  rope_scale=_rope_scale(path, meta, a),
                  attn_scale=_attn_scale(name, d, n_layer, n_head, hd), softcap=softcap)
@@ -451,9 +451,9 @@ def expected_shapes(h: Hyper) -> dict:
             if not p.when(h):
                 continue
             if p.ours not in fused:
-                out[name(p.ours, i)] = p.ne(h)
+                out[tensor_name(p.ours, i)] = p.ne(h)
                 continue
-            whole = name(fused[p.ours], i)  # its width adds up the parts' in their order
+            whole = tensor_name(fused[p.ours], i)  # its width adds up the parts' in their order
             d, n = out.get(whole, (p.ne(h)[0], 0))
             out[whole] = (d, n + p.ne(h)[1])
     return out
@@ -517,8 +517,8 @@ def open_model(path) -> ModelFile:
                         f"(supported: {', '.join(TYPES)})")
         if len(ne) == 1 and t.type != "F32":
             _fail(path, f"tensor {name!r} is {t.type}; norms and biases must be F32")
-    if name("rope_freqs") in tensors:
-        t = tensors[name("rope_freqs")]
+    if tensor_name("rope_freqs") in tensors:
+        t = tensors[tensor_name("rope_freqs")]
         if t.ne != (h.rope_dim // 2,) or t.type != "F32":
             _fail(path, f"tensor 'rope_freqs.weight' is {t.type} {list(t.ne)}, expected F32 "
                         f"[{h.rope_dim // 2}]")
@@ -539,11 +539,11 @@ def _split_fused(h: Hyper, tensors: dict) -> dict:
     out = dict(tensors)
     for i in range(h.n_layer):
         for whole, parts in FUSED:
-            t = out.pop(name(whole, i))
+            t = out.pop(tensor_name(whole, i))
             rows = np.asarray(t.data).reshape(t.ne[1], -1)
             r0 = 0
             for part in parts:
-                n, full = _BY_OURS[part].ne(h)[1], name(part, i)
+                n, full = _BY_OURS[part].ne(h)[1], tensor_name(part, i)
                 out[full] = Tensor(full, t.type, (t.ne[0], n), rows[r0:r0 + n])
                 r0 += n
     return out

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from smallem.generating.gguf_file import ModelFile, head_name, name, rope_angles
+from smallem.generating.gguf_file import ModelFile, head_name, rope_angles, tensor_name
 
 
 def rope(x, angles, style: str):
@@ -177,8 +177,8 @@ class Reference:
         self.like_llama = like_llama
         self.cache16 = like_llama if cache16 is None else cache16
         self._vec = {}
-        self.freqs = (mf.tensors[name("rope_freqs")].dequantize()
-                      if name("rope_freqs") in mf.tensors else None)
+        self.freqs = (mf.tensors[tensor_name("rope_freqs")].dequantize()
+                      if tensor_name("rope_freqs") in mf.tensors else None)
         self.reset()
 
     def reset(self):
@@ -211,7 +211,7 @@ class Reference:
             raise ValueError(f"tokens: {n} at position {p0} do not fit a context of {h.context}")
         if tokens.min() < 0 or tokens.max() >= h.vocab:
             raise ValueError(f"tokens: ids outside [0, {h.vocab})")
-        emb = self.mf.tensors[name("embd")]
+        emb = self.mf.tensors[tensor_name("embd")]
         x = emb.rows(tokens).astype(self.dtype)
         if a.embed_scale:  # gemma3: times sqrt(d), in float32 in llama.cpp
             x = ((x.astype(np.float32) * np.sqrt(np.float32(h.d))).astype(self.dtype)
@@ -224,7 +224,7 @@ class Reference:
             back = pos[:, None] - np.arange(p0 + n)[None, :]
             mask_swa = np.where(back >= h.window, -np.inf, mask)
         for i in range(h.n_layer):
-            b = lambda part: name(part, i)  # noqa: E731  (layer i's tensor, by gguf_file's table)
+            b = lambda part: tensor_name(part, i)  # noqa: E731  (layer i's, by gguf_file's table)
             swa = h.is_swa(i)
             t = rms(x, self.vec(b("norm1_w")), h.eps)
             q, k, v = (self.mat(b(c), t) for c in "qkv")
@@ -274,7 +274,7 @@ class Reference:
             x = x + o
         self.pos += n
         x = x if all_logits else x[-1:]
-        x = rms(x, self.vec(name("out_norm_w")), h.eps)
+        x = rms(x, self.vec(tensor_name("out_norm_w")), h.eps)
         out = self.mat(head_name(h), x)
         if h.softcap:  # softcap * tanh(logits / softcap), in float32 steps in llama.cpp
             c = h.softcap

@@ -140,12 +140,12 @@ def dot_rate(mf, threads: int, reps: int, tiles: bool = False) -> dict:
     its rate, times the cores. Beside the memory's rate it says which of the two a step waits
     on, and what their overlap can reach. With ``tiles``, Q8_0's products in their tiles (the
     decoder's layout for them), the others' on their rows."""
-    from smallem.generating.gguf_file import Tensor, name
+    from smallem.generating.gguf_file import Tensor, tensor_name
 
     by_type, first = {}, {}
     for key, t in mf.tensors.items():
         if key.endswith(".weight") and len(t.ne) == 2 and t.ne[1] > 1 and (
-                key.startswith("blk.") or key in (name("embd"), name("head"))):
+                key.startswith("blk.") or key in map(tensor_name, ("embd", "head"))):
             by_type[t.type] = by_type.get(t.type, 0) + t.nbytes
             first.setdefault(t.type, t)
     rates = []
