@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from .. import ch1, figures, records
+from .. import ch1, compare, figures, records
 
 PREDATES_ROWS = "the record predates rung 5's own blocks"
 SLOW = 0.05  # the model's K_C this far below the fastest is a miss the page explains
@@ -26,16 +26,17 @@ def sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
                                     if chosen in by else unknown),
             f"{prefix}_spread": f"{100 * frac['spread']:.1f} %",
             # typed: the rate "falls" or "rises" as the block grows (first to last by more than
-            # SLOW, no step the other way by more than SLOW: a two-level step is a trend too),
-            # else None; and the fractions asked
+            # the sweep's noise, no step the other way beyond it: a two-level step is a trend
+            # too), else None; and the fractions asked
             f"{prefix}_trend": _trend([by[k] for k in sorted(by)]),
             **{f"{prefix}_{k}_frac": frac[k] for k in typed}}
 
 
 def _trend(rates: list[float]) -> str | None:
-    if len(rates) < 3 or abs(rates[-1] / rates[0] - 1) <= SLOW:
+    noise = compare.SWEEP_NOISE  # the page's "noise" of a sweep's points
+    if len(rates) < 3 or abs(rates[-1] / rates[0] - 1) <= noise:
         return None
-    tol = SLOW * max(rates)  # a step the other way this small is within the sweep's noise
+    tol = noise * max(rates)  # a step the other way this small is within that noise
     steps = [b - a for a, b in zip(rates, rates[1:])]
     if rates[-1] < rates[0] and all(d < tol for d in steps):
         return "falls"
