@@ -475,6 +475,8 @@ static int equal_slices(int K, int kc)
     return (K + slices - 1) / slices;
 }
 
+int gemm_equal_slices(int K, int kc) { return equal_slices(K, kc); } /* for Python's mirror */
+
 /* Thread t's block of A in the packing buffer, behind a block of B of b_floats
  * (the layout gemm_work_floats counts: the B block, then one A block per thread,
  * each on its own cache lines). */

@@ -16,3 +16,4 @@ void gemm_kernel_alone(int kc, int slivers, int reps, int nthreads, int shared_b
 int gemm_pool_ids(int nthreads, long long *ids);
 void gemm_empty_regions(int reps, int nthreads);
 void gemm_spawn_join(int reps, int nthreads);
+int gemm_equal_slices(int K, int kc);

@@ -481,6 +481,14 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
 THREAD_MIN_OPS = 1 << 21  # operations a thread must get before matmul adds it
 
 
+def equal_slices(K: int, kc: int) -> int:
+    """The slice of K a block of B holds: ``kc`` shortened so that K falls into equal slices
+    (kernels_c/gemm.c's equal_slices, which the driver cuts K with; tests/test_gemm.py checks
+    that the two agree). A cap of 585 at K = 4096 runs as 8 slices of 512."""
+    slices = -(-K // kc)
+    return -(-K // slices)
+
+
 def auto_threads(M: int, N: int, K: int) -> int:
     """Every usable core, but at least THREAD_MIN_OPS (2 Mop) of work each: a parallel region
     and its barriers cost microseconds, 2 Mop tens of microseconds of one core (both

@@ -13,7 +13,7 @@ import numpy as np
 from smallem.cpu import isa, machine
 from smallem.cpu.machine import (FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, core_facts,
                                  peak_theory)
-from .. import figures, records, reference
+from .. import compare, figures, records, reference
 from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, ONE_THREAD_FLOOR, RECORD,
                         SCALING_FLOOR, THEORY_BAND)
 from .disturbed import PEAK_NAMES, disturbed, unscaled_peaks, disturbed_note as _disturbed_note  # noqa: F401
@@ -108,6 +108,7 @@ def summary(rec: dict) -> dict:
         # the dot probes' accumulators on all cores (records before the probe chose: 24)
         "chains": {k[0]: v["params"].get("chains", OLD_DOT_CHAINS) for k, v in peak.items()
                    if k[0] in ("bf16", "int8") and k[1] == cores},
+        "caches": caches,  # the sizes the OS reports: no level holds more (level_of)
         "triad_plateaus": stairs,
         "triad_spans": extents,
         # the read-only stream, where the record has it (records before it: absent)
@@ -140,16 +141,19 @@ def level_of(facts: dict, nbytes: float, threads: int,
     ``threads`` threads, its bandwidth in GB/s): the first level whose plateau, as
     chapter 1 measured it with ``stream`` ("triad" or "read", see :func:`read_stream`) at
     that many threads (or the most threads measured), still ran at that size, that is whose
-    largest working set inside its stretch is at least ``nbytes``; DRAM beyond the last. The
-    cache sizes the OS reports do not decide it: a VM's share of an L3, or a victim cache,
-    moves the end of a plateau away from the nominal size."""
+    largest working set inside its stretch is at least ``nbytes``, and whose reported size
+    (:func:`level_sizes`) holds it; DRAM beyond the last. The sizes the OS reports do not
+    place a plateau's end (a VM's share of an L3, or a victim cache, moves it away from the
+    nominal size, and the staircase's grid of sizes is coarse), but a level holds no more
+    than its size: past it, a plateau that still runs fast is the next level answering."""
     if f"{stream}_spans" not in facts:
         raise ValueError(f"stream: chapter 1's record has no {stream!r} staircase")
     ext = facts[f"{stream}_spans"]
     th = threads if threads in ext else max(ext)
+    sizes = level_sizes(facts["caches"], th) if facts.get("caches") else {}
     for lv in LEVELS[:-1]:
         span = ext[th][lv]
-        if span["bw"] == span["bw"] and nbytes <= span["last"]:
+        if span["bw"] == span["bw"] and nbytes <= min(span["last"], sizes.get(lv) or math.inf):
             return lv, span["bw"]
     return "DRAM", ext[th]["DRAM"]["bw"]
 
@@ -204,12 +208,16 @@ def naive_gemm_intensity(n: int) -> float:
     return 2.0 * n**3 / (3 * n * n * 4)
 
 
-def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict | None = None):
+def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict | None = None,
+                    stream: str = "triad"):
     """Chapter 1's roofline with ``points`` [(label, flop per byte, Gop/s)] placed on it.
 
     The ceilings are this machine's measured ones: the f32, bf16, int8 (and AMX) peaks on
-    all cores, and one bandwidth slope per level of the staircase (triad); the f32 roof of
-    one core, thinner and dashed, is beside them for the kernels that run on one.
+    all cores, and one bandwidth slope per level of the staircase (``stream``: the triad, or
+    the read-only stream where the record has it and the kernels only read); the f32 roof of
+    one core, thinner and dashed, is beside them for the kernels that run on one. Points
+    whose labels start with a number (a ladder's rungs) are marked by that number, their
+    labels in the legend, so that close points cannot take each other's names.
     Later chapters call this to place their kernels.
     """
     import matplotlib.pyplot as plt
@@ -221,22 +229,25 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
     fig, ax = plt.subplots(figsize=(9.5, 4.8))
     f32 = sm["peak"][("f32", cores)]
     colors = {"L1": "#2a9d8f", "L2": "#8ab17d", "L3": "#e9c46a", "DRAM": "#e76f51"}
-    for level, bw in sm["triad_plateaus"][cores].items():
+    stream = stream if f"{stream}_plateaus" in sm else "triad"
+    named = "read" if stream == "read" else "triad"
+    for level, bw in sm[f"{stream}_plateaus"][cores].items():
         if math.isnan(bw):
             continue
         ax.plot(x, np.minimum(bw * x, f32), color=colors[level], lw=1.6,
-                label=f"{level} {figures.fmt(bw, 'GB/s')}")
+                label=f"{level} {figures.fmt(bw, 'GB/s')} ({named})")
     roofs = []  # (Gop/s, label, colour, line style, width): the horizontal ceilings
     if cores > 1:  # one core's roof: its own peak and bandwidths
         f32_1 = sm["peak"][("f32", 1)]
-        for level, bw in sm["triad_plateaus"][1].items():
+        for level, bw in sm[f"{stream}_plateaus"][1].items():
             if not math.isnan(bw):
                 ax.plot(x, np.minimum(bw * x, f32_1), color=colors[level], lw=0.9, ls="--",
                         label=f"{level}, 1 core {figures.fmt(bw, 'GB/s')}")
         roofs.append((f32_1, "f32, 1 core", "black", "--", 0.9))
     peak_colors = {"bf16": "#6a4c93", "int8": "#1982c4", "amx_bf16": "#8d5a97",
                    "amx_int8": "#3a86ff"}
-    for kind, style in (("bf16", ":"), ("int8", "--"), ("amx_bf16", "-."), ("amx_int8", (0, (1, 4)))):
+    for kind, style in (("bf16", ":"), ("int8", (0, (6, 2, 1, 2))), ("amx_bf16", "-."),
+                        ("amx_int8", (0, (1, 4)))):
         if (kind, cores) in sm["peak"]:
             roofs.append((sm["peak"][(kind, cores)], kind.replace("_", " "), peak_colors[kind],
                           style, 1.1))
@@ -257,7 +268,14 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, rec: dict
                     xytext=(3 if side == "left" else -3, 2), textcoords="offset points",
                     fontsize=7, color=color, va="bottom",
                     ha="left" if side == "left" else "right")
+    numbered = bool(points) and all(p[0].split(" ", 1)[0].isdigit() for p in points)
     for label, ai, gops in points:
+        if numbered:  # the rung's number beside its dot, its name in the legend
+            tag, rest = label.strip().split(" ", 1)
+            ax.plot([ai], [gops], "o", ms=7, color="#d62828", zorder=5, label=f"{tag}: {rest}")
+            ax.annotate(tag, (ai, gops), textcoords="offset points", xytext=(5, 4), fontsize=9,
+                        fontweight="bold", zorder=6)
+            continue
         ax.plot([ai], [gops], "o", ms=7, color="#d62828", zorder=5)
         ax.annotate(label, (ai, gops), textcoords="offset points", xytext=(-6, 8), fontsize=8,
                     ha="right", zorder=5)
@@ -645,6 +663,13 @@ def _plateau_values(sm: dict, top: int) -> dict:
             values[f"ch1.{level.lower()}_read_{who}"] = (
                 _bandwidth_text(sm, top, th, level, "read") if "read_plateaus" in sm
                 else "not measured (a record from before the read-only stream)")
+            # the largest working set inside the level's stretch (where later chapters read
+            # that a level "holds" a size, at most its reported size: level_of)
+            for kernel, key in (("triad", ""), ("read", "read_")):
+                span = sm.get(f"{kernel}_spans", {}).get(th, {}).get(level)
+                values[f"ch1.{level.lower()}_{key}{who}_end"] = (
+                    compare.size(span["last"] / KiB) if span and span["last"] == span["last"]
+                    else "—")
     values.update(_l1_read_values(sm))
     return values
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from smallem.product.gemm import equal_slices
 from .. import ch1, compare, figures, records
 
 PREDATES_ROWS = "the record predates rung 5's own blocks"
@@ -67,11 +68,15 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     def b_block(kc):
         return 4 * kc * min(n, nc)
 
+    def cut(kc):  # the slice the driver runs: K in equal slices of at most kc
+        return equal_slices(n, kc)
+
     rows = [[f"{p['params']['l1_ways']}" + (" (model)" if p["params"]["kc"] == chosen else ""),
-             f"{p['params']['kc']}",
-             f"{p['params']['kc'] * width * 4 / 1024:.0f} KiB",
-             f"{math.ceil(p['params']['n'] / p['params']['kc'])}",
-             f"{b_block(p['params']['kc']) / 2**20:.1f} MiB",
+             f"{p['params']['kc']}" + (f" → {cut(p['params']['kc'])}"
+                                       if cut(p["params"]["kc"]) != p["params"]["kc"] else ""),
+             f"{cut(p['params']['kc']) * width * 4 / 1024:.0f} KiB",
+             f"{math.ceil(n / p['params']['kc'])}",
+             f"{b_block(cut(p['params']['kc'])) / 2**20:.1f} MiB",
              figures.fmt(records.median(p), "Gop/s")] for p in pts]
     values = {"ch2.kc_n": str(n), "ch2.kc_c_mib": f"{n ** 2 * 4 / 1024**2:.0f} MiB",
               **sweep_values(pts, "kc", chosen, "ch2.kc", records.not_measured(rec, PREDATES_ROWS),
@@ -86,12 +91,17 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     values.update({
         "ch2.kc_order_taken": taken,
         "ch2.kc_model_slow": slow and taken,
-        "ch2.kc_model_b": f"{b_block(chosen) / 2**20:.1f} MiB" if chosen in by else "n/a",
-        "ch2.kc_best_b": f"{b_block(best) / 2**20:.1f} MiB",
+        "ch2.kc_model_b": f"{b_block(cut(chosen)) / 2**20:.1f} MiB" if chosen in by else "n/a",
+        "ch2.kc_best_b": f"{b_block(cut(best)) / 2**20:.1f} MiB",
+        # typed: the slices the driver cut K into at the fastest cap and at the model's, and
+        # whether they are the same product (two rows of one configuration)
+        "ch2.kc_best_cut": cut(best), "ch2.kc_model_cut": cut(chosen) if chosen in by else None,
+        "ch2.kc_same_cut": chosen in by and chosen != best and cut(chosen) == cut(best),
         "ch2.l3_plateau_end": f"{end / 2**20:.0f} MiB" if end else "n/a",
         # the measured reason, where it holds: the model's B block is past the L3's plateau
         # and the fastest point's is not
-        "ch2.kc_b_past_l3": bool(slow and taken and end and b_block(chosen) > end >= b_block(best))})
+        "ch2.kc_b_past_l3": bool(slow and taken and end
+                                 and b_block(cut(chosen)) > end >= b_block(cut(best)))})
     return rows, values
 
 

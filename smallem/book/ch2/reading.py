@@ -611,16 +611,11 @@ def roofline_points(rec: dict, rec_dir=None) -> list[tuple[str, float, float]]:
     where = {0: (2 / 64, "B lines from L3"), 1: (2 / 4, f"B from {lv['ch2.rung1_level'] or 'L3'}"),
              2: (2 / 4, f"B from {lv['ch2.rung2_level'] or 'L3'}"),
              3: (nr / 2, "A from L2"), 4: (nr / 2, "A from L2"), 5: (mr / 2, "B from L2 and L3")}
-    # rungs that share an intensity get their labels on alternate lines (a trailing newline
-    # lifts the text by one line) where their rates are close (rungs 1 and 2), so that close
-    # points stay readable; rung 5's (at its own intensity, above rung 4) goes above
-    # the f32 roof where the figure has room there (a roof twice its rate)
+    # each label starts with the rung's number: the figure marks the dot with it
     rates = {r.index: records.value(rec, "rung", rung=r.index, M=n) for r in LADDER}
-    facts = ch1.facts(rec_dir)
-    lift = (2, 5) if facts and max(facts["peak"].values()) >= 2 * rates[5] else (2,)
     return [(f"{r.index} {r.name.replace('_', ' ')} ({where[r.index][1]}"
-             f"{'' if r.threaded else ', 1 core'})" + ("\n" if r.index in lift else ""),
-             where[r.index][0], rates[r.index]) for r in LADDER]
+             f"{'' if r.threaded else ', 1 core'})", where[r.index][0], rates[r.index])
+            for r in LADDER]
 
 
 def dram_intensity(n: int) -> float:
@@ -633,7 +628,8 @@ def roofline(rec: dict, rec_dir, name: str = "ch2_roofline"):
     points = roofline_points(rec, rec_dir)
     facts = ch1.facts(rec_dir)
     if facts is not None:
-        return ch1.roofline_figure(points, name, facts["record"])
+        # the rungs' bounds read B from the read-only stream where measured: so do its roofs
+        return ch1.roofline_figure(points, name, facts["record"], ch1.read_stream(facts))
     import matplotlib.pyplot as plt  # stand-in: the peak only, no bandwidth slopes
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -758,11 +754,14 @@ def report(rec_dir) -> dict:
                         note=note)
     r, v = kc_rows(rec, rec_dir)
     values.update(v)
-    figures.write_table("ch2_kc", r, ["L1 ways for A", "KC", "A sliver",
+    figures.write_table("ch2_kc", r, ["L1 ways for A", "KC (→ the slice run)", "A sliver",
                                       f"passes over C at {values['ch2.kc_n']}³",
                                       f"B block at {values['ch2.kc_n']}³",
                                       f"Gop/s, {cores} threads"],
-                        note=note + ("" if "blocks_rows" in rec["settings"] else
+                        note=note + " The driver cuts K into equal slices of at most K_C, so a "
+                        "K_C that does not divide K runs as the slice after the arrow; the "
+                        "sliver and the block are the slice's." + (
+                            "" if "blocks_rows" in rec["settings"] else
                                      " This record predates rung 5's own K_C: no row is the "
                                      "model's."))
     values.update(pool_values(rec, rec_dir))

@@ -543,7 +543,10 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
                    "ch3.torch_onednn": peer.get("mkldnn"),
                    "ch3.torch_onednn_bf16": peer.get("mkldnn_bf16"),
                    "ch3.torch_amx": peer.get("amx_tile"),
-                   "ch3.torch_config_known": bool(peer)})
+                   "ch3.torch_config_known": bool(peer),
+                   # typed: whether this CPU has AMX tiles at all (the record's ISA)
+                   "ch3.cpu_amx": any("amx" in x for x in
+                                      rec["machine"].get("isa", {}).get("extensions", []))})
     steps = {r["params"]["backend"]: r for r in records.results(rec, "step")}
     values["ch3.torch_bf16_beats_kernels"] = None
     if "torch-bf16" in steps and AT["arena"] in rungs:
@@ -711,7 +714,7 @@ FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain
          "rest_pred_ms", "rest_meas_ms", "rest_as_predicted", "rung7_rest_ms",
          "rung7_other_ms", "rung6_other_ms", "torch_version", "torch_threads",
          "torch_capability", "torch_onednn", "torch_onednn_bf16", "torch_amx",
-         "torch_config_known", "torch_bf16_beats_kernels", "torch_bf16_vs_kernels",
+         "torch_config_known", "cpu_amx", "torch_bf16_beats_kernels", "torch_bf16_vs_kernels",
          "kernels_torch_verdict", "fj_forever_slower",
          *(f"rung{i}_{k}" for i in range(2, 8) for k in ("pred", "meas", "spread", "shows")),
          *(f"climb_any_{k}" for k in ("as", "parts", "missed", "small", "beyond", "unseen",

@@ -36,8 +36,8 @@ def same_time_losses(runs: dict) -> tuple[float, dict]:
 def run_times(runs: dict, minutes: float) -> dict:
     """How long each run trained (its steps' seconds, evaluations not counted) against the
     budget, and why they differ: each run's step count is the budget over the median of a
-    few steps of a throwaway copy, so that median is about the budget over the count (a
-    little more: the count is rounded down), to set beside the run's own median step."""
+    few steps of a throwaway copy, so that median is the budget over the count (to the
+    count's rounding down), and the run trains for the count times its own mean step."""
     took, probe, own = {}, {}, {}
     for name, run in runs.items():
         c = run["curve"]
@@ -45,13 +45,14 @@ def run_times(runs: dict, minutes: float) -> dict:
             continue
         took[name] = c["seconds"][-1]
         probe[name] = 60 * minutes / run["total_steps"]
-        own[name] = float(np.median(np.diff([0.0] + c["seconds"])))
+        own[name] = took[name] / len(c["seconds"])
     budget = 60 * minutes
     return {
         "ch3.run_seconds": compare.listing([f"{f(t, 's')} ({n})" for n, t in took.items()],
                                            "not recorded"),
         "ch3.run_steps_s": compare.listing(
-            [f"{f(probe[n], 's')} and {f(own[n], 's')} ({n})" for n in took], "not recorded"),
+            [f"{f(own[n], 's')} against {f(probe[n], 's')} ({n})" for n in took],
+            "not recorded"),
         # typed: a run ended more than a tenth before (or after) the budget
         "ch3.run_short": any(t < 0.9 * budget for t in took.values()),
         "ch3.run_long": any(t > 1.1 * budget for t in took.values()),

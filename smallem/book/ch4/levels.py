@@ -28,6 +28,18 @@ def _l3_end(facts) -> float:
     return max(ends) if ends else math.nan
 
 
+def level_ends(facts, threads: int) -> dict:
+    """{level: bytes} where each cache's measured plateau ends at ``threads`` threads (the
+    read-only stream where the record has it; the most threads measured where these were
+    not), at most the size the OS reports for it at those threads: past its size, a plateau
+    that still runs fast is the next level answering (as :func:`ch1.level_of` reads it)."""
+    ext = facts[f"{ch1.read_stream(facts)}_spans"]
+    th = threads if threads in ext else max(ext)
+    sizes = ch1.level_sizes(facts["caches"], th) if facts.get("caches") else {}
+    return {lv: min(span["last"], sizes.get(lv) or math.inf)
+            for lv, span in ext[th].items() if lv != "DRAM" and span["last"] == span["last"]}
+
+
 def holding(facts, nbytes: float, threads: int) -> dict | None:
     """The level of chapter 1's measured staircase that holds ``nbytes`` read by ``threads``
     threads: {"level", "bw" (bytes/s at those threads), "size" (bytes: where its plateau
@@ -56,17 +68,20 @@ def core_holding(facts, nbytes: float) -> dict | None:
     """:func:`holding` for one core reading ``nbytes`` alone: a private level (L1, L2) holds
     what fits the largest end of its plateau per core measured at any thread count (the
     staircase's grid is coarse, so a plateau that ends at 1 MiB on one thread and at 4 MiB
-    on two ends, per core, at 2 MiB), at one thread's bandwidth; beyond them :func:`holding`
-    on one thread. None without a chapter 1 record."""
+    on two ends, per core, at 2 MiB), and no more than the size the OS reports for it (past
+    it, a plateau that still runs fast is the next level answering), at one thread's
+    bandwidth; beyond them :func:`holding` on one thread. None without a chapter 1 record."""
     if facts is None:
         return None
     ext = facts[f"{ch1.read_stream(facts)}_spans"]
     one = ext[1] if 1 in ext else ext[min(ext)]
-    for lv in ("L1", "L2"):
+    caches = facts.get("caches") or {}
+    for lv, key in (("L1", "L1d_bytes"), ("L2", "L2_bytes")):
         ends = [sp[lv]["last"] / th for th, sp in ext.items()
                 if lv in sp and sp[lv]["bw"] == sp[lv]["bw"] and sp[lv]["last"] == sp[lv]["last"]]
-        if ends and nbytes <= max(ends) and one[lv]["bw"] == one[lv]["bw"]:
-            return {"level": lv, "bw": one[lv]["bw"] * 1e9, "size": max(ends)}
+        reach = min(max(ends), caches.get(key) or math.inf) if ends else 0
+        if ends and nbytes <= reach and one[lv]["bw"] == one[lv]["bw"]:
+            return {"level": lv, "bw": one[lv]["bw"] * 1e9, "size": reach}
     return holding(facts, nbytes, 1)
 
 

@@ -25,10 +25,13 @@ def _equal_cells(rows) -> str:
     return out
 
 
-def peer_rows(rec, facts=None, s=None) -> list[list[str]]:
-    """f32 on rung 4's threads (with its decode bound, as the rungs'), llama.cpp, PyTorch,
-    and the reference series."""
+def peer_rows(rec, facts=None, s=None, values=None) -> list[list[str]]:
+    """f32 on rung 4's threads (with its decode bound, as the rungs'), llama.cpp (its f32 row
+    against the same bound: the same weights in f32, read once a token), PyTorch, and the
+    reference series. ``values`` takes "ch4.llama_f32_share", llama.cpp's f32 decode over
+    that bound (None where either is missing)."""
     rows = []
+    llama_bound = None  # (tokens/s of the f32 bound, its text) for llama.cpp's f32 row
     r32 = _one(rec, "decode", case="f32-threads")
     if r32:
         wb, th = r32["params"]["weight_bytes"], r32["params"].get("threads", rec["settings"]["threads"])
@@ -42,6 +45,7 @@ def peer_rows(rec, facts=None, s=None) -> list[list[str]]:
                      f"{figures.plural(th, 'thread')}"
                      + ("; above it: part of the bytes stayed in a closer level" if share > 1.05
                         else "") + ")")
+            llama_bound = (h["bw"] / data, f"{compare.size(data / 1024)} in the {h['level']}")
         rows.append(["", "f32 with rung 4's threads (for comparison; its prompt through the f32 "
                      "tiles in blocks of rows, as rung 2's tokens, not through the GEMM)",
                      f(records.median(r32), "tokens/s"), "—",
@@ -51,8 +55,15 @@ def peer_rows(rec, facts=None, s=None) -> list[list[str]]:
     for dtype, label in (("q8_0", "llama.cpp, Q8_0"), ("f32", "llama.cpp, f32")):
         tg, pp = _one(rec, "llama_tg", dtype=dtype), _one(rec, "llama_pp", dtype=dtype)
         if tg:
+            cell = "—"
+            if dtype == "f32" and llama_bound:  # the same weights in f32, a token's read
+                share = records.median(tg) / llama_bound[0]
+                cell = (f"{f(llama_bound[0], 'tokens/s')}: {100 * share:.0f} % of it (as ours "
+                        f"above, {llama_bound[1]})")
+                if values is not None:
+                    values["ch4.llama_f32_share"] = share
             rows.append(["peer", f"{label} (same file, same threads, same rounds)",
-                         f(records.median(tg), "tokens/s"), "—", "—", "—",
+                         f(records.median(tg), "tokens/s"), "—", "—", cell,
                          f(records.median(pp), "tokens/s") if pp else "—", "—"])
     for kind, label in (("torch-f32", "PyTorch eager, f32, KV cache"),
                         ("torch-int8", "PyTorch eager, dynamic int8 (quantize_dynamic)")):

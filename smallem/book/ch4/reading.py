@@ -11,7 +11,7 @@ from smallem.plumbing import build
 from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
-from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, stream_name  # noqa: F401
+from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
 from .peers import _equal_cells, peer_rows
 from smallem.training.model import CONFIGS, get_config
 from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
@@ -89,7 +89,8 @@ def _ladder(rec, facts, values):
     rung3 = dict(s["rungs"]).get(AT["int8"], "")
     values["ch4.int8_instruction"] = s.get("int8_instruction") or rung3.partition(", ")[2] or "n/a"
     weights = matrix_params(get_config(cfg)) if cfg in CONFIGS else 0
-    rows = _rung_rows(rec, facts, s, weights, values) + peer_rows(rec, facts, s)
+    values["ch4.llama_f32_share"] = None
+    rows = _rung_rows(rec, facts, s, weights, values) + peer_rows(rec, facts, s, values)
     note = (f"Model {cfg} with random weights ({s['prompt']}-byte prompt, then "
             f"{s['decode_tokens']} tokens timed per round, {s['rounds']} rounds; rung 0 timed "
             f"alone on {s['rung0_tokens']} tokens). Prompt column: {s['prefill_tokens']} tokens "
@@ -391,10 +392,9 @@ def _study(rec, facts, values):
                                   f"{min(per)} on the largest")
     values["ch4.study_round"] = (f"{f(1000 * st['round_seconds'])} ms" if "round_seconds" in st
                                  else None)
-    if facts:  # where the measured plateaus end at the study's threads
-        ext = facts[f"{ch1.read_stream(facts)}_spans"]
-        sp = ext[st.get("threads", rec["settings"]["threads"])] if st.get("threads", rec["settings"]["threads"]) in ext else ext[max(ext)]
-        values["ch4.l2_end_mib"] = sp["L2"]["last"] / 2**20
+    if facts:  # where the measured plateaus end at the study's threads (at most each size)
+        ends = level_ends(facts, st.get("threads", rec["settings"]["threads"]))
+        values["ch4.l2_end_mib"] = ends["L2"] / 2**20 if "L2" in ends else None
         values["ch4.l3_end_mib"] = _l3_end(facts) / 2**20
     lla = {r["params"]["study_d"]: r for r in records.results(rec, "llama_tg") if "study_d" in r["params"]}
     _study_figure(rec, facts, widths, by, lla)
@@ -428,14 +428,12 @@ def _study_figure(rec, facts, widths, by, lla):
                 color="tab:green", label="llama.cpp Q8_0, all cores")
     th = rec["settings"]["threads"]
     # where the measured plateaus end (chapter 1's staircase at these threads), in bytes
-    ext = facts[f"{ch1.read_stream(facts)}_spans"] if facts else {}
-    ends = ({lv: span["last"] for lv, span in ext[th if th in ext else max(ext)].items()
-             if span["last"] == span["last"]} if ext else {})
+    ends = level_ends(facts, th) if facts else {}
     ax.set_xscale("log")
     ax.set_yscale("log")
-    marks = [(ends.get(lv, 0) / 1.0625, f" int8 = end of the {lv} plateau", "grey")
+    marks = [(ends.get(lv, 0) / 1.0625, f" int8 fill the {lv}", "grey")
              for lv in ("L2", "L3")]
-    marks.append((ends.get("L3", 0) / 4, " f32 = end of the L3 plateau", "tab:red"))
+    marks.append((ends.get("L3", 0) / 4, " f32 fill the L3", "tab:red"))
     for size, text, color in marks:  # where the weights fill a level (parameters)
         if size:
             ax.axvline(size / 1e6, color=color, lw=0.8, ls="--")
@@ -671,7 +669,7 @@ def report(rec_dir) -> dict:
     values["ch4.rungs"] = str(len(decode.RUNGS))
     for key in ("ch4.par_min_kib", "ch4.rung5_par_min_kib", "ch4.rung5_vs_rung4_sign",
                 "ch4.rung5_vs_rung4", "ch4.small_largest_kib", "ch4.small_par_min_kib",
-                "ch4.fork_join_us", "ch4.regions", "ch4.sync_share", "ch4.above_rung",
+                "ch4.fork_join_us", "ch4.regions", "ch4.sync_share", "ch4.above_rung", "ch4.llama_f32_share",
                 "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
                 "ch4.above_others",
                 "ch4.big_resident_gbs", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
