@@ -881,7 +881,9 @@ def test_sweep_values_say_where_the_model_landed():
     v = ch2.reading._sweep_values(pts({42: 90.0, 168: 100.0}), "mc", 168, "p",
                                   typed=("spread", "model_gap"))
     assert v == {"p_best": "168", "p_best_gops": "100 Gop/s", "p_model_gap": "0.0 %",
-                 "p_spread": "10.0 %", "p_trend": None, "p_spread_frac": pytest.approx(0.1),
+                 "p_spread": "10.0 %", "p_trend": None, "p_cliff": False, "p_cliff_from": None,
+                 "p_cliff_to": None, "p_cliff_from_gops": None, "p_cliff_to_gops": None,
+                 "p_spread_frac": pytest.approx(0.1),
                  "p_model_gap_frac": 0.0}
     # a steady fall over three sizes, first to last more than the noise, is a trend
     v = ch2.reading._sweep_values(pts({84: 110.0, 168: 104.0, 252: 98.0}), "mc", 168, "p",
@@ -893,6 +895,9 @@ def test_sweep_values_say_where_the_model_landed():
     # a two-level step (flat, a drop, flat again) is a fall too; a rise past the noise is not
     two_level = pts({1: 100.0, 2: 101.0, 3: 80.0, 4: 79.5})
     assert ch2.reading._sweep_values(two_level, "mc", 1, "p")["p_trend"] == "falls"
+    # ... and one step holds most of its spread: a cliff, which the page names first
+    v = ch2.reading._sweep_values(two_level, "mc", 1, "p")
+    assert v["p_cliff"] and (v["p_cliff_from"], v["p_cliff_to"], v["p_cliff_to_gops"]) == (2, 3, 80.0)
     up_down = pts({1: 100.0, 2: 80.0, 3: 92.0, 4: 78.0})
     assert ch2.reading._sweep_values(up_down, "mc", 1, "p")["p_trend"] is None
 

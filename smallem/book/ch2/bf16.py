@@ -96,7 +96,8 @@ def amx_values(rec: dict, rec_dir) -> dict:
 def bf16_elsewhere(rec_dir) -> dict:
     """Table ch2_bf16_native and its values, from the second machine's record if any."""
     keys = ("ch2.bf16_native_machine", "ch2.bf16_native_threads", "ch2.bf16_native_extensions",
-            "ch2.bf16_native_chosen", "ch2.bf16_native_f32_probe", "ch2.bf16_native_bf16_probe")
+            "ch2.bf16_native_chosen", "ch2.bf16_native_f32_probe", "ch2.bf16_native_bf16_probe",
+            "ch2.bf16_native_vdp_best", "ch2.bf16_native_vdp_size", "ch2.bf16_native_vdp_probe")
     if not records.exists(BF16_RECORD, rec_dir):
         figures.write_table("ch2_bf16_native", [["not measured yet"] + [""] * 5],
                             DTYPE_HEADER)
@@ -104,6 +105,7 @@ def bf16_elsewhere(rec_dir) -> dict:
         return dict.fromkeys(keys) | {"ch2.bf16_native_exists": False}
     rec = records.load(BF16_RECORD, rec_dir)
     rows, values = dtype_rows(rec, prefix="ch2.bf16_native")
+    values.update(native_values(rec, rec_dir, "ch2.bf16_native_vdp"))
     figures.write_table("ch2_bf16_native", rows, DTYPE_HEADER,
                         note=f"Machine: {figures.machine_line(rec)}; "
                              f"bf16 path: {values['ch2.bf16_native_chosen']}.")
@@ -112,19 +114,22 @@ def bf16_elsewhere(rec_dir) -> dict:
             "ch2.bf16_native_exists": True}
 
 
-def native_values(rec: dict, rec_dir) -> dict:
-    """The fastest vdpbf16ps product against chapter 1's bf16 dot probe on as many cores
-    (typed; None where either is missing): a product above the probe says the probe was not
-    this run's ceiling."""
+def native_values(rec: dict, rec_dir, prefix: str = "ch2.native") -> dict:
+    """The fastest vdpbf16ps product against the bf16 dot probe on as many cores (typed; None
+    where either is missing): chapter 1's probe, or, for a record that times the probes beside
+    its products (the second machine's), its own. A product above the probe says the probe
+    was not this run's ceiling."""
     best = None
     for r in records.results(rec, "dtype", dtype="bf16"):
         p = r["params"]
         if p.get("path") == "native" and (best is None or records.median(r) > best[0]):
             best = (records.median(r), p["M"], p["K"], p["N"])
-    facts = ch1.facts(rec_dir)
-    probe = (facts or {}).get("peak", {}).get(("bf16", rec["settings"]["threads"]))
+    own = records.results(rec, "peak", kind="bf16")
+    facts = None if own else ch1.facts(rec_dir)
+    probe = (records.median(own[0]) if own else
+             (facts or {}).get("peak", {}).get(("bf16", rec["settings"]["threads"])))
+    keys = (f"{prefix}_best", f"{prefix}_size", f"{prefix}_probe")
     if best is None or not probe:
-        return dict.fromkeys(("ch2.native_best", "ch2.native_size", "ch2.native_probe"))
-    return {"ch2.native_best": best[0], "ch2.native_size": f"{best[1]}×{best[2]}×{best[3]}",
-            "ch2.native_probe": probe}
+        return dict.fromkeys(keys)
+    return dict(zip(keys, (best[0], f"{best[1]}×{best[2]}×{best[3]}", probe)))
 

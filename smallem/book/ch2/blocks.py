@@ -30,20 +30,41 @@ def sweep_values(pts: list[dict], param: str, chosen: int | None, prefix: str,
             # the sweep's noise, no step the other way beyond it: a two-level step is a trend
             # too), else None; and the fractions asked
             f"{prefix}_trend": _trend([by[k] for k in sorted(by)]),
+            # typed: whether one step holds most of the sweep's spread, and that step (its two
+            # block sizes and their rates; None each without one): the page says it first
+            **_cliff(sorted(by), [by[k] for k in sorted(by)], f"{prefix}_cliff"),
             **{f"{prefix}_{k}_frac": frac[k] for k in typed}}
 
 
 def _trend(rates: list[float]) -> str | None:
+    """"falls" or "rises" where the rate moves one way from the first block to the last by
+    more than the sweep's noise and no step goes the other way by more than that noise of
+    the rate it starts from; else None."""
     noise = compare.SWEEP_NOISE  # the page's "noise" of a sweep's points
     if len(rates) < 3 or abs(rates[-1] / rates[0] - 1) <= noise:
         return None
-    tol = noise * max(rates)  # a step the other way this small is within that noise
-    steps = [b - a for a, b in zip(rates, rates[1:])]
-    if rates[-1] < rates[0] and all(d < tol for d in steps):
+    pairs = list(zip(rates, rates[1:]))
+    if rates[-1] < rates[0] and all(b - a <= noise * a for a, b in pairs):
         return "falls"
-    if rates[-1] > rates[0] and all(d > -tol for d in steps):
+    if rates[-1] > rates[0] and all(a - b <= noise * a for a, b in pairs):
         return "rises"
     return None
+
+
+def _cliff(keys: list, rates: list[float], key: str) -> dict:
+    """The one step between neighbouring block sizes that holds at least two thirds of the
+    sweep's spread, where the spread is more than the sweep's noise: ``key`` True and
+    ``key``_from, _to (the block sizes), _from_gops, _to_gops; else ``key`` False, the rest None."""
+    out = {key: False, **{f"{key}_{k}": None for k in ("from", "to", "from_gops", "to_gops")}}
+    if len(rates) < 3:
+        return out
+    spread = max(rates) - min(rates)
+    steps = [b - a for a, b in zip(rates, rates[1:])]
+    i = max(range(len(steps)), key=lambda j: abs(steps[j]))
+    if spread <= compare.SWEEP_NOISE * max(rates) or abs(steps[i]) < 2 / 3 * spread:
+        return out
+    return {key: True, f"{key}_from": keys[i], f"{key}_to": keys[i + 1],
+            f"{key}_from_gops": rates[i], f"{key}_to_gops": rates[i + 1]}
 
 
 def _l3_end(rec_dir) -> float | None:
