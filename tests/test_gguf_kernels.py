@@ -426,3 +426,14 @@ def test_int8_gemm_instruction_and_refusals(level, rng):
         gguf_products.int8_matmul(random_tensor("F16", 2, 256, rng), np.zeros((1, 256), np.float32))
     with pytest.raises(ValueError, match="expected"):
         gguf_products.int8_matmul(random_tensor("Q8_0", 2, 64, rng), np.zeros((1, 63), np.float32))
+
+
+def test_the_prompt_path_is_one_choice_whatever_level_is_named():
+    """The prompt's two rates are timed once on a machine and kept: a call that names the
+    level and one that leaves it to the CPU read the same rates, so they make the same
+    choice (two timings in one process once disagreed, and the page with them)."""
+    from smallem.cpu import isa
+    from smallem.generating import forward
+
+    assert forward.prompt_rates() == forward.prompt_rates(isa.selected())
+    assert forward.default_prompt_dtype() == forward.default_prompt_dtype(isa.selected())

@@ -435,12 +435,24 @@ def float_prompt_dtype(level=None) -> str:
 PROBE_SHAPE = (128, 512, 1024)  # rows, N, K of the product that picks the prompt's inputs
 
 
-@functools.lru_cache(maxsize=None)
 def prompt_rates(level=None) -> dict:
-    """Gop/s on one core of the prompt's two products at :data:`PROBE_SHAPE`, timed here once a
-    process (the best of 5 calls each): "int8", the integer GEMM on a Q8_0 matrix
-    (``kernels_c/forward/qgemm.c``), and the float GEMM with :func:`float_prompt_dtype`'s inputs
-    (its panels' dequantisation left out, which favours it)."""
+    """Gop/s on one core of the prompt's two products at :data:`PROBE_SHAPE` (the best of 5
+    calls each): "int8", the integer GEMM on a Q8_0 matrix (``kernels_c/forward/qgemm.c``),
+    and the float GEMM with :func:`float_prompt_dtype`'s inputs (its panels' dequantisation
+    left out, which favours it). Timed once on this machine for the level and kept
+    (:func:`machine.kept`), so that every process, and every call whatever level it names,
+    makes the same choice from the same two rates."""
+    level = level or isa.selected()
+    return _prompt_rates(level)
+
+
+@functools.lru_cache(maxsize=None)
+def _prompt_rates(level: str) -> dict:
+    key = [level, sorted(isa.extensions(level)), float_prompt_dtype(level), list(PROBE_SHAPE)]
+    return machine.kept("prompt_rates", key, lambda: _time_prompt_rates(level))
+
+
+def _time_prompt_rates(level: str) -> dict:
     from smallem.product import gemm
 
     M, N, K = PROBE_SHAPE
