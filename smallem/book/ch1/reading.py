@@ -408,6 +408,8 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.scaling_floor": f"{100 * SCALING_FLOOR:.0f} %",
         "ch1.one_thread_floor": f"{100 * ONE_THREAD_FLOOR:.0f} %",
         "ch1.theory_band": f"{100 * THEORY_BAND[0]:.0f} % and {100 * THEORY_BAND[1]:.0f} %",
+        # typed: this run's all-core probe outside the band the tests ask of the captured runs
+        "ch1.outside_band": not THEORY_BAND[0] <= sm["f32_fraction_of_theory"] <= THEORY_BAND[1],
         "ch1.clock": f(sm["clock_ghz"], "GHz"),
         "ch1.clock_mul": f(sm["clock_mul_ghz"], "GHz"),
         "ch1.clock_agreement": f"{100 * CLOCK_AGREEMENT:.0f} %",
@@ -595,7 +597,7 @@ def _scaling_values(sm: dict) -> dict:
     out["ch1.scale.read_l1"] = r if r == r else None
     # a private level whose all-core plateau fell below one core's alone (by more than the
     # noise): no sharing explains it, the all-core run was disturbed
-    below = []
+    below, above = [], []
     for kernel, name in (("triad", "triad"), ("read", "read-only stream")):
         st = sm.get(f"{kernel}_plateaus")
         if not st or cores not in st or 1 not in st or cores == 1:
@@ -604,7 +606,11 @@ def _scaling_values(sm: dict) -> dict:
             one, every = st[1][lv], st[cores][lv]
             if one == one and every == every and every < 0.95 * one:
                 below.append(f"{lv} {name}")
+            # more than cores x one core's, by more than the noise: the one-core run was low
+            if one == one and every == every and every > 1.05 * cores * one:
+                above.append(f"{lv} {name}")
     out["ch1.scale.below_one"] = below
+    out["ch1.scale.above_cores"] = above
     for who, t in (("core", 1), ("all", cores)):
         if "read_plateaus" in sm:
             read, triad = sm["read_plateaus"][t]["DRAM"], sm["triad_plateaus"][t]["DRAM"]
