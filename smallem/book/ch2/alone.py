@@ -84,9 +84,11 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     l2_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L2")
     l3_kib = next(r["params"]["b_kib"] for r in found if r["params"]["b_in"] == "L3")
 
+    def of_probe(t):
+        return records.median(by["L2", True, t]) / records.value(rec, "alone_probe", threads=t)
+
     def pct(t):
-        rate = records.median(by["L2", True, t])
-        return f"{100 * rate / records.value(rec, 'alone_probe', threads=t):.0f} %"
+        return f"{100 * of_probe(t):.0f} %"
 
     na = "n/a (one core)"
     l2 = (rec["settings"].get("cache_geometry") or cache_geometry())["L2"]["bytes"]
@@ -95,6 +97,9 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
               "ch2.alone_l3_kib": compare.size(l3_kib), "ch2.alone_threads": str(cores),
               "ch2.alone_pct_one": pct(1),
               "ch2.alone_pct_all": pct(cores) if cores > 1 else na,
+              # typed: from L2, of the probe timed in turn, one core and all (None: one core)
+              "ch2.alone_of_probe_one": of_probe(1),
+              "ch2.alone_of_probe_all": of_probe(cores) if cores > 1 else None,
               "ch2.alone_l3_one": compare.versus(by["L3", True, 1], by["L2", True, 1]),
               "ch2.alone_l3_shared": (compare.versus(by["L3", True, cores], by["L2", True, cores])
                                       if cores > 1 else na),

@@ -730,8 +730,11 @@ def report(rec_dir) -> dict:
     figures.write_table("ch2_phases", r,
                         ["Product", "M", "B", "per call", "pack B", "pack A", "tiles",
                          "waiting"],
-                        note=note + f" Medians of {_phase_calls(rec)} calls; each share is the "
-                        "mean over the threads of their time in the parallel region.")
+                        note=note + f" Medians of {_phase_calls(rec)} calls; each share is a "
+                        "phase's part of the time in the parallel region (each phase the mean "
+                        "over the threads, the shares of their sum), which the call's own time "
+                        "exceeds by the region's start and end: a phase's time is its share of "
+                        "that sum, not of the call.")
     r, v, kc = alone_rows(rec, rec_dir)
     values.update(v)
     figures.write_table("ch2_alone", r,
