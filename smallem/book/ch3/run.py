@@ -96,8 +96,14 @@ def run_figure_and_values(rec, values):
             continue
         values[f"ch3.{prefix}_final_bpb"] = f"{final[name]:.2f} bits per byte"
         values[f"ch3.{prefix}_steps"] = str(runs[name]["total_steps"])
-        values[f"ch3.{prefix}_tokens_per_s"] = f(records.median(records.results(
-            rec, "train_tokens_per_s", run=name)[0]), "tokens/s")
+        # the run's tokens over its training time (evaluations not counted), the figure a
+        # reader gets from its steps, batch and time; the record's per-step median beside it
+        # would differ by the steps that ran slow
+        run, c = runs[name], runs[name]["curve"]
+        values[f"ch3.{prefix}_tokens_per_s"] = (
+            f(len(c["step"]) * run["batch_size"] * run["seq_len"] / c["seconds"][-1], "tokens/s")
+            if c["seconds"] else f(records.median(records.results(
+                rec, "train_tokens_per_s", run=name)[0]), "tokens/s"))
     values["ch3.run_budget"] = f(s["minutes"], "min")
     values.update(run_times(runs, s["minutes"]))
     common, same = same_time_losses(runs)

@@ -179,9 +179,11 @@ def _beside_chapter3(s: dict, rec_dir) -> dict:
     run = records.load("ch3.train_run", rec_dir)
     f32 = run["settings"].get("runs", {}).get("f32", {})
     name = s["config"] if isinstance(s["config"], str) else s["config"]["name"]
-    found = records.results(run, "train_tokens_per_s", run="f32")
-    if found and f32.get("config", {}).get("name") == name and f32.get("batch_size") == s["batch"]:
-        out.update({"mpi.run_tps": records.median(found[0]), "mpi.run_backend": f32.get("backend")})
+    c = f32.get("curve", {})
+    if (c.get("seconds") and f32.get("config", {}).get("name") == name
+            and f32.get("batch_size") == s["batch"]):  # its tokens over its training time
+        tps = len(c["step"]) * f32["batch_size"] * f32["seq_len"] / c["seconds"][-1]
+        out.update({"mpi.run_tps": tps, "mpi.run_backend": f32.get("backend")})
     return out
 
 
