@@ -367,6 +367,23 @@ RUNS = (("f32", AT["fused"]), ("bf16", AT["bf16"]), ("modern", AT["modern"]))
 RUN_MINUTES = 1.0  # of training each run (evaluations not counted): the curves, not a model to keep
 
 
+# the rungs whose step the real run's size is timed on, beside the run's own (rung 5):
+# the matrices' attention, the attention in tiles, and the fused layers on top of the tiles
+RUN_SIZE_RUNGS = (AT["arena"], AT["tiles"], AT["fused"])
+
+
+def _run_size_steps(threads, quick, batch, corpus) -> list:
+    """The climb's f32 rungs from the arena to the fused layers at the real run's size (config
+    s, its batch), timed in turn: the climb above is the xl model's, and a step of another
+    size need not climb the same way. [(rung, Timing, tokens per step)]."""
+    cfg = get_config("s")
+    trainers = {i: rung_trainer(i, cfg, corpus=corpus, batch_size=batch, steps=100,
+                                threads=threads) for i in RUN_SIZE_RUNGS}
+    ts = measure_interleaved({i: t.train_step for i, t in trainers.items()},
+                             repeats=2 if quick else ROUNDS, warmup=1)
+    return [(i, ts[i], trainers[i].B * trainers[i].T) for i in RUN_SIZE_RUNGS]
+
+
 def _runs(threads, quick, progress):
     corpus = data.load_corpus()
     minutes = 0.1 if quick else RUN_MINUTES
@@ -448,6 +465,7 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
     step_rec.save()
 
     runs, minutes = _runs(threads, quick, progress)
+    sizes = _run_size_steps(threads, quick, runs[RUNS[0][0]][0].B, data.load_corpus())
     settings = {"quick": quick, "threads": threads, "minutes": minutes, "runs": {}}
     for name, (t, h) in runs.items():
         elapsed = np.cumsum(h["step_seconds"]).tolist()  # training time, evaluation not counted
@@ -463,6 +481,9 @@ def bench_train(quick: bool | None = None, progress: bool = True, threads: int |
         run_rec.add("run_seconds", "s", Timing([h["seconds"]]).stats(), run=name)
         tok = [t.B * t.T / s for s in h["step_seconds"][1:] or h["step_seconds"]]
         run_rec.add("train_tokens_per_s", "tokens/s", Timing(tok).stats(), run=name)
+    for i, t, tokens in sizes:
+        run_rec.add("run_size_step", "tokens/s", t.rate(tokens),
+                    seconds={**t.stats(), "samples": list(t.seconds)}, rung=i)
     run_rec.save()
     return step_rec, run_rec
 

@@ -14,7 +14,8 @@ RUN_KEYS = (
     "bf16_final_bpb", "bf16_steps", "bf16_tokens_per_s", "corpus_files", "corpus_mb",
     "corpus_sha", "modern_final_bpb", "modern_steps", "modern_tokens_per_s", "run_budget",
     "run_common_s", "run_long", "run_seconds", "run_short", "run_steps_s", "run_winner",
-    "s_final_bpb", "s_steps", "s_tokens_per_s",
+    "s_final_bpb", "s_steps", "s_tokens_per_s", "size_measured", "size_rows", "size_fastest",
+    "size_run_rung", "size_run_vs_fastest",
 )
 
 
@@ -57,6 +58,26 @@ def run_times(runs: dict, minutes: float) -> dict:
         "ch3.run_short": any(t < 0.9 * budget for t in took.values()),
         "ch3.run_long": any(t > 1.1 * budget for t in took.values()),
     }
+
+
+def size_values(rec, runs) -> dict:
+    """The climb's f32 rungs timed in turn at the real run's size (typed): each rung's number,
+    what it adds and its tokens/s; the fastest rung; the f32 run's own rung, and its rate
+    against the fastest's as prose (None each where the record predates this timing)."""
+    from smallem.training.train import RUNGS
+
+    found = {r["params"]["rung"]: r for r in records.results(rec, "run_size_step")}
+    run_rung = next((r.index for r in RUNGS if r.run.get("backend") == runs["f32"].get("backend")
+                     and r.run.get("pool", False) == runs["f32"].get("pool", False)), None)
+    if not found or run_rung not in found:
+        return {"ch3.size_measured": False, "ch3.size_rows": None, "ch3.size_fastest": None,
+                "ch3.size_run_rung": None, "ch3.size_run_vs_fastest": None}
+    fastest = max(found, key=lambda i: records.median(found[i]))
+    return {"ch3.size_measured": True,
+            "ch3.size_rows": [[i, RUNGS[i].what, records.median(found[i])] for i in sorted(found)],
+            "ch3.size_fastest": fastest, "ch3.size_run_rung": run_rung,
+            "ch3.size_run_vs_fastest": (compare.versus(found[run_rung], found[fastest])
+                                        if fastest != run_rung else None)}
 
 
 def run_figure_and_values(rec, values):
@@ -104,6 +125,7 @@ def run_figure_and_values(rec, values):
             f(len(c["step"]) * run["batch_size"] * run["seq_len"] / c["seconds"][-1], "tokens/s")
             if c["seconds"] else f(records.median(records.results(
                 rec, "train_tokens_per_s", run=name)[0]), "tokens/s"))
+    values.update(size_values(rec, runs))
     values["ch3.run_budget"] = f(s["minutes"], "min")
     values.update(run_times(runs, s["minutes"]))
     common, same = same_time_losses(runs)

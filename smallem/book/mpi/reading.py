@@ -12,7 +12,8 @@ KEYS = ("mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", 
         "mpi.rounds", "mpi.verdict", "mpi.outcome", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
         "mpi.curve_steps", "mpi.curve_tokens", "mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100",
         "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10", "mpi.comm_gbs",
-        "mpi.dram_gbs", "mpi.backend", "mpi.pool", "mpi.run_tps", "mpi.run_backend")
+        "mpi.dram_gbs", "mpi.backend", "mpi.pool", "mpi.run_tps", "mpi.run_backend",
+        "mpi.size_tiles_slower")
 DESIGN = ("mpi.k_mid", "mpi.k_top", "mpi.machines_top", "mpi.link_low", "mpi.link_top",
           "mpi.timeout")
 
@@ -173,7 +174,7 @@ def _beside_chapter3(s: dict, rec_dir) -> dict:
     tokens/s; None otherwise). Records made before the path was kept ran the Trainer's
     defaults of the time: the kernels backend on OpenMP's threads."""
     out = {"mpi.backend": s.get("backend") or "kernels", "mpi.pool": bool(s.get("pool")),
-           "mpi.run_tps": None, "mpi.run_backend": None}
+           "mpi.run_tps": None, "mpi.run_backend": None, "mpi.size_tiles_slower": None}
     if not records.exists("ch3.train_run", rec_dir):
         return out
     run = records.load("ch3.train_run", rec_dir)
@@ -184,6 +185,12 @@ def _beside_chapter3(s: dict, rec_dir) -> dict:
             and f32.get("batch_size") == s["batch"]):  # its tokens over its training time
         tps = len(c["step"]) * f32["batch_size"] * f32["seq_len"] / c["seconds"][-1]
         out.update({"mpi.run_tps": tps, "mpi.run_backend": f32.get("backend")})
+        # chapter 3's f32 rungs timed in turn at this size: the attention in tiles and the
+        # fused layers (rungs 4, 5) against rung 3's matrices, where that record has them
+        size = {r["params"]["rung"]: records.median(r)
+                for r in records.results(run, "run_size_step")}
+        if size:
+            out["mpi.size_tiles_slower"] = min(size.get(4, 0), size.get(5, 0)) < size.get(3, 0)
     return out
 
 
