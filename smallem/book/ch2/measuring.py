@@ -136,7 +136,7 @@ def model_shapes() -> list[dict]:
         {"label": "h W2 (8192x3072 · 3072x768)", "M": T, "K": f, "N": d, "ta": False, "tb": False},
         {"label": "dY W1ᵀ (8192x3072 · (768x3072)ᵀ)", "M": T, "K": f, "N": d,
          "ta": False, "tb": True},
-        {"label": "xᵀ dY (768x8192ᵀ · 8192x3072)", "M": d, "K": T, "N": f,
+        {"label": "xᵀ dY ((8192x768)ᵀ · 8192x3072)", "M": d, "K": T, "N": f,
          "ta": True, "tb": False},
     ]
 
