@@ -143,7 +143,8 @@ else:
 # %%
 n = data["settings"]["gemm_naive_n"]
 ch1.roofline_figure([(f"naive {n}³ product", ch1.naive_gemm_intensity(n),
-                          records.value(data, "gemm_naive"))], "ch1_roofline", data)
+                          records.value(data, "gemm_naive"))], "ch1_roofline",
+                    {**ch1.summary(data), "record": data})
 display(SVG(filename=str(figures.figures_dir() / "ch1_roofline.svg")))
 
 # %%

@@ -629,7 +629,7 @@ def roofline(rec: dict, rec_dir, name: str = "ch2_roofline"):
     facts = ch1.facts(rec_dir)
     if facts is not None:
         # the rungs' bounds read B from the read-only stream where measured: so do its roofs
-        return ch1.roofline_figure(points, name, facts["record"], ch1.read_stream(facts))
+        return ch1.roofline_figure(points, name, facts, ch1.read_stream(facts))
     import matplotlib.pyplot as plt  # stand-in: the peak only, no bandwidth slopes
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -694,6 +694,27 @@ def alone_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict, int]:
     return rows, values, kc
 
 
+def _sweep_tables(rec: dict, rec_dir, note: str, cores: int) -> dict:
+    """The M_C and K_C sweeps' tables, and their values."""
+    r, values = mc_rows(rec)
+    figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block",
+                                      f"rung {values['ch2.mc_rung']}, Gop/s at "
+                                      f"{values['ch2.mc_n']}³, {values['ch2.mc_threads']}"],
+                        note=note)
+    r, v = kc_rows(rec, rec_dir)
+    values.update(v)
+    figures.write_table("ch2_kc", r, ["L1 ways for A", "KC (→ the slice run)", "A sliver",
+                                      f"passes over C at {values['ch2.kc_n']}³",
+                                      f"B block at {values['ch2.kc_n']}³",
+                                      f"Gop/s, {cores} threads"],
+                        note=note + " The driver cuts K into equal slices of at most K_C, so a "
+                        "K_C that does not divide K runs as the slice after the arrow; the "
+                        "sliver and the block are the slice's." + (
+                            "" if "blocks_rows" in rec["settings"] else
+                            " This record predates rung 5's own K_C: no row is the model's."))
+    return values
+
+
 def report(rec_dir) -> dict:
     write_rung_diffs()  # from the source, not the record: always possible
     if not records.exists(RECORD, rec_dir):
@@ -749,24 +770,7 @@ def report(rec_dir) -> dict:
     values.update(bf16_elsewhere(rec_dir))
     values.update(amx_values(rec, rec_dir))
     values.update(native_values(rec, rec_dir))
-    r, v = mc_rows(rec)
-    values.update(v)
-    figures.write_table("ch2_mc", r, ["L2 ways for A", "MC × KC", "A block",
-                                      f"rung {values['ch2.mc_rung']}, Gop/s at "
-                                      f"{values['ch2.mc_n']}³, {values['ch2.mc_threads']}"],
-                        note=note)
-    r, v = kc_rows(rec, rec_dir)
-    values.update(v)
-    figures.write_table("ch2_kc", r, ["L1 ways for A", "KC (→ the slice run)", "A sliver",
-                                      f"passes over C at {values['ch2.kc_n']}³",
-                                      f"B block at {values['ch2.kc_n']}³",
-                                      f"Gop/s, {cores} threads"],
-                        note=note + " The driver cuts K into equal slices of at most K_C, so a "
-                        "K_C that does not divide K runs as the slice after the arrow; the "
-                        "sliver and the block are the slice's." + (
-                            "" if "blocks_rows" in rec["settings"] else
-                                     " This record predates rung 5's own K_C: no row is the "
-                                     "model's."))
+    values.update(_sweep_tables(rec, rec_dir, note, cores))
     values.update(pool_values(rec, rec_dir))
     values.update(order_values(rec, ch1.facts(rec_dir)))
     values.update(chapter1_links(rec, rec_dir))

@@ -137,5 +137,5 @@ def roofline(rec, rec_dir, values):
         if t:
             points.append((f"the step's products, rung {rung}", intensity,
                            product_flops / t / 1e9))
-    ch1.roofline_figure(points, "ch3_roofline", facts["record"])
+    ch1.roofline_figure(points, "ch3_roofline", facts)
     values["ch3.products_intensity"] = f(intensity, "flop/byte")
