@@ -588,11 +588,14 @@ def _plateau_values(sm: dict, top: int) -> dict:
                 else "not measured (a record from before the read-only stream)")
             # the largest working set inside the level's stretch (where later chapters read
             # that a level "holds" a size, at most its reported size: level_of)
+            held = level_sizes(sm["caches"], th).get(level) if sm.get("caches") else None
             for kernel, key in (("triad", ""), ("read", "read_")):
                 span = sm.get(f"{kernel}_spans", {}).get(th, {}).get(level)
+                end = span["last"] if span and span["last"] == span["last"] else None
                 values[f"ch1.{level.lower()}_{key}{who}_end"] = (
-                    compare.size(span["last"] / KiB) if span and span["last"] == span["last"]
-                    else "—")
+                    "—" if end is None else compare.size(end / KiB) + (
+                        f" (past the {compare.size(held / KiB)} it holds)"
+                        if held and end > held else ""))
     values.update(_l1_read_values(sm))
     return values
 

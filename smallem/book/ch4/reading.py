@@ -242,6 +242,14 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         for key, r in (("ch4.rung4_team_n", r4), ("ch4.rung5_team_n", r5)):
             pm = r["params"].get("par_min_bytes") if r else None
             values[key] = sum(b >= pm for b in sizes) if pm is not None else None
+        # the attention of a token at position p reads 8 (p + 1) d bytes of keys and values
+        # a layer (the C forward's count, kernels_c/forward/attend.c): the threads take it
+        # from the first position where that reaches rung 4's threshold
+        pm = r4["params"].get("par_min_bytes") if r4 else None
+        d = get_config(cfg).d_model
+        first = max(0, -(-pm // (8 * d)) - 1) if pm is not None else None
+        last = s["prompt"] + s["decode_tokens"] - 1
+        values["ch4.rung4_attn_from"] = first if first is not None and first <= last else None
     if r4 and r5:
         d = compare.difference(r5, r4)
         values["ch4.rung5_vs_rung4_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0
@@ -674,7 +682,7 @@ def report(rec_dir) -> dict:
                 "ch4.above_others",
                 "ch4.big_resident_gbs", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
-                "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n",
+                "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from",
                 "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
                 "ch4.llama_safe_why", "ch4.threads", "ch4.torch_version", "ch4.torch_threads"):
         values.setdefault(key, None)

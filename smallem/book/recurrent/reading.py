@@ -101,6 +101,10 @@ def _train(rec) -> dict:
          "recurrent (tokens/s)", "its MFLOP a token", "recurrent against attention"],
         "One forward and backward of each model (the same size, the same tokens a step at "
         "every context; f32, the attention in tiles), timed in the same rounds (medians). "
+        "The attention's MFLOP count the whole T × T square of scores, as the PaLM paper's "
+        "6N + 12 L d T does; the tiles skip the keys after each query, about half of it, so "
+        "at long contexts the attention model does less work than its column says, and "
+        "tokens/s times that column can exceed the peak. "
         f"{figures.machine_line(rec)}.")
     ratio = lambda T: records.median(runs[("recurrent", T)]) / records.median(runs[("modern", T)])  # noqa: E731
     return {"rec.train_size": f"{runs[('modern', Ts[0])]['params']['params'] / 1e6:.1f} million parameters",
