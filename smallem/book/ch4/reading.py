@@ -511,6 +511,10 @@ def _study_big(facts, big, by, lla, values) -> list[str]:
     values["ch4.big_bw"] = bw / 1e9 if bw == bw else None
     values["ch4.big_share"] = gbs / bw if bw == bw else None
     values["ch4.big_above"] = bool(bw == bw and gbs > (1 + NOISE) * bw)
+    # f32 on the same model: its weights' bytes a second against the bound of their level
+    _, bw32 = bandwidth_bound(facts, b32["params"]["weight_bytes"], b32["params"]["threads"])
+    gbs32 = records.median(b32) * b32["params"]["weight_bytes"]
+    values["ch4.big_f32_share"] = gbs32 / bw32 if bw32 == bw32 else None
     # above DRAM's bound: could the L3 keeping as much of the weights as its plateau holds
     # explain it? the most that explains, and the L3's size
     kept = resident_bound(facts, b8["params"]["weight_bytes"], b8["params"]["threads"])
@@ -680,7 +684,7 @@ def report(rec_dir) -> dict:
                 "ch4.fork_join_us", "ch4.regions", "ch4.sync_share", "ch4.above_rung", "ch4.llama_f32_share",
                 "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
                 "ch4.above_others",
-                "ch4.big_resident_gbs", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
+                "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
                 "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from",
                 "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
