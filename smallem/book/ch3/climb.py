@@ -118,7 +118,11 @@ def switches(rungs: dict, toks: dict, pred: dict, parts_missed=frozenset()) -> t
         if kind == "as" and i in parts_missed:
             kind = "parts"
         groups[kind].append(f"{r.what} (rung {i})")
-        cells[i] = (_pct(pred_pct), OUTCOMES[kind])
+        said = OUTCOMES[kind]
+        if kind == "beyond":  # which way the step moved, past what the switch could explain
+            said += (" the other way (slower)" if (d.pct < 0) != (pred_pct < 0)
+                     else " beyond it")
+        cells[i] = (_pct(pred_pct), said)
         values.update({f"ch3.rung{i}_pred": pred_pct / 100, f"ch3.rung{i}_meas": d.pct / 100,
                        f"ch3.rung{i}_spread": sp / 100, f"ch3.rung{i}_shows": kind})
     for k, names in groups.items():
