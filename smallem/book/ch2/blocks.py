@@ -119,6 +119,10 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.kc_best_cut": cut(best), "ch2.kc_model_cut": cut(chosen) if chosen in by else None,
         "ch2.kc_same_cut": chosen in by and chosen != best and cut(chosen) == cut(best),
         "ch2.l3_plateau_end": f"{end / 2**20:.0f} MiB" if end else "n/a",
+        # typed: chapter 1's all-core L3 plateau ended below half the L3 the OS reports (a
+        # VM's share of a shared L3), which the block sizes are planned from
+        "ch2.l3_plateau_short": bool(end and end < 0.5 * (rec["settings"].get("cache_geometry")
+                                                          or {}).get("L3", {}).get("bytes", 0)),
         # the measured reason, where it holds: the model's B block is past the L3's plateau
         # and the fastest point's is not
         "ch2.kc_b_past_l3": bool(slow and taken and end
