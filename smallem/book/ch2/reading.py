@@ -247,8 +247,6 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.record_commit": str(rec.get("commit") or "unknown")[:7],
         "ch2.kc5": str(rows5["kc"]) if rows5 else no5,
         "ch2.nc5": str(rows5["nc"]) if rows5 else no5,
-        # rung 5's A sliver, M_R x its own K_C (None where the record predates rung 5's blocks)
-        "ch2.a_sliver5_kib": (compare.size(s["mr"] * rows5["kc"] * 4 / 1024) if rows5 else None),
         "ch2.widest_n": str(max(s["sweep"])),
         "ch2.peak": f(peak, "Gop/s"),
         "ch2.peak_source": peak_src,

@@ -606,7 +606,7 @@ def _ops_table(rec, values, rungs=None):
                         "One profiled step after a warm-up, on the trainers of the climb: "
                         + "; ".join(f"rung {i} ({rung_label(i)})" for i in sorted(groups))
                         + (f". Each column is a single step, and its sum is up to "
-                           f"{100 * max(off):.0f}% off its rung's median step in the climb (the "
+                           f"{100 * max(off):.1f} % off its rung's median step in the climb (the "
                            f"last two rows): a part's difference between two columns is not "
                            f"a measured gain, and its shares are one step's, not exact"
                            if off else "")
