@@ -1052,11 +1052,12 @@ def test_blocking_verdict_follows_the_measured_gain():
     assert ch2.reading.blocking_verdict(1.82) == "helps a great deal here"
 
 
-def test_equal_slices_is_the_drivers_cut():
-    """Python's equal_slices (chapter 2's K_C table reads it) is kernels_c/gemm.c's."""
+def test_equal_slices_is_the_drivers_cut(level):
+    """Python's equal_slices (chapter 2's K_C table reads it) is kernels_c/gemm.c's, at every
+    ISA level (each its own library)."""
     from smallem.plumbing import build
 
-    lib = build.load("gemm")[1]
+    lib = build.load("gemm", level)[1]
     for K, kc in itertools.product((1, 7, 128, 1000, 1024, 3072, 4096), (1, 64, 146, 320, 585, 804, 4096, 5000)):
         assert gemm.equal_slices(K, kc) == lib.gemm_equal_slices(K, kc), (K, kc)
     assert gemm.equal_slices(4096, 585) == 512
