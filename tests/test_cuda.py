@@ -5,6 +5,8 @@ Tests that need a device are marked ``gpu`` and skip with the reason (no CuPy, n
 the compile tests need only NVRTC (through CuPy) or nvcc, and skip visibly if neither exists.
 """
 
+import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -170,23 +172,46 @@ def _nvcc(*args) -> subprocess.CompletedProcess:
     return subprocess.run([nvcc, *args], capture_output=True, text=True)
 
 
+def _kept(kind: str, name: str, arch: str, make) -> str:
+    """nvcc's text ``make()`` for kernels_cuda/<name>.cu, kept in the kernel cache under the
+    source's text, nvcc's identity and the options (the .cu files include nothing): a second
+    run on unchanged code reads it back instead of compiling again."""
+    nvcc = cuda.nvcc_path()
+    if nvcc is None:
+        pytest.skip("no nvcc: the ptxas report and the PTX text come from it")
+    key = hashlib.sha256("\0".join([kind, cuda.file_identity(nvcc), arch, *cuda.OPTIONS,
+                                     cuda.source_path(name).read_text()]).encode()).hexdigest()
+    path = build.cache_dir() / "cuda-checked" / f"{kind}-{key[:32]}.txt"
+    if not path.is_file():
+        text = make()
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return path.read_text()
+
+
 def _ptx(name: str, arch: str) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "k.ptx")
-        r = _nvcc("-ptx", *cuda.nvcc_arch(arch), *cuda.OPTIONS, str(cuda.source_path(name)),
-                  "-o", str(out))
-        assert r.returncode == 0, r.stderr
-        return out.read_text()
+    def make():
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp, "k.ptx")
+            r = _nvcc("-ptx", *cuda.nvcc_arch(arch), *cuda.OPTIONS,
+                      str(cuda.source_path(name)), "-o", str(out))
+            assert r.returncode == 0, r.stderr
+            return out.read_text()
+    return _kept("ptx", name, arch, make)
 
 
 def ptxas_report(name: str, arch: str) -> tuple[dict, str]:
     """({kernel: {"registers", "stack", "spill_stores", "spill_loads"}}, ptxas's whole output)
     for kernels_cuda/<name>.cu built for ``arch`` by nvcc -Xptxas -v."""
-    with tempfile.TemporaryDirectory() as tmp:
-        r = _nvcc("-cubin", *cuda.nvcc_arch(arch), *cuda.OPTIONS, "-Xptxas", "-v",
-                  str(cuda.source_path(name)), "-o", str(Path(tmp, "k.cubin")))
-    assert r.returncode == 0, r.stderr
-    text = r.stdout + r.stderr
+    def make():
+        with tempfile.TemporaryDirectory() as tmp:
+            r = _nvcc("-cubin", *cuda.nvcc_arch(arch), *cuda.OPTIONS, "-Xptxas", "-v",
+                      str(cuda.source_path(name)), "-o", str(Path(tmp, "k.cubin")))
+        assert r.returncode == 0, r.stderr
+        return r.stdout + r.stderr
+    text = _kept("ptxas", name, arch, make)
     out, current = {}, None
     for line in text.splitlines():
         if m := re.search(r"Compiling entry function '(\w+)'", line):

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from smallem.generating.gguf_file import ARCHS, Hyper, expected_shapes
+from smallem.generating.gguf_file import ARCHS, Hyper, Reader, expected_shapes
 from smallem.generating.gguf_tokenizer import byte_tokens
 
 # (name, numpy shape, GGUF shape ne, rng) -> the tensor, in the type it is stored in
@@ -44,7 +44,7 @@ def _copied_vocabulary(w, src: Path, skip=()) -> int:
     tokens."""
     import gguf
 
-    r = gguf.GGUFReader(str(src))
+    r = Reader(src)
     n = 0
     for key, f in r.fields.items():
         if not key.startswith("tokenizer.") or key in skip:

@@ -30,7 +30,7 @@ import numpy as np
 
 from smallem import checks, ladder
 from smallem.generating import quant
-from smallem.plumbing.build import ROOT
+from smallem.plumbing.build import ROOT, cache_dir
 
 KERNELS_DIR = Path(os.environ.get("SMALLEM_CUDA_KERNELS", ROOT / "kernels_cuda"))
 OPTIONS = ("-std=c++17",)
@@ -194,7 +194,11 @@ def compile_check(name: str, arch: str, tool: str | None = None) -> str:
         raise ValueError(f"tool: expected 'nvrtc', 'nvcc' or None, got {tool!r}")
     nvrtc = _nvrtc() if tool in (None, "nvrtc") else None
     if nvrtc is not None:
-        _nvrtc_cubin(nvrtc, src.read_text(), src.name, arch, str(src))
+        code = src.read_text()
+        stamp = _checked("nvrtc", _nvrtc_identity(nvrtc), arch, code)
+        if not stamp.exists():
+            _nvrtc_cubin(nvrtc, code, src.name, arch, str(src))
+            stamp.touch()
         return "nvrtc"
     nvcc = nvcc_path() if tool in (None, "nvcc") else None
     if nvcc is None:
@@ -202,6 +206,9 @@ def compile_check(name: str, arch: str, tool: str | None = None) -> str:
             f"cannot compile {src} with {tool or 'NVRTC or nvcc'}: no NVRTC (CuPy's, or the "
             f"nvidia-cuda-nvrtc wheel's: {INSTALL_HINT}) and no nvcc" if tool != "nvcc" else
             f"cannot compile {src} with nvcc: nvcc is not installed (set NVCC)")
+    stamp = _checked("nvcc", file_identity(nvcc), arch, src.read_text())
+    if stamp.exists():
+        return "nvcc"
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [nvcc, "-cubin", *nvcc_arch(arch), *OPTIONS, str(src), "-o",
                str(Path(tmp, "k.cubin"))]
@@ -209,7 +216,32 @@ def compile_check(name: str, arch: str, tool: str | None = None) -> str:
         if r.returncode != 0:
             raise RuntimeError(f"nvcc failed on {src} for {arch}:\n$ {' '.join(cmd)}\n"
                                f"{(r.stderr or r.stdout).strip()}")
+    stamp.touch()
     return "nvcc"
+
+
+def file_identity(path) -> str:
+    """A program's identity for a cache key: its resolved path, size and modification time
+    (a reinstalled or rebuilt compiler is another key)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return f"{p}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _nvrtc_identity(nvrtc) -> str:
+    lib = getattr(getattr(nvrtc, "_lib", None), "_name", None)
+    return file_identity(lib) if lib else f"{getattr(nvrtc, '__name__', 'nvrtc')}:{nvrtc.getVersion()}"
+
+
+def _checked(tool: str, identity: str, arch: str, code: str) -> Path:
+    """The stamp that says this source compiled for ``arch`` with this compiler and
+    :data:`OPTIONS` (the .cu files include nothing, so the text is the whole input): a
+    second check of unchanged code with an unchanged compiler is a file lookup, as ccache
+    would make it. Only successes are stamped."""
+    key = hashlib.sha256("\0".join([tool, identity, arch, *OPTIONS, code]).encode()).hexdigest()
+    folder = cache_dir() / "cuda-checked"
+    folder.mkdir(exist_ok=True)
+    return folder / key[:32]
 
 
 def nvcc_arch(arch: str) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from smallem.generating import gguf_random
+from smallem.generating import gguf_file, gguf_random
 from smallem.generating.gguf_file import ARCHS, Hyper, expected_shapes
 
 
@@ -94,7 +94,7 @@ def quantise(src: Path, dst: Path, qtype: str, tools: dict | None) -> Path | Non
         return None
     import gguf
 
-    r = gguf.GGUFReader(str(src))
+    r = gguf_file.Reader(src)
     w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
     for k, f in r.fields.items():
         if k.startswith("GGUF.") or k == "general.architecture":
