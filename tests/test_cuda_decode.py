@@ -4,7 +4,7 @@ fake CuPy (tests/fake_cupy, whose kernels run decode.cu through the same emulato
 process: greedy tokens against the CPU decoders, the prompt's GEMMs against token by token,
 the graph against launch by launch, the tokens read back once.
 
-No GPU is needed. Each CUDA thread is a host thread, so the grids stay small.
+No GPU is needed. Every CUDA thread runs on one core (a fiber each), so the grids stay small.
 """
 
 import json

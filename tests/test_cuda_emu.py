@@ -1,7 +1,8 @@
 """kernels_cuda/gemm.cu and mma.cu run on the CPU (tests/cuda_emu/emu.h, mma.h), against
 numpy, on awkward shapes.
 
-No GPU is needed: every CUDA thread becomes a host thread, blocks run one after another and
+No GPU is needed: every CUDA thread becomes a fiber on the calling thread (switched where it
+waits at a barrier), blocks run one after another and
 the wmma / cp.async / ldmatrix / mma helpers are replaced by plain C++ with the semantics of
 the PTX instructions (mma.h keeps the lanes' fragment layouts). This checks what is most
 easily wrong in a kernel written without a GPU at hand - indices, tile edges, bounds, the
@@ -273,3 +274,32 @@ def test_mma_touches_nothing_outside_the_matrices(emu):
     M or N, k past K, in A, A^T, B and B^T) and on shapes where they do not."""
     guarded_run(emu, "hgemm_mma", [(17, 31, 5), (33, 40, 24), (40, 24, 136), (130, 136, 72),
                                    (129, 72, 264)])
+
+
+DEADLOCK = r"""
+import sys
+sys.path[:0] = [{tests!r}]
+import numpy as np
+from cuda_emu.emulator import Emulator
+code = 'extern "C" __global__ void split(float *x) {{ if (threadIdx.x < 16) __syncwarp(); else __syncthreads(); x[threadIdx.x] = 1; }}\n'
+code += 'extern "C" __global__ void early(float *x) {{ if (threadIdx.x >= 40) return; __syncthreads(); x[threadIdx.x] = 1; }}\n'
+emu = Emulator(code, "deadlock.cu")
+x = np.zeros(64, np.float32)
+emu.launch("early", (2,), (64,), (x,))
+print("early return ran", int(x.sum()), flush=True)
+emu.launch("split", (1,), (32,), (x,))
+print("not caught")
+"""
+
+
+def test_a_deadlock_is_reported_not_hung_on():
+    """Threads that return early leave the block's barrier (the kernel runs); lanes of one
+    warp waiting at two different barriers can never go on: the run stops with the
+    emulator's message (a child process: it aborts), instead of hanging."""
+    if CXX is None:
+        pytest.skip("no C++ compiler (g++ or clang++) to build the CUDA emulator")
+    r = subprocess.run([sys.executable, "-c", DEADLOCK.format(tests=str(HERE.parent))],
+                       capture_output=True, text=True, timeout=300)
+    assert "early return ran 40" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert r.returncode != 0 and "not caught" not in r.stdout, r.stdout
+    assert "CUDA emulator: deadlock" in r.stderr, r.stderr[-2000:]

@@ -3,7 +3,7 @@ reference of its layer (smallem.training.ops' Numpy* classes, in float64) on awk
 one row, rows and widths that are not multiples of 4 or 32, sequences of 1, 5, 17 and 67
 tokens, head sizes 8, 16 and 24, and grids smaller than the tensor (the grid-stride loops).
 
-The emulator runs one host thread per CUDA thread, so the launches here use small grids.
+The emulator runs every CUDA thread on one core (a fiber each), so the launches here use small grids.
 """
 
 import math

@@ -56,7 +56,7 @@ class CudaOps:
     cores) or "f32" (through ``products``). ``max_blocks`` bounds the grids of the
     grid-stride kernels (a few blocks per SM is enough to keep a memory-bound loop busy), and
     ``block_threads`` (a power of two from 32 to 256) their blocks: smaller ones serve the
-    CPU emulator of the tests, which makes a host thread of each CUDA thread. The choices
+    CPU emulator of the tests, which runs each CUDA thread as a fiber on one core. The choices
     stay in their attributes, so a record can say which ran."""
 
     name = "cuda"

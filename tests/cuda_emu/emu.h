@@ -1,7 +1,8 @@
-/* Run CUDA kernels (kernels_cuda/*.cu) on the CPU, for tests: one std::thread per CUDA thread
- * of a block, the blocks of a grid one after another on the same threads, __syncthreads and
- * __syncwarp as barriers, __shared__ as static storage (shared by the threads of the running
- * block), warp shuffles and votes through a per-warp exchange, atomics through std::atomic_ref.
+/* Run CUDA kernels (kernels_cuda/*.cu) on the CPU, for tests: one fiber (a ucontext with its
+ * own stack) per CUDA thread of a block, all on the calling thread, switched only where a
+ * CUDA thread waits (__syncthreads, __syncwarp, a warp collective); the blocks of a grid one
+ * after another, __shared__ as static storage (shared by the threads of the running block),
+ * warp shuffles and votes through a per-warp exchange, atomics through std::atomic_ref.
  * The PTX helpers of the kernels (wmma, cp.async; mma.sync and ldmatrix in mma.h) are
  * replaced by plain C++ with the semantics the PTX manual gives them. This checks index
  * arithmetic, bounds, tile logic and the order of barriers; it cannot check timing, races
@@ -9,7 +10,11 @@
  *
  * A thread that returns early leaves the block's barriers (as an exited warp does on a GPU),
  * so a kernel whose threads return before a __syncthreads the others still reach runs here;
- * a warp collective needs every lane of its warp, as on the GPU. */
+ * a warp collective needs every lane of its warp, as on the GPU. Threads that all wait on
+ * barriers none of the others will reach stop the run with a message, not a hang.
+ * (It ran one std::thread per CUDA thread until 2026-12: the futex traffic of a block's
+ * barriers made chapter 3's quick GPU step take 92 s of mostly system time; fibers switch
+ * in user space.) */
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -36,31 +41,29 @@
 #define __grid_constant__
 
 struct emu_dim3 { unsigned x, y, z; };
-inline thread_local emu_dim3 threadIdx, blockIdx;
+inline emu_dim3 threadIdx, blockIdx;  /* the running fiber's; set at each switch */
 inline emu_dim3 blockDim, gridDim;
 constexpr int warpSize = 32;
 #define EMU_SMEM_BYTES (256 * 1024)
 alignas(128) inline unsigned char emu_dyn_smem[EMU_SMEM_BYTES];
 
-/* A barrier that can be left (drop) and re-armed between blocks. */
+/* A barrier that can be left (drop) and re-armed between blocks. A fiber that is not the
+ * last to arrive gives way (emu_wait_for) until the barrier's generation moves on. */
+inline void emu_wait_for(const unsigned long *generation, unsigned long seen);
 struct EmuBarrier {
-    std::mutex m;
-    std::condition_variable cv;
     unsigned expected = 0, arrived = 0;
     unsigned long generation = 0;
     void arm(unsigned n) { expected = n; arrived = 0; }
     void wait()
     {
-        std::unique_lock<std::mutex> lock(m);
         unsigned long g = generation;
-        if (++arrived >= expected) { arrived = 0; generation++; cv.notify_all(); return; }
-        cv.wait(lock, [&] { return generation != g; });
+        if (++arrived >= expected) { arrived = 0; generation++; return; }
+        emu_wait_for(&generation, g);
     }
     void drop()
     {
-        std::unique_lock<std::mutex> lock(m);
         expected--;
-        if (arrived && arrived >= expected) { arrived = 0; generation++; cv.notify_all(); }
+        if (arrived && arrived >= expected) { arrived = 0; generation++; }
     }
 };
 #define EMU_MAX_WARPS 32
@@ -230,12 +233,94 @@ inline void cp_async16(void *dst, const void *src) { std::memcpy(dst, src, 16); 
 inline void cp_async_commit() {}
 template <int N_PENDING> inline void cp_async_wait() {}
 
-/* ---- the launcher: one host thread per CUDA thread of a block, kept for the whole grid.
- * Each thread runs its part of block 0, leaves the block's barriers, waits for the others,
- * then block 1, ...: blocks run one after another, so __shared__ statics are one block's. */
+/* ---- the launcher: the threads of a block as fibers on the calling thread, each with its
+ * own stack (kept for the process, guard page below), run round-robin by emu_schedule until
+ * every one has returned; then the next block: blocks run one after another, so __shared__
+ * statics are one block's. */
+#include <cstdio>
 #include <functional>
-#include <thread>
-#include <vector>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#define EMU_STACK (512 * 1024)
+struct EmuFiber {
+    ucontext_t ctx;
+    char *stack = nullptr;
+    bool done = false;
+    const unsigned long *waits_on = nullptr;  /* a barrier's generation, or nothing */
+    unsigned long seen = 0;
+};
+inline EmuFiber emu_fibers[32 * EMU_MAX_WARPS];
+inline ucontext_t emu_scheduler;
+inline unsigned emu_running;
+inline const std::function<void()> *emu_body;
+inline void emu_fail_run(const char *what)
+{
+    std::fprintf(stderr, "CUDA emulator: %s\n", what);
+    std::abort();
+}
+
+inline void emu_wait_for(const unsigned long *generation, unsigned long seen)
+{
+    EmuFiber &f = emu_fibers[emu_running];
+    f.waits_on = generation;
+    f.seen = seen;
+    swapcontext(&f.ctx, &emu_scheduler);
+}
+
+inline void emu_fiber_main()
+{
+    unsigned t = emu_running;
+    (*emu_body)();
+    emu_block_barrier.drop();
+    emu_warp_barrier[t / 32].drop();
+    emu_fibers[t].done = true;  /* returning resumes the scheduler (uc_link) */
+}
+
+inline void emu_start_fiber(unsigned t)
+{
+    EmuFiber &f = emu_fibers[t];
+    if (!f.stack) {
+        size_t page = 4096;
+        char *m = (char *)mmap(nullptr, EMU_STACK + page, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) emu_fail_run("no memory for a thread's stack");
+        mprotect(m, page, PROT_NONE);  /* a stack overflow stops at the guard page */
+        f.stack = m + page;
+    }
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = EMU_STACK;
+    f.ctx.uc_link = &emu_scheduler;
+    makecontext(&f.ctx, emu_fiber_main, 0);
+    f.done = false;
+    f.waits_on = nullptr;
+}
+
+/* Run every fiber that can run, in turn, until all have returned; fibers that all wait on
+ * barriers whose generation never moves are a deadlock (a __syncthreads some threads skip
+ * while others wait, a warp collective with lanes missing), reported, not hung on. */
+inline void emu_schedule(unsigned n, emu_dim3 block)
+{
+    for (;;) {
+        bool ran = false, left = false;
+        for (unsigned t = 0; t < n; t++) {
+            EmuFiber &f = emu_fibers[t];
+            if (f.done) continue;
+            left = true;
+            if (f.waits_on && *f.waits_on == f.seen) continue;
+            f.waits_on = nullptr;
+            emu_running = t;
+            threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+            swapcontext(&emu_scheduler, &f.ctx);
+            ran = true;
+        }
+        if (!left) return;
+        if (!ran) emu_fail_run("deadlock: every thread left waits on a barrier the others never reach");
+    }
+}
+
+inline void emu_new_launch();  /* mma.h's per-thread state, reset for each launch */
 
 inline int emu_run(emu_dim3 grid, emu_dim3 block, const std::function<void()> &body)
 {
@@ -243,31 +328,19 @@ inline int emu_run(emu_dim3 grid, emu_dim3 block, const std::function<void()> &b
     if (n == 0 || n > 32 * EMU_MAX_WARPS || grid.x * grid.y * grid.z == 0) return -1;
     gridDim = grid;
     blockDim = block;
+    emu_body = &body;
+    emu_new_launch();
     unsigned warps = (n + 31) / 32;
-    EmuBarrier team;
-    team.arm(n);
-    auto arm = [&] {
-        emu_block_barrier.arm(n);
-        for (unsigned w = 0; w < warps; w++) emu_warp_barrier[w].arm(n - 32 * w >= 32 ? 32 : n - 32 * w);
-    };
-    arm();
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < n; t++)
-        threads.emplace_back([&, t] {
-            threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
-            for (unsigned z = 0; z < grid.z; z++)
-                for (unsigned y = 0; y < grid.y; y++)
-                    for (unsigned x = 0; x < grid.x; x++) {
-                        blockIdx = {x, y, z};
-                        body();
-                        emu_block_barrier.drop();
-                        emu_warp_barrier[t / 32].drop();
-                        team.wait();           /* every thread is done with this block */
-                        if (t == 0) arm();
-                        team.wait();           /* the barriers are armed for the next */
-                    }
-        });
-    for (auto &th : threads) th.join();
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = {x, y, z};
+                emu_block_barrier.arm(n);
+                for (unsigned w = 0; w < warps; w++)
+                    emu_warp_barrier[w].arm(n - 32 * w >= 32 ? 32 : n - 32 * w);
+                for (unsigned t = 0; t < n; t++) emu_start_fiber(t);
+                emu_schedule(n, block);
+            }
     return 0;
 }
 

@@ -67,7 +67,8 @@ def build(code: str, name: str = "kernel.cu", extra: str = "") -> Path:
     if CXX is None:
         raise EmulatorUnavailable("no C++ compiler (g++ or clang++) to build the CUDA emulator")
     text = unit(code, name) + extra
-    digest = hashlib.sha256((text + (HERE / "emu.h").read_text()).encode()).hexdigest()[:20]
+    digest = hashlib.sha256((text + (HERE / "emu.h").read_text()
+                             + (HERE / "mma.h").read_text()).encode()).hexdigest()[:20]
     lib = CACHE / f"{Path(name).stem}-{digest}.so"
     with _LOCK:
         if lib.exists():

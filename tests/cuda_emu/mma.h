@@ -36,7 +36,8 @@ struct emu_warp_exchange {
     unsigned b[2][32][2];
 };
 inline emu_warp_exchange emu_xchg[EMU_MAX_WARPS];
-inline thread_local unsigned emu_xchg_turn = 0;
+inline unsigned emu_xchg_turns[32 * EMU_MAX_WARPS];  /* each thread's, as a register would be */
+#define emu_xchg_turn emu_xchg_turns[emu_tid()]
 
 inline void emu_fail(const char *what)
 {
@@ -104,8 +105,19 @@ inline void mma_bf16_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, u
  * Per thread: the copies not yet committed, then the committed groups, oldest first. A kernel
  * ends with wait_group 0 (mma.cu does), or its last copies are never made. */
 struct emu_cp_async { void *dst; const void *src; unsigned bytes; };
-inline thread_local std::vector<emu_cp_async> emu_cp_open;
-inline thread_local std::deque<std::vector<emu_cp_async>> emu_cp_groups;
+inline std::vector<emu_cp_async> emu_cp_opens[32 * EMU_MAX_WARPS];
+inline std::deque<std::vector<emu_cp_async>> emu_cp_groupss[32 * EMU_MAX_WARPS];
+#define emu_cp_open emu_cp_opens[emu_tid()]
+#define emu_cp_groups emu_cp_groupss[emu_tid()]
+
+inline void emu_new_launch()
+{
+    for (unsigned t = 0; t < 32 * EMU_MAX_WARPS; t++) {
+        emu_xchg_turns[t] = 0;
+        emu_cp_opens[t].clear();
+        emu_cp_groupss[t].clear();
+    }
+}
 
 /* cp.async.cg.shared.global [dst], [src], 16, src_bytes: the first src_bytes copied, the rest
  * of the 16 zeroed */
