@@ -14,6 +14,7 @@ same renderings; a reader (or a helper) can read these files as the site's pages
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import re
@@ -51,6 +52,7 @@ def with_code(md: str) -> str:
     return CODE.sub(code, md)
 
 
+@functools.lru_cache(maxsize=1)
 def values_hook():
     spec = importlib.util.spec_from_file_location("values_hook", PAGES / "hooks" / "values.py")
     module = importlib.util.module_from_spec(spec)

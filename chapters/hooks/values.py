@@ -102,6 +102,17 @@ def left_out(markdown: str, values: dict, chapters: list[str]) -> str:
             f"left out{f' (run {how} to measure it)' if how else ''}.\n")
 
 
+_TEMPLATES: dict = {}
+
+
+def _template(text: str):
+    """The page's compiled template, once a text (a build, or a test rendering every page
+    for many machines, renders each page many times)."""
+    if text not in _TEMPLATES:
+        _TEMPLATES[text] = ENV.from_string(text)
+    return _TEMPLATES[text]
+
+
 def render(markdown: str, values: dict, page: str = "page") -> str:
     """The page for these values: its sentences chosen, its numbers put in. PluginError
     (naming the page) for an unknown name, a template error, or a token left behind. A page
@@ -114,7 +125,7 @@ def render(markdown: str, values: dict, page: str = "page") -> str:
         raise PluginError(f"page {page}: unknown value key(s) "
                           + ", ".join("{{ " + k + " }}" for k in unknown))
     try:
-        out = ENV.from_string(_protect_code(markdown)).render(tree(values))
+        out = _template(_protect_code(markdown)).render(tree(values))
     except jinja2.TemplateError as e:
         line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         raise PluginError(f"page {page}{line}: {type(e).__name__}: {e}") from e

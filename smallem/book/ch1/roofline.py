@@ -23,6 +23,8 @@ def roofline_figure(points: list[tuple[str, float, float]], name: str, sm: dict,
     labels in the legend, so that close points cannot take each other's names.
     Later chapters call this to place their kernels.
     """
+    if not figures.DRAW:  # a reading for values only: no figure, and none of its layout
+        return []
     import matplotlib.pyplot as plt
 
     rec = sm["record"]

@@ -77,10 +77,26 @@ def scratch_figures():
                 os.environ["SMALLEM_FIGURES"] = old
 
 
+_HARVESTED: dict = {}
+
+
 def harvest(rec_dir: Path) -> tuple[dict, dict]:
     """(values, missing) of the CPU chapters over the records in ``rec_dir``: each chapter's
     report, as its own page would quote it; ``missing`` names each chapter that has no record
-    there, or whose record today's reading cannot read (with the reason)."""
+    there, or whose record today's reading cannot read (with the reason). Kept for the
+    process under the folder's files (name, size, modification time): appendix C reads every
+    captured folder on every rendering, and a folder whose files did not change reads the
+    same."""
+    files = sorted(Path(rec_dir).glob("*.json"))
+    key = (str(Path(rec_dir).resolve()),
+           tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if key not in _HARVESTED:
+        _HARVESTED[key] = _harvest(rec_dir)
+    values, missing = _HARVESTED[key]
+    return dict(values), dict(missing)
+
+
+def _harvest(rec_dir: Path) -> tuple[dict, dict]:
     from .. import CHAPTERS, modules
 
     values, missing = {}, {}
