@@ -96,3 +96,20 @@ def captured_machine(request, monkeypatch):
     its caches, identity, cores and GEMM feeds, so a machine-dependent decision is tested as
     that machine would make it."""
     return captured.inject(captured.load(request.param), monkeypatch)
+
+
+def pytest_collection_finish(session):
+    """The sanitizer run (tests/test_sanitize.py) starts as soon as it is known to be wanted:
+    a child process of about two minutes on one core, beside the rest of the session."""
+    for item in session.items:
+        if item.path.name == "test_sanitize.py" and hasattr(item.module, "start"):
+            item.module.start()
+            break
+
+
+def pytest_sessionfinish(session):
+    """A session that ends early (-x, Ctrl-C) leaves no sanitizer run behind."""
+    import sys
+    mod = sys.modules.get("test_sanitize")
+    if mod is not None and "run" in getattr(mod, "RUN", {}):
+        mod.RUN["run"].stop()

@@ -1,6 +1,7 @@
 """The kernels under AddressSanitizer and UBSan, in `make test`.
 
-One child pytest runs the kernel tests (``SUBSET``: every rung, op and ISA path this CPU
+One child pytest, started in the background as soon as the session's tests are collected
+(conftest.py), so that it runs beside the rest on the second core, runs the kernel tests (``SUBSET``: every rung, op and ISA path this CPU
 runs, the awkward shapes and the property tests) against kernels built with
 ``SMALLEM_SANITIZE=address,undefined`` (their own cache entries, at -O1), with the
 sanitizers' runtime preloaded into Python. Any out-of-bounds access or undefined behaviour
@@ -18,7 +19,8 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,16 +66,27 @@ def runtime() -> list[str] | str:
     return found
 
 
+PREBUILD = """
+from concurrent.futures import ThreadPoolExecutor
+from smallem.cpu import isa
+from smallem.plumbing import build
+levels = [lvl for lvl in isa.LEVELS if isa.supported(lvl)]
+names = build.kernel_names() + [v + build.POOL_SUFFIX for v in build.POOL_VARIANTS]
+with ThreadPoolExecutor(2) as ex:
+    list(ex.map(lambda job: build.compile_module(*job), [(n, l) for l in levels for n in names]))
+"""
+
+
 def _prebuild(env_kinds: str) -> None:
     """Every kernel and pool variant at every runnable level, two at a time, before the
-    child starts (the compiler must not run with the sanitizer runtime preloaded)."""
-    levels = [lvl for lvl in isa.LEVELS if isa.supported(lvl)]
-    names = build.kernel_names() + [v + build.POOL_SUFFIX for v in build.POOL_VARIANTS]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SMALLEM_SANITIZE", env_kinds)
-        with ThreadPoolExecutor(2) as ex:
-            list(ex.map(lambda job: build.compile_module(*job),
-                        [(n, lvl) for lvl in levels for n in names]))
+    child starts (the compiler must not run with the sanitizer runtime preloaded), in a
+    process of its own: SMALLEM_SANITIZE set in this one would reach the builds of the tests
+    running beside it."""
+    r = subprocess.run([sys.executable, "-c", PREBUILD], cwd=ROOT, capture_output=True,
+                       text=True, env=dict(os.environ, SMALLEM_SANITIZE=env_kinds),
+                       timeout=TIMEOUT)
+    if r.returncode:
+        raise RuntimeError(f"the sanitized kernels did not build:\n{r.stderr[-4000:]}")
 
 
 def _declared(name: str) -> set[str]:
@@ -81,32 +94,84 @@ def _declared(name: str) -> set[str]:
     return {n for n in dir(lib) if callable(getattr(lib, n))}
 
 
+class Run:
+    """The sanitizer run, started in the background by conftest.py as soon as the session's
+    tests are collected (it is one child process on one core; the rest of the session uses the
+    other), and waited for by the tests below. ``result``: (CompletedProcess, call log path,
+    the sanitizers' reports) or, where there is no run, the reason as a string."""
+
+    def __init__(self):
+        self.result, self.child = None, None
+        self.thread = threading.Thread(target=self._go, daemon=True)
+        self.thread.start()
+
+    def _go(self):
+        try:
+            self.result = self._run()
+        except BaseException as e:  # noqa: BLE001 - said by the test that waits
+            self.result = e
+
+    def _run(self):
+        libs = runtime()
+        if isinstance(libs, str):
+            return f"no sanitizer run: {libs}"
+        kinds = "address,undefined"
+        _prebuild(kinds)
+        tmp = Path(tempfile.mkdtemp(prefix="smallem-sanitize-"))
+        log = tmp / "calls.json"
+        # the reports go to files: the child's pytest captures stderr, and a process the
+        # sanitizer ends never hands its capture back
+        reports = tmp / "report"
+        env = dict(os.environ, SMALLEM_SANITIZE=kinds, LD_PRELOAD=" ".join(libs),
+                   ASAN_OPTIONS=f"detect_leaks=0:abort_on_error=0:exitcode=99:log_path={reports}",
+                   UBSAN_OPTIONS=f"print_stacktrace=1:halt_on_error=1:exitcode=98:log_path={reports}",
+                   SMALLEM_CALL_LOG=str(log),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+        cmd = [sys.executable, "-m", "pytest", "-v", "-x", "-p", "sanitize_plugin",
+               "-p", "no:cacheprovider", "-m", MARKS,
+               "-k", " and ".join(f"not {t}" for t in LEAVE_OUT), *SUBSET]
+        self.child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = self.child.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            out, err = self.child.communicate()
+            err += f"\n(stopped after {TIMEOUT} s)"
+        r = subprocess.CompletedProcess(cmd, self.child.returncode, out, err)
+        # one file per process that had something to say (a test's own child processes too)
+        said = "\n".join(p.read_text(errors="replace") for p in sorted(tmp.glob("report.*")))
+        return r, log, said
+
+    def wait(self):
+        self.thread.join()
+        return self.result
+
+    def stop(self):
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+
+
+RUN: dict = {}
+
+
+def start() -> None:
+    """Begin the sanitizer run (once a session; not inside the sanitizer run itself)."""
+    if "run" not in RUN and not os.environ.get("SMALLEM_SANITIZE"):
+        RUN["run"] = Run()
+
+
 @pytest.fixture(scope="module")
-def sanitized_run(tmp_path_factory):
+def sanitized_run():
     if os.environ.get("SMALLEM_SANITIZE"):
         pytest.skip("already running under the sanitizers")
-    libs = runtime()
-    if isinstance(libs, str):
-        pytest.skip(f"no sanitizer run: {libs}")
-    kinds = "address,undefined"
-    _prebuild(kinds)
-    tmp = tmp_path_factory.mktemp("sanitize")
-    log = tmp / "calls.json"
-    # the reports go to files: the child's pytest captures stderr, and a process the
-    # sanitizer ends never hands its capture back
-    reports = tmp / "report"
-    env = dict(os.environ, SMALLEM_SANITIZE=kinds, LD_PRELOAD=" ".join(libs),
-               ASAN_OPTIONS=f"detect_leaks=0:abort_on_error=0:exitcode=99:log_path={reports}",
-               UBSAN_OPTIONS=f"print_stacktrace=1:halt_on_error=1:exitcode=98:log_path={reports}",
-               SMALLEM_CALL_LOG=str(log),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
-    cmd = [sys.executable, "-m", "pytest", "-v", "-x", "-p", "sanitize_plugin",
-           "-p", "no:cacheprovider", "-m", MARKS,
-           "-k", " and ".join(f"not {t}" for t in LEAVE_OUT), *SUBSET]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    # one file per process that had something to say (a test's own child processes too)
-    said = "\n".join(p.read_text(errors="replace") for p in sorted(tmp.glob("report.*")))
-    return r, log, said
+    start()
+    result = RUN["run"].wait()
+    if isinstance(result, str):
+        pytest.skip(result)
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def test_kernel_tests_pass_under_asan_and_ubsan(sanitized_run):
