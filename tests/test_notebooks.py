@@ -57,28 +57,61 @@ def test_notebook_conventions(path):
                 assert bad not in cell.source, f"{path.name}, cell {i}: use plain tqdm, not {bad}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path, monkeypatch):
-    import jupytext
-    from nbclient import NotebookClient
+# Each notebook runs in a process of its own, two at a time (the machines have two cores and a
+# notebook's kernel is mostly one Python thread): what one writes the other never reads, each
+# with its own records and figures folders.
+RUN_ONE = r"""
+import json, sys
+import jupytext
+from nbclient import NotebookClient
+path, out = sys.argv[1], sys.argv[2]
+nb = jupytext.read(path)
+NotebookClient(nb, kernel_name="python3", timeout=600,
+               resources={"metadata": {"path": sys.argv[3]}}).execute()
+errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+          if o.get("output_type") == "error"]
+outputs = sum(len(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
+json.dump({"errors": errors, "outputs": outputs}, open(out, "w"))
+"""
 
-    monkeypatch.setenv("SMALLEM_QUICK", "1")
-    monkeypatch.setenv("SMALLEM_RECORDS", str(tmp_path / "records"))
-    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
-    monkeypatch.delenv("MPLBACKEND", raising=False)
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """{notebook stem: (CompletedProcess, its summary or None)}, every notebook executed in
+    quick mode (SMALLEM_QUICK=1) into a temp folder, and whether the committed records were
+    left as they were."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("jupytext")
+    pytest.importorskip("nbclient")
     committed = ROOT / "figures" / "records"
     before = snapshot(committed)
 
-    nb = jupytext.read(path)
-    NotebookClient(nb, kernel_name="python3", timeout=600,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    def run(path):
+        tmp = tmp_path_factory.mktemp(path.stem)
+        env = {**os.environ, "SMALLEM_QUICK": "1", "SMALLEM_RECORDS": str(tmp / "records"),
+               "SMALLEM_FIGURES": str(tmp / "figures")}
+        env.pop("MPLBACKEND", None)
+        out = tmp / "summary.json"
+        r = subprocess.run([sys.executable, "-c", RUN_ONE, str(path), str(out), str(tmp)],
+                           env=env, capture_output=True, text=True, timeout=900)
+        import json
+        return path.stem, (r, json.loads(out.read_text()) if out.is_file() else None)
 
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors, errors
-    assert snapshot(committed) == before, f"{path.name} changed the committed records"
-    outputs = sum(len(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
-    assert outputs > 0, f"{path.name} ran but showed nothing"
+    with ThreadPoolExecutor(2) as ex:
+        results = dict(ex.map(run, NOTEBOOKS))
+    return results, snapshot(committed) == before
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path, executed):
+    results, records_kept = executed
+    r, summary = results[path.stem]
+    assert r.returncode == 0 and summary is not None, (r.stdout[-2000:] + r.stderr[-4000:])
+    assert not summary["errors"], summary["errors"]
+    assert records_kept, "a notebook changed the committed records"
+    assert summary["outputs"] > 0, f"{path.name} ran but showed nothing"
 
 
 def test_the_host_is_compared_with_the_records_machine(tmp_path):
