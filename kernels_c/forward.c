@@ -555,7 +555,7 @@ int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logi
         for (int r = 0; r < rows; r++) {           /* the embeddings */
             float *xr = w.x + (size_t)r * d;
             sm_g_row(&m->embd, tokens[r0 + r], xr);
-            if (m->embed_scale != 1.0f)
+            if (m->embed_scale != 0.0f)  /* gemma3's sqrt(d); 0: none */
                 for (int c = 0; c < d; c++) xr[c] *= m->embed_scale;
             if (m->wpe)
                 for (int c = 0; c < d; c++) xr[c] += m->wpe[(size_t)(p0 + r) * d + c];

@@ -32,7 +32,7 @@ typedef struct {
 typedef struct {
     int n_layer, d, n_head, n_kv_head, head_dim, v_dim, hidden, vocab, context;
     int norm, mlp, rope, rope_dim, q_prescaled, cache;
-    float eps, attn_scale, embed_scale, softcap;
+    float eps, attn_scale, embed_scale, softcap;   /* embed_scale, softcap: 0 is none */
     sm_mat embd, head;
     const float *wpe, *out_norm_w, *out_norm_b, *rope_cos, *rope_sin;
     const sm_layer *layers;

@@ -98,3 +98,21 @@ def test_each_file_of_the_forward_compiles_alone(level, part):
                         *flags, str(build.KERNELS_DIR / "forward" / part)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr[-2000:]
+
+
+def test_every_metadata_key_is_spelled_once_and_every_switch_is_a_c_field():
+    """gguf_file.KEYS is the one spelling of each GGUF metadata key (the reader and the writer
+    read it; no other module of the library types one), and every switch Hyper.switches
+    hands the C forward is a field of sm_model (packed by name)."""
+    from pathlib import Path
+
+    root = Path(gguf_file.__file__).resolve().parents[1]
+    for name, (suffix, _, _) in gguf_file.KEYS.items():
+        where = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py"))
+                 if f'"{suffix}"' in p.read_text() or f"'{suffix}'" in p.read_text()]
+        assert where == ["generating/gguf_file.py"], (suffix, where)
+    ffi, _ = build.load("forward")
+    fields = {f for f, _ in ffi.typeof("sm_model").fields}
+    for arch in gguf_file.ARCHS.values():
+        h = gguf_file.Hyper(arch, 64, 1, 2, 2, 32, 32, 128, 256, 16, 1e-6, 1e4, 32, True)
+        assert set(h.switches()) <= fields, set(h.switches()) - fields

@@ -377,7 +377,7 @@ def test_the_logits_distance_fails_a_wrong_forward(tmp_path, mutation):
 # layer 0 sliding (rope base 10 000) and layer 1 global (base 10^6, linear scaling 8, as
 # gemma3:4b's global layers), the embedding scaled by sqrt(d); gemma's own 262 144 tokens
 GEMMA3 = dict(d=256, n_head=4, n_kv_head=2, hidden=512, n_layer=2, window=6, swa_pattern=2,
-              base=1e6, rope_base_swa=1e4, rope_linear=8.0)
+              base=1e6, rope_base_swa=1e4, rope_linear=8.0, rope_scaling="linear")
 # the oracle rounds as llama.cpp does; what parts them is the order of float sums: a choice
 # closer than this of the logits' spread may go either way and ends the comparison there
 GEMMA3_TIE = {"F32": 1e-3, "Q8_0": 0.1, "Q4_K_M": 0.1}

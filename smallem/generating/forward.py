@@ -76,9 +76,9 @@ class Spec:
     embd: object
     head: object
     layers: list
-    q_prescaled: bool = False
-    embed_scale: float = 1.0
-    softcap: float = 0.0
+    switches: dict = field(default_factory=dict)  # sm_model's other fields by name (an
+    # architecture's: q_prescaled, embed_scale, softcap -- Hyper.switches), C's zero (off)
+    # for those not given
     wpe: np.ndarray | None = None
     out_norm_w: np.ndarray | None = None
     out_norm_b: np.ndarray | None = None
@@ -237,9 +237,12 @@ class Forward:
             setattr(m, name, int(getattr(s, name)))
         m.norm, m.mlp = NORMS.index(s.norm), MLPS.index(s.mlp)
         m.rope, m.cache = ROPES.index(s.rope), CACHES.index(s.cache)
-        m.q_prescaled = int(s.q_prescaled)
         m.eps, m.attn_scale = s.eps, s.attn_scale
-        m.embed_scale, m.softcap = s.embed_scale, s.softcap
+        for name, value in s.switches.items():  # packed by name: a new switch is no line here
+            try:
+                setattr(m, name, value)
+            except AttributeError:
+                raise ValueError(f"sm_model has no field {name!r} (kernels_c/forward.h)") from None
         mat(m.embd, s.embd, count=False)
         mat(m.head, s.head)
         m.wpe, m.out_norm_w, m.out_norm_b = vec(s.wpe), vec(s.out_norm_w), vec(s.out_norm_b)
@@ -535,8 +538,7 @@ def gguf_spec(mf, context=None) -> Spec:
         n_layer=h.n_layer, d=h.d, n_head=h.n_head, n_kv_head=h.n_kv_head, head_dim=h.head_dim,
         v_dim=h.v_dim, hidden=h.hidden, vocab=h.vocab, context=context, norm="rms",
         mlp=a.mlp, rope="neox" if a.rope == "neox" else "pairs", rope_dim=h.rope_dim,
-        cache="f16", eps=h.eps, attn_scale=h.attn_scale, q_prescaled=a.q_prescaled,
-        embed_scale=float(np.float32(np.sqrt(h.d))) if a.embed_scale else 1.0,
-        softcap=h.softcap, embd=blocks(tensor_name("embd")), head=blocks(head_name(h)),
+        cache="f16", eps=h.eps, attn_scale=h.attn_scale, switches=h.switches(),
+        embd=blocks(tensor_name("embd")), head=blocks(head_name(h)),
         layers=layers, out_norm_w=vec(tensor_name("out_norm_w")), rope_cos=cos,
         rope_sin=sin, block_rows=GGUF_ROWS, extra={"file": mf})

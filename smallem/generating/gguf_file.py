@@ -163,6 +163,36 @@ TYPES = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0":
          "Q5_0": (32, 22), "Q4_K": (256, 144), "Q6_K": (256, 210)}
 
 
+# Every metadata key the reader reads and the writer (smallem.generating.gguf_random) writes,
+# after "<architecture>.": name -> (key, GGUF type, what an architecture must have to carry
+# it). The one spelling of each key; an architecture's new constant is one row here.
+KEYS = {
+    "context": ("context_length", "uint32", None),
+    "d": ("embedding_length", "uint32", None),
+    "n_layer": ("block_count", "uint32", None),
+    "hidden": ("feed_forward_length", "uint32", None),
+    "n_head": ("attention.head_count", "uint32", None),
+    "n_kv_head": ("attention.head_count_kv", "uint32", None),
+    "head_dim": ("attention.key_length", "uint32", None),
+    "v_dim": ("attention.value_length", "uint32", None),
+    "rope_dim": ("rope.dimension_count", "uint32", None),
+    "eps": ("attention.layer_norm_rms_epsilon", "float32", None),
+    "rope_base": ("rope.freq_base", "float32", None),
+    "rope_scaling": ("rope.scaling.type", "string", None),
+    "rope_linear": ("rope.scaling.factor", "float32", None),
+    "rope_linear_old": ("rope.scale_linear", "float32", None),   # the older spelling
+    "window": ("attention.sliding_window", "uint32", "swa_period"),
+    "swa_pattern": ("attention.sliding_window_pattern", "pattern", "swa_period"),
+    "rope_base_swa": ("rope.freq_base_swa", "float32", "swa_period"),
+    "softcap": ("final_logit_softcapping", "float32", None),
+}
+
+
+def meta_key(arch: str, name: str) -> str:
+    """The full metadata key of :data:`KEYS`' ``name`` for the architecture ``arch``."""
+    return f"{arch}.{KEYS[name][0]}"
+
+
 @dataclass(frozen=True)
 class Hyper:
     """The shapes and constants of the forward, from the file's metadata."""
@@ -201,6 +231,15 @@ class Hyper:
     @property
     def group(self) -> int:
         return self.n_head // self.n_kv_head
+
+    def switches(self) -> dict:
+        """The architecture's switches as the C forward takes them, by sm_model's field names
+        (kernels_c/forward.h; smallem.generating.forward packs them by name): the query
+        scaled before the keys, the embedding's scale (0: none), the logits' softcap (0:
+        none). A new switch is a row here and its field there."""
+        return {"q_prescaled": int(self.arch.q_prescaled),
+                "embed_scale": float(np.float32(np.sqrt(self.d))) if self.arch.embed_scale else 0.0,
+                "softcap": self.softcap}
 
 
 @dataclass
@@ -494,40 +533,41 @@ def _hyper(path, meta, tok, tensors) -> Hyper:
         _fail(path, "metadata key 'general.architecture' is missing")
     if name not in ARCHS:
         _fail(path, f"architecture {name!r} is not supported (supported: {', '.join(ARCHS)})")
-    a = name + "."
-    d = _need(path, meta, a + "embedding_length")
-    n_head = _need(path, meta, a + "attention.head_count")
-    n_kv = _need(path, meta, a + "attention.head_count_kv", default=n_head)
+    def k(n):
+        return meta_key(name, n)
+
+    d = _need(path, meta, k("d"))
+    n_head = _need(path, meta, k("n_head"))
+    n_kv = _need(path, meta, k("n_kv_head"), default=n_head)
     if n_head % n_kv:
         _fail(path, f"{n_head} query heads cannot share {n_kv} key/value heads evenly")
-    hd = _need(path, meta, a + "attention.key_length", default=d // n_head)
+    hd = _need(path, meta, k("head_dim"), default=d // n_head)
     vocab = len(tok["tokens"]) if isinstance(tok.get("tokens"), list) else None
     if vocab is None:
         _fail(path, "metadata key 'tokenizer.ggml.tokens' is missing")
-    rope_dim = _need(path, meta, a + "rope.dimension_count", default=hd)
+    rope_dim = _need(path, meta, k("rope_dim"), default=hd)
     if rope_dim > hd or rope_dim % 2:
-        _fail(path, f"rope.dimension_count {rope_dim} does not fit a head of {hd}")
-    n_layer = _need(path, meta, a + "block_count")
+        _fail(path, f"{KEYS['rope_dim'][0]} {rope_dim} does not fit a head of {hd}")
+    n_layer = _need(path, meta, k("n_layer"))
     arch = ARCHS[name]
     window, swa, base_swa = 0, (), 10000.0
-    if arch.swa_period and meta.get(a + "attention.sliding_window", 0) != 0:
-        window = _need(path, meta, a + "attention.sliding_window")
-        swa = _swa_layers(path, meta.get(a + "attention.sliding_window_pattern"), n_layer,
-                          arch.swa_period)
-        base_swa = _need(path, meta, a + "rope.freq_base_swa", float, default=10000.0)
+    if arch.swa_period and meta.get(k("window"), 0) != 0:
+        window = _need(path, meta, k("window"))
+        swa = _swa_layers(path, meta.get(k("swa_pattern")), n_layer, arch.swa_period)
+        base_swa = _need(path, meta, k("rope_base_swa"), float, default=10000.0)
     softcap = 0.0
-    if a + "final_logit_softcapping" in meta:
-        softcap = _need(path, meta, a + "final_logit_softcapping", float)
+    if k("softcap") in meta:
+        softcap = _need(path, meta, k("softcap"), float)
     return Hyper(arch=arch, d=d, n_layer=n_layer,
                  n_head=n_head, n_kv_head=n_kv, head_dim=hd,
-                 v_dim=_need(path, meta, a + "attention.value_length", default=hd),
-                 hidden=_need(path, meta, a + "feed_forward_length"), vocab=vocab,
-                 context=_need(path, meta, a + "context_length"),
-                 eps=_need(path, meta, a + "attention.layer_norm_rms_epsilon", float),
-                 rope_base=_need(path, meta, a + "rope.freq_base", float, default=10000.0),
+                 v_dim=_need(path, meta, k("v_dim"), default=hd),
+                 hidden=_need(path, meta, k("hidden")), vocab=vocab,
+                 context=_need(path, meta, k("context")),
+                 eps=_need(path, meta, k("eps"), float),
+                 rope_base=_need(path, meta, k("rope_base"), float, default=10000.0),
                  rope_dim=rope_dim, tied=tensor_name("head") not in tensors,
                  window=window, swa_layers=swa, rope_base_swa=base_swa,
-                 rope_scale=_rope_scale(path, meta, a),
+                 rope_scale=_rope_scale(path, meta, name),
                  attn_scale=_attn_scale(name, d, n_layer, n_head, hd), softcap=softcap)
 
 
@@ -548,15 +588,17 @@ def _swa_layers(path, pattern, n_layer: int, period: int) -> tuple:
     return tuple(period == 0 or i % period < period - 1 for i in range(n_layer))
 
 
-def _rope_scale(path, meta, a) -> float:
+def _rope_scale(path, meta, name) -> float:
     """The global layers' angle factor: 1 / rope.scaling.factor for linear scaling (llama.cpp's
     default type), 1 for "none"; other types (yarn, longrope) change the angles otherwise and
     are refused where a factor asks for them."""
-    kind = meta.get(a + "rope.scaling.type", "linear")
-    key = a + "rope.scaling.factor" if a + "rope.scaling.factor" in meta else a + "rope.scale_linear"
-    factor = meta.get(key, 0.0)
+    kind = meta.get(meta_key(name, "rope_scaling"), "linear")
+    k = meta_key(name, "rope_linear")
+    if k not in meta:
+        k = meta_key(name, "rope_linear_old")
+    factor = meta.get(k, 0.0)
     if factor != 0.0:
-        factor = _need(path, meta, key, float)
+        factor = _need(path, meta, k, float)
     if kind == "none" or factor in (0.0, 1.0):
         return 1.0
     if kind != "linear":

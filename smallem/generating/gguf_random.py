@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from smallem.generating.gguf_file import ARCHS, Hyper, Reader, expected_shapes
+from smallem.generating.gguf_file import ARCHS, KEYS, Hyper, Reader, expected_shapes, meta_key
 from smallem.generating.gguf_tokenizer import byte_tokens
 
 # (name, numpy shape, GGUF shape ne, rng) -> the tensor, in the type it is stored in
@@ -84,19 +84,17 @@ def write(path, arch: str, init: Init, *, d: int, n_layer: int, n_head: int, n_k
           hidden: int, context: int, rope_base: float = 10000.0, tied: bool = False,
           head_dim: int | None = None, eps: float = 1e-6, vocab: int = 256,
           tokenizer: Path | None = None, seed: int = 0,
-          extra: dict[str, np.ndarray] | None = None, window: int = 0,
-          swa_pattern: int | list | None = None, rope_base_swa: float | None = None,
-          softcap: float = 0.0, chat_template: str | None = None,
-          rope_linear: float = 0.0) -> Path:
+          extra: dict[str, np.ndarray] | None = None, chat_template: str | None = None,
+          **keys) -> Path:
     """A model of ``arch`` with the tensors ``init`` draws, to ``path``. The vocabulary is
     ``tokenizer``'s (a GGUF file whose tokenizer keys are copied) or smallem's bytes padded to
-    ``vocab`` tokens; ``extra`` adds tensors (name -> array) after the model's own. An
-    architecture with a sliding window (gemma3) gets ``window`` (0: none), ``swa_pattern``
-    (a period or a bool a layer; None: the architecture's default) and ``rope_base_swa``
-    (None: llama.cpp's default, 10000) where given; ``softcap``: the final logits' softcapping
-    (0: none). ``rope_linear``: a linear rope scaling factor (the global layers' angles
-divided by it; 0: none). ``chat_template``: ``tokenizer.chat_template`` (by default the architecture's
-    own from :data:`CHAT_TEMPLATES`, else the vocabulary file's where it has one)."""
+    ``vocab`` tokens; ``extra`` adds tensors (name -> array) after the model's own. ``keys``:
+    more metadata by :data:`smallem.generating.gguf_file.KEYS`' names, written where not None
+    (gemma3's ``window``, ``swa_pattern`` -- a period or a bool a layer -- and
+    ``rope_base_swa``; ``softcap``; ``rope_linear``, a linear rope scaling factor, the type
+    left to llama.cpp's default, linear). ``chat_template``: ``tokenizer.chat_template`` (by
+    default the architecture's own from :data:`CHAT_TEMPLATES`, else the vocabulary file's
+    where it has one)."""
     import gguf
 
     if arch not in ARCHS:
@@ -104,9 +102,14 @@ divided by it; 0: none). ``chat_template``: ``tokenizer.chat_template`` (by defa
     if tokenizer is None and vocab < 256:  # checked before the file is opened
         raise ValueError(f"a vocabulary of {vocab} tokens cannot hold the 256 bytes")
     path = Path(path)
-    if (window or swa_pattern is not None or rope_base_swa is not None) \
-            and not ARCHS[arch].swa_period:
-        raise ValueError(f"architecture {arch!r} has no sliding window")
+    keys = {k: v for k, v in keys.items() if v is not None}
+    for k in keys:
+        if k not in KEYS:
+            raise ValueError(f"unknown metadata {k!r}; known: {', '.join(KEYS)}")
+        needs = KEYS[k][2]
+        if needs and not getattr(ARCHS[arch], needs):
+            raise ValueError(f"architecture {arch!r} has no sliding window" if needs == "swa_period"
+                             else f"architecture {arch!r} has no {needs} for {k!r}")
     if chat_template is None:
         chat_template = CHAT_TEMPLATES.get(arch)
     rng = np.random.default_rng(seed)
@@ -116,29 +119,20 @@ divided by it; 0: none). ``chat_template``: ``tokenizer.chat_template`` (by defa
     if chat_template is not None:
         w.add_chat_template(chat_template)
     hd = head_dim or d // n_head
-    a = arch + "."
-    for key, v in (("context_length", context), ("embedding_length", d),
-                   ("block_count", n_layer), ("feed_forward_length", hidden),
-                   ("attention.head_count", n_head), ("attention.head_count_kv", n_kv_head)):
-        w.add_uint32(a + key, v)
+    shape = {"context": context, "d": d, "n_layer": n_layer, "hidden": hidden,
+             "n_head": n_head, "n_kv_head": n_kv_head}
     if hd != d // n_head:
-        w.add_uint32(a + "attention.key_length", hd)
-        w.add_uint32(a + "attention.value_length", hd)
-    w.add_float32(a + "attention.layer_norm_rms_epsilon", eps)
-    w.add_float32(a + "rope.freq_base", rope_base)
-    if window:
-        w.add_uint32(a + "attention.sliding_window", window)
-    if isinstance(swa_pattern, (list, tuple)):
-        w.add_array(a + "attention.sliding_window_pattern", [bool(x) for x in swa_pattern])
-    elif swa_pattern is not None:
-        w.add_uint32(a + "attention.sliding_window_pattern", int(swa_pattern))
-    if rope_base_swa is not None:
-        w.add_float32(a + "rope.freq_base_swa", rope_base_swa)
-    if softcap:
-        w.add_float32(a + "final_logit_softcapping", softcap)
-    if rope_linear:
-        w.add_string(a + "rope.scaling.type", "linear")
-        w.add_float32(a + "rope.scaling.factor", rope_linear)
+        shape.update(head_dim=hd, v_dim=hd)
+    for k, v in {**shape, "eps": eps, "rope_base": rope_base, **keys}.items():
+        name, kind = meta_key(arch, k), KEYS[k][1]
+        if kind == "uint32" or (kind == "pattern" and not isinstance(v, (list, tuple))):
+            w.add_uint32(name, int(v))
+        elif kind == "pattern":
+            w.add_array(name, [bool(x) for x in v])
+        elif kind == "float32":
+            w.add_float32(name, float(v))
+        else:
+            w.add_string(name, str(v))
     h = Hyper(ARCHS[arch], d, n_layer, n_head, n_kv_head, hd, hd, hidden, V, context, eps,
               rope_base, hd, tied)
     for name, ne in expected_shapes(h).items():
