@@ -39,10 +39,7 @@ def info_lines(mf, tk) -> list[str]:
                     for t, (n, b) in sorted(mf.type_mix().items(), key=lambda kv: -kv[1][1]))
     return [
         f"file:         {mf.path}",
-        f"architecture: {h.arch.name} (RoPE {h.arch.rope}, q/k/v biases {h.arch.qkv_bias}, "
-        f"q/k norms {h.arch.qk_norm}, fused q/k/v and gate/up {h.arch.fused}, "
-        f"query scaled before the keys {h.arch.q_prescaled}, MLP {h.arch.mlp}, norms after "
-        f"attention and MLP {h.arch.post_norms}, embedding scaled {h.arch.embed_scale})",
+        f"architecture: {h.arch.name} ({h.arch.described()})",
         f"sizes:        d {h.d}, {h.n_layer} blocks, {h.n_head} heads of {h.head_dim} "
         f"({h.n_kv_head} key/value heads), MLP {h.hidden}, vocabulary {h.vocab}, context "
         f"{h.context}, output {'tied to the embedding' if h.tied else 'its own'}",

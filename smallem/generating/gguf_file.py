@@ -34,26 +34,38 @@ class GGUFError(ValueError):
     """A GGUF file this code cannot run, with the reason in one line."""
 
 
+def _says(default, words: str):
+    return field(default=default, metadata={"says": words})
+
+
 @dataclass(frozen=True)
 class Arch:
-    """How one architecture differs from llama's forward."""
+    """How one architecture differs from llama's forward (each switch with the words
+    ``smallem run --info`` says it in)."""
     name: str
-    rope: str = "norm"        # pairs (2i, 2i+1): llama.cpp's "normal"; "neox": (i, i + half)
-    qkv_bias: bool = False    # q, k and v products have biases (qwen2)
-    qk_norm: bool = False     # an RMSNorm over each head's q and k before RoPE (qwen3)
-    fused: bool = False       # q, k, v in one attn_qkv matrix, gate and up in one ffn_up of
-                              # twice the rows (phi3): split into row views when opened
-    q_prescaled: bool = False  # the query times Hyper.attn_scale before it meets the keys,
-                               # the scores unscaled (phi3, gemma3): the same sum, another f16
-                               # rounding
-    mlp: str = "swiglu"       # silu(gate) * up; "geglu": gelu(gate) * up, gelu's tanh form (gemma3)
-    post_norms: bool = False  # an RMSNorm of the attention's and of the MLP's output before each
-                              # residual add: blk.N.post_attention_norm, blk.N.post_ffw_norm (gemma3)
-    embed_scale: bool = False  # the embedding row times sqrt(d) (gemma3)
-    swa_period: int = 0       # reads a sliding window (attention.sliding_window) and which layers
-                              # use it: the file's sliding_window_pattern (a bool a layer, or a
-                              # period), else this period, llama.cpp's default: layer i uses the
-                              # window unless i % period == period - 1 (gemma3: 6). 0: no window
+    rope: str = _says("norm", "RoPE")  # pairs (2i, 2i+1): llama.cpp's "normal"; "neox": (i, i + half)
+    qkv_bias: bool = _says(False, "q/k/v biases")  # q, k and v products have biases (qwen2)
+    qk_norm: bool = _says(False, "q/k norms")  # an RMSNorm over each head's q and k before RoPE (qwen3)
+    fused: bool = _says(False, "fused q/k/v and gate/up")  # q, k, v in one attn_qkv matrix,
+    # gate and up in one ffn_up of twice the rows (phi3): split into row views when opened
+    q_prescaled: bool = _says(False, "query scaled before the keys")  # the query times
+    # Hyper.attn_scale before it meets the keys, the scores unscaled (phi3, gemma3): the same
+    # sum, another f16 rounding
+    mlp: str = _says("swiglu", "MLP")  # silu(gate) * up; "geglu": gelu(gate) * up, gelu's tanh form (gemma3)
+    post_norms: bool = _says(False, "norms after attention and MLP")  # an RMSNorm of the
+    # attention's and of the MLP's output before each residual add: blk.N.post_attention_norm,
+    # blk.N.post_ffw_norm (gemma3)
+    embed_scale: bool = _says(False, "embedding scaled")  # the embedding row times sqrt(d) (gemma3)
+    swa_period: int = _says(0, "sliding-window period")  # reads a sliding window
+    # (attention.sliding_window) and which layers use it: the file's sliding_window_pattern (a
+    # bool a layer, or a period), else this period, llama.cpp's default: layer i uses the
+    # window unless i % period == period - 1 (gemma3: 6). 0: no window
+
+    def described(self) -> str:
+        """Every switch in its words: "RoPE neox, q/k/v biases True, ..."."""
+        import dataclasses
+        return ", ".join(f"{f.metadata['says']} {getattr(self, f.name)}"
+                         for f in dataclasses.fields(self) if "says" in f.metadata)
 
 
 ARCHS = {
