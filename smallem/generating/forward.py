@@ -26,19 +26,29 @@ from smallem.cpu import isa, machine
 from smallem.plumbing import build
 from smallem.plumbing import pool as _pool
 
-NORMS = ("layer", "rms")            # the C side's numbers: 0, 1
-MLPS = ("gelu", "swiglu", "geglu")
-ROPES = (None, "pairs", "neox")
-CACHES = ("tiles", "f16", "state")  # chapter 4's f32 key tiles, llama.cpp's f16 rows, or
-#                                     the recurrent block's state (appendix D)
+
+# The C side's ids are kernels_c/forward.h's enums, read from there (the names below, and
+# KIND_BLOCKS); tests/test_forward_ids.py checks each against the compiled library.
+def _names(prefix: str) -> tuple:
+    """kernels_c/forward.h's enum members PREFIX_*, as names in the order of their ids (a
+    new kind of norm, MLP, RoPE or cache is a member there and its code in C, no line here)."""
+    ids = build.header_enum(prefix, "forward.h")
+    return tuple(sorted(ids, key=ids.get))
+
+
+NORMS = _names("NORM")      # layer, rms
+MLPS = _names("MLP")        # gelu, swiglu, geglu
+ROPES = tuple(None if r == "none" else r for r in _names("ROPE"))   # None, pairs, neox
+CACHES = _names("CACHE")    # chapter 4's f32 key tiles, llama.cpp's f16 rows, or the
+#                             recurrent block's state (appendix D)
 INT_MAX = 2**31 - 1
 GEMM_BLOCK = 512   # a prompt's rows per C call on the GEMM branch: wide enough for the GEMM
-# The C side's ids are kernels_c/forward.h's enums; these names are Python's, and
-# tests/test_forward_ids.py checks each against the compiled library (KIND_*, NORM_*, ...).
-KIND_BLOCKS = 2    # sm_mat.kind of a GGUF tensor (0, 1: chapter 4's f32 and int8 tiles)
-# ggml's type numbers (the file format's, which the gguf package holds too)
-GGML_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14,
-            "Q8_K": 15, "BF16": 30}
+KIND_BLOCKS = build.header_enum("KIND", "forward.h")["blocks"]  # sm_mat.kind of a GGUF
+# tensor (chapter 4's f32 and int8 tiles are the others)
+# ggml's type numbers (the file format's, which the gguf package holds too), as forward.h
+# names them (T_*; but our own repacked Q8_0 pairs)
+GGML_IDS = {k.upper(): v for k, v in build.header_enum("T", "forward.h").items()
+            if k != "q8_0x2"}
 Q8_0_ID = GGML_IDS["Q8_0"]
 
 ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",

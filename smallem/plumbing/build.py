@@ -57,6 +57,20 @@ def header_constant(name: str, header: str = "common.h", folder: Path | None = N
     return float(found.group(1))
 
 
+def header_enum(prefix: str, header: str, folder: Path | None = None) -> dict:
+    """{name: value} of a kernel header's ``enum { PREFIX_NAME = value, ... }`` members, the
+    names lowercased without the prefix (``MLP_GEGLU = 2`` -> ``{"geglu": 2}``): the ids the C
+    side switches on, read from their one definition (cffi reads the same header)."""
+    import re
+
+    text = ((folder or KERNELS_DIR) / header).read_text()
+    found = {m.group(1).lower(): int(m.group(2))
+             for m in re.finditer(rf"\b{re.escape(prefix)}_(\w+)\s*=\s*(\d+)", text)}
+    if not found:
+        raise BuildError(f"{header} has no enum members {prefix}_*")
+    return found
+
+
 def cache_dir() -> Path:
     base = os.environ.get("SMALLEM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "smallem")
