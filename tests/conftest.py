@@ -102,7 +102,7 @@ def pytest_collection_finish(session):
     """The sanitizer run (tests/test_sanitize.py) starts as soon as it is known to be wanted:
     a child process of about two minutes on one core, beside the rest of the session."""
     for item in session.items:
-        if item.path.name == "test_sanitize.py" and hasattr(item.module, "start"):
+        if "sanitized_run" in getattr(item, "fixturenames", ()) and hasattr(item.module, "start"):
             item.module.start()
             break
 
