@@ -99,16 +99,12 @@ def captured_machine(request, monkeypatch):
 
 
 def pytest_collection_finish(session):
-    """The sanitizer run (tests/test_sanitize.py, a child process of about two minutes on one
-    core) and the notebooks' execution (tests/test_notebooks.py, processes of their own) start
-    as soon as they are known to be wanted, beside the rest of the session."""
-    started = set()
+    """The sanitizer run (tests/test_sanitize.py) starts as soon as it is known to be wanted:
+    a child process of about two minutes on one core, beside the rest of the session."""
     for item in session.items:
-        for fixture in ("sanitized_run", "executed"):  # test_sanitize's, test_notebooks'
-            if (fixture not in started and fixture in getattr(item, "fixturenames", ())
-                    and hasattr(item.module, "start")):
-                item.module.start()
-                started.add(fixture)
+        if "sanitized_run" in getattr(item, "fixturenames", ()) and hasattr(item.module, "start"):
+            item.module.start()
+            break
 
 
 def pytest_sessionfinish(session):

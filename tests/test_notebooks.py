@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -60,7 +59,7 @@ def test_notebook_conventions(path):
 
 # Each notebook runs in a process of its own, two at a time (the machines have two cores and a
 # notebook's kernel is mostly one Python thread): what one writes the other never reads, each
-# with its own records and figures folders (Batch, below).
+# with its own records and figures folders.
 RUN_ONE = r"""
 import json, sys
 import jupytext
@@ -76,71 +75,33 @@ json.dump({"errors": errors, "outputs": outputs}, open(out, "w"))
 """
 
 
-class Batch:
-    """Every notebook executed in quick mode (SMALLEM_QUICK=1), each into a temp folder of its
-    own, two at a time, in a background thread that conftest.py starts as soon as the session
-    is collected (the notebooks are processes of their own, sharing nothing with the tests
-    beside them; they fill the second core). ``result``: ({stem: (CompletedProcess, summary
-    or None)}, whether the committed records were left as they were), or the exception."""
-
-    def __init__(self):
-        self.result = None
-        self.thread = threading.Thread(target=self._go, daemon=True)
-        self.thread.start()
-
-    def _go(self):
-        try:
-            self.result = self._run()
-        except BaseException as e:  # noqa: BLE001 - raised by the tests that wait
-            self.result = e
-
-    def _run(self):
-        import json
-        import subprocess
-        import tempfile
-        from concurrent.futures import ThreadPoolExecutor
-
-        committed = ROOT / "figures" / "records"
-        before = snapshot(committed)
-        base = Path(tempfile.mkdtemp(prefix="smallem-notebooks-"))
-
-        def run(path):
-            tmp = base / path.stem
-            tmp.mkdir()
-            env = {**os.environ, "SMALLEM_QUICK": "1", "SMALLEM_RECORDS": str(tmp / "records"),
-                   "SMALLEM_FIGURES": str(tmp / "figures")}
-            env.pop("MPLBACKEND", None)
-            out = tmp / "summary.json"
-            r = subprocess.run([sys.executable, "-c", RUN_ONE, str(path), str(out), str(tmp)],
-                               env=env, capture_output=True, text=True, timeout=900)
-            return path.stem, (r, json.loads(out.read_text()) if out.is_file() else None)
-
-        # the longest first (01 and 03 measure most), so the two workers end together
-        order = sorted(NOTEBOOKS, key=lambda p: p.stem not in ("01_cpu", "03_training"))
-        with ThreadPoolExecutor(2) as ex:
-            results = dict(ex.map(run, order))
-        return results, snapshot(committed) == before
-
-
-BATCH: dict = {}
-
-
-def start() -> None:
-    """Begin executing the notebooks (once a session)."""
-    if "batch" not in BATCH:
-        BATCH["batch"] = Batch()
-
-
 @pytest.fixture(scope="module")
-def executed():
+def executed(tmp_path_factory):
+    """{notebook stem: (CompletedProcess, its summary or None)}, every notebook executed in
+    quick mode (SMALLEM_QUICK=1) into a temp folder, and whether the committed records were
+    left as they were."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
     pytest.importorskip("jupytext")
     pytest.importorskip("nbclient")
-    start()
-    batch = BATCH["batch"]
-    batch.thread.join()
-    if isinstance(batch.result, BaseException):
-        raise batch.result
-    return batch.result
+    committed = ROOT / "figures" / "records"
+    before = snapshot(committed)
+
+    def run(path):
+        tmp = tmp_path_factory.mktemp(path.stem)
+        env = {**os.environ, "SMALLEM_QUICK": "1", "SMALLEM_RECORDS": str(tmp / "records"),
+               "SMALLEM_FIGURES": str(tmp / "figures")}
+        env.pop("MPLBACKEND", None)
+        out = tmp / "summary.json"
+        r = subprocess.run([sys.executable, "-c", RUN_ONE, str(path), str(out), str(tmp)],
+                           env=env, capture_output=True, text=True, timeout=900)
+        import json
+        return path.stem, (r, json.loads(out.read_text()) if out.is_file() else None)
+
+    with ThreadPoolExecutor(2) as ex:
+        results = dict(ex.map(run, NOTEBOOKS))
+    return results, snapshot(committed) == before
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
