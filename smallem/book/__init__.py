@@ -74,7 +74,7 @@ def report_all(rec_dir: Path | None = None, only: list[str] | None = None) -> di
     path = figures.tables_dir() / "values.json"
     old = json.loads(path.read_text()) if path.exists() and only else {}
     old.update(values)
-    path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    figures.write(path, json.dumps(old, indent=1, sort_keys=True) + "\n")
     write_records_manifest(rec_dir)
     return values
 
@@ -104,10 +104,9 @@ def write_records_manifest(rec_dir: Path) -> Path:
     from . import figures
 
     path = figures.tables_dir() / MANIFEST
-    path.write_text(json.dumps({"folder": str(Path(rec_dir).resolve()),
-                                "records": {k: str(v) for k, v in records_read(rec_dir).items()}},
-                               indent=1) + "\n")
-    return path
+    return figures.write(path, json.dumps({"folder": str(Path(rec_dir).resolve()),
+                                           "records": {k: str(v) for k, v in records_read(rec_dir).items()}},
+                                          indent=1) + "\n")
 
 
 # how "How we measure" names the chapters whose measurements run paired rounds

@@ -21,6 +21,17 @@ def figures_dir() -> Path:
     return path
 
 
+def write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file, then one rename): a
+    reader of figures/ (the site's build, a test beside this one, a notebook) never sees half
+    a table, and a run stopped midway leaves the old file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
 def tables_dir() -> Path:
     path = figures_dir() / "tables"
     path.mkdir(parents=True, exist_ok=True)
@@ -40,8 +51,10 @@ def save(fig, name: str) -> list[Path]:
         return out
     for ext in ("png", "svg"):
         path = figures_dir() / f"{name}.{ext}"
-        fig.savefig(path, dpi=130 if ext == "png" else None, bbox_inches="tight",
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # whole or not at all, as write()
+        fig.savefig(tmp, format=ext, dpi=130 if ext == "png" else None, bbox_inches="tight",
                     metadata={"Date": None} if ext == "svg" else None)
+        os.replace(tmp, path)
         out.append(path)
     plt.close(fig)
     return out
@@ -79,9 +92,7 @@ def table_markdown(rows: list[list], header: list[str], note: str = "") -> str:
 
 def write_table(name: str, rows: list[list], header: list[str], note: str = "") -> Path:
     """Write a Markdown table to ``figures/tables/<name>.md`` (included by the pages)."""
-    path = tables_dir() / f"{name}.md"
-    path.write_text(table_markdown(rows, header, note))
-    return path
+    return write(tables_dir() / f"{name}.md", table_markdown(rows, header, note))
 
 
 def fmt(x: float, unit: str = "", digits: int = 3) -> str:

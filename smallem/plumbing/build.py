@@ -71,6 +71,14 @@ def header_enum(prefix: str, header: str, folder: Path | None = None) -> dict:
     return found
 
 
+def file_identity(path) -> str:
+    """A file's identity (a compiler, a tool, a data file) for a cache key: its resolved path, size and modification time
+    (a reinstalled or rebuilt one is another key)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return f"{p}:{st.st_size}:{st.st_mtime_ns}"
+
+
 def cache_dir() -> Path:
     base = os.environ.get("SMALLEM_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "smallem")

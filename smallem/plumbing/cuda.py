@@ -30,6 +30,7 @@ import numpy as np
 
 from smallem import checks, ladder
 from smallem.generating import quant
+from smallem.plumbing import build
 from smallem.plumbing.build import ROOT, cache_dir
 
 KERNELS_DIR = Path(os.environ.get("SMALLEM_CUDA_KERNELS", ROOT / "kernels_cuda"))
@@ -206,7 +207,7 @@ def compile_check(name: str, arch: str, tool: str | None = None) -> str:
             f"cannot compile {src} with {tool or 'NVRTC or nvcc'}: no NVRTC (CuPy's, or the "
             f"nvidia-cuda-nvrtc wheel's: {INSTALL_HINT}) and no nvcc" if tool != "nvcc" else
             f"cannot compile {src} with nvcc: nvcc is not installed (set NVCC)")
-    stamp = _checked("nvcc", file_identity(nvcc), arch, src.read_text())
+    stamp = _checked("nvcc", build.file_identity(nvcc), arch, src.read_text())
     if stamp.exists():
         return "nvcc"
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,17 +221,9 @@ def compile_check(name: str, arch: str, tool: str | None = None) -> str:
     return "nvcc"
 
 
-def file_identity(path) -> str:
-    """A program's identity for a cache key: its resolved path, size and modification time
-    (a reinstalled or rebuilt compiler is another key)."""
-    p = Path(path).resolve()
-    st = p.stat()
-    return f"{p}:{st.st_size}:{st.st_mtime_ns}"
-
-
 def _nvrtc_identity(nvrtc) -> str:
     lib = getattr(getattr(nvrtc, "_lib", None), "_name", None)
-    return file_identity(lib) if lib else f"{getattr(nvrtc, '__name__', 'nvrtc')}:{nvrtc.getVersion()}"
+    return build.file_identity(lib) if lib else f"{getattr(nvrtc, '__name__', 'nvrtc')}:{nvrtc.getVersion()}"
 
 
 def _checked(tool: str, identity: str, arch: str, code: str) -> Path:

@@ -686,7 +686,7 @@ def report(rec_dir) -> dict:
     rec = records.load(RECORD, rec_dir)
     f = figures.fmt
     _, values = table_rows(rec)
-    (figures.tables_dir() / "ch1_machine.md").write_text(table_markdown(rec))
+    figures.write(figures.tables_dir() / "ch1_machine.md", table_markdown(rec))
     cores = max(rec["settings"]["threads"])
     figures.write_table(
         "ch1_narrow", [[kind, path, f(one, "Gop/s"), f(all_, "Gop/s")]

@@ -31,6 +31,6 @@ def write_rung_diffs() -> list[Path]:
         diff = difflib.unified_diff(snippet(old), snippet(new), f"gemm.c: {old}", f"gemm.c: {new}",
                                     n=2, lineterm="")
         path = figures.tables_dir() / f"ch2_diff_{old}_{new}.md"
-        path.write_text("```diff\n" + "\n".join(diff) + "\n```\n")
+        figures.write(path, "```diff\n" + "\n".join(diff) + "\n```\n")
         out.append(path)
     return out

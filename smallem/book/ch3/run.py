@@ -142,4 +142,4 @@ def run_figure_and_values(rec, values):
     path = figures.tables_dir() / "ch3_sample.md"
     # control bytes and broken UTF-8 of an untrained model would break the page: show them as ·
     clean = "".join(ch if ch.isprintable() or ch in "\n\t" else "·" for ch in sample)
-    path.write_text("```text\n" + clean.replace("```", "'''") + "\n```\n")
+    figures.write(path, "```text\n" + clean.replace("```", "'''") + "\n```\n")

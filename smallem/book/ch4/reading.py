@@ -648,8 +648,8 @@ def _quality(rec, values):
     values["ch4.q_rejoin_first"] = rj["params"]["first_difference"] if rj else None
     values["ch4.q_rejoin_equal"] = round(records.median(rj) * tokens) if rj else None
     sample = rec["settings"].get("sample", "")
-    (figures.tables_dir() / "ch4_sample.md").write_text("~~~text\n" + sample.replace("~~~", "~ ~ ~")
-                                                        + "\n~~~\n")
+    figures.write(figures.tables_dir() / "ch4_sample.md",
+                  "~~~text\n" + sample.replace("~~~", "~ ~ ~") + "\n~~~\n")
     return [f"int8's validation bits per byte against f32's: "
             + compare.exact(abs(change) < QUALITY,
                             f"{100 * change:+.2f} %, target within {100 * QUALITY:g} %")]
