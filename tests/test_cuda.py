@@ -179,7 +179,7 @@ def _kept(kind: str, name: str, arch: str, make) -> str:
     nvcc = cuda.nvcc_path()
     if nvcc is None:
         pytest.skip("no nvcc: the ptxas report and the PTX text come from it")
-    key = hashlib.sha256("\0".join([kind, cuda.file_identity(nvcc), arch, *cuda.OPTIONS,
+    key = hashlib.sha256("\0".join([kind, build.file_identity(nvcc), arch, *cuda.OPTIONS,
                                      cuda.source_path(name).read_text()]).encode()).hexdigest()
     path = build.cache_dir() / "cuda-checked" / f"{kind}-{key[:32]}.txt"
     if not path.is_file():

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import gguf_models
 from smallem.generating import decode, gguf_export, gguf_file, gguf_model, gguf_products, gguf_tokenizer
 from smallem.generating.forward import Forward
+from smallem.plumbing import build
 from smallem.book.ch4 import llama
 from smallem.generating.gguf_file import GGUFError
 from smallem.training.model import GPT, Config
@@ -303,6 +304,18 @@ def test_logits_equal_llama_cpps_for_each_architecture(tmp_path, arch, vocab):
     assert worst <= LOGITS_TOL["F32"], worst
 
 
+def test_a_kept_model_file_is_the_file_written_now(tmp_path):
+    """gguf_models keeps the files it writes (the kernel cache's folder) and copies them later:
+    the copy is byte for byte the file written now, and another argument is another file."""
+    _vocab("llama-spm")
+    a = gguf_models.write(tmp_path / "a.gguf", "qwen2", "llama-spm", seed=3)
+    b = gguf_models.write(tmp_path / "b.gguf", "qwen2", "llama-spm", seed=3)  # kept by now
+    now = gguf_models.write(tmp_path / "now.gguf", "qwen2", "llama-spm", seed=3, keep=False)
+    assert a.read_bytes() == b.read_bytes() == now.read_bytes()
+    other = gguf_models.write(tmp_path / "c.gguf", "qwen2", "llama-spm", seed=4)
+    assert other.read_bytes() != now.read_bytes()
+
+
 def _quantised(tmp_path, arch, qtype, **kw):
     """One F32 file (shapes that fill K-quants' blocks of 256) and, for another type, the file
     llama.cpp's own llama-quantize makes of it: the tensors we read are llama.cpp's bytes."""
@@ -314,11 +327,16 @@ def _quantised(tmp_path, arch, qtype, **kw):
                             head_dim=128 if arch == "qwen3" else None)
     if qtype == "F32":
         return src
-    p = tmp_path / f"{qtype}.gguf"
-    r = subprocess.run([_tool("llama-quantize"), str(src), str(p), qtype], capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-500:]
-    return p
+    tool = _tool("llama-quantize")
+
+    def quantize(out):
+        r = subprocess.run([tool, str(src), str(out), qtype], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-500:]
+
+    # kept as the written files are, under the F32 file's bytes and the tool's identity
+    return gguf_models.kept(tmp_path / f"{qtype}.gguf", f"quantize:{qtype}:{build.file_identity(tool)}:"
+                            f"{gguf_models.digest(src)}", quantize)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
