@@ -14,6 +14,7 @@
 """
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,6 +62,24 @@ def records_tmp(tmp_path, monkeypatch):
     return folder
 
 
+def _figures_current(book, figures, records) -> bool:
+    """Whether figures/ was made (``smallem figures``, as ``make test`` runs first) from the
+    records folder the site reads, after the last change to any of those records or to the
+    package's code: its manifest names that folder and those records, and is newer than all."""
+    import json
+    manifest = figures.tables_dir() / book.MANIFEST
+    if not manifest.is_file():
+        return False
+    rec_dir = records.records_dir()
+    made = json.loads(manifest.read_text())
+    read = {k: str(v) for k, v in book.records_read(rec_dir).items()}
+    if made.get("folder") != str(rec_dir.resolve()) or made.get("records") != read:
+        return False
+    code = Path(book.__file__).resolve().parent.parent
+    newest = max(p.stat().st_mtime for p in [*code.rglob("*.py"), *map(Path, read.values())])
+    return manifest.stat().st_mtime > newest
+
+
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory):
     """The book's site, built once a session with ``mkdocs build --strict`` (tests/site_build.py),
@@ -73,7 +92,8 @@ def built_site(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("SMALLEM_FIGURES", raising=False)  # the pages include the repository's figures/
-        book.report_all()
+        if not _figures_current(book, figures, records):
+            book.report_all()
     tmp = tmp_path_factory.mktemp("site")
     docs, stand_ins = site_build.docs_dir_for_tests(tmp)
     # The notebooks run during the build read the records, and measure (and save) any that is
