@@ -77,9 +77,11 @@ def kept(path: Path, key: str, make) -> Path:
     name = hashlib.sha256(key.encode()).hexdigest()[:32]
     keep = folder / f"{name}.gguf"
     path = Path(path)
-    if keep.is_file():
+    try:
         shutil.copyfile(keep, path)
         return path
+    except FileNotFoundError:  # not kept yet, or removed by a run of other sources just now
+        pass
     if not folder.is_dir() and root.is_dir():
         for old in root.iterdir():
             shutil.rmtree(old, ignore_errors=True)
