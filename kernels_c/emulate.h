@@ -110,6 +110,13 @@ static inline float sm_emu_reduce_max_ps(simde__m512 a)
     for (int i = 1; i < 16; i++) m = f[i] > m ? f[i] : m;
     return m;
 }
+/* vmovntps: the same bytes in memory; bypassing the caches is not emulated */
+static inline void sm_emu_stream_ps(void *p, simde__m512 a)
+{
+    simde_mm512_storeu_ps(p, a);
+}
+#define _mm512_stream_ps sm_emu_stream_ps
+
 #define _mm512_reduce_max_ps sm_emu_reduce_max_ps
 #define _mm512_reduce_add_ps sm_emu_reduce_add_ps
 #define _mm512_reduce_add_epi32 sm_emu_reduce_add_epi32

@@ -12,6 +12,8 @@ int gemm_b_whole(int N, int K, int kc, int nc);
 void gemm_micro_shape(int *mr, int *nr);
 int gemm_native_bf16(void);
 int gemm_amx_bf16(void);
+int gemm_amx_alone(int kp, int panels, int reps, int nthreads, const uint16_t *a, const uint16_t *b, float *c);
+int gemm_bf16_amx(int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc, int nthreads, int kc, int nc, int epilogue, float *work);
 void gemm_kernel_alone(int kc, int slivers, int reps, int nthreads, int shared_b, const float *a, const float *b, float *c);
 int gemm_pool_ids(int nthreads, long long *ids);
 void gemm_empty_regions(int reps, int nthreads);

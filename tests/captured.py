@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smallem.product import gemm
-from smallem.cpu import isa, machine_info
+from smallem.cpu import isa, machine, machine_info
 from smallem.book import ch1, records
 
 MACHINES = Path(__file__).parent / "machines"
@@ -98,7 +98,16 @@ def load(name: str) -> Captured:
         feeds = json.loads(ch2_path.read_text())["settings"].get("feeds")
     if not feeds:
         feeds = feeds_from_ch1(ch1_rec)
-    return Captured(name, ident, caches, cores, level, dict(feeds), folder)
+    feeds = dict(feeds)
+    if "reach_bytes" not in feeds:  # records from before the feeds had it: chapter 1's sweep
+        feeds["reach_bytes"] = machine.cache_reach(copy_points(ch1_rec))
+    return Captured(name, ident, caches, cores, level, feeds, folder)
+
+
+def copy_points(rec: dict) -> list[tuple[int, float]]:
+    """One thread's copy at each working set of chapter 1's stream sweep: (bytes, GB/s)."""
+    return [(r["params"]["bytes"], records.median(r))
+            for r in records.results(rec, "stream", kernel="copy", threads=1)]
 
 
 def inject(m: Captured, monkeypatch) -> Captured:

@@ -138,6 +138,37 @@ def test_bf16_path_is_what_the_machine_chose(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_amx_blocks_and_epilogue_on_each_machine(name):
+    """The AMX path's blocks from each machine's caches: A's 32-row panel fills the L1 (the
+    longest in 32s that fits), B's block half the L2; and C is streamed past the caches
+    only where it outgrows their reach (chapter 1's copy sweep), as chapter 2's largest
+    product does everywhere and chapter 4's prompt of 512 nowhere."""
+    m = captured.load(name)
+    g = gemm.cache_geometry(m.caches)
+    b = gemm.amx_blocks(g)
+    l1, l2 = g["L1d"]["bytes"], g["L2"]["bytes"]
+    assert b["kc"] % 32 == 0 and 32 * 2 * b["kc"] <= l1 < 32 * 2 * (b["kc"] + 32)
+    assert b["nc"] % 32 == 0 and 2 * b["kc"] * b["nc"] <= l2 // 2 < 2 * b["kc"] * (b["nc"] + 32)
+    reach = m.feeds["reach_bytes"]
+    points = captured.copy_points(m.record("ch1.machine"))
+    assert min(p[0] for p in points) <= reach < max(p[0] for p in points)
+    assert gemm.amx_epilogue(8192, 3072, reach) == "stream"
+    assert gemm.amx_epilogue(512, 3072, reach) == "vector"
+    if m.caches.get("L1d_bytes") == 48 * 1024 and m.caches.get("L2_bytes") == 2 * 1024**2:
+        assert b == {"kc": 768, "nc": 672}  # the Xeons': K = 768 in one slice
+
+
+def test_cache_reach_reads_the_drop_to_memory():
+    pts = [(2 << 20, 60.0), (8 << 20, 25.0), (32 << 20, 24.0), (64 << 20, 16.0),
+           (128 << 20, 10.0), (256 << 20, 10.5)]
+    assert machine.cache_reach(pts) == 64 << 20  # 16 >= 1.5 x 10.5
+    assert machine.cache_reach(pts[::-1]) == 64 << 20  # order does not matter
+    assert machine.cache_reach([(1 << 20, 10.0), (2 << 20, 10.0)]) == 2 << 20  # no drop
+    with pytest.raises(ValueError, match="no points"):
+        machine.cache_reach([])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_flash_tile_fits_each_l1(name):
     m = captured.load(name)
     for hd in (32, 64, 128):

@@ -682,17 +682,27 @@ def test_matmul_bf16(ta, tb, level, rng):
     elif "amx_bf16" in exts:  # Linux refuses the tiles to a process whose sigaltstack is too small
         assert "amx" in paths, "this CPU has AMX_BF16 but Linux refused the tile state"
     # AMX blocks are 32 x 32 with k in steps of 32: 33 x 65 x 70 crosses each edge
-    for path, blocks in itertools.product(paths, (None, SMALL_BLOCKS)):
-        for M, N, K in SHAPES + [(45, 70, 37), (33, 65, 70)]:
+    # the AMX path with each epilogue; SMALL_BLOCKS cut K and N into several slices (the
+    # streamed stores only on the last), and C 64-byte aligned or not
+    runs = [(p, b, e) for p, b in itertools.product(paths, (None, SMALL_BLOCKS))
+            for e in (gemm.AMX_EPILOGUES if p == "amx" else (None,))]
+    for path, blocks, epilogue in runs:
+        for M, N, K in SHAPES + [(45, 70, 37), (33, 65, 70), (35, 96, 70)]:
             a = gemm.f32_to_bf16(rand(rng, *((K, M) if ta else (M, K))))
             b = gemm.f32_to_bf16(rand(rng, *((N, K) if tb else (K, N))))
             c0 = rand(rng, M, N)
-            out = c0.copy()
+            out = gemm.empty_aligned((M, N)) if M % 2 else np.empty((M, N), np.float32)
+            out[...] = c0
             gemm.matmul_bf16(a, b, trans_a=ta, trans_b=tb, out=out, alpha=0.5, beta=2.0,
-                             blocks=blocks, path=path)
+                             blocks=blocks, path=path, epilogue=epilogue)
             want = 0.5 * ref(gemm.bf16_to_f32(a), gemm.bf16_to_f32(b), ta, tb) + 2.0 * c0
             checks.assert_close(out, want.astype(np.float32), k=K,
-                                name=f"bf16 {path} {M}x{N}x{K}")
+                                name=f"bf16 {path} {epilogue} {M}x{N}x{K}")
+            if path == "amx":  # beta 0, C made by the package (aligned): stored, not added
+                got = gemm.matmul_bf16(a, b, trans_a=ta, trans_b=tb, blocks=blocks, path=path,
+                                       epilogue=epilogue)
+                checks.assert_close(got, (want - 2.0 * c0).astype(np.float32) * 2, k=K,
+                                    name=f"bf16 amx {epilogue} beta 0 {M}x{N}x{K}")
 
 
 def test_bf16_path_choice(level, monkeypatch):
@@ -725,9 +735,21 @@ def test_bf16_path_validation(monkeypatch):
     a = np.zeros((2, 2), np.uint16)
     with pytest.raises(ValueError, match="path: expected one of"):
         gemm.matmul_bf16(a, a, path="fast")
+    with pytest.raises(ValueError, match="only the AMX path takes one"):
+        gemm.matmul_bf16(a, a, path="widen", epilogue="stream")
+    if "amx" in gemm.bf16_paths():
+        with pytest.raises(ValueError, match="epilogue: expected one of"):
+            gemm.matmul_bf16(a, a, path="amx", epilogue="fast")
     monkeypatch.setenv(gemm.BF16_ENV, "quick")
     with pytest.raises(ValueError, match="SMALLEM_BF16='quick'"):
         gemm.matmul_bf16(a, a)
+
+
+def test_empty_aligned_starts_on_a_line():
+    for shape in ((1, 1), (3, 5), (100, 70), (2048, 3072)):
+        x = gemm.empty_aligned(shape)
+        assert x.shape == shape and x.dtype == np.float32 and x.flags.c_contiguous
+        assert x.ctypes.data % 64 == 0
 
 
 # ---------------------------------------------------------------- pool, benchmark, figures

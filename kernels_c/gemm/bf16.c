@@ -188,16 +188,45 @@ static void amx_block(int kp, const uint16_t *a, const uint16_t *b, float *t)
 }
 /* --8<-- [end:amx] */
 
+/* --8<-- [start:amx_put] */
+/* What gemm_amx does with a finished 32 x 32 block of C, stored from the tiles into t
+ * (the AMX ladder's rungs, chapter 2): AMX_VECTOR, sixteen floats at a time, masked at
+ * the edges; AMX_STREAM, the same with non-temporal stores on C's last K slice, which
+ * write whole lines to memory without reading them first (for a C larger than the
+ * caches, whose lines no later slice or reader would find there). */
+enum { AMX_VECTOR = 0, AMX_STREAM = 1 };
+
+static void amx_put(int epilogue, int last, int mb, int nr, const float *t, float *c, int ldc,
+                    float alpha, float beta)
+{
+    const __mmask16 m[2] = {nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1),
+                            nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1)};
+    const int stream = epilogue == AMX_STREAM && last;
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    for (int r = 0; r < mb; r++, c += ldc, t += NR)
+        for (int v = 0; v < 2 && m[v]; v++) {
+            __m512 y = _mm512_mul_ps(va, _mm512_load_ps(t + 16 * v));
+            if (beta != 0.0f) y = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m[v], c + 16 * v), y);
+            if (stream && m[v] == 0xFFFF && ((uintptr_t)(c + 16 * v) & 63) == 0)
+                _mm512_stream_ps(c + 16 * v, y); /* one whole line, not read first */
+            else
+                _mm512_mask_storeu_ps(c + 16 * v, m[v], y);
+        }
+}
+/* --8<-- [end:amx_put] */
+
 /* gemm_driver's loops with 32-row panels of A and the AMX block: the threads
- * pack a block of B together, then take 32 rows of C at a time. */
+ * pack a block of B together, then take 32 rows of C at a time. K and N are cut into
+ * equal slices of at most kc and nc (smallem.gemm.amx_blocks sizes them). */
 static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
                      const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
-                     float *C, int ldc, int nthreads, int kc, int nc, float *work)
+                     float *C, int ldc, int nthreads, int kc, int nc, int epilogue, float *work)
 {
     const size_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
     const size_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
-    const int ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR), kca = ROUND_UP(kc, AMX_KB);
-    nc = MIN(nc, ncr);
+    const int ncr = ROUND_UP(MIN(nc, ROUND_UP(N, NR)), NR), kcw = ROUND_UP(kc, AMX_KB);
+    const int kca = ROUND_UP(equal_slices(K, kc), AMX_KB); /* <= kcw, what the buffer holds */
+    nc = MIN(ncr, ROUND_UP(equal_slices(N, nc), NR));
     uint16_t *bp = (uint16_t *)align64(work); /* layout: gemm_work_floats */
     const int panels = (M + AMX_MR - 1) / AMX_MR;
     if (nthreads > panels) nthreads = panels;
@@ -205,8 +234,8 @@ static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
     {
         int t, nt, j0, j1;
         team_position(&t, &nt);
-        uint16_t *ap = (uint16_t *)align64(work + (size_t)ncr * kca / 2 + 16 +
-                                           (size_t)t * (AMX_MR / 2 * (size_t)kca + 16));
+        uint16_t *ap = (uint16_t *)align64(work + (size_t)ncr * kcw / 2 + 16 +
+                                           (size_t)t * (AMX_MR / 2 * (size_t)kcw + 16));
         float tile[AMX_MR * NR] __attribute__((aligned(64)));
         sm_amx_configure(); /* tile shapes are per thread */
         for (int jc = 0; jc < N; jc += nc) {
@@ -214,6 +243,7 @@ static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
             for (int pc = 0; pc < K; pc += kca) {
                 const int kb = MIN(kca, K - pc), kp = ROUND_UP(kb, AMX_KB);
                 const float bt = pc == 0 ? beta : 1.0f;
+                const int last = pc + kb == K;
                 b_share(nb, t, nt, &j0, &j1);
                 if (j0 < j1)
                     pack_b_amx(j1 - j0, kb, kp, B + pc * rs_b + (jc + j0) * cs_b, rs_b, cs_b,
@@ -224,25 +254,52 @@ static void gemm_amx(int trans_a, int trans_b, int M, int N, int K, float alpha,
                     const int mb = MIN(AMX_MR, M - ic);
                     pack_a_amx(mb, kb, kp, A + ic * rs_a + pc * cs_a, rs_a, cs_a, ap);
                     for (int jr = 0; jr < nb; jr += NR) {
-                        const int nr = MIN(NR, nb - jr);
                         amx_block(kp, ap, bp + (size_t)jr * kp, tile);
-                        for (int r = 0; r < mb; r++) {
-                            float *c = C + (size_t)(ic + r) * ldc + jc + jr;
-                            const float *x = tile + r * NR;
-                            if (bt != 0.0f)
-                                for (int j = 0; j < nr; j++) c[j] = alpha * x[j] + bt * c[j];
-                            else
-                                for (int j = 0; j < nr; j++) c[j] = alpha * x[j];
-                        }
+                        amx_put(epilogue, last, mb, MIN(NR, nb - jr), tile,
+                                C + (size_t)ic * ldc + jc + jr, ldc, alpha, bt);
                     }
                 }
                 #pragma omp barrier
             }
         }
+        if (epilogue == AMX_STREAM) _mm_sfence(); /* the streamed lines before any reader */
         SM_TILE_RELEASE();
     }
 }
 #endif
+
+/* The AMX block with nothing around it, for chapter 2's AMX ladder (as gemm_kernel_alone
+ * is for the f32 micro-kernel): each thread makes reps passes of amx_block over its own
+ * packed A panel (32 x kp) and the same `panels` packed B panels (kp x 32 each, shared),
+ * with no packing and no C: the tiles go to a buffer, as in gemm_amx. The last pass
+ * copies thread t's blocks into c (threads x panels x 32 x 32), for the tests. -1 where
+ * this build or the OS has no AMX tiles. */
+int gemm_amx_alone(int kp, int panels, int reps, int nthreads, const uint16_t *a,
+                   const uint16_t *b, float *c)
+{
+#ifdef AMX_BF16
+    if (!sm_amx_permitted() || kp % AMX_KB) return -1;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int t0, nt;
+        team_position(&t0, &nt);
+        float tile[AMX_MR * NR] __attribute__((aligned(64)));
+        sm_amx_configure();
+        for (int t = t0; t < nthreads; t += nt) /* without OpenMP one thread does all */
+            for (int r = 0; r < reps; r++)
+                for (int j = 0; j < panels; j++) {
+                    amx_block(kp, a + (size_t)t * AMX_MR * kp, b + (size_t)j * NR * kp, tile);
+                    if (r == reps - 1)
+                        memcpy(c + ((size_t)t * panels + j) * AMX_MR * NR, tile, sizeof tile);
+                }
+        SM_TILE_RELEASE();
+    }
+    return 0;
+#else
+    (void)kp, (void)panels, (void)reps, (void)nthreads, (void)a, (void)b, (void)c;
+    return -1;
+#endif
+}
 
 int gemm_native_bf16(void)
 {
@@ -251,6 +308,27 @@ int gemm_native_bf16(void)
 #else
     return 0;
 #endif
+}
+
+/* The AMX path alone, with its own blocks and epilogue (amx_put's numbers): for
+ * smallem.matmul_bf16 and chapter 2's AMX ladder. -1 where this build or the OS has no
+ * AMX tiles, else 0. */
+int gemm_bf16_amx(int trans_a, int trans_b, int M, int N, int K, float alpha, const uint16_t *A,
+                  int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc,
+                  int nthreads, int kc, int nc, int epilogue, float *work)
+{
+#ifdef AMX_BF16
+    if (sm_amx_permitted() && epilogue >= AMX_VECTOR && epilogue <= AMX_STREAM) {
+        gemm_amx(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads, kc,
+                 nc, epilogue, work);
+        return 0;
+    }
+#else
+    (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)C, (void)ldc, (void)nthreads, (void)kc, (void)nc;
+    (void)epilogue, (void)work;
+#endif
+    return -1;
 }
 
 int gemm_amx_bf16(void)

@@ -258,7 +258,7 @@ void gemm_bf16(int path, int trans_a, int trans_b, int M, int N, int K, float al
 #ifdef AMX_BF16
     if (path == 2 && sm_amx_permitted()) {
         gemm_amx(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nthreads, kc,
-                 nc, work);
+                 nc, AMX_VECTOR, work);
         return;
     }
 #endif

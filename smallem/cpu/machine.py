@@ -461,13 +461,13 @@ def measure_stream_point(s: Stream, kernel: str, ws_bytes: int, threads: int,
 
 # ---------------------------------------------------------------- what the GEMM's model weighs
 
-FEEDS_VERSION = 2  # bump when feeds() measures differently: older files are measured again
+FEEDS_VERSION = 3  # bump when feeds() measures differently: older files are measured again
 
 
 def feeds(level: str, refresh: bool = False) -> dict:
-    """One core's f32 FMA and bf16 dot rates (Gop/s) and each core's share of the L3's triad
-    bandwidth with every core reading (GB/s), for chapter 2's loop-order model and bf16
-    path. Measured once per machine (the CPU, its caches, the usable cores, the ISA level)
+    """One core's f32 FMA and bf16 dot rates (Gop/s), each core's share of the L3's triad
+    bandwidth with every core reading (GB/s) and the caches' reach (:func:`cache_reach`),
+    for chapter 2's loop-order model, bf16 path and AMX epilogue. Measured once per machine (the CPU, its caches, the usable cores, the ISA level)
     and kept in the build cache, so every process here makes the same choices. ``refresh``
     measures again and replaces what the cache kept: chapter 1's measurement does, so that
     a book's choices come from a quiet machine, not from the first call of some earlier
@@ -489,7 +489,7 @@ def _feeds(path: str, level: str) -> dict:
     try:
         with open(path) as f:
             found = json.load(f)
-        if {"f32_gops_core", "bf16_gops_core", "l3_gbs_core"} <= set(found):
+        if {"f32_gops_core", "bf16_gops_core", "l3_gbs_core", "reach_bytes"} <= set(found):
             return found
     except (OSError, ValueError):
         pass  # not measured yet, or a damaged file: measure again
@@ -551,6 +551,39 @@ def forget_kept() -> int:
     return n
 
 
+REACH_DROP = 1.5  # a cache level's rate over memory's: chapter 1's plateaus differ by more
+
+
+def cache_reach(points) -> int:
+    """The largest working set (bytes) that the caches still serve: of ``points``, (bytes,
+    GB/s) of one thread's copy at growing working sets (chapter 1's stream sweep), the
+    largest whose rate is REACH_DROP times the rate at the largest, which memory serves
+    (the largest itself where none is: the sweep never left the caches).
+    On a virtual machine the L3 the system reports is the whole socket's, shared with
+    every other guest; this is the part of it a process here can count on. Past it, a
+    product's C is written back to memory whatever the kernel does (the AMX path's
+    streamed stores, :func:`smallem.gemm.amx_epilogue`)."""
+    pts = sorted((int(b), float(g)) for b, g in points)
+    if not pts:
+        raise ValueError("cache_reach: no points")
+    memory = pts[-1][1]
+    inside = [b for b, g in pts if g >= REACH_DROP * memory]
+    return max(inside) if inside else pts[-1][0]
+
+
+def reach_points(l2_bytes: int, l3_bytes: int, repeats: int = 3) -> list[tuple[int, float]]:
+    """One thread's copy at working sets doubling from the L2s' bytes to four times the L3
+    the system reports (at most 512 MiB): the points :func:`cache_reach` reads."""
+    top = min(512 * MiB, 4 * max(l3_bytes, l2_bytes))
+    sizes, ws = [], max(MiB, l2_bytes)
+    while ws <= top:
+        sizes.append(ws)
+        ws *= 2
+    s = Stream(sizes[-1], 1)
+    return [(ws, measure_stream_point(s, "copy", ws, 1, repeats)["value"]["max"])
+            for ws in sizes]
+
+
 def measure_feeds(level: str, repeats: int = 5) -> dict:
     """:func:`feeds`, measured: the best of ``repeats`` short runs of each probe."""
     out = {}
@@ -569,5 +602,6 @@ def measure_feeds(level: str, repeats: int = 5) -> dict:
     t = measure(lambda: s.run("triad", n, reps, cores), repeats=repeats, warmup=0)
     out["l3_gbs_core"] = t.rate(24.0 * n * reps / 1e9)["max"] / cores
     out["working_set"] = ws
+    out["reach_bytes"] = cache_reach(reach_points(l2, caches["L3_bytes"] * caches["L3_instances"]))
     out["date"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return out

@@ -145,6 +145,39 @@ def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1
     return {"mc": int(mc), "kc": int(kc), "nc": int(nc)}
 
 
+AMX_MR, AMX_KB = 32, 32  # kernels_c/gemm/bf16.c: rows of A in a block, bf16 of k in a tile row
+AMX_EPILOGUES = ("vector", "stream")  # gemm_bf16_amx's epilogue numbers: 0, 1
+
+
+# --8<-- [start:amx_blocks]
+def amx_blocks(geometry: dict | None = None) -> dict:
+    """KC and NC of the AMX path, from the caches (chapter 2's AMX ladder, second rung).
+
+    - KC: A's 32-row panel, 32 x KC bf16, fills the L1. Each 32 x 32 block of C loads its
+      two tiles of A from that panel and its two tiles of B from the L2, so the panel is
+      what the L1 must keep; and every slice of K after the first reads C back and writes
+      it again, so the longest slice the L1 allows is the one to take (K in equal slices
+      of at most KC, as the f32 driver cuts it).
+    - NC: B's KC x NC block, bf16, in half the L2 (as the f32 model gives A's block half
+      its ways, l2_ways_for_a): the rest holds the A panels on their way to the L1 and
+      the lines of C. N too is cut in equal slices of at most NC.
+    """
+    g = geometry or cache_geometry()
+    kc = max(AMX_KB, g["L1d"]["bytes"] // (AMX_MR * 2) // AMX_KB * AMX_KB)
+    nc = max(AMX_MR, g["L2"]["bytes"] // 2 // (2 * kc) // AMX_MR * AMX_MR)
+    return {"kc": int(kc), "nc": int(nc)}
+
+
+def amx_epilogue(M: int, N: int, reach_bytes: int) -> str:
+    """How the AMX path writes C (chapter 2's AMX ladder, third rung): "stream" (whole
+    lines, past the caches, not read first) where C's f32 outgrow what the caches here
+    hold (``reach_bytes``, :func:`smallem.cpu.machine.cache_reach`), so that the lines
+    would come from memory to be written and go back to memory before anyone read
+    them; else "vector", which leaves C in the caches for the next reader."""
+    return "stream" if 4 * M * N > reach_bytes else "vector"
+# --8<-- [end:amx_blocks]
+
+
 ORDERS = ("rows", "columns")  # the C driver's order numbers: 0, 1
 ORDER_ENV = "SMALLEM_GEMM_ORDER"
 HEADROOM = 0.5  # the share of a level's measured bandwidth one stream of the kernel counts on
@@ -431,7 +464,7 @@ def run_rung(rung: Rung, a, b, out=None, *, threads=None, blocks=None, level=Non
 # ---------------------------------------------------------------- the package's GEMM
 
 def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level, path=0,
-          phases=None):
+          phases=None, epilogue=None):
     dtype = F32 if kind == "f32" else U16
     a, lda = checks.matrix(a, "a", dtype)
     b, ldb = checks.matrix(b, "b", dtype)
@@ -444,7 +477,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     if out is None and beta != 0.0:
         raise ValueError("beta != 0 needs out= (the C that beta scales)")
     if out is None:  # an array made here overlaps nothing: no check
-        out, ldc = np.empty((M, N), F32), N
+        out, ldc = empty_aligned((M, N)), N
     else:
         out, ldc = _out(out, "out", (M, N))
         for x, name in ((a, "a"), (b, "b")):
@@ -462,6 +495,18 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     level = level or isa.selected()
     ffi, lib, *_ = kernels(level, pool.on_pool(threads))
     order, mc, kc, nc = _config(blocks, level)
+    amx = kind == "bf16" and BF16_PATHS[path] == "amx"
+    if amx:  # its own blocks (blocks= over them) and epilogue
+        got = dict(amx_blocks())
+        if blocks is not None:
+            given = blocks if isinstance(blocks, dict) else dict(zip(("mc", "kc", "nc"), blocks))
+            got.update((k, checks.positive_int(given[k], f"blocks['{k}']"))
+                       for k in ("kc", "nc") if k in given)
+        kc, nc = got["kc"], got["nc"]
+        if epilogue is None:
+            epilogue = amx_epilogue(M, N, feeds(level)["reach_bytes"])
+        if epilogue not in AMX_EPILOGUES:
+            raise ValueError(f"epilogue: expected one of {AMX_EPILOGUES}, got {epilogue!r}")
     work = _workspace(ffi, lib, level, N, K, mc, kc, nc, nthreads)
     ctype = "float" if kind == "f32" else "uint16_t"
     args = (int(bool(trans_a)), int(bool(trans_b)), M, N, K, alpha, _ptr(ffi, a, ctype), lda,
@@ -473,6 +518,9 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
         phases.extend(r for r in rows.tolist() if any(r))  # threads the driver did not start: 0
     elif kind == "f32":
         lib.gemm_f32(*args)
+    elif amx:
+        if lib.gemm_bf16_amx(*args[:14], kc, nc, AMX_EPILOGUES.index(epilogue), work) != 0:
+            raise RuntimeError("the AMX path: this build or the OS gives no AMX tiles")
     else:
         lib.gemm_bf16(path, *args)
     return out
@@ -529,19 +577,38 @@ def phase_times(a, b, *, trans_a=False, trans_b=False, out=None, threads=None, b
     return {"wall": wall, "threads": [dict(zip(PHASES, r)) for r in rows]}
 
 
+def empty_aligned(shape, dtype=F32) -> np.ndarray:
+    """``np.empty(shape, dtype)`` starting on a 64-byte line (numpy's large arrays start
+    16 bytes into one), so that rows of a width that is a multiple of 64 bytes start on
+    lines too: the AMX path's streamed stores write whole aligned lines only, and a tile
+    row that straddles two lines costs two loads."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape))
+    buf = np.empty(n + 64 // dtype.itemsize, dtype)
+    skip = (-buf.ctypes.data % 64) // dtype.itemsize
+    return buf[skip:skip + n].reshape(shape)
+
+
 def matmul_bf16(a, b, *, trans_a=False, trans_b=False, out=None, alpha=1.0, beta=0.0,
-                threads=None, blocks=None, level=None, path=None) -> np.ndarray:
+                threads=None, blocks=None, level=None, path=None,
+                epilogue=None) -> np.ndarray:
     """:func:`matmul` for bf16 inputs (``uint16`` arrays, see :func:`f32_to_bf16`), f32 out.
 
     Products are summed in f32, on one of three paths: ``"widen"`` (packing widens bf16
     to f32, the f32 micro-kernel runs), ``"native"`` (``vdpbf16ps`` on bf16 pairs, where
     the CPU has AVX512_BF16) or ``"amx"`` (AMX tiles, where the CPU has AMX_BF16 and the
     OS lets this process use them). ``path=None`` takes :func:`bf16_path`'s choice.
+
+    The AMX path takes :func:`amx_blocks` (``blocks``' "kc" and "nc" over them) and writes
+    C as ``epilogue`` says (one of :data:`AMX_EPILOGUES`; default :func:`amx_epilogue`'s
+    choice); chapter 2's AMX ladder sets both. Other paths take no ``epilogue``.
     """
     level = level or isa.selected()
     path = bf16_path(level) if path is None else _check_path(path, level)
+    if epilogue is not None and path != "amx":
+        raise ValueError(f"epilogue: only the AMX path takes one (the path here: {path})")
     return _gemm("bf16", a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level,
-                 path=BF16_PATHS.index(path))
+                 path=BF16_PATHS.index(path), epilogue=epilogue)
 
 
 def native_bf16(level: str | None = None) -> bool:
@@ -621,6 +688,36 @@ def pool_ids(threads: int | None = None, level: str | None = None) -> list[int]:
     ids = ffi.new("long long[]", n)
     got = lib.gemm_pool_ids(n, ids)
     return [int(ids[i]) for i in range(got)]
+
+
+def amx_alone(kp: int, panels: int, reps: int = 1, threads: int = 1, level: str | None = None,
+              seed: int = 0) -> tuple:
+    """The AMX block with nothing around it (C: ``gemm_amx_alone``), ready to time: each of
+    ``threads`` threads makes ``reps`` passes of 32 x 32 blocks of C over its own packed A
+    panel (32 x ``kp`` bf16, ``kp`` a multiple of 32) and ``panels`` packed B panels that
+    every thread shares (``kp`` x 32 each, in bf16 pairs): the tile loads and products of
+    the AMX path without its packing or its C. Returns ``(run, gop, data)`` as
+    :func:`kernel_alone` does; ``data["c"]`` (threads, panels, 32, 32) holds each thread's
+    blocks after a call, ``data["a"]`` (threads, 32, kp) and ``data["b"]`` (panels, kp // 2,
+    32, 2) the operands, so that a test can check the arithmetic."""
+    kp = checks.positive_int(kp, "kp")
+    if kp % AMX_KB:
+        raise ValueError(f"kp: expected a multiple of {AMX_KB}, got {kp}")
+    panels = checks.positive_int(panels, "panels")
+    reps = checks.positive_int(reps, "reps")
+    threads = checks.positive_int(threads, "threads", limit=4096)
+    ffi, lib, *_ = kernels(level)
+    rng = np.random.default_rng(seed)
+    a, b = empty_aligned((threads, AMX_MR, kp), U16), empty_aligned((panels, kp // 2, AMX_MR, 2), U16)
+    a[...] = f32_to_bf16(rng.standard_normal(a.shape, dtype=np.float32))  # on lines, as packed
+    b[...] = f32_to_bf16(rng.standard_normal(b.shape, dtype=np.float32))
+    c = np.zeros((threads, panels, AMX_MR, AMX_MR), np.float32)
+    pa, pb, pc = _ptr(ffi, a, "uint16_t"), _ptr(ffi, b, "uint16_t"), _ptr(ffi, c)
+    if lib.gemm_amx_alone(kp, panels, 1, threads, pa, pb, pc) != 0:
+        raise RuntimeError("amx_alone: this build or the OS gives no AMX tiles")
+    gop = 2.0 * AMX_MR * AMX_MR * kp * panels * reps * threads / 1e9
+    return (lambda: lib.gemm_amx_alone(kp, panels, reps, threads, pa, pb, pc)), gop, \
+        {"a": a, "b": b, "c": c}
 
 
 def kernel_alone(kc: int, slivers: int, reps: int = 1, threads: int = 1, shared_b: bool = True,

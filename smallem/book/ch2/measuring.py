@@ -11,7 +11,8 @@ import numpy as np
 
 from smallem import checks
 from smallem.cpu import isa
-from smallem.product.gemm import (LADDER, ORDERS, PHASES, kernels, amx_bf16, bf16_path, bf16_paths,
+from smallem.product.gemm import (AMX_KB, LADDER, ORDERS, PHASES, kernels, amx_alone, amx_bf16,
+                     amx_blocks, amx_epilogue, equal_slices, bf16_path, bf16_paths, empty_aligned,
                      cache_geometry, default_blocks, default_order, f32_to_bf16, feeds,
                      kernel_alone, l2_ways_for_a, ladder_blocks, loop_order, matmul, matmul_bf16,
                      native_bf16, order_blocks, phase_times, pool_ids)
@@ -163,6 +164,56 @@ def _measure_dtypes(rec, sizes, cores, quick, rng, step=lambda what: None):
 
 
 
+# --8<-- [start:amx_rungs]
+def amx_rungs(level: str | None = None) -> list[dict]:
+    """The AMX ladder (chapter 2): each rung's blocks and how it writes C. 1: the tiles with
+    the f32 model's blocks (the first AMX path); 2: the AMX path's own blocks (A's panel in
+    the L1, B's block in half the L2: one K slice at K = 768 on a 48 KiB L1); 3: C's last
+    slice streamed to memory, not read first."""
+    f, a = default_blocks(level), amx_blocks()
+    return [{"rung": 1, "step": "tiles", "kc": f["kc"], "nc": f["nc"], "epilogue": "vector"},
+            {"rung": 2, "step": "AMX blocks", **a, "epilogue": "vector"},
+            {"rung": 3, "step": "streamed C", **a, "epilogue": "stream"}]
+# --8<-- [end:amx_rungs]
+
+
+def _measure_amx_ladder(rec, cores, quick, rng, shape) -> None:
+    """The AMX ladder's rungs at the first model product, and chapter 1's AMX bf16 probe on
+    every core, in the same rounds ("amx_rung" results, one "amx_probe"): the probe's rate
+    moves with the host (another guest's tiles on the core's sibling), so the share of it
+    a rung reaches is taken round by round."""
+    if "amx" not in bf16_paths():
+        return
+    M, K, N = shape["M"], shape["K"], shape["N"]
+    ha = f32_to_bf16(rng.standard_normal((M, K), dtype=np.float32))
+    hb = f32_to_bf16(rng.standard_normal((K, N), dtype=np.float32))
+    c = empty_aligned((M, N))
+    rungs = amx_rungs()
+    fns = {r["step"]: (lambda r=r: matmul_bf16(ha, hb, out=c, path="amx", epilogue=r["epilogue"],
+                                               blocks={"kc": r["kc"], "nc": r["nc"]}))
+           for r in rungs}
+    run_probe, gop = peak_probe("amx_bf16", cores)
+    fns["probe"] = run_probe
+    # the last rung's blocks with no packing and no C: its A panel and B block as the product
+    # cuts them (K and N in equal slices), B in the L2
+    kp = -(-equal_slices(K, rungs[-1]["kc"]) // AMX_KB) * AMX_KB
+    panels = -(-equal_slices(N, rungs[-1]["nc"]) // 32)
+    run_alone, gop_alone, _ = amx_alone(kp, panels, reps=2 if quick else 400, threads=cores)
+    fns["alone"] = run_alone
+    res = compare.paired(fns, M, N, K, quick=quick, pause=0.0,
+                         work={"probe": gop, "alone": gop_alone})
+    for r in rungs:
+        got = res[r["step"]]
+        rec.add("amx_rung", "Gop/s", got["value"], seconds=got["seconds"], rung=r["rung"],
+                step=r["step"], kc=r["kc"], nc=r["nc"], epilogue=r["epilogue"], M=M, N=N, K=K,
+                threads=cores)
+    rec.add("amx_probe", "Gop/s", res["probe"]["value"], seconds=res["probe"]["seconds"],
+            threads=cores)
+    rec.add("amx_alone", "Gop/s", res["alone"]["value"], seconds=res["alone"]["seconds"],
+            kp=kp, panels=panels, threads=cores)
+    rec.data["settings"]["amx_epilogue"] = amx_epilogue(M, N, feeds()["reach_bytes"])
+
+
 def run_bf16(quick: bool | None = None) -> records.Record:
     """Only the f32-against-bf16 products of :func:`run`, plus 2048³, and chapter 1's f32
     and bf16 probes on every core beside them: about a minute.
@@ -195,6 +246,7 @@ def _new_record(quick, cores, level, mr, nr, blocks, ladder, n_ladder, sweep) ->
         "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
         "blas": compare.blas_info(), "native_bf16": native_bf16(level), "amx_bf16": amx_bf16(level),
         "bf16_path": bf16_path(level), "order": default_order(level), "feeds": feeds(level),
+        "amx_blocks": amx_blocks(),
         "order_why": loop_order(mr, nr, feeds(level), threads=cores)[1],
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS",
@@ -359,7 +411,7 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
         shapes = [dict(s, M=s["M"] // 16, K=s["K"] // 16, N=s["N"] // 16) for s in shapes]
     rec = _new_record(quick, cores, level, mr, nr, blocks, ladder, n_ladder, sweep)
     rng = np.random.default_rng(0)
-    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 1 + 1 + 2 + 1
+    steps = 4 + len(LADDER) + len(sweep) + len(shapes) + 1 + 1 + 1 + 2 + 1 + 1
     bar = tqdm(total=steps, disable=not progress, desc="smallem gemm")
 
     def step(what):
@@ -387,6 +439,8 @@ def run(quick: bool | None = None, progress: bool = True) -> records.Record:
     first = shapes[0]
     _measure_dtypes(rec, [(n_ladder, n_ladder, n_ladder), (first["M"], first["K"], first["N"])],
                     cores, quick, rng, step)
+    _measure_amx_ladder(rec, cores, quick, rng, first)
+    step("AMX ladder")
     _measure_pool(rec, lib, cores, level, quick)
     step("thread pool")
     bar.close()

@@ -8,7 +8,7 @@ from smallem.product.gemm import (FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGIST
                                   THREAD_MIN_OPS, cache_geometry)
 from .. import ch1, compare, figures, records, reference
 from .measuring import RECORD, model_shapes
-from .bf16 import DTYPE_HEADER, amx_values, bf16_elsewhere, dtype_rows, native_values
+from .bf16 import DTYPE_HEADER, amx_ladder, amx_values, bf16_elsewhere, dtype_rows, native_values
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
 from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, sweep_values as _sweep_values
 from .order import order_values
@@ -769,6 +769,7 @@ def report(rec_dir) -> dict:
                         note=note + f" bf16 path: {values['ch2.bf16_chosen']}.")
     values.update(bf16_elsewhere(rec_dir))
     values.update(amx_values(rec, rec_dir))
+    values.update(amx_ladder(rec, rec_dir))
     values.update(native_values(rec, rec_dir))
     values.update(_sweep_tables(rec, rec_dir, note, cores))
     values.update(pool_values(rec, rec_dir))
