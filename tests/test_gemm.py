@@ -705,6 +705,35 @@ def test_matmul_bf16(ta, tb, level, rng):
                                     name=f"bf16 amx {epilogue} beta 0 {M}x{N}x{K}")
 
 
+def test_amx_entry_points_at_every_level(level):
+    """gemm_amx_alone computes what it counts where the build has AMX and Linux grants the
+    tiles (the emulator included), and both AMX entry points answer -1, leaving C as it
+    was, where not; the Python side then says so in one line."""
+    ffi, lib = gemm.kernels(level).ffi, gemm.kernels(level).lib
+    if gemm.amx_bf16(level):
+        run, gop, d = gemm.amx_alone(96, 3, reps=2, threads=2, level=level)
+        d["c"][...] = 0
+        assert run() == 0
+        a = gemm.bf16_to_f32(d["a"]).astype(np.float64)  # (threads, 32, kp)
+        b = gemm.bf16_to_f32(d["b"]).astype(np.float64)  # (panels, kp / 2, 32, 2): k in pairs
+        b = b.transpose(0, 1, 3, 2).reshape(3, 96, 32)
+        want = np.einsum("tik,pkj->tpij", a, b)
+        checks.assert_close(d["c"], want.astype(np.float32), k=96, name="amx_alone")
+        assert gop == pytest.approx(2 * 32 * 32 * 96 * 3 * 2 * 2 / 1e9)
+        with pytest.raises(ValueError, match="multiple of 32"):
+            gemm.amx_alone(100, 1, level=level)
+        return
+    with pytest.raises(RuntimeError, match="no AMX tiles"):
+        gemm.amx_alone(64, 1, level=level)
+    a, c = np.zeros((32, 32), np.uint16), np.full((32, 32), 7.0, np.float32)
+    work = np.zeros(int(lib.gemm_work_floats(32, 32, 32, 32, 32, 1)), np.float32)
+    p = (ffi.from_buffer("uint16_t[]", a),)
+    got = lib.gemm_bf16_amx(0, 0, 32, 32, 32, 1.0, p[0], 32, p[0], 32, 0.0,
+                            ffi.from_buffer("float[]", c), 32, 1, 32, 32, 0,
+                            ffi.from_buffer("float[]", work))
+    assert got == -1 and (c == 7.0).all()
+
+
 def test_bf16_path_choice(level, monkeypatch):
     monkeypatch.delenv(gemm.BF16_ENV, raising=False)
     if gemm.amx_bf16(level):  # where the tiles are, no probe is needed
