@@ -266,7 +266,8 @@ static long long carve(const sm_model *m, work_t *w)
     TAKE(xs, float, (long long)R * (PAD(kmax, QBLOCK) / QBLOCK)); /* int8 rows' block scales */
     /* the rounded inputs: up to three at once (q, k, v), at most 8 bytes a weight (the
      * paired Q8_0 takes 6), or int8 tiles' byte a weight */
-    TAKE(act, uint8_t, ((long long)R * 24 * PAD(kmax, 256) + 768) / 4);
+    TAKE(act, uint8_t, (gemm && qg_act_bytes(R, kmax) > (long long)R * 24 * PAD(kmax, 256) + 768
+                        ? qg_act_bytes(R, kmax) : (long long)R * 24 * PAD(kmax, 256) + 768) / 4);
     TAKE(xb, uint16_t, gemm ? ((long long)R * kmax + 1) / 2 : 0);
     TAKE(panel, float, (long long)panel_rows * kmax);
     TAKE(scratch, float, gemm ? (long long)nt * kmax : 0);
@@ -299,7 +300,7 @@ static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int 
     const int K = W->K, N = W->N;
     const float beta = acc ? 1.0f : 0.0f;
     if (m->gemm_int8 && W->w && qg_supported(W->type) && K % qg_k_multiple(W->type) == 0) { /* the integer GEMM */
-        qg_product(W, x, rows, y, acc, w->act, w->qpanel, nthreads);
+        qg_product(W, x, rows, y, acc, w->act, w->qpanel, nthreads, m->gemm_int8 == 2);
         if (W->bias)
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < N; j++) y[(size_t)r * N + j] += W->bias[j];

@@ -504,6 +504,34 @@ def test_the_int8_decoders_prompt_through_the_integer_gemm(block):
         ref.forward([1, 2], path="int8")
 
 
+def test_the_integer_gemm_path_follows_the_timed_rates(monkeypatch):
+    """forward.int8_path takes the tiles only where prompt_rates timed them faster than the
+    vector kernel, and a decoder made then runs its prompt there (gemm_int8 = 2): the same
+    logits as the vector kernel's to float32's summing order."""
+    from smallem.generating import forward
+
+    rates = {"int8": 2.0, "float": 1.0}
+    monkeypatch.setattr(forward, "prompt_rates", lambda level=None: dict(rates))
+    assert forward.int8_path() == "vector" and forward.default_prompt_dtype() == "int8"
+    rates["amx"] = 1.5
+    assert forward.int8_path() == "vector"
+    rates["amx"], rates["float"] = 3.0, 2.5
+    assert forward.int8_path() == "amx" and forward.default_prompt_dtype() == "int8"
+    rates["float"] = 4.0
+    assert forward.default_prompt_dtype() != "int8"
+    if not forward._q_amx(None):
+        return
+    m = _model("modern", context=4 * 4 * 32)
+    toks = np.random.default_rng(4).integers(0, m.config.vocab, 100)
+    got = {}
+    for amx in (False, True):
+        rates.update({"amx": 3.0 if amx else 1.0, "int8": 2.0, "float": 1.0})
+        q = decode.Decoder(m, "int8", 2, prefill="int8")
+        assert q._int8_code == (2 if amx else 1)  # what its integer prompt sets gemm_int8 to
+        got[amx] = q.prefill(toks).copy()
+    assert_close(got[True], got[False], rtol=1e-4, atol=1e-4, name="tiles against the vector kernel")
+
+
 # ---------------------------------------------------------------- the recurrent block
 
 @pytest.mark.parametrize("prefill", ["c", "gemm"])

@@ -400,18 +400,28 @@ def test_int8_gemm_against_float64(level, qtype, rng):
     rounds them, then every block's integer sum exact and scaled, on awkward shapes: one row,
     rows past and short of the micro-tile, columns short of a 32-column group and one past it,
     K of one block (one super-block for Q4_K and Q6_K) and of more than one pass over the panel
-    (16 blocks), on 1 and 2 threads."""
-    shapes = [(1, 1, 32, 1), (5, 33, 64, 2), (7, 31, 544, 1), (13, 70, 96, 2), (64, 96, 1056, 2)]
+    (16 blocks), on 1 and 2 threads. Where the level has AMX tiles (the emulator's too), the
+    tiles' path as well, with rows past and short of its 32-row step."""
+    shapes = [(1, 1, 32, 1), (5, 33, 64, 2), (7, 31, 544, 1), (13, 70, 96, 2), (64, 96, 1056, 2),
+              (45, 40, 96, 2)]
     if qtype.endswith("_K"):  # whole super-blocks of 256
         shapes = [(1, 1, 256, 1), (5, 33, 512, 2), (7, 31, 768, 1), (13, 70, 256, 2),
-                  (64, 96, 1280, 2)]
+                  (64, 96, 1280, 2), (45, 40, 256, 2)]
+    paths = [False, True] if gguf_products.int8_amx(level) else [False]
+    if level == "avx512" and "amx_int8" in isa.extensions(level):
+        assert paths == [False, True], "this CPU has AMX_INT8 but the integer GEMM has no tiles"
     for rows, N, K, threads in shapes:
         t = random_tensor(qtype, N, K, rng)
         x = rng.normal(0, 1, (rows, K)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros: its scale 0
         a = np.stack([gguf_products.quantize("Q8_0", r)[1] for r in x])
-        y = gguf_products.int8_matmul(t, x, threads=threads)
-        assert_product(y, a, t.dequantize().astype(np.float64), f"{qtype} {level} {rows}x{N}x{K}")
+        for amx in paths:
+            y = gguf_products.int8_matmul(t, x, threads=threads, level=level, amx=amx)
+            assert_product(y, a, t.dequantize().astype(np.float64),
+                           f"{qtype} {level} {rows}x{N}x{K} amx={amx}")
+    if not paths[-1]:
+        with pytest.raises(RuntimeError, match="no tiles"):
+            gguf_products.int8_matmul(t, x, level=level, amx=True)
 
 
 def test_int8_gemm_instruction_and_refusals(level, rng):

@@ -148,9 +148,10 @@ static void qg_super_ints(int type, const uint8_t *row, int i, int8_t out[256], 
 
 /* one column's block into the panel: its 32 integers as 8 words (flipped to w + 128 where the
  * kernel wants it), its scales and bias */
-static void qg_put(uint8_t *pb, int c, const int8_t *src, float lo, float hi, float bias)
+static void qg_put(uint8_t *pb, int c, const int8_t *src, float lo, float hi, float bias,
+                   int unsigned_w)
 {
-    const uint32_t flip = QG_UNSIGNED ? 0x80808080u : 0u;
+    const uint32_t flip = unsigned_w ? 0x80808080u : 0u;
     for (int s = 0; s < 8; s++) {
         uint32_t word;
         memcpy(&word, src + 4 * s, 4);
@@ -163,8 +164,9 @@ static void qg_put(uint8_t *pb, int c, const int8_t *src, float lo, float hi, fl
     f[2 * QG_NR + c] = bias;
 }
 
-/* columns n0 .. n0 + 31 of W (rows past N as zeros) into the panel layout above */
-static void qg_pack(const sm_mat *W, int n0, uint8_t *panel)
+/* columns n0 .. n0 + 31 of W (rows past N as zeros) into the panel layout above, w + 128
+ * where unsigned_w (vpdpbusd's operand), else w */
+static void qg_pack(const sm_mat *W, int n0, uint8_t *panel, int unsigned_w)
 {
     const int nb = W->K / 32;
     const int8_t zeros[32] = {0};
@@ -174,12 +176,13 @@ static void qg_pack(const sm_mat *W, int n0, uint8_t *panel)
         const int n = n0 + c;
         const uint8_t *row = n < W->N ? W->w + (size_t)n * (size_t)W->row_bytes : NULL;
         if (!row) {
-            for (int i = 0; i < nb; i++) qg_put(panel + (size_t)i * QG_BLK, c, zeros, 0, 0, 0);
+            for (int i = 0; i < nb; i++) qg_put(panel + (size_t)i * QG_BLK, c, zeros, 0, 0, 0, unsigned_w);
         } else if (W->type == T_Q4_K || W->type == T_Q6_K) {
             for (int i = 0; i < nb / 8; i++) {
                 qg_super_ints(W->type, row, i, v, lo, hi, bias);
                 for (int j = 0; j < 8; j++)
-                    qg_put(panel + (size_t)(8 * i + j) * QG_BLK, c, v + 32 * j, lo[j], hi[j], bias[j]);
+                    qg_put(panel + (size_t)(8 * i + j) * QG_BLK, c, v + 32 * j, lo[j], hi[j], bias[j],
+                           unsigned_w);
             }
         } else {
             for (int i = 0; i < nb; i++) {
@@ -191,7 +194,7 @@ static void qg_pack(const sm_mat *W, int n0, uint8_t *panel)
                 } else {
                     qg_block_ints(W->type, row, i, v, &d);
                 }
-                qg_put(panel + (size_t)i * QG_BLK, c, src, d, d, 0.0f);
+                qg_put(panel + (size_t)i * QG_BLK, c, src, d, d, 0.0f, unsigned_w);
             }
         }
     }
@@ -442,12 +445,154 @@ static void qg_tiles(int form, const qg_act *a, int rows, const uint8_t *panel, 
     }
 }
 
-/* y (rows x N) = x W^T (+ y where acc), with act rows * K / 32 Q8_0 blocks plus rows * K / 32
- * floats and int32s of scratch, and panels nthreads * qg_panel_bytes(K) bytes: each thread
- * takes a share of the 32-column groups, packs each once, and runs every row through it in
- * passes of QG_KC blocks (the panel's slice stays in L1 while the rows stream past). */
+#if defined(SM_AVX512) && defined(SM_AMX_INT8)
+#include "../amx.h"
+#define QG_AMX 1
+/* --8<-- [start:qgemm_amx] */
+/* The same product on AMX tiles: tdpbssd adds to a 16 x 16 tile of int32 the dot products of
+ * 16 rows of A's signed bytes with 16 columns of B's, 4 bytes at a time. The panel holds w
+ * signed, in the layout above, which is B's: a block's 8 steps of 4 k are 8 tile rows 128
+ * bytes apart, columns 0-15 in their first 64 bytes and 16-31 in the next. The activations
+ * are laid out for A's tiles once per product: for each 32 rows (zeros past the last) and
+ * each block, the 32 rows' 32 integers (1 KiB, read in whole lines), and beside them the
+ * rows' scales and sums. A block (a half block for QG_SPLIT, whose scale changes at 16) is
+ * four tile products, 32 rows by 32 columns; its int32 sums are stored and scaled in float
+ * as the vector kernel scales them: each block has its own scales, so no two blocks' sums
+ * can be added as integers. */
+typedef struct {
+    const int8_t *q; /* chunks x nb x 32 x 32 */
+    const float *d;  /* chunks x nb x 32: the rows' block scales */
+    const float *xs; /* chunks x nb x 32: the rows' block sums times their scales */
+} qg_tiles_act;
+
+static void qg_amx_configure(int kb)
+{
+    struct sm_amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = t == 4 || t == 5 ? kb : 64; /* A: 16 rows of kb bytes */
+        c.rows[t] = t == 6 || t == 7 ? kb / 4 : 16; /* B: kb / 4 rows of 16 columns x 4 */
+    }
+    SM_TILE_LOADCONFIG(&c);
+}
+
+/* the activations in qg_tiles_act's layout, from qg_quantize's */
+static void qg_amx_layout(const qg_act *a, int rows, int8_t *q, float *d, float *xs)
+{
+    const int nb = a->nb, chunks = (rows + 31) / 32;
+    for (int c = 0; c < chunks; c++)
+        for (int b = 0; b < nb; b++) {
+            const size_t at = ((size_t)c * nb + b) * 32;
+            for (int i = 0; i < 32; i++) {
+                const int r = 32 * c + i;
+                if (r < rows) {
+                    memcpy(q + at * 32 + 32 * i, a->q[(size_t)r * nb + b].qs, 32);
+                    d[at + i] = a->d[(size_t)r * nb + b];
+                    xs[at + i] = a->xs[(size_t)r * nb + b];
+                } else {
+                    memset(q + at * 32 + 32 * i, 0, 32);
+                    d[at + i] = xs[at + i] = 0.0f;
+                }
+            }
+        }
+}
+
+/* rows 32 c .. 32 c + 31 (those below `rows` kept) by the panel's 32 columns, every block */
+static void qg_amx_rows(int form, const qg_tiles_act *a, int nb, int c, int rows,
+                        const uint8_t *panel, float *y, int ldy, int ncols, int add)
+{
+    const int kb = form == QG_SPLIT ? 16 : 32, valid = rows - 32 * c < 32 ? rows - 32 * c : 32;
+    float f[32 * QG_NR] __attribute__((aligned(64)));
+    int32_t s[32 * QG_NR] __attribute__((aligned(64)));
+    for (int b = 0; b < nb; b++) {
+        const size_t at = ((size_t)c * nb + b) * 32;
+        const int8_t *xq = a->q + at * 32;
+        const uint8_t *pb = panel + (size_t)b * QG_BLK;
+        const float *sc = (const float *)(pb + QG_INTS), *dx = a->d + at;
+        for (int h = 0; h < 32 / kb; h++) {
+            SM_TILE_ZERO(0);
+            SM_TILE_ZERO(1);
+            SM_TILE_ZERO(2);
+            SM_TILE_ZERO(3);
+            SM_TILE_LOADD(4, xq + kb * h, 32);                           /* rows 0-15 */
+            SM_TILE_LOADD(5, xq + 16 * 32 + kb * h, 32);                 /* rows 16-31 */
+            SM_TILE_LOADD(6, pb + (size_t)h * (kb / 4) * 128, 128);      /* columns 0-15 */
+            SM_TILE_LOADD(7, pb + (size_t)h * (kb / 4) * 128 + 64, 128); /* columns 16-31 */
+            SM_TILE_DPBSSD(0, 4, 6);
+            SM_TILE_DPBSSD(1, 4, 7);
+            SM_TILE_DPBSSD(2, 5, 6);
+            SM_TILE_DPBSSD(3, 5, 7);
+            SM_TILE_STORED(0, s, QG_NR * 4);
+            SM_TILE_STORED(1, s + 16, QG_NR * 4);
+            SM_TILE_STORED(2, s + 16 * QG_NR, QG_NR * 4);
+            SM_TILE_STORED(3, s + 16 * QG_NR + 16, QG_NR * 4);
+            const __m512 w0 = _mm512_loadu_ps(sc + h * QG_NR), w1 = _mm512_loadu_ps(sc + h * QG_NR + 16);
+            const int first = b == 0 && h == 0;
+            for (int i = 0; i < valid; i++) {
+                const __m512 d = _mm512_set1_ps(dx[i]);
+                float *fi = f + i * QG_NR;
+                const int32_t *si = s + i * QG_NR;
+                __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(si)), _mm512_mul_ps(w0, d));
+                __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(si + 16)), _mm512_mul_ps(w1, d));
+                if (!first) {
+                    f0 = _mm512_add_ps(f0, _mm512_load_ps(fi));
+                    f1 = _mm512_add_ps(f1, _mm512_load_ps(fi + 16));
+                }
+                if (form == QG_MIN) { /* the block's bias, once */
+                    const __m512 xs = _mm512_set1_ps(a->xs[at + i]);
+                    f0 = _mm512_fmadd_ps(_mm512_loadu_ps(sc + 2 * QG_NR), xs, f0);
+                    f1 = _mm512_fmadd_ps(_mm512_loadu_ps(sc + 2 * QG_NR + 16), xs, f1);
+                }
+                _mm512_store_ps(fi, f0);
+                _mm512_store_ps(fi + 16, f1);
+            }
+        }
+    }
+    const __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
+    const __mmask16 m1 = ncols >= 32 ? 0xffff : ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
+    for (int i = 0; i < valid; i++) {
+        float *yr = y + (size_t)(32 * c + i) * ldy;
+        __m512 f0 = _mm512_load_ps(f + i * QG_NR), f1 = _mm512_load_ps(f + i * QG_NR + 16);
+        if (add) {
+            f0 = _mm512_add_ps(f0, _mm512_maskz_loadu_ps(m0, yr));
+            f1 = _mm512_add_ps(f1, _mm512_maskz_loadu_ps(m1, yr + 16));
+        }
+        _mm512_mask_storeu_ps(yr, m0, f0);
+        _mm512_mask_storeu_ps(yr + 16, m1, f1);
+    }
+}
+/* --8<-- [end:qgemm_amx] */
+#endif
+
+/* the bytes of scratch qg_product wants for its activations: the Q8_0 blocks and their
+ * sums (qg_act), then, for the tiles, one int8 row per row, up to a multiple of 32 rows */
+static long long qg_act_bytes(int rows, int K)
+{
+    long long n = (long long)rows * (K / 32) * (34 + 4 * 4) + 128;
+#ifdef QG_AMX
+    n += (long long)(rows + 31) / 32 * 32 * (K + 2 * 4 * (K / 32)) + 192;
+#endif
+    return n;
+}
+
+/* Whether qg_product can take the tiles here: this build has AMX_INT8, Linux granted them. */
+static int qg_amx_ok(void)
+{
+#ifdef QG_AMX
+    return sm_amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+/* y (rows x N) = x W^T (+ y where acc), with act qg_act_bytes(rows, K) bytes of scratch
+ * and panels nthreads * qg_panel_bytes(K) bytes: each thread takes a share of the 32-column
+ * groups, packs each once, and runs every row through it: with the vector kernel in passes
+ * of QG_KC blocks (the panel's slice stays in L1 while the rows stream past), or on AMX
+ * tiles (amx, where qg_amx_ok) 32 rows at a time over every block. */
 static void qg_product(const sm_mat *W, const float *x, int rows, float *y, int acc, void *act,
-                       uint8_t *panels, int nthreads)
+                       uint8_t *panels, int nthreads, int amx)
 {
     const int K = W->K, N = W->N, nb = K / 32, form = qg_form(W->type);
     blk_q8_0 *q = act;
@@ -457,13 +602,36 @@ static void qg_product(const sm_mat *W, const float *x, int rows, float *y, int 
     qg_quantize(x, rows, K, q, d, neg, neglo, xs);
     const qg_act a = {q, d, neg, neglo, xs, nb};
     const int groups = (N + QG_NR - 1) / QG_NR, nt = nthreads < groups ? nthreads : groups;
+#ifdef QG_AMX
+    const int padded = (rows + 31) / 32 * 32;
+    int8_t *tq = (int8_t *)(((uintptr_t)(xs + (size_t)rows * nb) + 63) / 64 * 64);
+    float *td = (float *)(tq + (size_t)padded * K), *txs = td + (size_t)padded * nb;
+    const qg_tiles_act ta = {tq, td, txs};
+    amx = amx && qg_amx_ok();
+    if (amx) qg_amx_layout(&a, rows, tq, td, txs);
+#else
+    amx = 0;
+#endif
     #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         uint8_t *panel = panels + (size_t)t * (size_t)qg_panel_bytes(K);
         const int g0 = (int)((long long)groups * t / nt), g1 = (int)((long long)groups * (t + 1) / nt);
+#ifdef QG_AMX
+        if (amx) {
+            qg_amx_configure(form == QG_SPLIT ? 16 : 32);
+            for (int g = g0; g < g1; g++) {
+                const int n0 = g * QG_NR, ncols = N - n0 < QG_NR ? N - n0 : QG_NR;
+                qg_pack(W, n0, panel, 0);
+                for (int c = 0; c < padded / 32; c++)
+                    qg_amx_rows(form, &ta, nb, c, rows, panel, y + n0, N, ncols, acc);
+            }
+            SM_TILE_RELEASE();
+            continue;
+        }
+#endif
         for (int g = g0; g < g1; g++) {
             const int n0 = g * QG_NR, ncols = N - n0 < QG_NR ? N - n0 : QG_NR;
-            qg_pack(W, n0, panel);
+            qg_pack(W, n0, panel, QG_UNSIGNED);
             for (int b0 = 0; b0 < nb; b0 += QG_KC) {
                 const int b1 = nb - b0 < QG_KC ? nb : b0 + QG_KC;
                 qg_tiles(form, &a, rows, panel, b0, b1, y + n0, N, ncols, acc || b0 > 0);
@@ -472,18 +640,21 @@ static void qg_product(const sm_mat *W, const float *x, int rows, float *y, int 
     }
 }
 
-/* the bytes of scratch qg_product wants for its activations */
-static long long qg_act_bytes(int rows, int K)
+/* Whether the integer GEMM can run on AMX tiles here, for Python. */
+int sm_q_amx(void)
 {
-    return (long long)rows * (K / 32) * (34 + 4 * 4) + 128;
+    return qg_amx_ok();
 }
 
-/* One product through the int8 GEMM, for tests and timing: 0, or -1 for a type it does not
- * take or a K that is not whole blocks, -2 where memory ran out. */
-int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads)
+/* One product through the int8 GEMM, for tests and timing: on AMX tiles where amx (-3 where
+ * qg_amx_ok says no), else the build's vector kernel. 0, or -1 for a type it does not take
+ * or a K that is not whole blocks, -2 where memory ran out. */
+int sm_q_matmul_path(const sm_mat *w, const float *x, int rows, float *y, int nthreads, int amx)
 {
     if (w->kind != KIND_BLOCKS || !qg_supported(w->type) || w->K % qg_k_multiple(w->type) || rows < 1)
         return -1;
+    if (amx && !qg_amx_ok())
+        return -3;
     const int nt = nthreads < 1 ? 1 : nthreads;
     void *act = malloc((size_t)qg_act_bytes(rows, w->K));
     uint8_t *panels = malloc((size_t)nt * (size_t)qg_panel_bytes(w->K));
@@ -492,9 +663,15 @@ int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthread
         free(panels);
         return -2;
     }
-    qg_product(w, x, rows, y, 0, act, panels, nt);
+    qg_product(w, x, rows, y, 0, act, panels, nt, amx);
     free(act);
     free(panels);
     return 0;
+}
+
+/* sm_q_matmul_path on the vector kernel */
+int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads)
+{
+    return sm_q_matmul_path(w, x, rows, y, nthreads, 0);
 }
 #endif /* SM_FORWARD_QGEMM_C */

@@ -287,7 +287,8 @@ class Forward:
                       else self.prompt_dtype)
             m.gemm_bf16 = (gemm.BF16_PATHS.index(gemm.bf16_path(level))
                            if floats == "bf16" else -1)
-            m.gemm_int8 = int(self.prompt_dtype == "int8")
+            m.gemm_int8 = INT8_PATHS.index(int8_path(level)) if self.prompt_dtype == "int8" else 0
+            self._int8_code = INT8_PATHS.index(int8_path(level))
         m.gemm_rows = INT_MAX
         # a matrix with an integer form: a GGUF type the integer GEMM takes, or chapter 4's
         # int8 weights with their Q8_0 copy
@@ -396,7 +397,7 @@ class Forward:
         out = np.empty((n if all_logits else 1, self.spec.vocab), np.float32)
         keep = self._m.gemm_int8
         self._m.gemm_rows = 1 if path != "c" else INT_MAX
-        self._m.gemm_int8 = 1 if path == "int8" else keep
+        self._m.gemm_int8 = self._int8_code if path == "int8" else keep
         try:
             self._run(t, out, all_logits,
                       self.prompt_threads if path != "c" else self.threads)
@@ -449,10 +450,11 @@ PROBE_SHAPE = (128, 512, 1024)  # rows, N, K of the product that picks the promp
 
 
 def prompt_rates(level=None) -> dict:
-    """Gop/s on one core of the prompt's two products at :data:`PROBE_SHAPE` (the best of 5
-    calls each): "int8", the integer GEMM on a Q8_0 matrix (``kernels_c/forward/qgemm.c``),
-    and the float GEMM with :func:`float_prompt_dtype`'s inputs (its panels' dequantisation
-    left out, which favours it). Timed once on this machine for the level and kept
+    """Gop/s on one core of the prompt's products at :data:`PROBE_SHAPE` (the best of 5
+    calls each): "int8", the integer GEMM on a Q8_0 matrix (``kernels_c/forward/qgemm.c``)
+    on the level's vector kernel, "amx" the same on AMX tiles where the build and the OS
+    have them, and "float" the float GEMM with :func:`float_prompt_dtype`'s inputs (its
+    panels' dequantisation left out, which favours it). Timed once on this machine for the level and kept
     (:func:`machine.kept`), so that every process, and every call whatever level it names,
     makes the same choice from the same two rates."""
     level = level or isa.selected()
@@ -461,7 +463,8 @@ def prompt_rates(level=None) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _prompt_rates(level: str) -> dict:
-    key = [level, sorted(isa.extensions(level)), float_prompt_dtype(level), list(PROBE_SHAPE)]
+    key = [level, sorted(isa.extensions(level)), float_prompt_dtype(level), list(PROBE_SHAPE),
+           "amx" if _q_amx(level) else "no amx"]
     return machine.kept("prompt_rates", key, lambda: _time_prompt_rates(level))
 
 
@@ -480,8 +483,11 @@ def _time_prompt_rates(level: str) -> dict:
     m.kind, m.type, m.K, m.N, m.row_bytes = KIND_BLOCKS, Q8_0_ID, K, N, 34 * K // 32
     m.w = ffi.cast("const uint8_t *", blocks.ctypes.data)
     y = np.zeros((M, N), np.float32)
-    calls = {"int8": lambda: lib.sm_q_matmul(m, ffi.cast("float *", x.ctypes.data), M,
-                                             ffi.cast("float *", y.ctypes.data), 1)}
+    calls = {"int8": lambda: lib.sm_q_matmul_path(m, ffi.cast("float *", x.ctypes.data), M,
+                                                  ffi.cast("float *", y.ctypes.data), 1, 0)}
+    if lib.sm_q_amx():
+        calls["amx"] = lambda: lib.sm_q_matmul_path(m, ffi.cast("float *", x.ctypes.data), M,
+                                                    ffi.cast("float *", y.ctypes.data), 1, 1)
     if float_prompt_dtype(level) == "bf16":
         xb, bb = gemm.f32_to_bf16(x), gemm.f32_to_bf16(b)
         calls["float"] = lambda: gemm.matmul_bf16(xb, bb, trans_b=True, threads=1, level=level)
@@ -499,12 +505,27 @@ def _time_prompt_rates(level: str) -> dict:
     return rates
 
 
+INT8_PATHS = ("none", "vector", "amx")  # the C side's gemm_int8: 0, 1, 2
+
+
+def _q_amx(level) -> bool:
+    return bool(build.load("forward", level)[1].sm_q_amx())
+
+
+def int8_path(level=None) -> str:
+    """Where the prompt's integer GEMM runs: "amx" (tiles) where :func:`prompt_rates` timed
+    them faster than the level's vector kernel, else "vector"."""
+    r = prompt_rates(level)
+    return "amx" if r.get("amx", 0.0) > r["int8"] else "vector"
+
+
 def default_prompt_dtype(level=None) -> str:
     """The GEMM branch's inputs for GGUF blocks: "int8" (the integer GEMM for the types it
-    takes, the float inputs for the rest) where :func:`prompt_rates` timed it faster than the
-    float GEMM here, else :func:`float_prompt_dtype`'s."""
+    takes, on :func:`int8_path`'s path, the float inputs for the rest) where :func:`prompt_rates`
+    timed it faster than the float GEMM here, else :func:`float_prompt_dtype`'s."""
     r = prompt_rates(level)
-    return "int8" if r["int8"] > r["float"] else float_prompt_dtype(level)
+    return ("int8" if max(r["int8"], r.get("amx", 0.0)) > r["float"]
+            else float_prompt_dtype(level))
 
 
 def prefetch_ahead() -> int:

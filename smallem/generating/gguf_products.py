@@ -101,15 +101,30 @@ def product_seconds(t: Tensor, reps: int = 20, level=None, tiles: bool = False) 
 
 
 
-def int8_instruction(level=None) -> str:
-    """The instruction of the prompt's integer GEMM (``kernels_c/forward/qgemm.c``) here."""
+AMX_INT8_INSTRUCTION = "tdpbssd (AMX tiles)"
+
+
+def int8_instruction(level=None, amx: bool = False) -> str:
+    """The instruction of the prompt's integer GEMM (``kernels_c/forward/qgemm.c``) here: the
+    level's vector kernel's, or the tiles' where ``amx``."""
+    if amx:
+        return AMX_INT8_INSTRUCTION
     ffi, lib = build.load("forward", level)
     return ffi.string(lib.sm_q_instruction()).decode()
 
 
-def int8_matmul(t: Tensor, x, threads=1, level=None) -> np.ndarray:
+def int8_amx(level=None) -> bool:
+    """Whether the prompt's integer GEMM can run on AMX tiles here (the build has AMX_INT8
+    and Linux granted the tiles)."""
+    ffi, lib = build.load("forward", level)
+    return bool(lib.sm_q_amx())
+
+
+def int8_matmul(t: Tensor, x, threads=1, level=None, amx=False) -> np.ndarray:
     """x (rows, K) by the file's matrix ``t`` through the prompt's integer GEMM: x rounded
-    to Q8_0 blocks, each block's product an exact integer sum scaled by both scales."""
+    to Q8_0 blocks, each block's product an exact integer sum scaled by both scales; on AMX
+    tiles where ``amx`` (RuntimeError where :func:`int8_amx` says no), else on the level's
+    vector kernel."""
     if t.type not in INT8_TYPES:
         raise ValueError(f"the integer GEMM takes {', '.join(INT8_TYPES)}, not {t.type}")
     team = _pool.team(threads)
@@ -120,8 +135,10 @@ def int8_matmul(t: Tensor, x, threads=1, level=None) -> np.ndarray:
     m = ffi.new("sm_mat *")
     _fill(ffi, m, t)
     y = np.zeros((x.shape[0], m.N), np.float32)
-    rc = lib.sm_q_matmul(m, ffi.cast("float *", x.ctypes.data), x.shape[0],
-                         ffi.cast("float *", y.ctypes.data), team.n)
+    rc = lib.sm_q_matmul_path(m, ffi.cast("float *", x.ctypes.data), x.shape[0],
+                              ffi.cast("float *", y.ctypes.data), team.n, int(bool(amx)))
+    if rc == -3:
+        raise RuntimeError("the integer GEMM on AMX tiles: this build or the OS gives no tiles")
     if rc:
         raise MemoryError("the integer GEMM's scratch") if rc == -2 else ValueError(
             f"the integer GEMM refused a {t.type} matrix of K = {t.ne[0]}")

@@ -198,6 +198,15 @@ def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
     return t.rate(2.0 * rows * h.hidden * h.d / 1e9)
 
 
+def _int8_path() -> str | None:
+    from smallem.generating.forward import int8_path
+
+    try:
+        return int8_path()
+    except Exception:  # noqa: BLE001 (as _prompt_rates: the record says why there)
+        return None
+
+
 def _prompt_rates() -> dict:
     from smallem.generating.forward import prompt_rates
 
@@ -221,7 +230,8 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
         "quick": quick, "threads": threads, "prompt": PROMPT, "feed": 8 if quick else FEED,
         "pp": 64 if quick else PP, "rounds": 2 if quick else ROUNDS, "llama_reps": LLAMA_REPS,
         "instruction": gguf_products.instruction(), "rows_per_call": gguf_products.ROWS,
-        "int8_instruction": gguf_products.int8_instruction(),
+        "int8_instruction": gguf_products.int8_instruction(amx=_int8_path() == "amx"),
+        "int8_path": _int8_path(),
         # the prompt's two GEMMs as the forward timed them to choose (Gop/s, one core)
         "prompt_rates": _prompt_rates(),
         "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},

@@ -17,7 +17,7 @@ SHOWN = {"qwen2.5-0.5b": "Qwen2.5-0.5B", "smollm2-135m": "SmolLM2-135M"}  # as t
 BOUND_SHARE = 0.85
 # the prompt against llama.cpp's: where the machine multiplies int8 with vpdpbusd (VNNI), and
 # where with vpmaddubsw (AVX2)
-PP_TARGETS = {"vnni": 2.0, "avx2": 1.3}
+PP_TARGETS = {"amx": 3.0, "vnni": 2.0, "avx2": 1.3}
 # the integer GEMM's prediction: per block of 32, 8 vpdpbusd and 3 float operations for the
 # scales (convert, the two scales' product, the FMA), all on the same vector pipes
 INT8_SHARE = 8 / 11
@@ -400,7 +400,8 @@ def report(rec_dir=None) -> dict:
     s = rec["settings"]
     facts = ch1.facts(rec_dir)
     int8_ins = s.get("int8_instruction", s["instruction"])
-    pp_target = PP_TARGETS["vnni" if "VNNI" in int8_ins else "avx2"]
+    pp_target = PP_TARGETS["amx" if "AMX" in int8_ins else "vnni" if "VNNI" in int8_ins
+                           else "avx2"]
     rows, values, rate_rows, signs, changes = [], {}, [], [], []
     below: dict = {"rest": [], "model": []}
     weights = None
