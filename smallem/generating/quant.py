@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from smallem.plumbing.memory import huge_copy
+
 QBLOCK = 32  # weights per scale, along K
 TILE = 16    # output columns per tile: one 64-byte line of f32, or of 16 x 4 int8
 GROUP = 8    # tiles whose lines are interleaved, so that a decode block reads one stream
@@ -117,13 +119,15 @@ class Packed:
         self.bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
         if self.bias is not None and self.bias.shape != (self.N,):
             raise ValueError(f"bias: expected shape ({self.N},), got {self.bias.shape}")
+        # in huge pages (smallem.plumbing.memory): a step's speed then no longer depends on
+        # which pages a process's allocator happened to hand the weights
         if kind == "f32":
-            self.f = pack_f32(np.asarray(w, np.float32))
+            self.f = huge_copy(pack_f32(np.asarray(w, np.float32)))
             self.q = self.s = None
         else:
             self.q8 = quantize_q8(w)
             self.f = None
-            self.q, self.s = pack_q8(*self.q8)
+            self.q, self.s = (huge_copy(x) for x in pack_q8(*self.q8))
 
     @property
     def nbytes(self) -> int:
