@@ -183,7 +183,8 @@ def prompt_gemm_rate(fw, rows: int, reps: int = 3) -> dict:
         blocks[:, :2] = np.full(len(q), 4 / 127, np.float16).view(np.uint8).reshape(-1, 2)
         blocks[:, 2:] = q.view(np.uint8)
         probe = Tensor("probe", "Q8_0", (h.d, h.hidden), blocks.reshape(h.hidden, -1))
-        call = lambda: gguf_products.int8_matmul(probe, a, threads=fw.team)  # noqa: E731
+        call = lambda: gguf_products.int8_matmul(probe, a, threads=fw.team,  # noqa: E731
+                                                 amx=fw._int8_code == 2)  # the forward's path
     elif fw.prompt_dtype == "bf16":
         a, b = gemm.f32_to_bf16(a), gemm.f32_to_bf16(b)
         call = lambda: gemm.matmul_bf16(a, b, trans_b=True, threads=fw.team)  # noqa: E731
@@ -231,7 +232,7 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
         "pp": 64 if quick else PP, "rounds": 2 if quick else ROUNDS, "llama_reps": LLAMA_REPS,
         "instruction": gguf_products.instruction(), "rows_per_call": gguf_products.ROWS,
         "int8_instruction": gguf_products.int8_instruction(amx=_int8_path() == "amx"),
-        "int8_path": _int8_path(),
+        "int8_path": _int8_path(), "int8_vector_instruction": gguf_products.int8_instruction(),
         # the prompt's two GEMMs as the forward timed them to choose (Gop/s, one core)
         "prompt_rates": _prompt_rates(),
         "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},

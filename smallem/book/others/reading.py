@@ -52,7 +52,8 @@ def keys() -> list[str]:
 
 SETTINGS_KEYS = ("others.instruction", "others.prompt_int8", "others.prompt_float_dtype",
                  "others.rate_int8", "others.rate_float", "others.int8_instruction",
-                 "others.pp_target", "others.rows", "others.bf16_path", "others.prefetch_measured")
+                 "others.pp_target", "others.rows", "others.bf16_path", "others.prefetch_measured",
+                 "others.int8_path", "others.rate_int8_vector", "others.int8_vector_instruction")
 
 
 def _missing(note: str) -> dict:
@@ -492,7 +493,13 @@ def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
         "others.prompt_float_dtype": next((r["params"]["prompt_dtype"] for r in
                                            records.results(rec, "prefill")
                                            if r["params"].get("prompt_dtype") != "int8"), None),
-        "others.rate_int8": rates.get("int8"), "others.rate_float": rates.get("float"),
+        # the rate of the integer GEMM's path the forward took, and, where that was the
+        # tiles, the vector kernel's beside it
+        "others.int8_path": s.get("int8_path") or "vector",
+        "others.rate_int8": rates.get("amx" if s.get("int8_path") == "amx" else "int8"),
+        "others.rate_int8_vector": rates.get("int8") if s.get("int8_path") == "amx" else None,
+        "others.int8_vector_instruction": s.get("int8_vector_instruction"),
+        "others.rate_float": rates.get("float"),
         "others.int8_instruction": int8_ins, "others.pp_target": pp_target,
         **_int8_predicted(facts, s["threads"], int8_ins),
         "others.rows": s["rows_per_call"], "others.rb": _rb(),
