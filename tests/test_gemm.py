@@ -1112,3 +1112,47 @@ def test_equal_slices_is_the_drivers_cut(level):
     for K, kc in itertools.product((1, 7, 128, 1000, 1024, 3072, 4096), (1, 64, 146, 320, 585, 804, 4096, 5000)):
         assert gemm.equal_slices(K, kc) == lib.gemm_equal_slices(K, kc), (K, kc)
     assert gemm.equal_slices(4096, 585) == 512
+
+
+def test_amx_ladder_reads_its_rounds(tmp_path, monkeypatch):
+    """Chapter 2's AMX ladder from a record: each rung's traffic by the stated model (K
+    slices, C's bytes, where B's block lives), its bound, its gain over the rung above by
+    the rounds' test, the last rung against half the probe timed in the same rounds, and a
+    rung above its bound named; a record without the ladder drops it with every key."""
+    from smallem.book.ch2 import bf16 as ch2_bf16
+
+    monkeypatch.setattr(figures, "tables_dir", lambda: tmp_path)
+    geometry = gemm.cache_geometry({"L1d_bytes": 48 << 10, "L2_bytes": 2 << 20,
+                                    "L3_bytes": 300 << 20})
+    rec = records.Record("t.gemm", settings={"threads": 2, "cache_geometry": geometry,
+                                             "amx_epilogue": "stream"},
+                         machine={"cpu": "test", "cores": 2, "isa": {"isa": "avx512", "extensions": []}})
+    v = ch2_bf16.amx_ladder(rec.data, tmp_path)
+    assert v["ch2.amx_ladder"] is False and set(ch2_bf16.AMX_KEYS) <= set(v)
+    M, N, K = 8192, 3072, 768
+    for rung, step, kc, nc, epi, rate in ((1, "tiles", 320, 221184, "vector", 1000.0),
+                                          (2, "AMX blocks", 768, 672, "vector", 1200.0),
+                                          (3, "streamed C", 768, 672, "stream", 1350.0)):
+        value, seconds = _rounds([rate] * 7)
+        rec.add("amx_rung", "Gop/s", value, seconds=seconds, rung=rung, step=step, kc=kc,
+                nc=nc, epilogue=epi, M=M, N=N, K=K, threads=2)
+    value, seconds = _rounds([2000.0] * 7)
+    rec.add("amx_probe", "Gop/s", value, seconds=seconds, threads=2)
+    value, seconds = _rounds([1250.0] * 7)
+    rec.add("amx_alone", "Gop/s", value, seconds=seconds, kp=768, panels=20, threads=2)
+    t1 = ch2_bf16.amx_traffic(rec.data["results"][0]["params"], geometry)
+    assert (t1["slices"], t1["kslice"], t1["nrun"]) == (3, 256, 3072)
+    assert t1["c_bytes"] == 3 * 8 * M * N and not t1["b_in_l2"]
+    assert t1["b_l3_bytes"] == 2 * K * N * (M // 32)
+    t3 = ch2_bf16.amx_traffic(rec.data["results"][2]["params"], geometry)
+    assert (t3["slices"], t3["nrun"], t3["c_bytes"], t3["b_in_l2"]) == (1, 640, 4 * M * N, True)
+    v = ch2_bf16.amx_ladder(rec.data, tmp_path)
+    assert v["ch2.amx_ladder"] and v["ch2.amx_last_of_probe"] == pytest.approx(0.675)
+    assert v["ch2.amx_target"].startswith("reached (68 % of the probe, target 50 %)")
+    assert v["ch2.amx_blocks_gain"] == pytest.approx(0.2) and v["ch2.amx_blocks_gain_sign"] == 1
+    assert v["ch2.amx_beats"] == ["streamed C"]  # 1350: above the tiles alone's 1250 by 8 %
+    assert v["ch2.amx_first_bound"] == "the tile probe"  # no chapter 1 record: no bandwidths
+    table = (tmp_path / "ch2_amx_ladder.md").read_text()
+    assert "256 × 3072 (3 slices)" in table and "768 × 640 (1 slice)" in table
+    from smallem.book.ch2.targets import amx_target
+    assert amx_target(rec.data).startswith("AMX bf16 GEMM >= 50 % of the AMX bf16 probe: reached")
