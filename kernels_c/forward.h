@@ -66,7 +66,6 @@ void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthrea
 double sm_time_product(const sm_mat *w, int reps);
 const char *sm_q_instruction(void);
 int sm_q_supported(int type);
-int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads);
 int sm_q_matmul_path(const sm_mat *w, const float *x, int rows, float *y, int nthreads, int amx);
 int sm_q_amx(void);
 long long sm_work_floats(const sm_model *m);

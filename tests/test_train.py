@@ -395,7 +395,8 @@ def test_bench_train_quick_and_figures(records_tmp):
     values = make_figures(records_tmp)
     assert "ch3.kernels_toks" in values and "ch3.s_final_bpb" in values
     assert "ch3.bf16_final_bpb" in values and "ch3.long_extra_ratio" in values
-    assert "rounds" in values["ch3.tiles_vs_matrices"]
+    v = values["ch3.tiles_vs_matrices"]
+    assert "rounds" in v or v == "as fast", v  # two medians within 0.05 %: no test to quote
     tables = Path(os.environ["SMALLEM_FIGURES"]) / "tables"
     assert "smallem kernels" in (tables / "ch3_step.md").read_text()
     assert "ch3.target_modern" in values and "ch3.muon_share" in values

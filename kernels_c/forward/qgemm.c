@@ -669,9 +669,4 @@ int sm_q_matmul_path(const sm_mat *w, const float *x, int rows, float *y, int nt
     return 0;
 }
 
-/* sm_q_matmul_path on the vector kernel */
-int sm_q_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads)
-{
-    return sm_q_matmul_path(w, x, rows, y, nthreads, 0);
-}
 #endif /* SM_FORWARD_QGEMM_C */

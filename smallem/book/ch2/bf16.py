@@ -161,30 +161,13 @@ def amx_traffic(p: dict, geometry: dict) -> dict:
             "b_block": b_block, "b_in_l2": b_in_l2, "b_l3_bytes": b_l3}
 
 
-def amx_ladder(rec: dict, rec_dir) -> dict:
-    """Table ch2_amx_ladder and its values: each rung of the AMX ladder, what it moves, the
-    bound chapter 1's bandwidths put on it, its rate and its gain, beside the tiles alone
-    and the tile probe timed in the same rounds (typed; ch2.amx_ladder False where the
-    record has none)."""
+def _amx_rows(rungs, probe, alone, geometry, dram, l3) -> tuple[list, dict]:
+    """The ladder's table rows, and what the page says of them: each rung's model and
+    bound, its gain over the one above, which rungs beat their bound."""
     from .. import compare
-    rungs = sorted(records.results(rec, "amx_rung"), key=lambda r: r["params"]["rung"])
-    probe, alone = records.results(rec, "amx_probe"), records.results(rec, "amx_alone")
-    if not rungs or not probe or not alone:
-        figures.write_table("ch2_amx_ladder", [["not measured"] + [""] * (len(AMX_HEADER) - 1)],
-                            AMX_HEADER)
-        return dict.fromkeys(AMX_KEYS) | {"ch2.amx_ladder": False, "ch2.amx_beats": [],
-                                          "ch2.amx_blocks_gain_sign": 0,
-                                          "ch2.amx_stream_gain_sign": 0}
-    probe, alone = probe[0], alone[0]
-    facts = ch1.facts(rec_dir) or {}
-    cores = rec["settings"]["threads"]
-    plateaus = (facts.get("triad_plateaus") or {}).get(cores) or {}
-    dram, l3 = plateaus.get("DRAM"), plateaus.get("L3")
-    geometry = rec["settings"]["cache_geometry"]
     f = figures.fmt
     p_rate, a_rate = records.median(probe), records.median(alone)
-    rows, beats, gains = [], [], {}
-    prev, first_bound, first_of_bound = None, None, None
+    rows, out, prev = [], {"beats": [], "gains": {}, "first": None}, None
     for r in rungs:
         p = r["params"]
         t = amx_traffic(p, geometry)
@@ -199,50 +182,69 @@ def amx_ladder(rec: dict, rec_dir) -> dict:
             bounds["the tiles alone"] = a_rate  # measured with this rung's blocks
         what, bound = min(bounds.items(), key=lambda kv: kv[1])
         got = records.median(r)
-        if prev is None:
-            first_bound, first_of_bound = what, got / bound
+        out["first"] = out["first"] or (what, got / bound)
         if got > bound * (1 + compare.SWEEP_NOISE):
-            beats.append(p["step"])
+            out["beats"].append(p["step"])
         gain = compare.difference(r, prev) if prev is not None else None
         if gain is not None:
-            gains[p["rung"]] = gain
+            out["gains"][p["rung"]] = gain
+        slices = f"{t['slices']} slice{'s' if t['slices'] > 1 else ''}"
         rows.append([f"{p['rung']}. {p['step']}", AMX_WHAT.get(p["rung"], ""),
-                     f"{t['kslice']} × {t['nrun']} ({t['slices']} slice{'s' if t['slices'] > 1 else ''})",
-                     f(t["c_bytes"] / 1e6, "MB"),
+                     f"{t['kslice']} × {t['nrun']} ({slices})", f(t["c_bytes"] / 1e6, "MB"),
                      "L2" if t["b_in_l2"] else f"L3, {f(t['b_l3_bytes'] / 1e9, 'GB')}",
                      f"{f(bound, 'Gop/s')} ({what})", f(got, "Gop/s"),
                      f"{100 * got / p_rate:.0f} %",
-                     "" if gain is None else f"{gain.pct:+.0f} %" + (" (not told apart)" if not gain.sign else "")])
+                     "" if gain is None else f"{gain.pct:+.0f} %"
+                     + ("" if gain.sign else " (not told apart)")])
         prev = r
-    rows.append(["the tiles alone", f"rung {rungs[-1]['params']['rung']}'s blocks, no packing, no C",
-                 f"{alone['params']['kp']} × {32 * alone['params']['panels']}", "0", "L2", "",
-                 f(a_rate, "Gop/s"), f"{100 * a_rate / p_rate:.0f} %", ""])
+    rows.append(["the tiles alone", f"rung {rungs[-1]['params']['rung']}'s blocks, no packing, "
+                 "no C", f"{alone['params']['kp']} × {32 * alone['params']['panels']}", "0",
+                 "L2", "", f(a_rate, "Gop/s"), f"{100 * a_rate / p_rate:.0f} %", ""])
     rows.append(["chapter 1's tile probe", "tiles in registers, no loads", "", "0", "", "",
                  f(p_rate, "Gop/s"), "100 %", ""])
-    note = (f"Machine: {figures.machine_line(rec)}; {cores} threads; "
-            f"{rungs[0]['params']['M']}×{rungs[0]['params']['K']}×{rungs[0]['params']['N']}, "
-            "bf16 in, f32 out. Every row timed in the same alternated rounds, medians. "
-            "C's bytes: 8 an element for each slice of K (read, written back), 4 for a "
-            "streamed last slice. Bounds: chapter 1's triad plateaus on as many cores "
-            + (f"(memory {f(dram, 'GB/s')}, L3 {f(l3, 'GB/s')})" if dram and l3 else
-               "(not in chapter 1's record)")
-            + ", the probe and the tiles alone as timed here. Gain: over the rung above, "
-            "two-sided signed-rank test on the rounds.")
-    figures.write_table("ch2_amx_ladder", rows, AMX_HEADER, note=note)
-    last = rungs[-1]
+    return rows, out
+
+
+def amx_ladder(rec: dict, rec_dir) -> dict:
+    """Table ch2_amx_ladder and its values: each rung of the AMX ladder, what it moves, the
+    bound chapter 1's bandwidths put on it, its rate and its gain, beside the tiles alone
+    and the tile probe timed in the same rounds (typed; ch2.amx_ladder False where the
+    record has none)."""
+    from .. import compare
+    rungs = sorted(records.results(rec, "amx_rung"), key=lambda r: r["params"]["rung"])
+    probe, alone = records.results(rec, "amx_probe"), records.results(rec, "amx_alone")
+    if not rungs or not probe or not alone:
+        figures.write_table("ch2_amx_ladder", [["not measured"] + [""] * (len(AMX_HEADER) - 1)],
+                            AMX_HEADER)
+        return dict.fromkeys(AMX_KEYS) | {"ch2.amx_ladder": False, "ch2.amx_beats": [],
+                                          "ch2.amx_blocks_gain_sign": 0,
+                                          "ch2.amx_stream_gain_sign": 0}
+    probe, alone, last = probe[0], alone[0], rungs[-1]
+    cores = rec["settings"]["threads"]
+    plateaus = ((ch1.facts(rec_dir) or {}).get("triad_plateaus") or {}).get(cores) or {}
+    dram, l3 = plateaus.get("DRAM"), plateaus.get("L3")
+    rows, said = _amx_rows(rungs, probe, alone, rec["settings"]["cache_geometry"], dram, l3)
+    f = figures.fmt
+    figures.write_table("ch2_amx_ladder", rows, AMX_HEADER, note=(
+        f"Machine: {figures.machine_line(rec)}; {cores} threads; "
+        f"{last['params']['M']}×{last['params']['K']}×{last['params']['N']}, bf16 in, f32 "
+        "out. Every row timed in the same alternated rounds, medians. C's bytes: 8 an element "
+        "for each slice of K (read, written back), 4 for a streamed last slice. Bounds: "
+        "chapter 1's triad plateaus on as many cores "
+        + (f"(memory {f(dram, 'GB/s')}, L3 {f(l3, 'GB/s')})" if dram and l3 else
+           "(not in chapter 1's record)")
+        + ", the probe and the tiles alone as timed here. Gain: over the rung above, "
+        "two-sided signed-rank test on the rounds."))
+    p_rate, a_rate, got = records.median(probe), records.median(alone), records.median(last)
     v = compare.against(last, probe, AMX_TARGET)
-    return {"ch2.amx_ladder": True, "ch2.amx_ladder_size": (
-                f"{last['params']['M']}×{last['params']['K']}×{last['params']['N']}"),
-            "ch2.amx_last_gops": records.median(last), "ch2.amx_probe_turn": p_rate,
-            "ch2.amx_alone_gops": a_rate, "ch2.amx_alone_of_probe": a_rate / p_rate,
-            "ch2.amx_last_of_probe": records.median(last) / p_rate,
-            "ch2.amx_last_of_alone": records.median(last) / a_rate,
+    gains = said["gains"]
+    return {"ch2.amx_ladder": True,
+            "ch2.amx_ladder_size": f"{last['params']['M']}×{last['params']['K']}×{last['params']['N']}",
+            "ch2.amx_alone_of_probe": a_rate / p_rate, "ch2.amx_last_of_alone": got / a_rate,
             "ch2.amx_target": v.text(f"{100 * v.ratio:.0f} % of the probe, target "
                                      f"{100 * AMX_TARGET:.0f} %"),
-            "ch2.amx_target_word": v.word,
-            "ch2.amx_beats": beats, "ch2.amx_noise": compare.SWEEP_NOISE,
-            "ch2.amx_first_bound": first_bound,
-            "ch2.amx_first_of_bound": first_of_bound,
+            "ch2.amx_beats": said["beats"], "ch2.amx_noise": compare.SWEEP_NOISE,
+            "ch2.amx_first_bound": said["first"][0], "ch2.amx_first_of_bound": said["first"][1],
             "ch2.amx_blocks_gain": gains[2].pct / 100 if 2 in gains else None,
             "ch2.amx_blocks_gain_sign": gains[2].sign if 2 in gains else 0,
             "ch2.amx_stream_gain": gains[3].pct / 100 if 3 in gains else None,
@@ -251,9 +253,8 @@ def amx_ladder(rec: dict, rec_dir) -> dict:
             "ch2.amx_kc": last["params"]["kc"], "ch2.amx_nc": last["params"]["nc"]}
 
 
-AMX_KEYS = ("ch2.amx_ladder_size", "ch2.amx_last_gops", "ch2.amx_probe_turn", "ch2.amx_alone_gops",
-            "ch2.amx_alone_of_probe", "ch2.amx_last_of_probe", "ch2.amx_last_of_alone",
-            "ch2.amx_target", "ch2.amx_target_word", "ch2.amx_noise", "ch2.amx_first_bound",
+AMX_KEYS = ("ch2.amx_ladder_size", "ch2.amx_alone_of_probe", "ch2.amx_last_of_alone",
+            "ch2.amx_target", "ch2.amx_noise", "ch2.amx_first_bound",
             "ch2.amx_first_of_bound", "ch2.amx_blocks_gain", "ch2.amx_stream_gain",
             "ch2.amx_epilogue", "ch2.amx_kc", "ch2.amx_nc")
 AMX_HEADER = ["Rung", "what changes", "K slice × N_C run", "C to and from memory", "B's block in",

@@ -53,7 +53,7 @@ def keys() -> list[str]:
 SETTINGS_KEYS = ("others.instruction", "others.prompt_int8", "others.prompt_float_dtype",
                  "others.rate_int8", "others.rate_float", "others.int8_instruction",
                  "others.pp_target", "others.rows", "others.bf16_path", "others.prefetch_measured",
-                 "others.int8_path", "others.rate_int8_vector", "others.int8_vector_instruction")
+                 "others.rate_int8_vector", "others.int8_vector_instruction")
 
 
 def _missing(note: str) -> dict:
@@ -451,8 +451,7 @@ def report(rec_dir=None) -> dict:
     return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
 
 
-AMX_OFF_WHY = ("a native build with its AMX kernels died on every quantised file on two of "
-               "the Xeons met so far")
+AMX_OFF_WHY = "this CPU has no AMX tiles"  # where the CPU has them, the build turns AMX on
 
 
 def llama_values(ll: dict | None, missing: dict, threads: int) -> dict:
@@ -477,6 +476,9 @@ def llama_values(ll: dict | None, missing: dict, threads: int) -> dict:
         "others.llama_commit": commit[1].rstrip(")").strip() if len(commit) == 2 else None,
         "others.llama_isa": ", ".join(on) if on else None,
         "others.llama_amx": any("AMX" in o and o.endswith("=ON") for o in opts) if opts else None,
+        # AMX off on a CPU with it: the safe build, whose reason llama_safe_why gives
+        "others.llama_amx_why": (b.get("why") or "the safe build") if b.get("safe_build")
+        else AMX_OFF_WHY,
         "others.llama_safe": bool(ll.get("flags")) or bool(b.get("safe_build")),
         "others.llama_safe_why": ll.get("flags_why") or b.get("why") or None}
 
@@ -495,7 +497,6 @@ def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
                                            if r["params"].get("prompt_dtype") != "int8"), None),
         # the rate of the integer GEMM's path the forward took, and, where that was the
         # tiles, the vector kernel's beside it
-        "others.int8_path": s.get("int8_path") or "vector",
         "others.rate_int8": rates.get("amx" if s.get("int8_path") == "amx" else "int8"),
         "others.rate_int8_vector": rates.get("int8") if s.get("int8_path") == "amx" else None,
         "others.int8_vector_instruction": s.get("int8_vector_instruction"),
