@@ -182,7 +182,7 @@ def _amx_rows(rungs, probe, alone, geometry, dram, l3) -> tuple[list, dict]:
             bounds["the tiles alone"] = a_rate  # measured with this rung's blocks
         what, bound = min(bounds.items(), key=lambda kv: kv[1])
         got = records.median(r)
-        out["first"] = out["first"] or (what, got / bound)
+        out["first"] = out["first"] or (what, got / bound, t["slices"], t["b_in_l2"])
         if got > bound * (1 + compare.SWEEP_NOISE):
             out["beats"].append(p["step"])
         gain = compare.difference(r, prev) if prev is not None else None
@@ -245,6 +245,8 @@ def amx_ladder(rec: dict, rec_dir) -> dict:
                                      f"{100 * AMX_TARGET:.0f} %"),
             "ch2.amx_beats": said["beats"], "ch2.amx_noise": compare.SWEEP_NOISE,
             "ch2.amx_first_bound": said["first"][0], "ch2.amx_first_of_bound": said["first"][1],
+            "ch2.amx_first_slices": said["first"][2], "ch2.amx_first_b_in_l2": said["first"][3],
+            "ch2.amx_last_slices": amx_traffic(last["params"], rec["settings"]["cache_geometry"])["slices"],
             "ch2.amx_blocks_gain": gains[2].pct / 100 if 2 in gains else None,
             "ch2.amx_blocks_gain_sign": gains[2].sign if 2 in gains else 0,
             "ch2.amx_stream_gain": gains[3].pct / 100 if 3 in gains else None,
@@ -256,6 +258,7 @@ def amx_ladder(rec: dict, rec_dir) -> dict:
 AMX_KEYS = ("ch2.amx_ladder_size", "ch2.amx_alone_of_probe", "ch2.amx_last_of_alone",
             "ch2.amx_target", "ch2.amx_noise", "ch2.amx_first_bound",
             "ch2.amx_first_of_bound", "ch2.amx_blocks_gain", "ch2.amx_stream_gain",
+            "ch2.amx_first_slices", "ch2.amx_first_b_in_l2", "ch2.amx_last_slices",
             "ch2.amx_epilogue", "ch2.amx_kc", "ch2.amx_nc")
 AMX_HEADER = ["Rung", "what changes", "K slice × N_C run", "C to and from memory", "B's block in",
               "bound (what sets it)", "Gop/s", "of the probe", "gain"]

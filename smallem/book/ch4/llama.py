@@ -6,13 +6,15 @@ unless told ``PEERS=0``) builds ``llama-bench``, ``llama-simple`` and ``llama-qu
 the source that the ``llama-cpp-python`` sdist bundles, once per machine, into the kernel
 cache (:func:`build_dir`: keyed by the version, the instruction sets and the compiler, so a
 second clone on the same machine finds it and another CPU builds its own). The build names
-the instruction sets this CPU has instead of ``-march=native`` (a native build died on every
-quantised file on two of the Xeons met so far, SIGILL on one, SIGSEGV on another), AMX's
-tiles included where the CPU has them (a build with them and without ``-march=native`` ran
-Q8_0, Q4_0, Q4_K_M and Q6_K files on an Emerald Rapids, its AMX buffers in use). Right after
-building, :func:`check` runs the tools on quantised files; a build that dies there is made
-again without the runtime repacking of the weights and without AMX, and a build that still
-dies is kept with its reason, so that every chapter says why its peer is missing. ``SMALLEM_LLAMA_BENCH`` may point at any other ``llama-bench``
+the instruction sets this CPU has instead of ``-march=native``, and leaves AMX out: a native
+build with its AMX kernels died on every quantised file on two of the Xeons met so far
+(SIGILL on one, SIGSEGV on another), and a build for the named instruction sets with
+GGML_AMX_* on died of SIGILL on a third, an Emerald Rapids, on the check below (a decode of
+chapter 4's smallest model in Q8_0 after a cached prefix of 4), where the same switches in a
+RelWithDebInfo build of llama-bench alone ran it. Right after building, :func:`check` runs the tools on
+quantised files; a build that dies there is made again without the runtime repacking of the
+weights, and a build that still dies is kept with its reason, so that every chapter says why
+its peer is missing. ``SMALLEM_LLAMA_BENCH`` may point at any other ``llama-bench``
 (``llama-simple`` is looked for beside it).
 
 Every run of a tool goes through :func:`bench` or :func:`greedy`: a death (any signal, any
@@ -58,26 +60,17 @@ ISA_SWITCHES = (
     ("GGML_AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
     ("GGML_AVX512_VBMI", ("avx512vbmi",)), ("GGML_AVX512_VNNI", ("avx512_vnni",)),
     ("GGML_AVX512_BF16", ("avx512_bf16",)))
-# the build's safe configuration: no runtime repacking, no AMX kernels (both repack weights
-# into buffers of their own, where builds have died)
-SAFE_BUILD = ("-DGGML_CPU_REPACK=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
-              "-DGGML_AMX_BF16=OFF")
-# AMX's switches, by the /proc/cpuinfo flags that say the CPU has them
-AMX_SWITCHES = (("GGML_AMX_TILE", ("amx_tile",)), ("GGML_AMX_INT8", ("amx_tile", "amx_int8")),
-                ("GGML_AMX_BF16", ("amx_tile", "amx_bf16")))
+SAFE_BUILD = ("-DGGML_CPU_REPACK=OFF",)  # the build's safe configuration: no runtime repacking
 
 
 def isa_switches(flags=None) -> list[str]:
     """The CMake options that build llama.cpp for a CPU with these /proc/cpuinfo ``flags``
-    (default: this one's): each instruction set it has named, AMX's tiles included where it
-    has them (its AMX kernels then take the prompt's quantised products). The native build
-    (``-march=native``) that died on two Xeons is never made; a build with AMX that dies on
-    the check's quantised files is made again without it (SAFE_BUILD)."""
+    (default: this one's): each instruction set it has named, AMX always off."""
     flags = set(machine_info.cpu_identity()["flags"] if flags is None else flags)
     out = ["-DGGML_NATIVE=OFF"]
-    for switch, need in ISA_SWITCHES + AMX_SWITCHES:
+    for switch, need in ISA_SWITCHES:
         out.append(f"-D{switch}={'ON' if all(f in flags for f in need) else 'OFF'}")
-    return out
+    return out + ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
 
 
 def source_dir() -> Path:
