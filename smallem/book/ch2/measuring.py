@@ -150,7 +150,7 @@ def _measure_dtypes(rec, sizes, cores, quick, rng, step=lambda what: None):
     for M, K, N in sizes:
         a = rng.standard_normal((M, K), dtype=np.float32)
         b = rng.standard_normal((K, N), dtype=np.float32)
-        c = np.empty((M, N), np.float32)
+        c = empty_aligned((M, N))  # on a line, as the package makes C: the AMX path streams it
         ha, hb = f32_to_bf16(a), f32_to_bf16(b)
         fns = {"f32": lambda: matmul(a, b, out=c)}
         for p in paths:

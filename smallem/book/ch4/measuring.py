@@ -296,7 +296,7 @@ def bench_decode(quick: bool | None = None, progress: bool = True, threads: int 
         "torch": torch_peer.version(), "tile": 16, "qblock": 32,
         # the decoders' thread threshold and prompt path: measured once a machine and kept
         # (machine.kept), not timed anew by each decoder
-        "choices_kept": True})
+        "choices_kept": True, "prompt_int8_path": _int8_path()})
     if why:  # not found, or found and unusable: the page says why
         rec.data["settings"].setdefault("missing", {})["llama.cpp"] = why
     with tempfile.TemporaryDirectory() as tmp:
@@ -390,6 +390,16 @@ def bench_quality(quick: bool | None = None, progress: bool = True, threads: int
     if progress:
         print(f"quality: {steps} steps of {QUALITY_CONFIG}", flush=True)
     return rec
+
+
+def _int8_path() -> str | None:
+    """Where rung 5's integer prompt runs here (forward.int8_path): "vector" or "amx"."""
+    from smallem.generating.forward import int8_path
+
+    try:
+        return int8_path()
+    except Exception:  # noqa: BLE001 (the page then says nothing of it)
+        return None
 
 
 def bench_generate(quick: bool | None = None, progress: bool = True, threads=None):

@@ -302,6 +302,7 @@ def _peer_values(rec, values) -> None:
     values["ch4.llama_safe_why"] = build.get("why") or ll.get("flags_why") or None
     values["ch4.threads"] = st["threads"]
     values["ch4.has_amx"] = any("amx" in x for x in rec["machine"]["isa"].get("extensions", []))
+    values["ch4.prompt_amx"] = st.get("prompt_int8_path") == "amx"  # rung 5's integer prompt
     t = _one(rec, "decode", case="torch-f32")
     values["ch4.torch_measured"] = t is not None
     values["ch4.torch_version"] = st.get("torch") if isinstance(st.get("torch"), str) else None
@@ -693,6 +694,7 @@ def report(rec_dir) -> dict:
     values["ch4.small_teamed"] = values["ch4.big_above"] = False
     values["ch4.llama_measured"] = values["ch4.torch_measured"] = values["ch4.llama_amx_off"] = False
     values["ch4.llama_safe"] = values["ch4.has_amx"] = values["ch4.vs_llama_big_measured"] = False
+    values["ch4.prompt_amx"] = False
     values["ch4.big_resident_explains"] = False
     values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     values["ch4.measured"] = records.exists(RECORD, rec_dir)
