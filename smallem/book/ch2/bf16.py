@@ -200,7 +200,7 @@ def _amx_rows(rungs, probe, alone, geometry, dram, l3) -> tuple[list, dict]:
     rows.append(["the tiles alone", f"rung {rungs[-1]['params']['rung']}'s blocks, no packing, "
                  "no C", f"{alone['params']['kp']} × {32 * alone['params']['panels']}", "0",
                  "L2", "", f(a_rate, "Gop/s"), f"{100 * a_rate / p_rate:.0f} %", ""])
-    rows.append(["chapter 1's tile probe", "tiles in registers, no loads", "", "0", "", "",
+    rows.append(["the tile probe, in these rounds", "chapter 1's probe: tiles in registers, no loads", "", "0", "", "",
                  f(p_rate, "Gop/s"), "100 %", ""])
     return rows, out
 
@@ -237,6 +237,11 @@ def amx_ladder(rec: dict, rec_dir) -> dict:
         "two-sided signed-rank test on the rounds."))
     p_rate, a_rate, got = records.median(probe), records.median(alone), records.median(last)
     v = compare.against(last, probe, AMX_TARGET)
+    p = last["params"]  # the bf16 table's reading of the same product, in its own rounds
+    table = next((records.median(r) for r in records.results(rec, "dtype", dtype="bf16", M=p["M"],
+                                                             K=p["K"], N=p["N"])
+                  if r["params"].get("path") == "amx"), None)
+    ch1_probe = ((ch1.facts(rec_dir) or {}).get("peak") or {}).get(("amx_bf16", cores))
     gains = said["gains"]
     return {"ch2.amx_ladder": True,
             "ch2.amx_ladder_size": f"{last['params']['M']}×{last['params']['K']}×{last['params']['N']}",
@@ -252,13 +257,16 @@ def amx_ladder(rec: dict, rec_dir) -> dict:
             "ch2.amx_stream_gain": gains[3].pct / 100 if 3 in gains else None,
             "ch2.amx_stream_gain_sign": gains[3].sign if 3 in gains else 0,
             "ch2.amx_epilogue": rec["settings"].get("amx_epilogue"),
-            "ch2.amx_kc": last["params"]["kc"], "ch2.amx_nc": last["params"]["nc"]}
+            "ch2.amx_kc": last["params"]["kc"], "ch2.amx_nc": last["params"]["nc"],
+            "ch2.amx_probe_turn": p_rate, "ch2.amx_probe_ch1": ch1_probe,
+            "ch2.amx_last_gops": got, "ch2.amx_table_gops": table}
 
 
 AMX_KEYS = ("ch2.amx_ladder_size", "ch2.amx_alone_of_probe", "ch2.amx_last_of_alone",
             "ch2.amx_target", "ch2.amx_noise", "ch2.amx_first_bound",
             "ch2.amx_first_of_bound", "ch2.amx_blocks_gain", "ch2.amx_stream_gain",
             "ch2.amx_first_slices", "ch2.amx_first_b_in_l2", "ch2.amx_last_slices",
+            "ch2.amx_probe_turn", "ch2.amx_probe_ch1", "ch2.amx_last_gops", "ch2.amx_table_gops",
             "ch2.amx_epilogue", "ch2.amx_kc", "ch2.amx_nc")
 AMX_HEADER = ["Rung", "what changes", "K slice × N_C run", "C to and from memory", "B's block in",
               "bound (what sets it)", "Gop/s", "of the probe", "gain"]

@@ -57,7 +57,7 @@ def resident_bound(facts, nbytes: float, threads: int) -> float:
     return nbytes / (kept / (ext[th]["L3"]["bw"] * 1e9) + (nbytes - kept) / (ext[th]["DRAM"]["bw"] * 1e9))
 
 
-def _prompt_bound(facts, p, rung: int, weights: int):
+def _prompt_bound(facts, p, rung: int, weights: int, amx: bool = False):
     """(tokens/s, what) the compute bound allows a prompt record ``p``: two operations per
     weight per token at chapter 1's peak on its threads, f32 for the GEMM prompt, int8 for
     rung 5's; None without the records it needs. Rung 0 has no prompt of its own."""
@@ -68,6 +68,8 @@ def _prompt_bound(facts, p, rung: int, weights: int):
     # peak, the f32 GEMM by the f32 one
     kind = ("int8" if rung >= AT["prompt_path"] and p["params"].get("prefill_path", "c") in ("c", "int8")
             else "f32")
+    if kind == "int8" and amx and p["params"].get("prefill_path") == "int8":
+        kind = "amx_int8"  # the integer GEMM on AMX tiles (``amx``: where the record says so)
     # rungs 1-4 send the prompt through the f32 GEMM, on every core whatever the decoder's
     # threads; rung 5 through the decoder's own call, on its threads
     th = p["params"].get("threads", facts["cores"]) if kind == "int8" else facts["cores"]
@@ -75,7 +77,8 @@ def _prompt_bound(facts, p, rung: int, weights: int):
     if not peaks:
         return None
     peak = peaks.get(th, peaks[max(peaks)])
-    return peak * 1e9 / (2 * weights), f"{kind} peak on {th} thread{'s' if th > 1 else ''}"
+    what = "AMX int8 tile" if kind == "amx_int8" else kind
+    return peak * 1e9 / (2 * weights), f"{what} peak on {th} thread{'s' if th > 1 else ''}"
 
 
 def _ratio(a, b) -> float:
@@ -126,7 +129,8 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
         data = wb + _kv_bytes(s, s["decode_tokens"]) if wb else None
         h = holding(facts, data, th) if data else None
         share = records.median(r) * data / h["bw"] if h else math.nan
-        pp = _prompt_bound(facts, p, i, weights)
+        pp = _prompt_bound(facts, p, i, weights,
+                           amx=rec["settings"].get("prompt_int8_path") == "amx")
         bound_cell = "—"
         if i == AT["no_cache"] and facts is not None and weights:
             # no cache: each token runs its whole prefix through the products again
