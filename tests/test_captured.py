@@ -119,6 +119,7 @@ def test_loop_order_the_package_takes_is_the_models(captured_machine):
     assert gemm.default_blocks() == gemm.block_sizes(mr, nr, geometry, m.cores,
                                                      rung5=order == "rows")
     assert gemm.ladder_blocks() == gemm.block_sizes(mr, nr, geometry, m.cores)
+    assert gemm.kernels().amx == tuple(gemm.amx_blocks(geometry).values())  # the AMX path's
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -235,7 +235,7 @@ class Kernels(NamedTuple):
     """The GEMM module loaded for one level, and what was decided for it once: the
     micro-kernel's shape, the blocks of the rows order (rung 5's) and of the columns order
     (rungs 2-4's), each (mc, kc, nc), the package's loop order and the config tuple every
-    plain call passes (the order's index, then its blocks)."""
+    plain call passes (the order's index, then its blocks), and the AMX path's (kc, nc)."""
     ffi: object
     lib: object
     mr: int
@@ -244,6 +244,7 @@ class Kernels(NamedTuple):
     blocks_columns: tuple
     order: str
     config: tuple
+    amx: tuple = (0, 0)  # the AMX path's (kc, nc): amx_blocks, decided with the rest
 
 
 def kernels(level: str | None = None, on_pool: bool = False) -> Kernels:
@@ -270,7 +271,9 @@ def kernels(level: str | None = None, on_pool: bool = False) -> Kernels:
             if order not in ORDERS:
                 raise ValueError(f"${ORDER_ENV}={order!r}: expected one of {ORDERS}")
             config = (ORDERS.index(order), *sets[0 if order == "rows" else 1])
-            found = _loaded[(level, on_pool)] = Kernels(ffi, lib, mr[0], nr[0], *sets, order, config)
+            amx = tuple(amx_blocks().values())
+            found = _loaded[(level, on_pool)] = Kernels(ffi, lib, mr[0], nr[0], *sets, order, config,
+                                                        amx)
     return found
 
 
@@ -497,7 +500,7 @@ def _gemm(kind, a, b, trans_a, trans_b, out, alpha, beta, threads, blocks, level
     order, mc, kc, nc = _config(blocks, level)
     amx = kind == "bf16" and BF16_PATHS[path] == "amx"
     if amx:  # its own blocks (blocks= over them) and epilogue
-        got = dict(amx_blocks())
+        got = dict(zip(("kc", "nc"), kernels(level, pool.on_pool(threads)).amx))
         if blocks is not None:
             given = blocks if isinstance(blocks, dict) else dict(zip(("mc", "kc", "nc"), blocks))
             got.update((k, checks.positive_int(given[k], f"blocks['{k}']"))
