@@ -511,6 +511,11 @@ def test_alone_slivers_put_b_in_half_the_l2_and_well_beyond_it():
     small = {**geo, "L2": {**geo["L2"], "bytes": 1280 << 10}, "L3": {**geo["L3"], "bytes": 4 << 20}}
     got = ch2.measuring.alone_slivers(804, 32, small)  # a quarter of this L3 fits in an L2: half of it
     assert got["L3"] * sliver <= (2 << 20) < (got["L3"] + 1) * sliver
+    # a socket's L3 reported to a guest that reaches a part of it: half of what it reaches
+    big = {**geo, "L3": {**geo["L3"], "bytes": 300 << 20}}
+    got = ch2.measuring.alone_slivers(804, 32, big, reach=64 << 20)
+    assert got["L3"] * sliver <= (32 << 20) < (got["L3"] + 1) * sliver
+    assert ch2.measuring.alone_slivers(804, 32, geo, reach=64 << 20) == ch2.measuring.alone_slivers(804, 32, geo)
 
 
 def _timed(gops, secs):

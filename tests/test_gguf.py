@@ -237,18 +237,66 @@ def test_a_peer_dying_in_the_rounds_leaves_its_rows_out_and_says_why(tmp_path, m
 
 
 @pytest.mark.parametrize("name", captured.NAMES)
-def test_llama_cpp_is_built_for_each_captured_cpu_without_amx(name):
-    """The build names the instruction sets a CPU has (never -march=native) and leaves AMX
-    out, on every machine met: AVX-512 only where all five of ggml's AVX512 flags are there,
-    and the build folder differs between CPUs whose switches differ."""
+def test_llama_cpp_is_built_for_each_captured_cpu(name):
+    """The build names the instruction sets a CPU has (never -march=native), AMX's tiles
+    where the CPU has them and never elsewhere, on every machine met: AVX-512 only where all
+    five of ggml's AVX512 flags are there; the safe build turns AMX off again; a build with
+    AMX is keyed by the tile-configuration header it includes."""
     from smallem.book.ch4 import llama
 
     flags = captured.load(name).ident["flags"]
     opts = llama.isa_switches(flags)
-    assert "-DGGML_NATIVE=OFF" in opts and not any("AMX" in o and o.endswith("=ON") for o in opts)
+    assert "-DGGML_NATIVE=OFF" in opts
+    assert llama.amx_on(opts) == ("amx_tile" in flags)
+    assert ("-DGGML_AMX_INT8=ON" in opts) == ("amx_tile" in flags and "amx_int8" in flags)
+    # CMake takes the last value of a switch: the safe build's options, added after these,
+    # leave no AMX on
+    assert not llama.amx_on(opts + list(llama.SAFE_BUILD))
     assert ("-DGGML_AVX512=ON" in opts) == ("avx512f" in flags and "avx512bw" in flags)
     assert ("-DGGML_AVX2=ON" in opts) == ("avx2" in flags)
     assert ("-DGGML_AVX512_VNNI=ON" in opts) == ("avx512_vnni" in flags)
+
+
+def test_the_tile_configuration_header_loads_all_64_bytes(tmp_path):
+    """The header a llama.cpp build with AMX includes first: a program built with it at -O3
+    fills a configuration as ggml does (in a function of its own, after which it is dead),
+    loads it with _tile_loadconfig, and reads the tiles' rows and widths back (GCC 12's own _tile_loadconfig let the compiler drop the tiles' shapes, and
+    ggml's kernels died of SIGILL). Compiled on every machine; run where the CPU has AMX."""
+    import shutil
+    import subprocess
+
+    from smallem.book.ch4 import llama
+    from smallem.cpu import machine_info
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "cfg.cpp"
+    src.write_text("""#include <immintrin.h>
+__attribute__((noinline)) void load() {
+    struct alignas(64) { unsigned char palette, start, pad[14]; unsigned short colsb[16];
+                         unsigned char rows[16]; } c = {};
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) { c.rows[i] = 16; c.colsb[i] = 64; }
+    _tile_loadconfig(&c);
+}
+int main() {
+    load();
+    alignas(64) unsigned char back[64];
+    __asm__ volatile("sttilecfg %0" : "=m"(*(char(*)[64])back));
+    for (int i = 0; i < 8; i++)
+        if (back[48 + i] != 16 || back[16 + 2 * i] != 64) return 1;
+    return 0;
+}
+""")
+    exe = tmp_path / "cfg"  # (without the header, GCC 12 builds one that exits 1 here)
+    r = subprocess.run([cxx, "-O3", "-mamx-tile", "-include", str(llama.TILECFG), str(src),
+                        "-o", str(exe)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"{cxx} cannot build AMX code: {r.stderr.strip()[-200:]}")
+    if "amx_tile" not in machine_info.cpu_identity()["flags"]:
+        pytest.skip("this CPU has no AMX tiles: the header compiles, its run waits for one")
+    assert subprocess.run([str(exe)]).returncode == 0
 
 
 def test_one_random_writer_serves_the_appendix_and_the_tests(tmp_path):

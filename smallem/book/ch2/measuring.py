@@ -82,15 +82,19 @@ def _measure_phases(rec, a, b, c, params, quick):
 
 
 
-def alone_slivers(kc: int, nr: int, geometry: dict | None = None) -> dict:
+def alone_slivers(kc: int, nr: int, geometry: dict | None = None,
+                  reach: int | None = None) -> dict:
     """How many B slivers (kc x NR floats each) :func:`_measure_alone` gives each case:
     half an L2, which stays there, and for L3 a quarter of it, but at least four L2s (so
-    that it cannot stay in one) and at most half the L3."""
+    that it cannot stay in one) and at most half the L3, and at most half of what the caches
+    were measured to hold (``reach``: :func:`smallem.cpu.machine.cache_reach`; a virtual
+    machine reports the whole socket's L3, of which a process gets a part)."""
     g = geometry or cache_geometry()
     sliver = kc * nr * 4
     l2, l3 = g["L2"]["bytes"], g["L3"]["bytes"]
+    top = l3 // 2 if not reach else min(l3, reach) // 2
     return {"L2": max(1, l2 // 2 // sliver),
-            "L3": max(2, min(l3 // 2, max(l3 // 4, 4 * l2)) // sliver)}
+            "L3": max(2, min(top, max(l3 // 4, 4 * l2)) // sliver)}
 
 
 
@@ -101,7 +105,7 @@ def _measure_alone(rec, level, cores, quick):
     chapter 1's FMA probe on as many threads: "alone" and "alone_probe" results."""
     _, _, mr, nr, blocks, *_ = kernels(level)
     kc = blocks[1]
-    slivers = alone_slivers(kc, nr)
+    slivers = alone_slivers(kc, nr, reach=feeds(level)["reach_bytes"])
     gop_per_thread = 0.05 if quick else 10.0  # a call of ~40 ms at 250 Gop/s a core
     for th in sorted({1, cores}):
         fns, work, cases = {}, {}, {}

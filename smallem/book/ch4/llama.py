@@ -6,15 +6,18 @@ unless told ``PEERS=0``) builds ``llama-bench``, ``llama-simple`` and ``llama-qu
 the source that the ``llama-cpp-python`` sdist bundles, once per machine, into the kernel
 cache (:func:`build_dir`: keyed by the version, the instruction sets and the compiler, so a
 second clone on the same machine finds it and another CPU builds its own). The build names
-the instruction sets this CPU has instead of ``-march=native``, and leaves AMX out: a native
-build with its AMX kernels died on every quantised file on two of the Xeons met so far
-(SIGILL on one, SIGSEGV on another), and a build for the named instruction sets with
-GGML_AMX_* on died of SIGILL on a third, an Emerald Rapids, on the check below (a decode of
-chapter 4's smallest model in Q8_0 after a cached prefix of 4), where the same switches in a
-RelWithDebInfo build of llama-bench alone ran it. Right after building, :func:`check` runs the tools on
-quantised files; a build that dies there is made again without the runtime repacking of the
-weights, and a build that still dies is kept with its reason, so that every chapter says why
-its peer is missing. ``SMALLEM_LLAMA_BENCH`` may point at any other ``llama-bench``
+the instruction sets this CPU has instead of ``-march=native`` (a native build died on every
+quantised file on two of the Xeons met so far, SIGILL on one, SIGSEGV on another), AMX's
+tiles included where the CPU has them. GCC 12's ``_tile_loadconfig`` tells the compiler that
+its ``ldtilecfg`` reads 8 bytes of the 64-byte configuration, so at -O3 the compiler drops
+the stores of the tiles' rows and widths: ggml's AMX kernels then load a configuration with
+no tile shaped, and the first ``tilezero`` dies of SIGILL (found on an Emerald Rapids with
+gdb, on the check's decode after a cached prefix of 4; a RelWithDebInfo build, -O2, kept the
+stores and ran). A build with AMX therefore includes :data:`TILECFG` first in every C++
+file, which loads the configuration through an operand of all its 64 bytes. Right after
+building, :func:`check` runs the tools on quantised files; a build that dies there is made
+again without the runtime repacking of the weights and without AMX, and a build that still
+dies is kept with its reason, so that every chapter says why its peer is missing. ``SMALLEM_LLAMA_BENCH`` may point at any other ``llama-bench``
 (``llama-simple`` is looked for beside it).
 
 Every run of a tool goes through :func:`bench` or :func:`greedy`: a death (any signal, any
@@ -60,17 +63,48 @@ ISA_SWITCHES = (
     ("GGML_AVX512", ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")),
     ("GGML_AVX512_VBMI", ("avx512vbmi",)), ("GGML_AVX512_VNNI", ("avx512_vnni",)),
     ("GGML_AVX512_BF16", ("avx512_bf16",)))
-SAFE_BUILD = ("-DGGML_CPU_REPACK=OFF",)  # the build's safe configuration: no runtime repacking
+# the build's safe configuration: no runtime repacking, no AMX kernels (both repack weights
+# into buffers of their own, where builds have died)
+SAFE_BUILD = ("-DGGML_CPU_REPACK=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+              "-DGGML_AMX_BF16=OFF")
+# AMX's switches, by the /proc/cpuinfo flags that say the CPU has them
+AMX_SWITCHES = (("GGML_AMX_TILE", ("amx_tile",)), ("GGML_AMX_INT8", ("amx_tile", "amx_int8")),
+                ("GGML_AMX_BF16", ("amx_tile", "amx_bf16")))
+# included first in every C++ file of a build with AMX (see the module's docstring)
+TILECFG = Path(__file__).with_name("amx_tilecfg.h")
 
 
 def isa_switches(flags=None) -> list[str]:
     """The CMake options that build llama.cpp for a CPU with these /proc/cpuinfo ``flags``
-    (default: this one's): each instruction set it has named, AMX always off."""
+    (default: this one's): each instruction set it has named, AMX's tiles included where it
+    has them (its AMX kernels then take the prompt's quantised products). The native build
+    (``-march=native``) that died on two Xeons is never made; a build with AMX that dies on
+    the check's quantised files is made again without it (SAFE_BUILD)."""
     flags = set(machine_info.cpu_identity()["flags"] if flags is None else flags)
     out = ["-DGGML_NATIVE=OFF"]
-    for switch, need in ISA_SWITCHES:
+    for switch, need in ISA_SWITCHES + AMX_SWITCHES:
         out.append(f"-D{switch}={'ON' if all(f in flags for f in need) else 'OFF'}")
-    return out + ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    return out
+
+
+def amx_on(options: list[str]) -> bool:
+    """Whether a build with these CMake ``options`` has AMX's kernels (CMake takes the last
+    value a switch is given)."""
+    final = dict(o.partition("=")[::2] for o in options)
+    return any("AMX" in k and v == "ON" for k, v in final.items())
+
+
+AMX_OFF = ("no_amx", "safe", "older")  # why a recorded build had no AMX kernels: its pages' keys
+
+
+def amx_off_reason(options: list[str], has_amx: bool, safe_build: bool) -> str | None:
+    """Why a recorded build ran without AMX's kernels, one of :data:`AMX_OFF`: the CPU has no
+    AMX ("no_amx"), its default build died on the check and the safe one left AMX out
+    ("safe"), or the build predates the builds with AMX ("older"); None where AMX was on or
+    the record keeps no options."""
+    if not options or amx_on(options):
+        return None
+    return "no_amx" if not has_amx else "safe" if safe_build else "older"
 
 
 def source_dir() -> Path:
@@ -88,7 +122,9 @@ def models_dir() -> Path | None:
 def build_dir(flags=None) -> Path:
     """This machine's build: the version, the CMake options and the compiler in its key."""
     cc = kbuild.compiler()
-    key = json.dumps([VERSION, isa_switches(flags), kbuild.compiler_version(cc), LAYOUT])
+    opts = isa_switches(flags)
+    fix = hashlib.sha256(TILECFG.read_bytes()).hexdigest()[:12] if amx_on(opts) else None
+    key = json.dumps([VERSION, opts, kbuild.compiler_version(cc), LAYOUT] + ([fix] if fix else []))
     return (kbuild.cache_dir() / f"llama.cpp-{VERSION}"
             / f"build-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
 
@@ -328,6 +364,9 @@ def _cmake(tree: Path, where: Path, options: list[str], log) -> None:
     cfg = ["cmake", "-S", str(tree), "-B", str(where / "cmake"), "-DCMAKE_BUILD_TYPE=Release",
            "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
            "-DBUILD_SHARED_LIBS=OFF", *options]
+    if amx_on(options):  # the tile configuration loaded whole (the module's docstring)
+        shutil.copy2(TILECFG, where / TILECFG.name)
+        cfg.append(f"-DCMAKE_CXX_FLAGS=-include {where / TILECFG.name}")
     for cmd, name in ((cfg, "cmake.log"),
                       (["cmake", "--build", str(where / "cmake"), "-j", str(os.cpu_count() or 1),
                         "--target", *TOOLS, "llama"], "build.log")):

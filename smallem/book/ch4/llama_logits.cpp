@@ -13,6 +13,9 @@
 // The context is llama-simple's: llama_context_default_params() (flash attention "auto", K and
 // V caches in F16, no offload target on a CPU-only build), n_ctx = prompt + STEPS, the prompt
 // in one batch; only the thread counts are set (to THREADS, for single tokens and batches).
+// The weights stay in llama.cpp's plain CPU buffers (use_extra_bufts off: no repacked or AMX
+// layouts): an oracle is the reference path, and a build with AMX sums an F16 matrix on
+// another path (its logits moved past the F16 tolerance on a gemma3 file).
 // A bad argument, an unreadable model or a failed decode prints one line on stderr and exits
 // with status 1 (2 for bad usage), with llama.cpp's last error in it; llama.cpp's own log is
 // shown only with -v.
@@ -153,6 +156,7 @@ int run(int argc, char ** argv) {
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = 0;
+    mparams.use_extra_bufts = false;
     llama_model * model = llama_model_load_from_file(model_path.c_str(), mparams);
     if (model == nullptr) {
         return fail("llama.cpp could not load " + model_path + said());

@@ -10,6 +10,7 @@ import numpy as np
 from smallem.plumbing import build
 from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
+from . import llama
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
 from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
 from .peers import _equal_cells, peer_rows
@@ -301,11 +302,13 @@ def _peer_values(rec, values) -> None:
     values["ch4.llama_commit"] = commit
     values["ch4.llama_sdist"] = build.get("version")
     values["ch4.llama_isa"] = ", ".join(x.replace("_", "-") for x in on if x != "NATIVE") or None
-    values["ch4.llama_amx_off"] = any(o.startswith("-DGGML_AMX") and o.endswith("=OFF") for o in opts)
+    values["ch4.llama_amx"] = llama.amx_on(opts) if opts else None
     values["ch4.llama_safe"] = bool(build.get("safe_build")) or bool(ll.get("flags"))
     values["ch4.llama_safe_why"] = build.get("why") or ll.get("flags_why") or None
     values["ch4.threads"] = st["threads"]
     values["ch4.has_amx"] = any("amx" in x for x in rec["machine"]["isa"].get("extensions", []))
+    values["ch4.llama_amx_off"] = llama.amx_off_reason(opts, values["ch4.has_amx"],
+                                                       bool(build.get("safe_build")))
     values["ch4.prompt_amx"] = st.get("prompt_int8_path") == "amx"  # rung 5's integer prompt
     t = _one(rec, "decode", case="torch-f32")
     values["ch4.torch_measured"] = t is not None
@@ -696,7 +699,8 @@ def report(rec_dir) -> dict:
                 "ch4.llama_safe_why", "ch4.threads", "ch4.torch_version", "ch4.torch_threads"):
         values.setdefault(key, None)
     values["ch4.small_teamed"] = values["ch4.big_above"] = False
-    values["ch4.llama_measured"] = values["ch4.torch_measured"] = values["ch4.llama_amx_off"] = False
+    values["ch4.llama_measured"] = values["ch4.torch_measured"] = False
+    values["ch4.llama_amx"] = values["ch4.llama_amx_off"] = None
     values["ch4.llama_safe"] = values["ch4.has_amx"] = values["ch4.vs_llama_big_measured"] = False
     values["ch4.prompt_amx"] = False
     values["ch4.big_resident_explains"] = False

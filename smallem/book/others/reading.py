@@ -7,6 +7,7 @@ from __future__ import annotations
 from smallem.plumbing import build
 from smallem.generating.gguf_file import TYPES
 from .. import ch1, compare, figures, records
+from ..ch4 import llama
 from .measuring import CASES, RECORD
 
 f = figures.fmt
@@ -456,19 +457,14 @@ def report(rec_dir=None) -> dict:
     return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
 
 
-AMX_OFF_WHY = ("builds with its AMX kernels died on quantised files on three of the Xeons met "
-               "so far: a native build on two, and on an Emerald Rapids a build for the named "
-               "instruction sets, of SIGILL, in a decode after a cached prefix")
-
-
-def llama_values(ll: dict | None, missing: dict, threads: int) -> dict:
+def llama_values(ll: dict | None, missing: dict, threads: int, has_amx: bool = False) -> dict:
     """How llama.cpp ran, typed: its source (the llama-cpp-python release that bundles it,
-    and llama.cpp's own commit), the instruction sets its build switched on, AMX (always off,
-    and why), whether llama-bench ran without its repacked buffers, and the threads. None
-    where the record does not hold it."""
+    and llama.cpp's own commit), the instruction sets its build switched on, AMX (on, or why
+    off: :func:`smallem.book.ch4.llama.amx_off_reason`), whether llama-bench ran without its
+    repacked buffers, and the threads. None where the record does not hold it."""
     out = {"others.llama_ran": bool(ll), "others.llama_missing": missing.get("llama.cpp"),
            "others.llama_bundle": None, "others.llama_commit": None, "others.llama_isa": None,
-           "others.llama_amx": None, "others.llama_amx_why": AMX_OFF_WHY,
+           "others.llama_amx": None, "others.llama_amx_off": None,
            "others.llama_safe": None, "others.llama_safe_why": None,
            "others.threads": threads}
     if not ll:
@@ -482,7 +478,8 @@ def llama_values(ll: dict | None, missing: dict, threads: int) -> dict:
         "others.llama_bundle": f"llama-cpp-python {b['version']}" if b.get("version") else None,
         "others.llama_commit": commit[1].rstrip(")").strip() if len(commit) == 2 else None,
         "others.llama_isa": ", ".join(on) if on else None,
-        "others.llama_amx": any("AMX" in o and o.endswith("=ON") for o in opts) if opts else None,
+        "others.llama_amx": llama.amx_on(opts) if opts else None,
+        "others.llama_amx_off": llama.amx_off_reason(opts, has_amx, bool(b.get("safe_build"))),
         "others.llama_safe": bool(ll.get("flags")) or bool(b.get("safe_build")),
         "others.llama_safe_why": ll.get("flags_why") or b.get("why") or None}
 
@@ -509,4 +506,5 @@ def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
         **_int8_predicted(facts, s["threads"], int8_ins),
         "others.rows": s["rows_per_call"], "others.rb": _rb(),
         "others.logits_tol": _logits_tol(), **_tol_values(),
-        **llama_values(s.get("llama_cpp"), s.get("missing") or {}, s["threads"])}
+        **llama_values(s.get("llama_cpp"), s.get("missing") or {}, s["threads"],
+                       any("amx" in x for x in rec["machine"]["isa"].get("extensions", [])))}
