@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from smallem.plumbing import build
 from smallem.product.gemm import (FMA_LATENCY, FMA_PIPES, LADDER, PHASES, REGISTER_FILE,
                                   THREAD_MIN_OPS, cache_geometry)
 from .. import ch1, compare, figures, records, reference
@@ -304,12 +305,16 @@ def _prediction_values(rec: dict, n: int, pred: dict) -> dict:
 
 def _load_values(s: dict, bits: int | None, fmas_per_cycle: float) -> dict:
     """Loads a cycle the micro-kernel asks of the L1 at the FMA rate: per step N_R / V
-    vectors of B and M_R broadcasts of A for M_R N_R / V FMAs (a vector load wider than the
-    L1's loads, in the one core table, counts as several)."""
+    vectors of B, M_R broadcasts of A and a prefetch per line of B's row PF_B_BYTES ahead
+    (kernels_c/gemm.c) for M_R N_R / V FMAs (a vector load wider than the L1's loads, in the
+    one core table, counts as several)."""
     vec = REGISTER_FILE[s["isa"]][0]
     split = max(1, 32 * vec // bits) if bits else 1
-    return {"ch2.load_split": split,
-            "ch2.loads_per_cycle_needed": ((s["nr"] / vec * split + s["mr"])
+    ahead = build.header_constant("PF_B_BYTES", "gemm.c")
+    lines = -(-4 * s["nr"] // 64)
+    return {"ch2.load_split": split, "ch2.pf_b_kib": ahead / 1024, "ch2.pf_b_lines": lines,
+            "ch2.pf_b_steps": int(ahead // (4 * s["nr"])),
+            "ch2.loads_per_cycle_needed": ((s["nr"] / vec * split + s["mr"] + lines)
                                            * fmas_per_cycle / (s["mr"] * s["nr"] / vec))}
 
 
