@@ -211,6 +211,52 @@ def loop_order(mr: int, nr: int, feeds: dict, geometry: dict | None = None,
     return ("rows" if need <= HEADROOM * have else "columns"), why
 
 
+ORDER_N, ORDER_ROUNDS = 2048, 7  # the product both orders are timed at, and in how many rounds
+
+
+# --8<-- [start:order_rule]
+def order_rule(model: str, seconds: dict | None) -> str:
+    """The order the package takes: the model's (:func:`loop_order`), unless the two orders
+    timed in turn (``seconds``, round by round: :func:`timed_orders`) had the other faster in
+    every round but one at most. The model weighs the L3's bandwidth; the L3's latency that
+    the prefetches hide, the column order's walks down C, only the timing sees."""
+    other = next(o for o in ORDERS if o != model)
+    a, b = (seconds or {}).get(other) or [], (seconds or {}).get(model) or []
+    ahead = sum(x < y for x, y in zip(a, b))
+    return other if a and len(a) == len(b) and ahead >= len(a) - 1 else model
+# --8<-- [end:order_rule]
+
+
+def timed_orders(level: str, threads: int, sets: tuple, ffi, lib) -> dict | None:
+    """Both orders, each with its own blocks (``sets``: rows', columns'), on ORDER_N^3 with
+    ``threads`` in ORDER_ROUNDS rounds taken in turn: {"rows": seconds, "columns": seconds,
+    "n", "threads"}, measured once per machine and kernel source and kept
+    (:func:`smallem.cpu.machine.kept`); None for a level not this CPU's best or emulated."""
+    if level != isa.best() or isa.emulating(level):
+        return None
+    import hashlib
+
+    src = sorted([build.KERNELS_DIR / "gemm.c", *(build.KERNELS_DIR / "gemm").glob("*.c")])
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in src)).hexdigest()[:16]
+    return machine.kept("gemm_order", [level, threads, [list(x) for x in sets], digest],
+                        lambda: _time_orders(level, threads, sets, ffi, lib))
+
+
+def _time_orders(level, threads, sets, ffi, lib) -> dict:
+    from smallem.cpu.timing import measure_interleaved
+
+    n, rng = ORDER_N, np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    c, fns = empty_aligned((n, n)), {}
+    for order, (mc, kc, nc) in zip(ORDERS, sets):
+        args = (0, 0, n, n, n, 1.0, _ptr(ffi, a), n, _ptr(ffi, b), n, 0.0, _ptr(ffi, c), n,
+                threads, ORDERS.index(order), mc, kc, nc,
+                _workspace(ffi, lib, level, n, n, mc, kc, nc, threads))
+        fns[order] = lambda args=args: lib.gemm_f32(*args)
+    ts = measure_interleaved(fns, repeats=ORDER_ROUNDS, warmup=1, min_sample=0.02)
+    return {**{o: list(t.seconds) for o, t in ts.items()}, "n": n, "threads": threads}
+
+
 def feeds(level: str | None = None) -> dict:
     """What :func:`loop_order` weighs for this machine: one core's f32 FMA rate, its bf16
     dot rate, and each core's share of the L3's bandwidth (triad, every core reading a
@@ -245,6 +291,8 @@ class Kernels(NamedTuple):
     order: str
     config: tuple
     amx: tuple = (0, 0)  # the AMX path's (kc, nc): amx_blocks, decided with the rest
+    order_model: str = ""  # loop_order's choice, before the timing (order_rule)
+    order_timed: dict | None = None  # timed_orders' rounds (None: not timed, the model's order)
 
 
 def kernels(level: str | None = None, on_pool: bool = False) -> Kernels:
@@ -261,19 +309,20 @@ def kernels(level: str | None = None, on_pool: bool = False) -> Kernels:
             ffi, lib = pool.load("gemm", level) if on_pool else build.load("gemm", level)
             mr, nr = ffi.new("int *"), ffi.new("int *")
             lib.gemm_micro_shape(mr, nr)
-            sets = []  # passed to every call that takes blocks (run_rung, _gemm): C keeps none
             threads = checks.threads(None)
-            for rung5 in (True, False):
-                b = block_sizes(mr[0], nr[0], threads=threads, rung5=rung5)
-                sets.append((b["mc"], b["kc"], b["nc"]))
-            order = os.environ.get(ORDER_ENV) or loop_order(mr[0], nr[0], feeds(level),
-                                                            threads=threads)[0]
+            # (mc, kc, nc), passed to every call that takes blocks (run_rung, _gemm): C keeps none
+            sets = [tuple(block_sizes(mr[0], nr[0], threads=threads, rung5=r5).values())
+                    for r5 in (True, False)]
+            model = loop_order(mr[0], nr[0], feeds(level), threads=threads)[0]
+            forced = os.environ.get(ORDER_ENV)
+            timed = None if forced else timed_orders(level, threads, tuple(sets), ffi, lib)
+            order = forced or order_rule(model, timed)
             if order not in ORDERS:
                 raise ValueError(f"${ORDER_ENV}={order!r}: expected one of {ORDERS}")
             config = (ORDERS.index(order), *sets[0 if order == "rows" else 1])
             amx = tuple(amx_blocks().values())
             found = _loaded[(level, on_pool)] = Kernels(ffi, lib, mr[0], nr[0], *sets, order, config,
-                                                        amx)
+                                                        amx, model, timed)
     return found
 
 
@@ -288,7 +337,7 @@ def kernel_shape(level: str | None = None) -> tuple[int, int]:
 
 def default_order(level: str | None = None) -> str:
     """The order of :func:`matmul`'s tiles here: ``$SMALLEM_GEMM_ORDER``, else
-    :func:`loop_order`'s choice."""
+    :func:`loop_order`'s choice as :func:`order_rule` keeps or overrules it by the timing."""
     return kernels(level).order
 
 

@@ -252,6 +252,7 @@ def _new_record(quick, cores, level, mr, nr, blocks, ladder, n_ladder, sweep) ->
         "bf16_path": bf16_path(level), "order": default_order(level), "feeds": feeds(level),
         "amx_blocks": amx_blocks(),
         "order_why": loop_order(mr, nr, feeds(level), threads=cores)[1],
+        "order_model": kernels(level).order_model, "order_timed": kernels(level).order_timed,
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                "OMP_NUM_THREADS", "SMALLEM_THREADS",
                                                "SMALLEM_GEMM_ORDER", "SMALLEM_BF16")}})

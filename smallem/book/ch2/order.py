@@ -8,7 +8,9 @@ from .. import compare, figures, records
 
 
 MODEL_KEYS = ("ch2.order", "ch2.order_other", "ch2.order_need", "ch2.order_have",
-              "ch2.order_headroom", "ch2.order_bytes_per_op", "ch2.order_forced")
+              "ch2.order_headroom", "ch2.order_bytes_per_op", "ch2.order_forced",
+              "ch2.order_model")
+RULE_KEYS = ("ch2.order_timed_n", "ch2.order_timed_rounds", "ch2.order_timed_ahead")
 TIMED_KEYS = ("ch2.order_n", "ch2.order_chosen_gops", "ch2.order_other_gops",
               "ch2.order_other_vs")
 
@@ -20,7 +22,8 @@ def order_values(rec: dict, facts: dict | None = None) -> dict:
     s = rec["settings"]
     if not {"order", "order_why", "feeds"} <= set(s):
         return dict.fromkeys(MODEL_KEYS + TIMED_KEYS, records.not_measured(
-            rec, "the record predates the loop-order model")) | {
+            rec, "the record predates the loop-order model")) | dict.fromkeys(RULE_KEYS) | {
+                "ch2.has_order_timed": False, "ch2.order_overruled": False,
                 "ch2.order_other_faster": False, "ch2.order_other_slower": False,
                 "ch2.has_order_model": False, "ch2.has_order_timing": False,
                 "ch2.order_l3_ch1": None, "ch2.order_have_low": False,
@@ -35,7 +38,11 @@ def order_values(rec: dict, facts: dict | None = None) -> dict:
         "ch2.order_headroom": f"{100 * why['headroom']:.0f} %",
         "ch2.order_bytes_per_op": f(why["bytes_per_op"], "byte"),
         "ch2.order_forced": "set" if (s.get("env") or {}).get(gemm.ORDER_ENV) else "not set",
+        # the model's choice, before the timing (gemm.order_rule) kept or overruled it; a
+        # record from before the timing took the model's
+        "ch2.order_model": s.get("order_model") or chosen,
     }
+    values.update(_rule_values(s.get("order_timed"), chosen, values["ch2.order_model"]))
     # chapter 1's own L3 triad on all cores, a core's share: the model's reading far below it
     # was a disturbed one, and the order rests on it
     l3 = facts["triad_plateaus"][facts["cores"]]["L3"] / facts["cores"] if facts else None
@@ -61,3 +68,18 @@ def order_values(rec: dict, facts: dict | None = None) -> dict:
         "ch2.has_order_model": True, "ch2.has_order_timing": True,
     })
     return values
+
+
+def _rule_values(timed: dict | None, chosen: str, model: str) -> dict:
+    """The timing of the two orders that gemm.order_rule weighed (once per machine, kept):
+    its size and rounds, and in how many the order taken was the faster (typed; None and
+    False where the record has no timing: an older record, a forced order, an emulated
+    level)."""
+    if not timed or chosen not in timed or len(timed) < 2:
+        return dict.fromkeys(RULE_KEYS) | {"ch2.has_order_timed": False,
+                                           "ch2.order_overruled": False}
+    other = next(o for o in gemm.ORDERS if o != chosen)
+    a, b = timed[chosen], timed[other]
+    return {"ch2.has_order_timed": True, "ch2.order_overruled": chosen != model,
+            "ch2.order_timed_n": timed.get("n"), "ch2.order_timed_rounds": len(a),
+            "ch2.order_timed_ahead": sum(x < y for x, y in zip(a, b))}
