@@ -273,7 +273,8 @@ static long long carve(const sm_model *m, work_t *w)
     TAKE(scratch, float, gemm ? (long long)nt * kmax : 0);
     TAKE(qpanel, uint8_t, gemm ? (nt * qg_panel_bytes(kmax) + 3) / 4 : 0);
     TAKE(gemm, float, gemm ? gemm_work_floats(max2(nc, max2(m->vocab, max2(2 * hid, qd + kd + vd))),
-                                              kmax, m->gemm_mc, m->gemm_kc, nc, nt) : 0);
+                                              kmax, m->gemm_mc, max2(m->gemm_kc, m->amx_kc),
+                                              max2(nc, m->amx_nc), nt) : 0);
 #undef TAKE
     return off;
 }
@@ -287,12 +288,14 @@ long long sm_work_floats(const sm_model *m)
 /* ------------------------------------------------------------------ the products */
 /* --8<-- [start:gemm_branch] */
 /* A prompt's product through chapter 2's GEMM: y (rows x N) = x (rows x K) W, + y where acc.
- * Chapter 4's weights have their plain f32 matrix (K x N, or N x K where plain_trans); a GGUF matrix is dequantised nc rows
- * at a time (the GEMM's own column block, so the panels add no packing the GEMM would not do)
- * into bf16 where the machine's bf16 path beats its f32 GEMM (gemm_bf16 >= 0: chapter 2's
- * path number), else into f32. The activations are rounded to bf16 once per product. Where
- * gemm_int8 is set, a matrix with an integer form (a GGUF Q8_0, Q4_0, Q5_0, Q4_K or Q6_K matrix, or
- * chapter 4's int8 weights, given as Q8_0 blocks in w) goes through the integer GEMM instead
+ * Chapter 4's weights have their plain f32 matrix (K x N, or N x K where plain_trans); a GGUF
+ * matrix is dequantised nc rows at a time (the GEMM's own column block, so the panels add no
+ * packing the GEMM would not do) into bf16 where the machine's bf16 path beats its f32 GEMM
+ * (gemm_bf16 >= 0: chapter 2's path number; on AMX tiles, with the tiles' own blocks amx_kc
+ * and amx_nc), else into f32. The activations are rounded to bf16 once per product. Where
+ * gemm_int8 is set, a matrix with an integer form (a GGUF Q8_0, Q4_0, Q5_0, Q4_K or Q6_K
+ * matrix, or chapter 4's int8 weights, given as Q8_0 blocks in w) goes through the integer
+ * GEMM instead
  * (forward/qgemm.c). */
 static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int rows, float *y,
                         int acc, work_t *w, int nthreads)
@@ -323,9 +326,10 @@ static int gemm_product(const sm_model *m, const sm_mat *W, const float *x, int 
         if (bf16) {
             uint16_t *panel = (uint16_t *)w->panel;
             sm_g_rows_bf16(W, r0, r1, panel, w->scratch, nthreads);
+            const int amx = m->gemm_bf16 == 2 && m->amx_kc > 0; /* the tiles' own blocks */
             gemm_bf16(m->gemm_bf16, 0, 1, rows, r1 - r0, K, 1.0f, w->xb, K, panel, K, beta,
-                      y + r0, N, nthreads, m->gemm_order, m->gemm_mc, m->gemm_kc, m->gemm_nc,
-                      w->gemm);
+                      y + r0, N, nthreads, m->gemm_order, m->gemm_mc,
+                      amx ? m->amx_kc : m->gemm_kc, amx ? m->amx_nc : m->gemm_nc, w->gemm);
         } else {
             sm_g_rows(W, r0, r1, w->panel, nthreads);
             gemm_f32(0, 1, rows, r1 - r0, K, 1.0f, x, K, w->panel, K, beta, y + r0, N, nthreads,

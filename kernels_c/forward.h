@@ -38,6 +38,7 @@ typedef struct {
     const sm_layer *layers;
     void *k_cache, *v_cache;
     int block_rows, gemm_rows, gemm_block_rows, gemm_bf16, gemm_order, gemm_mc, gemm_kc, gemm_nc;
+    int amx_kc, amx_nc; /* the AMX path's blocks (gemm_bf16 == 2): smallem.gemm.amx_blocks */
     int max_threads;
     int gemm_int8;
     float *work;

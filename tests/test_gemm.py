@@ -993,6 +993,9 @@ def test_sweep_values_say_where_the_model_landed():
     # ... and one step holds most of its spread: a cliff, which the page names first
     v = ch2.reading._sweep_values(two_level, "mc", 1, "p")
     assert v["p_cliff"] and (v["p_cliff_from"], v["p_cliff_to"], v["p_cliff_to_gops"]) == (2, 3, 80.0)
+    # a spread past the noise (5.5 %) whose largest step (4.2 %) is inside it is no cliff
+    small_steps = pts({1: 100.0, 2: 100.0, 3: 95.8, 4: 94.5})
+    assert not ch2.reading._sweep_values(small_steps, "mc", 1, "p")["p_cliff"]
     up_down = pts({1: 100.0, 2: 80.0, 3: 92.0, 4: 78.0})
     assert ch2.reading._sweep_values(up_down, "mc", 1, "p")["p_trend"] is None
 

@@ -279,6 +279,7 @@ class Forward:
 
             order, mc, kc, nc = gemm.default_config(level)
             m.gemm_order, m.gemm_mc, m.gemm_kc, m.gemm_nc = order, mc, kc, nc
+            m.amx_kc, m.amx_nc = gemm.kernels(level).amx  # the AMX path's own blocks
             m.gemm_block_rows = GEMM_BLOCK
             self.prompt_dtype = prompt_dtype or default_prompt_dtype(level)
             if self.prompt_dtype not in PROMPT_DTYPES:

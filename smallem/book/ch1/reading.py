@@ -489,6 +489,8 @@ def _dot_values(rec: dict, sm: dict) -> dict:
         # a core keeps under heavy vector or tile work)
         out[f"ch1.tiles.{key}_of_rated_f32_clock"] = (
             rate / sm["clock_f32_ghz"] / rated if have else None)
+        # the clock at which Intel's rate would give the measured one (GHz)
+        out[f"ch1.tiles.{key}_clock_to_close_ghz"] = rate / rated if have else None
     return out
 
 

@@ -76,7 +76,7 @@ def amx_values(rec: dict, rec_dir) -> dict:
     """The AMX path against the f32 inputs and against chapter 1's tile probe (typed; None
     where the record has no AMX result or chapter 1 no tile probe)."""
     keys = ("ch2.amx_gops", "ch2.amx_size", "ch2.amx_vs_f32", "ch2.amx_probe",
-            "ch2.amx_of_probe")
+            "ch2.amx_of_probe", "ch2.amx_probe_vs_f32_peak")
     best = None
     for r in records.results(rec, "dtype", dtype="bf16"):
         p = r["params"]
@@ -88,9 +88,12 @@ def amx_values(rec: dict, rec_dir) -> dict:
     f32 = records.value(rec, "dtype", dtype="f32", M=M, K=K, N=N)
     facts = ch1.facts(rec_dir)
     probe = (facts or {}).get("peak", {}).get(("amx_bf16", rec["settings"]["threads"]))
+    f32_peak = (facts or {}).get("peak", {}).get(("f32", rec["settings"]["threads"]))
     return {"ch2.has_amx": True, "ch2.amx_gops": g, "ch2.amx_size": f"{M}×{K}×{N}",
             "ch2.amx_vs_f32": g / f32, "ch2.amx_probe": probe,
-            "ch2.amx_of_probe": g / probe if probe else None}
+            "ch2.amx_of_probe": g / probe if probe else None,
+            # chapter 1's two probes, the tiles' over the FMAs', on as many cores
+            "ch2.amx_probe_vs_f32_peak": probe / f32_peak if probe and f32_peak else None}
 
 
 def bf16_elsewhere(rec_dir) -> dict:

@@ -53,7 +53,7 @@ def _trend(rates: list[float]) -> str | None:
 
 def _cliff(keys: list, rates: list[float], key: str) -> dict:
     """The one step between neighbouring block sizes that holds at least two thirds of the
-    sweep's spread, where the spread is more than the sweep's noise: ``key`` True and
+    sweep's spread, where the spread and the step are each more than the sweep's noise: ``key`` True and
     ``key``_from, _to (the block sizes), _from_gops, _to_gops; else ``key`` False, the rest None."""
     out = {key: False, **{f"{key}_{k}": None for k in ("from", "to", "from_gops", "to_gops")}}
     if len(rates) < 3:
@@ -61,8 +61,9 @@ def _cliff(keys: list, rates: list[float], key: str) -> dict:
     spread = max(rates) - min(rates)
     steps = [b - a for a, b in zip(rates, rates[1:])]
     i = max(range(len(steps)), key=lambda j: abs(steps[j]))
-    if spread <= compare.SWEEP_NOISE * max(rates) or abs(steps[i]) < 2 / 3 * spread:
-        return out
+    if (spread <= compare.SWEEP_NOISE * max(rates) or abs(steps[i]) < 2 / 3 * spread
+            or abs(steps[i]) <= compare.SWEEP_NOISE * max(rates[i], rates[i + 1])):
+        return out  # no spread, no one step that holds it, or a step inside the noise
     return {key: True, f"{key}_from": keys[i], f"{key}_to": keys[i + 1],
             f"{key}_from_gops": rates[i], f"{key}_to_gops": rates[i + 1]}
 
