@@ -8,7 +8,6 @@ says whether the difference is larger than the host's noise.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from smallem.cpu.timing import FAR, WAKE_SKIP, measure_interleaved
@@ -244,9 +243,9 @@ def listing(items: list[str], empty: str) -> str:
 
 @dataclass(frozen=True)
 class Difference:
-    """Result r against result base, timed in the same rounds: ``pct`` is the median of the
-    rounds' ratios less 1, in per cent (the ratio of the medians where no rounds were kept), so
-    that it and the count of rounds ahead lean the same way; ``sign`` +1 (faster) or -1 (slower) where the two-sided
+    """Result r against result base, timed in the same rounds: ``pct`` is the ratio of the
+    medians less 1, in per cent (the figure the pages print beside the two medians; the
+    rounds' count and test, in the note, can lean the other way); ``sign`` +1 (faster) or -1 (slower) where the two-sided
     signed-rank test on the per-round log ratios passes at SIGN_LEVEL, else 0 (not told
     apart); ``ahead`` of ``rounds``: the rounds r was the faster in."""
     pct: float
@@ -271,8 +270,6 @@ def difference(r: dict, base: dict) -> Difference:
     if not a or len(a) != len(b):
         return Difference(pct, 0)
     logs = log_ratios(a, b)
-    if logs:  # the median round, not the ratio of two medians taken apart
-        pct = 100 * (math.exp(statistics.median(logs)) - 1)
     up, down = signed_rank_above(logs), signed_rank_above([-x for x in logs])
     p = min(1.0, 2 * min(up, down))
     sign = 0 if p >= SIGN_LEVEL else (1 if up < down else -1)

@@ -292,6 +292,7 @@ def _prediction_values(rec: dict, n: int, pred: dict) -> dict:
     values["ch2.rung0_by_chain"] = bool(pred) and pred[0][1].startswith("one FMA per")
     above = [i for i in sorted(ratio) if ratio[i] > 1 + NOISE]
     values["ch2.any_above_model"] = bool(above)
+    values["ch2.rung2_above_model"] = 2 in above  # typed: rung 2's prose then says so
     values["ch2.above_model"] = compare.listing([f"rung {i}" for i in above], "none")
     short = [i for i in (1, 2) if i in ratio and ratio[i] < 1 - NOISE]
     close = [i for i in (1, 2) if i in ratio and abs(ratio[i] - 1) <= NOISE]

@@ -94,6 +94,9 @@ def amx_on(options: list[str]) -> bool:
     return any("AMX" in k and v == "ON" for k, v in final.items())
 
 
+# the weight types llama.cpp's AMX kernels take, at the bundled version (VERSION):
+# qtype_has_amx_kernels in ggml/src/ggml-cpu/amx/common.h; the others run on its other kernels
+AMX_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 AMX_OFF = ("no_amx", "safe", "older")  # why a recorded build had no AMX kernels: its pages' keys
 
 

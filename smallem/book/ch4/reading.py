@@ -346,7 +346,8 @@ def _threads_rounds(r4, r3, values):
     groups = _groups(a)
     if len(groups) == 1:
         values["ch4.rung4_groups"] = (f"every round lay between {f(min(a), 'tokens/s')} "
-                                      f"and {f(max(a), 'tokens/s')}, none far from the others")
+                                      f"and {f(max(a), 'tokens/s')}, with no gap between neighbouring "
+                                      f"rounds wide enough to split them into groups")
     else:
         parts = [f"{len(g)} near {f(float(np.median(g)), 'tokens/s')}" for g in reversed(groups)]
         values["ch4.rung4_groups"] = ("they fall into separate groups, " + ", ".join(parts[:-1])

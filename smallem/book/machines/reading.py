@@ -572,7 +572,10 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
          f"{f(ref.CH3_XL_STEP_BEFORE_TOKS)} (naive kernels) → "
          f"{f(ref.CH3_XL_STEP_AFTER_TOKS, 'tokens/s')}",
          f"{v('ch3.numpy_toks', '3-training.md#the-climb')} (numpy) → "
-         f"{v('ch3.climb_top_toks', '3-training.md#the-climb')}", "—", gnm],
+         f"{v('ch3.climb_top_toks', '3-training.md#the-climb')}"
+         # the top rung named: the reference's top is an f32 step, ours may be bf16
+         + (f" ({values['ch3.climb_top']})" if values.get("ch3.climb_top") else ""),
+         "—", gnm],
         ["xl step's share of the f32 peak (our f32 kernels, rung 3 of the climb)",
          f"{100 * ref.CH3_XL_MFU_CPU:.0f} %",
          v("machines.step_share", "3-training.md#the-climb"),

@@ -68,6 +68,7 @@ def _missing(note: str) -> dict:
             | _tol_values()
             | _int8_predicted(None, 0, "") | llama_values(None, {}, 0)
             | _ahead(None) | _tiles(None, None)
+            | {"others.llama_amx_partial": [], "others.llama_amx_types": None}
             | {"others.prefetch_gains": 0, "others.prefetch_losses": 0, "others.commit": None,
                "others.prefetch_gain_least": None,
                "others.prefetch_loss_most": None, "others.prompt_amx_files": None,
@@ -427,6 +428,7 @@ def report(rec_dir=None) -> dict:
             below["rest" if prod and prod >= near * turn else "model"].append(f"{shape} {qtype}")
         rate_rows.append(_rate_row(f"{shape} {qtype}", key, rates))
     _speed_table(rec, facts, rows)
+    values.update(_llama_amx_share(rec))
     figures.write_table("others_types", *types_table(facts, weights, s["threads"]))
     values["others.prefetch_gains"] = signs.count(1)
     values["others.prefetch_losses"] = signs.count(-1)
@@ -455,6 +457,25 @@ def report(rec_dir=None) -> dict:
         None if not amx else "every file" if len(amx) == len(timed) > 1
         else ", ".join(amx[:-1]) + " and " + amx[-1] if len(amx) > 1 else amx[0])
     return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
+
+
+def _llama_amx_share(rec) -> dict:
+    """The files whose weights llama.cpp's AMX kernels take only in part (less than nine
+    tenths of their bytes: llama.AMX_TYPES), with that share and the types left out (typed:
+    a list of [file, share, types]; [] where every file is theirs)."""
+    partial = []
+    for shape, qtype in CASES:
+        ours = _one(rec, "decode", model=shape, type=qtype)
+        mix = (ours or {}).get("params", {}).get("type_bytes") or {}
+        total = sum(mix.values())
+        if not total:
+            continue
+        share = sum(b for t, b in mix.items() if t in llama.AMX_TYPES) / total
+        if share < 0.9:
+            rest = [t for t, _ in sorted(mix.items(), key=lambda kv: -kv[1])
+                    if t not in llama.AMX_TYPES and t not in ("F32", "F16")]
+            partial.append([f"{shape} {qtype}", share, ", ".join(rest)])
+    return {"others.llama_amx_partial": partial, "others.llama_amx_types": list(llama.AMX_TYPES)}
 
 
 def llama_values(ll: dict | None, missing: dict, threads: int, has_amx: bool = False) -> dict:
