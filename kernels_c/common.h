@@ -54,8 +54,13 @@
 #endif
 #if defined(__AMX_TILE__)
 #define SM_AMX_TILE 1
-/* AMX tile registers are named by number in each instruction: macros, not functions. */
-#define SM_TILE_LOADCONFIG(cfg) _tile_loadconfig(cfg)
+/* AMX tile registers are named by number in each instruction: macros, not functions.
+ * The configuration is loaded through an operand of all its 64 bytes: GCC 12's own
+ * _tile_loadconfig tells the compiler that ldtilecfg reads 8 of them, so a configuration
+ * filled just before (and dead after) may lose the stores of its tiles' shapes, and the first
+ * tile instruction dies of SIGILL (llama.cpp's AMX build did: smallem/book/ch4/amx_tilecfg.h). */
+#define SM_TILE_LOADCONFIG(cfg) \
+    __asm__ volatile("ldtilecfg %0" ::"m"(*(const char(*)[64])(const void *)(cfg)))
 #define SM_TILE_RELEASE() _tile_release()
 #define SM_TILE_ZERO(t) _tile_zero(t)
 #define SM_TILE_LOADD(t, base, stride) _tile_loadd(t, base, stride)
