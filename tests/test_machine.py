@@ -632,3 +632,26 @@ def test_a_kept_choice_is_measured_once_and_again_only_when_forgotten(tmp_path, 
     assert machine.kept("t", [1], lambda: measure_it(10)) == 10
     assert machine.forget_kept() == 2 and not list(tmp_path.glob("kept_*"))
     assert machine.kept("t", [1], lambda: measure_it(11)) == 11
+    # a measurement that asks for another kept choice does not wait on itself
+    assert machine.kept("u", [1], lambda: machine.kept("v", [1], lambda: measure_it(12))) == 12
+
+
+def test_processes_started_together_keep_one_choice(tmp_path):
+    """Several processes asking for the same kept choice at once: one measures, the others
+    wait for it and read its value (each would otherwise time its own, contended)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time, os\n"
+        "from smallem.plumbing import build\n"
+        f"build.cache_dir = lambda: __import__('pathlib').Path({str(tmp_path)!r})\n"
+        "from smallem.cpu import machine\n"
+        "def m():\n"
+        "    time.sleep(0.3)\n"
+        "    return os.getpid()\n"
+        "print(machine.kept('race', [1], m))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    got = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert len(got) == 1, got

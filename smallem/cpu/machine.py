@@ -520,13 +520,67 @@ def kept(name: str, key: list, measure_it):
     ident = json.dumps([name, machine_info.cpu_model(), machine_info.usable_cores(),
                         machine_info.caches(), key], sort_keys=True, default=str)
     path = build.cache_dir() / f"{KEPT_PREFIX}{name}_{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+    found = _read_kept(path, ident)
+    if found is not None:
+        return found[0]
+    # one process measures at a time: processes started together (MPI's ranks) wait for the
+    # first one's choice instead of each timing its own, contended, and choosing apart
+    with _kept_lock():
+        found = _read_kept(path, ident)
+        if found is not None:
+            return found[0]
+        return _measure_kept(path, ident, measure_it)
+
+
+def _read_kept(path, ident):
+    """(value,) kept at ``path`` for ``ident``; None where there is none or it is damaged."""
     try:
         with open(path) as f:
             found = json.load(f)
         if found.get("ident") == ident:
-            return found["value"]
+            return (found["value"],)
     except (OSError, ValueError, AttributeError):
         pass  # not measured yet, or a damaged file: measure again
+    return None
+
+
+class _kept_lock:
+    """An exclusive lock on the cache's kept choices: a file lock between processes, taken
+    once per process (a measurement may ask for another kept choice: the prompt's rates
+    load the GEMM, whose loop order is kept too), and none where the cache cannot be
+    written (each process then measures for itself)."""
+    held = 0  # how deep this process is inside the lock
+    mutex = __import__("threading").RLock()
+    file = None
+
+    def __enter__(self):
+        import fcntl
+
+        cls = type(self)
+        cls.mutex.acquire()
+        cls.held += 1
+        if cls.held == 1:
+            try:
+                os.makedirs(build.cache_dir(), exist_ok=True)
+                cls.file = open(build.cache_dir() / ".kept.lock", "a")
+                fcntl.flock(cls.file, fcntl.LOCK_EX)
+            except OSError:
+                if cls.file:
+                    cls.file.close()
+                cls.file = None
+        return self
+
+    def __exit__(self, *exc):
+        cls = type(self)
+        cls.held -= 1
+        if cls.held == 0 and cls.file:
+            cls.file.close()  # closing the file releases the lock
+            cls.file = None
+        cls.mutex.release()
+        return False
+
+
+def _measure_kept(path, ident, measure_it):
     value = measure_it()
     try:
         os.makedirs(path.parent, exist_ok=True)
