@@ -138,11 +138,9 @@ typedef __m256 vec;
 
 /* How far ahead of its loads the micro-kernel asks for B: 4 KiB of B's rows (32 steps on
  * AVX-512, 64 on AVX2), every line of the row that far ahead. The row order reads a new B
- * sliver from the L3 for every tile; left to the hardware's prefetchers, the micro-kernel
- * alone ran at three quarters of its rate from L2 with its slivers in the L3, one core on
- * an Emerald Rapids, and at 87-100 % with this (chapter 2's "alone" table; 8 steps ahead
- * won less, 16 lost 5 % with B in L2). Past the sliver's end the lines asked for are the
- * next sliver's, which the next tile reads. */
+ * sliver from the L3 for every tile, and the hardware's prefetchers alone leave the kernel
+ * waiting on the L3's latency (chapter 2's "alone" table measures both levels). Past the
+ * sliver's end the lines asked for are the next sliver's, which the next tile reads. */
 #define PF_B_BYTES 4096
 
 static inline __attribute__((always_inline)) void
