@@ -413,6 +413,56 @@ def test_every_process_decodes_with_the_same_choices():
     assert first == second and first[0] > 0
 
 
+def test_fresh_processes_are_timed_in_turn():
+    """Chapter 4's fresh processes (book.ch4.processes): each process reports its choices and
+    one sample a round; two of them on the smallest config take the same threshold."""
+    from smallem.book.ch4 import processes
+    got = processes.measure("s", 2, 2, 3, list(b"def "), list(b"    "))
+    assert len(got) == 2
+    for g in got:
+        assert len(g["samples"]) == 3 and all(s > 0 for s in g["samples"])
+        assert g["tokens"] == 4
+    assert got[0]["par_min_bytes"] == got[1]["par_min_bytes"] > 0
+
+
+def test_a_dead_process_is_one_line():
+    from smallem.book.ch4 import processes
+    with pytest.raises(RuntimeError, match=r"died \(exit 1\).*ValueError"):
+        processes.measure("no-such-config", 2, 1, 1, [1], [2])
+
+
+def _process_record(meds, par_min=(1000, 1000), missing=None):
+    rec = {"settings": {"processes": {"processes": len(meds), "rounds": 7, "config": "s",
+                                      "timed_per_turn": 3}, **({"missing": missing} if missing else {})},
+           "machine": {"cpu": "test", "cores": 2, "isa": {"isa": "avx2", "extensions": []}}, "date": "2026-12-06", "commit": "x", "results": []}
+    for i, (m, pm) in enumerate(zip(meds, par_min)):
+        secs = [1 / (m * (1 + 0.001 * k)) for k in range(7)]
+        rec["results"].append({"name": "process_decode", "unit": "tokens/s",
+                               "value": {"median": m}, "seconds": {"median": 1 / m, "samples": secs},
+                               "params": {"process": i, "par_min_bytes": pm, "ahead": 4096}})
+    return rec
+
+
+@pytest.mark.parametrize("meds, word", [((1000, 990), "reached"), ((1000, 800), "not reached")])
+def test_the_processes_verdict_can_fail(meds, word, tmp_path, monkeypatch):
+    """The slowest process against the fastest at 0.95: within 1 % it is reached, at 0.8 it is
+    not; a record without the measurement drops the section (procs_measured False)."""
+    from smallem.book.ch4 import reading
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path))
+    values = {}
+    targets = reading._processes(_process_record(meds), values)
+    assert values["ch4.procs_measured"] and values["ch4.procs_same_choices"]
+    assert values["ch4.procs_verdict"].startswith(word), values["ch4.procs_verdict"]
+    assert len(targets) == 1
+    values = {}
+    assert reading._processes(_process_record(meds, (1000, 2000)), values)
+    assert not values["ch4.procs_same_choices"] and values["ch4.procs_par_min_kib"] == [1000 / 1024, 2000 / 1024]
+    empty = {"settings": {"missing": {"fresh processes": "a decoding process died"}}, "results": []}
+    values = {}
+    assert reading._processes(empty, values) == []
+    assert not values["ch4.procs_measured"] and values["ch4.procs_missing"].startswith("a decoding")
+
+
 def test_threshold_for_threads(monkeypatch):
     """Products smaller than the threshold run on one thread; the threshold is derived."""
     m = _model()

@@ -277,6 +277,32 @@ def measure_fork_join(rec, threads, quick):
         rec.add("fork_join", "s", Timing([s]).stats(), kind=kind, threads=threads)
 
 
+PROCESSES = 10        # fresh processes decoding the ladder's model at rung 4, timed in turn
+PROCESS_ROUNDS = 15   # rounds of them
+
+
+def measure_processes(rec, threads, quick):
+    """Rung 4's decoder of the ladder's model in PROCESSES fresh processes, each process one
+    sample a round, in turn (:mod:`.processes`): whether every process decodes at one speed.
+    A process that dies is said in the record's missing, never fatal."""
+    from . import processes
+
+    cfg = "s" if quick else LADDER_CONFIG
+    n, rounds = (2, 2) if quick else (PROCESSES, PROCESS_ROUNDS)
+    try:
+        got = processes.measure(cfg, threads, n, rounds, PROMPT,
+                                FEED[:8] if quick else FEED[:64])
+    except (RuntimeError, OSError, ValueError) as e:
+        rec.data["settings"].setdefault("missing", {})["fresh processes"] = str(e)[-300:]
+        return
+    for i, g in enumerate(got):
+        _add(rec, "process_decode", Timing(g["samples"]), g["tokens"], process=i, config=cfg,
+             threads=threads, rung=decode.RUNGS[processes.RUNG].index,
+             par_min_bytes=g["par_min_bytes"], ahead=g["ahead"])
+    rec.data["settings"]["processes"] = {"processes": n, "rounds": rounds, "config": cfg,
+                                         "timed_per_turn": processes.TIMED}
+
+
 def _llama_peer(threads: int) -> tuple[dict | None, str | None]:
     """llama.cpp's tools if they run here (llama.usable's short runs on chapter 4's smallest
     model in Q8_0 and Q4_0), else (None, why)."""
@@ -309,6 +335,10 @@ def bench_decode(quick: bool | None = None, progress: bool = True, threads: int 
         if progress:
             print(f"L3 study: {time.perf_counter() - t:.0f} s", flush=True)
     measure_fork_join(rec, threads, quick)
+    t = time.perf_counter()
+    measure_processes(rec, threads, quick)
+    if progress:
+        print(f"fresh processes: {time.perf_counter() - t:.0f} s", flush=True)
     rec.data["settings"]["regions_per_token"] = "5 per block + 1 (four products and the " \
                                                 "attention per block, then the head)"
     return rec

@@ -26,12 +26,14 @@ DRAM_SHARE = 0.8      # ... there, weight bytes per second against chapter 1's D
 PP_VS_LLAMA = 1.0     # prompt processing (the ladder's prompt) against llama.cpp's pp
 INT8_VS_F32 = 2.5     # int8 decode against our f32 decode, beyond the L3
 QUALITY = 0.01        # int8's validation bits per byte within 1 % of f32's
+PROCESS_SPREAD = 0.95 # the slowest of the fresh processes at least this share of the fastest
 
 
 def target_values() -> dict:
     return {"ch4.target_l3_is": f"{L3_VS_LLAMA:g} times", "ch4.target_dram_is": f"{DRAM_VS_LLAMA:g} times",
             "ch4.target_dram_share_is": f"{100 * DRAM_SHARE:.0f} %", "ch4.target_pp_is": f"{PP_VS_LLAMA:g} times",
-            "ch4.target_int8_is": f"{INT8_VS_F32:g} times", "ch4.target_quality_is": f"{100 * QUALITY:g} %"}
+            "ch4.target_int8_is": f"{INT8_VS_F32:g} times", "ch4.target_quality_is": f"{100 * QUALITY:g} %",
+            "ch4.target_spread": PROCESS_SPREAD}
 
 
 def _verdict(ours, theirs, target: float) -> str:
@@ -617,6 +619,44 @@ def _small_regions(rec, d: int, r) -> tuple[int, int | None]:
     return max(products, 8 * positions * d), r["params"].get("par_min_bytes")
 
 
+def _processes(rec, values) -> list[str]:
+    """The fresh processes (measuring.measure_processes): each one's median, the slowest
+    against the fastest round by round (the pair chosen by their medians, which leans the test
+    toward "not reached"), and whether every process took the same choices."""
+    rs = sorted(records.results(rec, "process_decode"), key=lambda r: r["params"]["process"])
+    st = rec["settings"].get("processes")
+    values["ch4.procs_missing"] = rec["settings"].get("missing", {}).get("fresh processes")
+    values["ch4.procs_measured"] = bool(rs) and st is not None
+    if not values["ch4.procs_measured"]:
+        return []
+    meds = [records.median(r) for r in rs]
+    slow, fast = rs[int(np.argmin(meds))], rs[int(np.argmax(meds))]
+    v = compare.against(slow, fast, PROCESS_SPREAD)
+    pm = sorted({r["params"]["par_min_bytes"] for r in rs})
+    values.update({"ch4.procs_n": len(rs), "ch4.procs_rounds": st["rounds"],
+                   "ch4.procs_timed": st["timed_per_turn"], "ch4.procs_config": st["config"],
+                   "ch4.procs_slowest": min(meds), "ch4.procs_fastest": max(meds),
+                   "ch4.procs_ratio": v.ratio, "ch4.procs_verdict": v.text(),
+                   "ch4.procs_same_choices": len(pm) == 1
+                   and len({r["params"]["ahead"] for r in rs}) == 1,
+                   "ch4.procs_par_min_kib": [b / 1024 for b in pm],
+                   # the widest spread of one process's rounds, over its median
+                   "ch4.procs_within": max((max(compare.per_round_rates(r))
+                                            - min(compare.per_round_rates(r))) / records.median(r)
+                                           for r in rs)})
+    rows = [[r["params"]["process"] + 1, f(r["params"]["par_min_bytes"] / 1024, "KiB"),
+             f(records.median(r), "tokens/s"),
+             f"{f(min(compare.per_round_rates(r)))} to {f(max(compare.per_round_rates(r)))}"]
+            for r in rs]
+    figures.write_table("ch4_processes", rows, ["process", "thread threshold", "median",
+                                                "rounds' range"],
+                        f"Rung 4's decoder of the {st['config']} model in {len(rs)} fresh "
+                        f"processes, {st['rounds']} rounds, the processes in turn; a round's "
+                        f"sample is the median of {st['timed_per_turn']} decodes after an "
+                        f"untimed one. {figures.machine_line(rec)}.")
+    return [f"the slowest of {len(rs)} fresh processes against the fastest: " + v.text()]
+
+
 def _quality(rec, values):
     f32, q8 = (records.median(_one(rec, "val_bpb", dtype=d)) for d in ("f32", "int8"))
     change = q8 / f32 - 1
@@ -708,6 +748,7 @@ def report(rec_dir) -> dict:
     values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     values["ch4.measured"] = records.exists(RECORD, rec_dir)
     values["ch4.study_measured"] = False
+    values["ch4.procs_measured"] = False
     values["ch4.quality_measured"] = records.exists(RECORD_QUALITY, rec_dir)
     values["ch4.study_tokens"] = values["ch4.study_round"] = "not measured"
     values["ch4.study_token_range"] = f"at least {STUDY_MIN_TOKENS}, at most {STUDY_TOKENS}"
@@ -721,6 +762,7 @@ def report(rec_dir) -> dict:
         _ladder(rec, facts, values)
         targets += _targets(rec, values, rec_dir)
         targets += _study(rec, facts, values)
+        targets += _processes(rec, values)
     if records.exists(RECORD_QUALITY, rec_dir):
         targets += _quality(records.load(RECORD_QUALITY, rec_dir), values)
     for key in PAGE_KEYS:  # appendix C reads the rungs' rates: "not measured" there
