@@ -142,7 +142,7 @@ double sm_time_product(const sm_mat *w, int reps)
         clock_gettime(CLOCK_MONOTONIC, &t0);
         if (tiled) {
             sm_quantize_rows(x, 1, K, (int8_t *)a, xs);
-            if (w->kind == KIND_BLOCKS) tiles_span(w, (int8_t *)a, xs, 1, y, 0, w->N);
+            if (w->kind == KIND_BLOCKS) tiles_span(w, (int8_t *)a, xs, 1, y, 0, w->N, PREFETCH_AHEAD);
             else sm_matmul(w, x, (int8_t *)a, xs, y, 1, 0, 1);
         } else if (w->kind == KIND_BLOCKS) {
             sm_g_quantize(w->type, x, K, a);
@@ -395,7 +395,7 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
                 for (int r = 0; r < rows; r++)
                     memset(ys[i] + (size_t)r * ws[i]->N + j0, 0, sizeof(float) * (size_t)(j1 - j0));
             else if (ws[i]->q)
-                tiles_span(ws[i], (const int8_t *)act[i], xs[i], rows, ys[i], j0, j1);
+                tiles_span(ws[i], (const int8_t *)act[i], xs[i], rows, ys[i], j0, j1, m->ahead);
             else
                 rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1, m->ahead);
         }

@@ -101,18 +101,19 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
           figures.plain(values[f"others.{k}.tg_prefetch"] or "not measured"))
 
 # %% [markdown]
-# ## Q8_0 in chapter 4's tiles
+# ## Q8_0 and Q4_0 in chapter 4's tiles
 #
-# A Q8_0 matrix repacked once into chapter 4's tiles gives the same products as its rows
-# (the same integers and scales, another order of float additions); the decoder streams the
-# tiles. Both layouts, timed in the same rounds.
+# A Q8_0 or Q4_0 matrix repacked once into chapter 4's tiles (Q4_0 keeps its nibbles) gives
+# the same products as its rows (the same integers and scales, another order of float
+# additions); the decoder streams the tiles. Both layouts, timed in the same rounds.
 
 # %%
-mq = gguf_file.open_model(files.quantise(path, tmp / "tiny-Q8_0.gguf", "Q8_0", None))  # the gguf package's
-tq = next(t for t in mq.tensors.values() if t.type == "Q8_0" and t.name.startswith("blk."))
-x = np.random.default_rng(5).normal(0, 1, (1, tq.ne[0])).astype(np.float32)
-on_rows, in_tiles = gguf_products.matmul(tq, x), gguf_products.matmul(tq, x, tiles=True)
-print("tiles against rows, largest difference over the largest output:",
-      np.abs(in_tiles - on_rows).max() / np.abs(on_rows).max())
+for qt in ("Q8_0", "Q4_0"):
+    mq = gguf_file.open_model(files.quantise(path, tmp / f"tiny-{qt}.gguf", qt, None))  # the gguf package's
+    tq = next(t for t in mq.tensors.values() if t.type == qt and t.name.startswith("blk."))
+    x = np.random.default_rng(5).normal(0, 1, (1, tq.ne[0])).astype(np.float32)
+    on_rows, in_tiles = gguf_products.matmul(tq, x), gguf_products.matmul(tq, x, tiles=True)
+    print(qt, "tiles against rows, largest difference over the largest output:",
+          np.abs(in_tiles - on_rows).max() / np.abs(on_rows).max())
 display(Markdown((figures.tables_dir() / "others_tiles.md").read_text()))
 print(values["others.tiles_file"], "| tiles against rows:", figures.plain(values["others.tiles_vs_rows"]))

@@ -135,7 +135,7 @@ def test_every_int8_path(lvl, without, monkeypatch, rng):
         a = np.stack([gguf_products.quantize(qtype, r)[1] for r in x])
         assert_product(gguf_products.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
                        f"{qtype} {lvl} without {without or 'nothing'}")
-        if qtype == "Q8_0":  # the decode layout in tiles on the same path
+        if qtype in ("Q8_0", "Q4_0"):  # the decode layout in tiles on the same path
             assert_product(gguf_products.matmul(t, x, threads=2, tiles=True), a,
                            t.dequantize().astype(np.float64), f"tiles {lvl}")
         if qtype in gguf_products.INT8_TYPES:  # the prompt's integer GEMM on the same path
@@ -160,27 +160,32 @@ def test_every_block_count_and_prefetch_distance(qtype, level, rng):
             assert np.array_equal(got, y), (qtype, K, ahead, threads)
 
 
-def test_q8_0_tiles_against_float64(level, rng):
-    """A Q8_0 matrix repacked into chapter 4's tiles (sm_g_tile_q8_0) and multiplied there:
-    the rounded activations by the file's values, in float64, at block counts that leave
-    every tail, outputs short of a tile, past one and past a thread's run of tiles, one row
-    and several, one thread and two; an all-zero block of activations (scale 0) included."""
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_tiles_against_float64(qtype, level, rng):
+    """A Q8_0 or Q4_0 matrix repacked into chapter 4's tiles (sm_g_tile_q8_0, sm_g_tile_q4_0)
+    and multiplied there: the rounded activations by the file's values, in float64, at block
+    counts that leave every tail, outputs short of a tile, past one and past a thread's run
+    of tiles, one row and several (a prompt's four and the rest), one thread and two; an
+    all-zero block of activations (scale 0) included; the prefetch distance changes no bit."""
     for K in (32, 64, 96, 288, 896):
-        for rows, N in ((1, 1), (1, 17), (2, 33), (5, 40), (1, 300), (3, 129)):
-            t = random_tensor("Q8_0", N, K, rng)
+        for rows, N in ((1, 1), (1, 17), (2, 33), (5, 40), (1, 300), (3, 129), (9, 131)):
+            t = random_tensor(qtype, N, K, rng)
             x = rng.normal(0, 1, (rows, K)).astype(np.float32)
             x[0, :32] = 0
             a = np.stack([gguf_products.quantize("Q8_0", r, level)[1] for r in x])
             w = t.dequantize().astype(np.float64)
             for threads in (1, 2):
                 y = gguf_products.matmul(t, x, threads=threads, level=level, tiles=True)
-                assert_product(y, a, w, f"tiles {rows}x{K}x{N} threads={threads} {level}")
+                assert_product(y, a, w, f"{qtype} tiles {rows}x{K}x{N} threads={threads} {level}")
+            for ahead in (0, 64, 1 << 20):
+                got = gguf_products.matmul(t, x, threads=2, level=level, tiles=True, ahead=ahead)
+                assert np.array_equal(got, y), (qtype, K, N, rows, ahead)
 
 
-def test_only_q8_0_has_tiles(rng):
-    for qtype in ("Q4_0", "Q4_K", "F32"):
+def test_only_q8_0_and_q4_0_have_tiles(rng):
+    for qtype in ("Q5_0", "Q4_K", "F32"):
         t = random_tensor(qtype, 4, 256, rng)
-        with pytest.raises(ValueError, match="only a Q8_0"):
+        with pytest.raises(ValueError, match="only a Q8_0 or Q4_0"):
             gguf_products.matmul(t, np.zeros((1, 256), np.float32), tiles=True)
 
 
@@ -309,24 +314,49 @@ def test_the_rest_of_a_step_reads_no_weight(tmp_path):
         Forward.from_gguf(mf, ahead=-4096)
 
 
-def test_a_q8_0_file_decodes_through_its_tiles(tmp_path, level):
-    """Forward repacks each Q8_0 matrix (not the embedding) into tiles once a Spec and decodes
-    through them: the tiles hold the file's integers and scales, and the logits of a prompt
-    and of the steps after it equal those of the same decoder on the file's rows up to the
-    order of float32 sums (the integers and their scales are the same)."""
+def _q4_0_tiles(blocks: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """A Q4_0 matrix's tiles as sm_g_tile_q4_0 lays them out, in numpy: tiles of 16 rows in
+    groups of 8; in a group, block b's 4-byte group g of every tile's 16 rows is one line per
+    tile, the group's tiles side by side; the f16 scales as Q8_0's."""
+    nb, tiles = K // 32, -(-N // 16)
+    qs = np.zeros((tiles * 16, nb, 16), np.uint8)
+    d = np.zeros((tiles * 16, nb), np.uint16)
+    qs[:N] = blocks[:, :, 2:]
+    d[:N] = blocks[:, :, :2].copy().view(np.uint16)[..., 0]
+    q, s = [], []
+    for first in range(0, tiles, 8):
+        ng = min(8, tiles - first)
+        grp = qs[16 * first:16 * (first + ng)].reshape(ng, 16, nb, 4, 4)  # tile, row, b, g, byte
+        q.append(grp.transpose(2, 3, 0, 1, 4).reshape(-1))               # b, g, tile, row, byte
+        s.append(d[16 * first:16 * (first + ng)].reshape(ng, 16, nb).transpose(2, 0, 1).reshape(-1))
+    return np.concatenate(q), np.concatenate(s)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_a_file_decodes_through_its_tiles(qtype, tmp_path, level):
+    """Forward repacks each Q8_0 or Q4_0 matrix (not the embedding) into tiles once a Spec and
+    decodes through them: the tiles hold the file's integers (Q4_0's nibbles as they are) and
+    scales, and the logits of a prompt and of the steps after it equal those of the same
+    decoder on the file's rows up to the order of float32 sums (the integers and their
+    scales are the same)."""
     src = gguf_models.write(tmp_path / "m.gguf", "llama", None, d=64, hidden=96)
-    mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", "Q8_0"))
+    mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", qtype))
     tiles = Forward.from_gguf(mf, threads=2, par_min_bytes=0)
     rows = Forward.from_gguf(mf, threads=2, par_min_bytes=0, repack=False)
     kept = [w for w in tiles._keep if isinstance(w, Tiled)]
     assert kept and not any(isinstance(w, Tiled) for w in rows._keep)
     assert all(w.blocks.t.name != "token_embd.weight" for w in kept)
-    for w in kept:  # the layout chapter 4's packer writes, from the file's blocks
-        blocks = w.blocks.data.reshape(w.N, -1, 34)
-        q = blocks[:, :, 2:].copy().view(np.int8).reshape(w.N, w.K).T
-        d = blocks[:, :, :2].copy().view(np.float16)[..., 0].T
-        wq, ws = quant.pack_q8(q, d)
-        assert np.array_equal(w.q, wq) and np.array_equal(w.s, ws), w.blocks.t.name
+    assert any(w.blocks.t.type == qtype for w in kept)
+    for w in kept:  # the layout the packer writes, from the file's blocks
+        if w.blocks.t.type == "Q8_0":
+            blocks = w.blocks.data.reshape(w.N, -1, 34)
+            q = blocks[:, :, 2:].copy().view(np.int8).reshape(w.N, w.K).T
+            d = blocks[:, :, :2].copy().view(np.float16)[..., 0].T
+            wq, ws = quant.pack_q8(q, d)
+            assert np.array_equal(w.q.view(np.int8), wq) and np.array_equal(w.s, ws), w.blocks.t.name
+        else:
+            wq, ws = _q4_0_tiles(w.blocks.data.reshape(w.N, -1, 18), w.N, w.K)
+            assert np.array_equal(w.q, wq) and np.array_equal(w.s, ws), w.blocks.t.name
     ids = [3, 1, 4, 1, 5, 9, 2]
     for a, b in ((tiles.forward(ids, all_logits=True, path="c"),
                   rows.forward(ids, all_logits=True, path="c")),

@@ -166,13 +166,42 @@ int sm_g_tile_q8_0(const sm_mat *w, int8_t *q, uint16_t *s)
 }
 /* --8<-- [end:tile_q8_0] */
 
+/* --8<-- [start:tile_q4_0] */
+/* A Q4_0 matrix's decode layout, as sm_g_tile_q8_0's but with the file's nibbles kept: a
+ * block's 16 bytes of each row cut into 4 groups of 4 bytes, 16 rows' group side by side in a
+ * 64-byte line (tiles.c's q4_block), the f16 scales as Q8_0's. q holds N16 K / 2 bytes, s
+ * N16 K / 32 halves, zeroed by the caller. Returns 0, or -1 for a matrix that is not Q4_0 of
+ * a K a multiple of 32. */
+int sm_g_tile_q4_0(const sm_mat *w, uint8_t *q, uint16_t *s)
+{
+    if (w->kind != KIND_BLOCKS || w->type != T_Q4_0 || w->K % QBLOCK) return -1;
+    const int nb = w->K / QBLOCK, tiles = PAD(w->N, TILE) / TILE;
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        size_t base, ls, sbase, ss;
+        lines_of(t, tiles, (size_t)w->K / 8, &base, &ls);
+        lines_of(t, tiles, (size_t)nb, &sbase, &ss);
+        for (int l = 0; l < TILE && t * TILE + l < w->N; l++) {
+            const blk_q4_0 *row = (const blk_q4_0 *)(w->w + (size_t)(t * TILE + l) * (size_t)w->row_bytes);
+            for (int b = 0; b < nb; b++) {
+                s[(sbase + (size_t)b * ss) * TILE + l] = row[b].d;
+                for (int g = 0; g < QBLOCK / 8; g++)
+                    memcpy(q + (base + ((size_t)b * (QBLOCK / 8) + g) * ls) * 64 + 4 * l,
+                           row[b].qs + 4 * g, 4);
+            }
+        }
+    }
+    return 0;
+}
+/* --8<-- [end:tile_q4_0] */
+
 /* y (rows, N) = the int8 rows (xq, their block scales xs: sm_quantize_rows) by w's tiles,
  * for its rows j0..j1 (j0 a multiple of 16 TILE_RUN: whole runs of tiles inside a group),
  * tile-major: one decode row takes DNT tiles at a time, a prompt's rows four at a time
  * against two tiles (tiles.c's run_block). */
 #define TILE_RUN DNT
 static void tiles_span(const sm_mat *w, const int8_t *xq, const float *xs, int rows, float *y,
-                       int j0, int j1)
+                       int j0, int j1, long long ahead)
 {
     const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK, G = rows == 1 ? DNT : 2;
     const int t1 = (j1 + TILE - 1) / TILE;
@@ -180,7 +209,7 @@ static void tiles_span(const sm_mat *w, const int8_t *xq, const float *xs, int r
         const int nt = t1 - t < G ? t1 - t : G;
         for (int r0 = 0; r0 < rows; r0 += MAXRB)
             run_block(w, t, nt, rows - r0 < MAXRB ? rows - r0 : MAXRB, NULL,
-                      xq + (size_t)r0 * K32, xs + (size_t)r0 * nb, y + (size_t)r0 * w->N, 0);
+                      xq + (size_t)r0 * K32, xs + (size_t)r0 * nb, y + (size_t)r0 * w->N, 0, ahead);
     }
 }
 
@@ -235,7 +264,8 @@ void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthrea
         for (int t = 0; t < nt; t++) {
             const int c0 = (int)((long long)runs * t / nt), c1 = (int)((long long)runs * (t + 1) / nt);
             const int j1 = TILE * TILE_RUN * c1 < w->N ? TILE * TILE_RUN * c1 : w->N;
-            tiles_span(w, (int8_t *)act, xs, rows, y, TILE * TILE_RUN * c0, j1);
+            tiles_span(w, (int8_t *)act, xs, rows, y, TILE * TILE_RUN * c0, j1,
+                       ahead < 0 ? PREFETCH_AHEAD : ahead);
         }
     } else {
         matmul_with(w, x, rows, y, act, nthreads, ahead < 0 ? PREFETCH_AHEAD : ahead);

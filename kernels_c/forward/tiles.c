@@ -188,7 +188,7 @@ INLINE void f32_block(const sm_mat *w, int t0, const int NT, const int RB, const
  * t0..t0+NT-1: each block's sums exact in int32, then scaled by s_jb a_b into a float
  * accumulator, as ggml's Q8_0 dot does. */
 INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const int8_t *xq,
-                     int ldq, const float *xs, float *y, int ldy, int accumulate)
+                     int ldq, const float *xs, float *y, int ldy, int accumulate, long long ahead)
 {
     const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK, lds = ldq / QBLOCK;
     size_t base, ls, sbase, ss;
@@ -214,6 +214,7 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
             __m512i wv[MAXNT];
             for (int i = 0; i < NT; i++) {
                 wv[i] = _mm512_loadu_si512((const void *)(wt + (kk * ls + i) * 64));
+                if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
                 qsum[i] = _mm512_dpbusd_epi32(qsum[i], ones, wv[i]);
             }
             for (int r = 0; r < RB; r++) {
@@ -271,11 +272,13 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
         for (int g = 0; g < QBLOCK / 4; g++) {
             const size_t kk = (size_t)b * (QBLOCK / 4) + g;
             __m256i wv[MAXNT][2];
-            for (int i = 0; i < NT; i++)
+            for (int i = 0; i < NT; i++) {
+                if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
                 for (int hh = 0; hh < 2; hh++) {
                     wv[i][hh] = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
                     Q8_SUM(qsum[i][hh], wv[i][hh]);
                 }
+            }
             for (int r = 0; r < RB; r++) {
                 int32_t x4;
                 memcpy(&x4, xq + (size_t)r * ldq + kk * 4, 4);
@@ -308,6 +311,7 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
             finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
         }
 #else
+    (void)ahead;
     for (int r = 0; r < RB; r++)
         for (int i = 0; i < NT; i++) {
             float v[TILE] = {0};
@@ -327,11 +331,171 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
 }
 /* --8<-- [end:q8_block] */
 
+/* --8<-- [start:q4_block] */
+/* A Q4_0 matrix in tiles (blocks.c, sm_g_tile_q4_0): as q8_block, but each 64-byte line holds
+ * 16 rows' 4 bytes of one block's nibbles, the low nibbles values 4g..4g+3 of the block, the
+ * high ones 16+4g..16+4g+3, so a line is two vpdpbusd of 16 outputs, the weights unsigned
+ * (q, 0..15) against the activation signed; each block's sum starts from -8 times the
+ * activation's block sum, which takes the 8 out of q - 8 exactly. */
+INLINE int32_t block_sum8(const int8_t *x)
+{
+#if defined(SM_AVX2)
+    /* the 32 bytes + 128 summed by vpsadbw against zero, less 32 x 128 */
+    const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x), _mm256_set1_epi8((char)0x80));
+    const __m256i s = _mm256_sad_epu8(u, _mm256_setzero_si256());
+    const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+#else
+    int32_t t = 0;
+    for (int k = 0; k < QBLOCK; k++) t += x[k];
+    return t;
+#endif
+}
+INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const int8_t *xq,
+                     int ldq, const float *xs, float *y, int ldy, int accumulate, long long ahead)
+{
+    const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK, lds = ldq / QBLOCK;
+    size_t base, ls, sbase, ss;
+    lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)K32 / 8, &base, &ls);
+    lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)nb, &sbase, &ss);
+    const uint8_t *wt = (const uint8_t *)w->q + base * 64; /* tile t0+i, line kk: (kk ls + i) 64 */
+    const uint16_t *st = w->s + sbase * TILE;              /* its block b's scales: (b ss + i) 16 */
+#if defined(SM_AVX512_VNNI)
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 facc[MAXRB][MAXNT];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) facc[r][i] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i iacc[MAXRB][MAXNT];
+        for (int r = 0; r < RB; r++) {
+            const __m512i init = _mm512_set1_epi32(-8 * block_sum8(xq + (size_t)r * ldq + (size_t)b * QBLOCK));
+            for (int i = 0; i < NT; i++) iacc[r][i] = init;
+        }
+        for (int g = 0; g < QBLOCK / 8; g++) {
+            const size_t kk = (size_t)b * (QBLOCK / 8) + g;
+            __m512i lo[MAXNT], hi[MAXNT];
+            for (int i = 0; i < NT; i++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(wt + (kk * ls + i) * 64));
+                if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
+                lo[i] = _mm512_and_si512(v, m4);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            for (int r = 0; r < RB; r++) {
+                const int8_t *xb = xq + (size_t)r * ldq + (size_t)b * QBLOCK + 4 * g;
+                int32_t x0, x1;
+                memcpy(&x0, xb, 4);
+                memcpy(&x1, xb + 16, 4);
+                const __m512i a0 = _mm512_set1_epi32(x0), a1 = _mm512_set1_epi32(x1);
+                for (int i = 0; i < NT; i++)
+                    iacc[r][i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(iacc[r][i], lo[i], a0), hi[i], a1);
+            }
+        }
+        for (int i = 0; i < NT; i++) {
+            const __m512 sc = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(st + ((size_t)b * ss + i) * TILE)));
+            for (int r = 0; r < RB; r++)
+                facc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][i]),
+                                             _mm512_mul_ps(sc, _mm512_set1_ps(xs[(size_t)r * lds + b])),
+                                             facc[r][i]);
+        }
+    }
+    for (int i = 0; i < NT; i++)
+        for (int r = 0; r < RB; r++) {
+            float v[TILE];
+            _mm512_storeu_ps(v, facc[r][i]);
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#elif defined(SM_AVX2)
+    /* each line as two ymm halves of 8 outputs: vpdpbusd on ymm with AVX-VNNI, else
+     * vpmaddubsw (q unsigned, at most 15 x 128 x 2 a pair: no saturation) and vpmaddwd */
+#if defined(SM_AVX_VNNI)
+#define Q4_DOT(acc, u, x) _mm256_dpbusd_avx_epi32(acc, u, x)
+#else
+#define Q4_DOT(acc, u, x) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), \
+                                                                   _mm256_set1_epi16(1)))
+#endif
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 facc[MAXRB][MAXNT][2];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) facc[r][i][0] = facc[r][i][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i iacc[MAXRB][MAXNT][2];
+        for (int r = 0; r < RB; r++) {
+            const __m256i init = _mm256_set1_epi32(-8 * block_sum8(xq + (size_t)r * ldq + (size_t)b * QBLOCK));
+            for (int i = 0; i < NT; i++) iacc[r][i][0] = iacc[r][i][1] = init;
+        }
+        for (int g = 0; g < QBLOCK / 8; g++) {
+            const size_t kk = (size_t)b * (QBLOCK / 8) + g;
+            __m256i lo[MAXNT][2], hi[MAXNT][2];
+            for (int i = 0; i < NT; i++) {
+                if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
+                for (int hh = 0; hh < 2; hh++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
+                    lo[i][hh] = _mm256_and_si256(v, m4);
+                    hi[i][hh] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                }
+            }
+            for (int r = 0; r < RB; r++) {
+                const int8_t *xb = xq + (size_t)r * ldq + (size_t)b * QBLOCK + 4 * g;
+                int32_t x0, x1;
+                memcpy(&x0, xb, 4);
+                memcpy(&x1, xb + 16, 4);
+                const __m256i a0 = _mm256_set1_epi32(x0), a1 = _mm256_set1_epi32(x1);
+                for (int i = 0; i < NT; i++)
+                    for (int hh = 0; hh < 2; hh++)
+                        iacc[r][i][hh] = Q4_DOT(Q4_DOT(iacc[r][i][hh], lo[i][hh], a0), hi[i][hh], a1);
+            }
+        }
+        for (int i = 0; i < NT; i++)
+            for (int hh = 0; hh < 2; hh++) {
+                const __m256 sc = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(st + ((size_t)b * ss + i) * TILE + 8 * hh)));
+                for (int r = 0; r < RB; r++)
+                    facc[r][i][hh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][i][hh]),
+                                                     _mm256_mul_ps(sc, _mm256_set1_ps(xs[(size_t)r * lds + b])),
+                                                     facc[r][i][hh]);
+            }
+    }
+#undef Q4_DOT
+    for (int i = 0; i < NT; i++)
+        for (int r = 0; r < RB; r++) {
+            float v[TILE];
+            _mm256_storeu_ps(v, facc[r][i][0]);
+            _mm256_storeu_ps(v + 8, facc[r][i][1]);
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#else
+    (void)ahead;
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NT; i++) {
+            float v[TILE] = {0};
+            const int8_t *xr = xq + (size_t)r * ldq;
+            for (int b = 0; b < nb; b++)
+                for (int l = 0; l < TILE; l++) {
+                    int32_t acc = -8 * block_sum8(xr + (size_t)b * QBLOCK);
+                    for (int j = 0; j < QBLOCK / 2; j++) { /* byte j of the row's block */
+                        const uint8_t q = wt[(((size_t)b * 4 + (size_t)(j / 4)) * ls + i) * 64 + l * 4 + j % 4];
+                        acc += (int32_t)(q & 15) * xr[b * QBLOCK + j] + (int32_t)(q >> 4) * xr[b * QBLOCK + 16 + j];
+                    }
+                    const float d = sm_f16_to_f32(st[((size_t)b * ss + i) * TILE + l]) *
+                                    xs[(size_t)r * lds + b];
+                    v[l] = fmaf((float)acc, d, v[l]);
+                }
+            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
+        }
+#endif
+}
+/* --8<-- [end:q4_block] */
+
 /* One block of work, its shape chosen from a few compiled ones. */
-#define BLOCK(NT, RB) (w->kind ? q8_block(w, t0, NT, RB, xq, K32, xs, y, N, acc) \
+#define Q4_TILES(w) ((w)->kind == KIND_BLOCKS && (w)->type == T_Q4_0)
+#define INT_BLOCK(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc)                                    \
+    (Q4_TILES(w) ? q4_block(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc, ahead)                   \
+                 : q8_block(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc, ahead))
+#define BLOCK(NT, RB) (w->kind ? INT_BLOCK(w, t0, NT, RB, xq, K32, xs, y, N, acc) \
                                : f32_block(w, t0, NT, RB, x, K, y, N, acc))
 static void run_block(const sm_mat *w, int t0, int nt, int rb, const float *x,
-                      const int8_t *xq, const float *xs, float *y, int acc)
+                      const int8_t *xq, const float *xs, float *y, int acc, long long ahead)
 {
     const int K = w->K, N = w->N, K32 = PAD(K, QBLOCK);
     if (rb == MAXRB && nt == 2) BLOCK(2, MAXRB);
@@ -339,13 +503,13 @@ static void run_block(const sm_mat *w, int t0, int nt, int rb, const float *x,
     else if (nt == DNT) for (int r = 0; r < rb; r++) {
         const float *xr = x + (size_t)r * K; const int8_t *qr = xq + (size_t)r * K32;
         float *yr = y + (size_t)r * N;
-        (w->kind ? q8_block(w, t0, DNT, 1, qr, K32, xs + (size_t)r * (K32 / QBLOCK), yr, N, acc)
+        (w->kind ? INT_BLOCK(w, t0, DNT, 1, qr, K32, xs + (size_t)r * (K32 / QBLOCK), yr, N, acc)
                  : f32_block(w, t0, DNT, 1, xr, K, yr, N, acc));
     }
     else for (int r = 0; r < rb; r++) for (int i = 0; i < nt; i++) {
         const float *xr = x + (size_t)r * K; const int8_t *qr = xq + (size_t)r * K32;
         float *yr = y + (size_t)r * N;
-        (w->kind ? q8_block(w, t0 + i, 1, 1, qr, K32, xs + (size_t)r * (K32 / QBLOCK), yr, N, acc)
+        (w->kind ? INT_BLOCK(w, t0 + i, 1, 1, qr, K32, xs + (size_t)r * (K32 / QBLOCK), yr, N, acc)
                  : f32_block(w, t0 + i, 1, 1, xr, K, yr, N, acc));
     }
 }
@@ -368,7 +532,7 @@ void sm_matmul(const sm_mat *w, const float *x, const int8_t *xq, const float *x
         const int nt = tiles - t0 < G ? tiles - t0 : G, rb = rows - r0 < MAXRB ? rows - r0 : MAXRB;
         run_block(w, t0, nt, rb, x ? x + (size_t)r0 * K : NULL,
                   xq ? xq + (size_t)r0 * K32 : NULL, xs ? xs + (size_t)r0 * (K32 / QBLOCK) : NULL,
-                  y + (size_t)r0 * w->N, accumulate);
+                  y + (size_t)r0 * w->N, accumulate, 0);
     }
 }
 /* --8<-- [end:matmul] */

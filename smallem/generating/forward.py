@@ -50,6 +50,11 @@ KIND_BLOCKS = build.header_enum("KIND", "forward.h")["blocks"]  # sm_mat.kind of
 GGML_IDS = {k.upper(): v for k, v in build.header_enum("T", "forward.h").items()
             if k != "q8_0x2"}
 Q8_0_ID = GGML_IDS["Q8_0"]
+Q4_0_ID = GGML_IDS["Q4_0"]
+# the GGUF types with a decode layout in tiles (:class:`Tiled`): their ids, and the bytes of
+# tile two weights take (Q8_0's int8, Q4_0's nibbles kept)
+TILE_TYPES = {Q8_0_ID: 2, Q4_0_ID: 1}
+TILE_TYPE_NAMES = tuple(n for n, i in GGML_IDS.items() if i in TILE_TYPES)  # ("Q4_0", "Q8_0")
 
 ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
           -4: "a token id outside the vocabulary",
@@ -120,22 +125,25 @@ class Blocks:
 
 
 class Tiled:
-    """A GGUF Q8_0 tensor with its decode layout: the file's blocks (the prompt's GEMM and
-    the embedding read them) and, beside them, the same int8 values and f16 scales repacked
-    once into chapter 4's tiles (``sm_g_tile_q8_0``), which every product below the GEMM
-    branch streams instead of the rows. ``nbytes``: the tiles' bytes, what a token reads."""
+    """A GGUF Q8_0 or Q4_0 tensor with its decode layout: the file's blocks (the prompt's GEMM
+    and the embedding read them) and, beside them, the same integers and f16 scales repacked
+    once into chapter 4's tiles (``sm_g_tile_q8_0``, ``sm_g_tile_q4_0``: Q4_0 keeps its
+    nibbles), which every product below the GEMM branch streams instead of the rows.
+    ``nbytes``: the tiles' bytes, what a token reads."""
 
     def __init__(self, blocks: Blocks, ffi, lib):
         if not tileable(blocks):
-            raise ValueError("only a Q8_0 matrix of a K a multiple of 32 has tiles")
+            raise ValueError("only a Q8_0 or Q4_0 matrix of a K a multiple of 32 has tiles")
         self.blocks, self.K, self.N, self.type = blocks, blocks.K, blocks.N, blocks.type
         n16 = -(-self.N // 16) * 16
-        self.q = np.zeros(n16 * self.K, np.int8)
+        per = TILE_TYPES[self.type]  # bytes of tile a weight holds, over two
+        self.q = np.zeros(n16 * self.K * per // 2, np.uint8)
         self.s = np.zeros(n16 * self.K // 32, np.uint16)
         src = ffi.new("sm_mat *")
         blocks.fill(ffi, src)
-        if lib.sm_g_tile_q8_0(src, ffi.cast("int8_t *", self.q.ctypes.data),
-                              ffi.cast("uint16_t *", self.s.ctypes.data)):
+        repack = lib.sm_g_tile_q8_0 if self.type == Q8_0_ID else lib.sm_g_tile_q4_0
+        ctype = "int8_t *" if self.type == Q8_0_ID else "uint8_t *"
+        if repack(src, ffi.cast(ctype, self.q.ctypes.data), ffi.cast("uint16_t *", self.s.ctypes.data)):
             raise ValueError("the C side refused to tile the matrix")
         self.nbytes = self.q.nbytes + self.s.nbytes
 
@@ -146,8 +154,9 @@ class Tiled:
 
 
 def tileable(w) -> bool:
-    """Whether a matrix has a decode layout in tiles: a GGUF Q8_0 tensor, K a multiple of 32."""
-    return isinstance(w, Blocks) and w.type == Q8_0_ID and w.K % 32 == 0
+    """Whether a matrix has a decode layout in tiles: a GGUF Q8_0 or Q4_0 tensor, K a
+    multiple of 32 (:data:`TILE_TYPES`)."""
+    return isinstance(w, Blocks) and w.type in TILE_TYPES and w.K % 32 == 0
 
 
 class Rows:

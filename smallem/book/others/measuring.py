@@ -13,7 +13,7 @@ import numpy as np
 from smallem import checks
 from smallem.generating import gguf_file, gguf_products
 from smallem.cpu import timing
-from smallem.generating.forward import Forward, Tiled
+from smallem.generating.forward import TILE_TYPE_NAMES, Blocks, Forward, Tiled, tileable
 from smallem.cpu.timing import Timing, quick_mode
 from .. import records
 from ..ch4 import llama
@@ -60,8 +60,8 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     prompt_ids, feed_ids, pp_ids = _tokens(PROMPT, 1), _tokens(feed, 2), _tokens(pp, 3)
     fw = Forward.from_gguf(mf, threads=threads, context=max(PROMPT + feed, pp))
     tiled = any(isinstance(w, Tiled) for w in fw.mats)
-    # the prefetch acts on the file's rows: its distances are timed there, and a file whose
-    # Q8_0 matrices decode through tiles is timed on its rows too, in the same rounds
+    # the prefetch's distances are timed on the file's rows, and a file whose Q8_0 or Q4_0
+    # matrices decode through tiles is timed on its rows too, in the same rounds
     aheads = [a for a in (AHEADS if sweep else (0,)) if a != fw.ahead]
     other = {a: Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, ahead=a,
                                   par_min_bytes=fw.par_min_bytes, repack=False) for a in aheads}
@@ -138,8 +138,9 @@ def dot_rate(mf, threads: int, reps: int, tiles: bool = False) -> dict:
     DOT_BYTES (in every captured core's L2), multiplied by one row on one core, the best of
     ``reps`` calls each, five times; the step's bytes over the sum of each type's bytes over
     its rate, times the cores. Beside the memory's rate it says which of the two a step waits
-    on, and what their overlap can reach. With ``tiles``, Q8_0's products in their tiles (the
-    decoder's layout for them), the others' on their rows."""
+    on, and what their overlap can reach. With ``tiles``, the products of the types with
+    tiles (TILE_TYPE_NAMES) in their tiles (the decoder's layout for them), the others' on
+    their rows."""
     from smallem.generating.gguf_file import Tensor, tensor_name
 
     by_type, first = {}, {}
@@ -157,7 +158,7 @@ def dot_rate(mf, threads: int, reps: int, tiles: bool = False) -> dict:
             rows = max(1, min(t.ne[1], DOT_BYTES // row))
             part = Tensor(t.name, t.type, (t.ne[0], rows), np.asarray(t.data)[:rows])
             secs += nbytes / (rows * row / gguf_products.product_seconds(
-                part, reps, tiles=tiles and ty == "Q8_0"))
+                part, reps, tiles=tiles and tileable(Blocks(part))))
         rates.append(threads * sum(by_type.values()) / secs / 1e9)
     rates.sort()
     return {"median": rates[len(rates) // 2], "min": rates[0], "max": rates[-1], "n": len(rates)}
@@ -236,7 +237,10 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
         # the prompt's two GEMMs as the forward timed them to choose (Gop/s, one core)
         "prompt_rates": _prompt_rates(),
         "shapes": {k: vars(SHAPES[k]) for k, _ in (QUICK_CASES if quick else CASES)},
-        "llama_cpp": llama.peer_settings(tools)})
+        "llama_cpp": llama.peer_settings(tools),
+        # the types the forward decodes through tiles, and whether the tiles are prefetched
+        # as the rows are (older records: Q8_0 alone, not prefetched)
+        "tile_types": sorted(TILE_TYPE_NAMES, reverse=True), "tiles_prefetch": True})
     missing = {}
     if why or llama.find() is None:
         missing["llama.cpp"] = why or "not found (`make llama`)"

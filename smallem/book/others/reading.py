@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from smallem.plumbing import build
 from smallem.generating.gguf_file import TYPES
+from smallem.generating.forward import TILE_TYPE_NAMES
 from .. import ch1, compare, figures, records
 from ..ch4 import llama
 from .measuring import CASES, RECORD
@@ -73,7 +74,15 @@ def _missing(note: str) -> dict:
                "others.prefetch_gain_least": None,
                "others.prefetch_loss_most": None, "others.prompt_amx_files": None,
                "others.ch1_measured": False,
-               "others.below_rest": None, "others.below_model": None})
+               "others.below_rest": None, "others.below_model": None}
+            | _tile_values(None))
+
+
+def _tile_values(rec) -> dict:
+    """The types the code decodes through tiles (the page's description), and whether the
+    record's tiles took the rows' prefetch (older records: no)."""
+    return {"others.tile_types": list(TILE_TYPE_NAMES[::-1]),
+            "others.tiles_prefetch": bool((rec or {}).get("settings", {}).get("tiles_prefetch"))}
 
 
 def _kib(n: int) -> str:
@@ -103,9 +112,11 @@ def _ahead(rec) -> dict:
     figures.write_table(
         "others_ahead", rows, ["prefetch distance", "decode (tokens/s)", "weights read (GB/s)",
                                "against the forward's"],
-        f"{shape} {qtype}, the same decoder at each distance, its Q8_0 matrices read on the "
-        f"file's rows (the prefetch is the rows' reading; the tiles stream on their own), timed "
-        f"in the same rounds (medians). {TEST_NOTE} {figures.machine_line(rec)}.")
+        f"{shape} {qtype}, the same decoder at each distance, every matrix read on the file's "
+        "rows "
+        + ("(the tiles take the same distance), " if (rec or {}).get("settings", {}).get("tiles_prefetch")
+           else "(the prefetch is the rows' reading; the tiles stream on their own), ")
+        + f"timed in the same rounds (medians). {TEST_NOTE} {figures.machine_line(rec)}.")
     best = max(every, key=records.median)
     return base | {"others.ahead_swept": True, "others.ahead_file": f"{shape} {qtype}",
                    "others.ahead_best": _kib(best["params"]["ahead"]),
@@ -185,14 +196,19 @@ def _one(rec, name, **params):
 
 
 def _on_rows(rec, shape: str, qtype: str):
-    """The file's decode on its rows: the decoder's own, or, where its Q8_0 matrices decode
-    through tiles, the same decoder kept on the rows (timed in the same rounds)."""
+    """The file's decode on its rows: the decoder's own, or, where its Q8_0 or Q4_0 matrices
+    decode through tiles, the same decoder kept on the rows (timed in the same rounds)."""
     return (_one(rec, "decode_rows", model=shape, type=qtype)
             or _one(rec, "decode", model=shape, type=qtype))
 
 
+def record_tile_types(rec) -> list[str]:
+    """The types a record's forward decoded through tiles (older records: Q8_0 alone)."""
+    return list((rec or {}).get("settings", {}).get("tile_types") or ["Q8_0"])
+
+
 def _tiles(rec, facts) -> dict:
-    """Each file whose Q8_0 matrices decode through chapter 4's tiles, against the same
+    """Each file whose Q8_0 or Q4_0 matrices decode through chapter 4's tiles, against the same
     decoder on the file's rows, in the same rounds: a table, and the first such file's
     values."""
     runs = records.results(rec, "decode_rows") if rec else []
@@ -237,8 +253,9 @@ def _tiles(rec, facts) -> dict:
         ["file", "decode on the rows (tokens/s)", "decode in tiles (tokens/s)",
          "arithmetic on the rows", "arithmetic in tiles", "rows ÷ read bound",
          "tiles ÷ read bound", "tiles against rows"],
-        "The same decoder, its Q8_0 matrices multiplied on the file's rows or on the tiles "
-        "made from them once, timed in the same rounds (medians). Arithmetic: as in the rates "
+        f"The same decoder, its {' and '.join(record_tile_types(rec))} matrices multiplied on "
+        "the file's rows or on the tiles made from them once, timed in the same rounds "
+        "(medians). Arithmetic: as in the rates "
         "table (GB/s of weights, the products over rows held in L2). The read bound: chapter "
         f"1's read-only stream at the level that holds the weights. {TEST_NOTE} "
         f"{figures.machine_line(rec)}.")
@@ -285,7 +302,8 @@ def _rates_table(rec, rows: list, threads: int):
          "the step", "its products (the step less the rest)", "the rest",
          "the step against no prefetch"],
         "GB/s of weights a decode step reads, every matrix on the file's rows, the path the "
-        "prefetch serves (where the forward decodes Q8_0 through tiles, the same decoder kept on "
+        f"prefetch's distance is timed on (where the forward decodes "
+        f"{' and '.join(record_tile_types(rec))} through tiles, the same decoder kept on "
         "the rows, timed in the same rounds; the tiles' figures are in the table of rows against "
         "tiles). Arithmetic: each type's products over the first "
         "rows of one of its matrices in L2, on one core, weighted by the type's bytes in the "
@@ -511,6 +529,7 @@ def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
     rates = s.get("prompt_rates") or {}
     return {
         "others.measured": True,
+        **_tile_values(rec),
         "others.instruction": s["instruction"],
         "others.prompt_int8": any(r["params"].get("prompt_dtype") == "int8"
                                   for r in records.results(rec, "prefill")),
