@@ -66,7 +66,10 @@
  * Threads split a product's tiles (static schedule: a thread reads the same slice of each
  * matrix at every token). A GGUF Q8_0 matrix has the same int8 values and f16 scales as
  * this int8 form, so it is repacked once into these tiles too (blocks.c, sm_g_tile_q8_0),
- * and its products below the GEMM branch stream the tiles instead of the file's rows.
+ * and its products below the GEMM branch stream the tiles instead of the file's rows. A GGUF
+ * Q4_0 matrix is repacked into tiles of its own nibbles (sm_g_tile_q4_0):
+ *   q4:   q[group][K32/8][n_g][16][4]  (bytes 4g..4g+3 of a block's 16: k = 4g.. low, 16+4g.. high)
+ *         s as int8's
  *
  * Others' blocks.
  *
@@ -101,8 +104,9 @@
  * weights go in flipped to w + 128 and the sum starts from -128 times the block's sum of the
  * activation. The K-quants' 256-weight blocks stay on ymm at every level (their scales change
  * every 16 or 32 weights). Plain C does the same sums with ints. Every product on the rows
- * prefetches them a page ahead (blocks.c, PREFETCH_AHEAD); a Q8_0 matrix's decode reads its
- * tiles instead (above), one stream a group that the hardware prefetchers follow.
+ * prefetches them a page ahead (blocks.c, PREFETCH_AHEAD); a Q8_0 or Q4_0 matrix's decode
+ * reads its tiles instead (above; Q4_0's keep the nibbles, tiles.c's q4_block), one stream a
+ * group, read the same distance ahead (chapter 4's own int8 tiles are not).
  *
  * Threads split a product's rows (static: a thread reads the same slice of each matrix at
  * every token); a matrix smaller than par_min_bytes stays on one core. A prompt of n rows
@@ -395,7 +399,9 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
                 for (int r = 0; r < rows; r++)
                     memset(ys[i] + (size_t)r * ws[i]->N + j0, 0, sizeof(float) * (size_t)(j1 - j0));
             else if (ws[i]->q)
-                tiles_span(ws[i], (const int8_t *)act[i], xs[i], rows, ys[i], j0, j1, m->ahead);
+                tiles_span(ws[i], (const int8_t *)act[i], xs[i], rows, ys[i], j0, j1,
+                           ws[i]->kind == KIND_BLOCKS ? m->ahead : 0); /* a GGUF file's tiles
+                                                                        * are read ahead as its rows */
             else
                 rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1, m->ahead);
         }
