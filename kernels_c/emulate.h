@@ -7,7 +7,7 @@
  * its edge tiles) computes here, slowly, and the tests compare it to numpy.
  * Never for timing: smallem refuses to record a measurement in this mode.
  *
- * SIMDe 0.7 lacks nine intrinsics that the kernels use, and AMX; they are
+ * SIMDe 0.7 lacks eleven intrinsics that the kernels use, and AMX; they are
  * defined below, lane by lane, with the instructions' documented meaning. */
 #pragma once
 #define SIMDE_ENABLE_NATIVE_ALIASES
@@ -72,6 +72,17 @@ static inline simde__m512 sm_emu_cvtepi32_ps(simde__m512i a)
     return simde_mm512_loadu_ps(f);
 }
 #define _mm512_cvtepi32_ps sm_emu_cvtepi32_ps
+
+/* vpmovzxbd: 16 bytes zero-extended to 16 int32 */
+static inline simde__m512i sm_emu_cvtepu8_epi32(simde__m128i a)
+{
+    uint8_t b[16];
+    int32_t r[16];
+    simde_mm_storeu_si128((simde__m128i *)b, a);
+    for (int i = 0; i < 16; i++) r[i] = b[i];
+    return simde_mm512_loadu_si512(r);
+}
+#define _mm512_cvtepu8_epi32 sm_emu_cvtepu8_epi32
 
 /* vcvtph2ps on 16 halves: SIMDe's F16C conversion of each 8 */
 static inline simde__m512 sm_emu_cvtph_ps(simde__m256i a)

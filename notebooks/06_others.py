@@ -101,14 +101,16 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
           figures.plain(values[f"others.{k}.tg_prefetch"] or "not measured"))
 
 # %% [markdown]
-# ## Q8_0 and Q4_0 in chapter 4's tiles
+# ## Others' blocks in chapter 4's tiles
 #
-# A Q8_0 or Q4_0 matrix repacked once into chapter 4's tiles (Q4_0 keeps its nibbles) gives
-# the same products as its rows (the same integers and scales, another order of float
-# additions); the decoder streams the tiles. Both layouts, timed in the same rounds.
+# A Q8_0, Q4_0 or Q5_0 matrix repacked once into chapter 4's tiles (the 4- and 5-bit types
+# keep their nibbles) gives the same products as its rows (the same integers and scales,
+# another order of float additions); the decoder streams the tiles. (Q4_K's tiles round the
+# activation per 32, its rows per 256: its K must be a multiple of 256, wider than this
+# file's.) Both layouts, timed in the same rounds.
 
 # %%
-for qt in ("Q8_0", "Q4_0"):
+for qt in ("Q8_0", "Q4_0", "Q5_0"):
     mq = gguf_file.open_model(files.quantise(path, tmp / f"tiny-{qt}.gguf", qt, None))  # the gguf package's
     tq = next(t for t in mq.tensors.values() if t.type == qt and t.name.startswith("blk."))
     x = np.random.default_rng(5).normal(0, 1, (1, tq.ne[0])).astype(np.float32)

@@ -135,9 +135,11 @@ def test_every_int8_path(lvl, without, monkeypatch, rng):
         a = np.stack([gguf_products.quantize(qtype, r)[1] for r in x])
         assert_product(gguf_products.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
                        f"{qtype} {lvl} without {without or 'nothing'}")
-        if qtype in ("Q8_0", "Q4_0"):  # the decode layout in tiles on the same path
-            assert_product(gguf_products.matmul(t, x, threads=2, tiles=True), a,
-                           t.dequantize().astype(np.float64), f"tiles {lvl}")
+        if qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K"):  # the decode layout in tiles, same path
+            # the tiles' rounding: int8 per 32 (Q4_K's tiles: its rows' Q8_K)
+            a8 = a if qtype == "Q4_K" else np.stack([gguf_products.quantize("Q8_0", r)[1] for r in x])
+            assert_product(gguf_products.matmul(t, x, threads=2, tiles=True), a8,
+                           t.dequantize().astype(np.float64), f"tiles {qtype} {lvl}")
         if qtype in gguf_products.INT8_TYPES:  # the prompt's integer GEMM on the same path
             a8 = np.stack([gguf_products.quantize("Q8_0", r)[1] for r in x])
             assert_product(gguf_products.int8_matmul(t, x, threads=2), a8,
@@ -160,19 +162,21 @@ def test_every_block_count_and_prefetch_distance(qtype, level, rng):
             assert np.array_equal(got, y), (qtype, K, ahead, threads)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K"])
 def test_tiles_against_float64(qtype, level, rng):
-    """A Q8_0 or Q4_0 matrix repacked into chapter 4's tiles (sm_g_tile_q8_0, sm_g_tile_q4_0)
-    and multiplied there: the rounded activations by the file's values, in float64, at block
-    counts that leave every tail, outputs short of a tile, past one and past a thread's run
-    of tiles, one row and several (a prompt's four and the rest), one thread and two; an
-    all-zero block of activations (scale 0) included; the prefetch distance changes no bit."""
-    for K in (32, 64, 96, 288, 896):
+    """A Q8_0, Q4_0, Q5_0 or Q4_K matrix repacked into chapter 4's tiles (forward.TILE_TYPES) and
+    multiplied there: the activations rounded as the tiles round them (int8 per 32; Q4_K's
+    as its rows, Q8_K) by the file's values, in float64, at block counts that leave every tail, outputs short of a
+    tile, past one and past a thread's run of tiles, one row and several (a prompt's four and
+    the rest), one thread and two; an all-zero block of activations (scale 0) included; the
+    prefetch distance changes no bit."""
+    for K in ((256, 512, 1280) if qtype == "Q4_K" else (32, 64, 96, 288, 896)):
         for rows, N in ((1, 1), (1, 17), (2, 33), (5, 40), (1, 300), (3, 129), (9, 131)):
             t = random_tensor(qtype, N, K, rng)
             x = rng.normal(0, 1, (rows, K)).astype(np.float32)
             x[0, :32] = 0
-            a = np.stack([gguf_products.quantize("Q8_0", r, level)[1] for r in x])
+            a = np.stack([gguf_products.quantize("Q4_K" if qtype == "Q4_K" else "Q8_0", r, level)[1]
+                          for r in x])
             w = t.dequantize().astype(np.float64)
             for threads in (1, 2):
                 y = gguf_products.matmul(t, x, threads=threads, level=level, tiles=True)
@@ -182,10 +186,10 @@ def test_tiles_against_float64(qtype, level, rng):
                 assert np.array_equal(got, y), (qtype, K, N, rows, ahead)
 
 
-def test_only_q8_0_and_q4_0_have_tiles(rng):
-    for qtype in ("Q5_0", "Q4_K", "F32"):
+def test_only_the_tile_types_have_tiles(rng):
+    for qtype in ("Q6_K", "F16", "F32"):
         t = random_tensor(qtype, 4, 256, rng)
-        with pytest.raises(ValueError, match="only a Q8_0 or Q4_0"):
+        with pytest.raises(ValueError, match="only a Q8_0, Q4_0 or Q5_0"):
             gguf_products.matmul(t, np.zeros((1, 256), np.float32), tiles=True)
 
 
@@ -332,11 +336,11 @@ def _q4_0_tiles(blocks: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndar
     return np.concatenate(q), np.concatenate(s)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0"])
 def test_a_file_decodes_through_its_tiles(qtype, tmp_path, level):
-    """Forward repacks each Q8_0 or Q4_0 matrix (not the embedding) into tiles once a Spec and
-    decodes through them: the tiles hold the file's integers (Q4_0's nibbles as they are) and
-    scales, and the logits of a prompt and of the steps after it equal those of the same
+    """Forward repacks each Q8_0, Q4_0 or Q5_0 matrix (not the embedding) into tiles once a
+    Spec and decodes through them: the tiles hold the file's integers (Q4_0's nibbles as they
+    are; Q5_0's layout is checked by the products against float64) and scales, and the logits of a prompt and of the steps after it equal those of the same
     decoder on the file's rows up to the order of float32 sums (the integers and their
     scales are the same)."""
     src = gguf_models.write(tmp_path / "m.gguf", "llama", None, d=64, hidden=96)
@@ -354,7 +358,7 @@ def test_a_file_decodes_through_its_tiles(qtype, tmp_path, level):
             d = blocks[:, :, :2].copy().view(np.float16)[..., 0].T
             wq, ws = quant.pack_q8(q, d)
             assert np.array_equal(w.q.view(np.int8), wq) and np.array_equal(w.s, ws), w.blocks.t.name
-        else:
+        elif w.blocks.t.type == "Q4_0":
             wq, ws = _q4_0_tiles(w.blocks.data.reshape(w.N, -1, 18), w.N, w.K)
             assert np.array_equal(w.q, wq) and np.array_equal(w.s, ws), w.blocks.t.name
     ids = [3, 1, 4, 1, 5, 9, 2]

@@ -38,17 +38,6 @@ INLINE __m256i nibbles32(const uint8_t *qs)
     const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
-/* Q5_0's fifth bits: byte i is 0x10 where bit i of qh is set */
-INLINE __m256i fifth_bits(const uint8_t *qh4)
-{
-    uint32_t qh;
-    memcpy(&qh, qh4, 4);
-    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                            0x0303030303030303LL);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
-}
 #endif
 
 /* ------------------------------------------------------------------ one row's dot */

@@ -32,6 +32,18 @@ INLINE float hsum8(__m256 v)
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+/* Q5_0's fifth bits: byte i is 0x10 where bit i of the 32 at qh4 is set (dots.c's rows,
+ * tiles.c's tiles) */
+INLINE __m256i fifth_bits(const uint8_t *qh4)
+{
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    const __m256i shuf = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
+}
 #endif
 
 /* The team for a piece of work that reads `bytes`: every thread, unless the bytes are

@@ -336,7 +336,9 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
  * 16 rows' 4 bytes of one block's nibbles, the low nibbles values 4g..4g+3 of the block, the
  * high ones 16+4g..16+4g+3, so a line is two vpdpbusd of 16 outputs, the weights unsigned
  * (q, 0..15) against the activation signed; each block's sum starts from -8 times the
- * activation's block sum, which takes the 8 out of q - 8 exactly. */
+ * activation's block sum, which takes the 8 out of q - 8 exactly. A Q5_0 matrix (FIVE):
+ * each block has a fifth line, the fifth bits of the four lines as 64-bit masks over their
+ * bytes (low nibbles, then high, line by line), which set 16 in the bytes they select; q - 16. */
 INLINE int32_t block_sum8(const int8_t *x)
 {
 #if defined(SM_AVX2)
@@ -352,11 +354,13 @@ INLINE int32_t block_sum8(const int8_t *x)
 #endif
 }
 INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const int8_t *xq,
-                     int ldq, const float *xs, float *y, int ldy, int accumulate, long long ahead)
+                     int ldq, const float *xs, float *y, int ldy, int accumulate, long long ahead,
+                     const int FIVE)
 {
     const int K32 = PAD(w->K, QBLOCK), nb = K32 / QBLOCK, lds = ldq / QBLOCK;
+    const int LB = 4 + FIVE, OFF = FIVE ? 16 : 8; /* lines a block, the offset of q */
     size_t base, ls, sbase, ss;
-    lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)K32 / 8, &base, &ls);
+    lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)nb * (size_t)LB, &base, &ls);
     lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)nb, &sbase, &ss);
     const uint8_t *wt = (const uint8_t *)w->q + base * 64; /* tile t0+i, line kk: (kk ls + i) 64 */
     const uint16_t *st = w->s + sbase * TILE;              /* its block b's scales: (b ss + i) 16 */
@@ -368,17 +372,22 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
     for (int b = 0; b < nb; b++) {
         __m512i iacc[MAXRB][MAXNT];
         for (int r = 0; r < RB; r++) {
-            const __m512i init = _mm512_set1_epi32(-8 * block_sum8(xq + (size_t)r * ldq + (size_t)b * QBLOCK));
+            const __m512i init = _mm512_set1_epi32(-OFF * block_sum8(xq + (size_t)r * ldq + (size_t)b * QBLOCK));
             for (int i = 0; i < NT; i++) iacc[r][i] = init;
         }
         for (int g = 0; g < QBLOCK / 8; g++) {
-            const size_t kk = (size_t)b * (QBLOCK / 8) + g;
+            const size_t kk = (size_t)b * (size_t)LB + g;
             __m512i lo[MAXNT], hi[MAXNT];
             for (int i = 0; i < NT; i++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(wt + (kk * ls + i) * 64));
                 if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
                 lo[i] = _mm512_and_si512(v, m4);
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (FIVE) { /* this line's fifth bits: two masks in the block's last line */
+                    const uint64_t *fm = (const uint64_t *)(const void *)(wt + (((size_t)b * LB + 4) * ls + i) * 64);
+                    lo[i] = _mm512_mask_add_epi8(lo[i], (__mmask64)fm[2 * g], lo[i], _mm512_set1_epi8(16));
+                    hi[i] = _mm512_mask_add_epi8(hi[i], (__mmask64)fm[2 * g + 1], hi[i], _mm512_set1_epi8(16));
+                }
             }
             for (int r = 0; r < RB; r++) {
                 const int8_t *xb = xq + (size_t)r * ldq + (size_t)b * QBLOCK + 4 * g;
@@ -421,11 +430,11 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
     for (int b = 0; b < nb; b++) {
         __m256i iacc[MAXRB][MAXNT][2];
         for (int r = 0; r < RB; r++) {
-            const __m256i init = _mm256_set1_epi32(-8 * block_sum8(xq + (size_t)r * ldq + (size_t)b * QBLOCK));
+            const __m256i init = _mm256_set1_epi32(-OFF * block_sum8(xq + (size_t)r * ldq + (size_t)b * QBLOCK));
             for (int i = 0; i < NT; i++) iacc[r][i][0] = iacc[r][i][1] = init;
         }
         for (int g = 0; g < QBLOCK / 8; g++) {
-            const size_t kk = (size_t)b * (QBLOCK / 8) + g;
+            const size_t kk = (size_t)b * (size_t)LB + g;
             __m256i lo[MAXNT][2], hi[MAXNT][2];
             for (int i = 0; i < NT; i++) {
                 if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
@@ -433,6 +442,11 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
                     lo[i][hh] = _mm256_and_si256(v, m4);
                     hi[i][hh] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if (FIVE) { /* the masks' 32 bits of this half, as bytes of 16 (dots.c's fifth_bits) */
+                        const uint8_t *fm = wt + (((size_t)b * LB + 4) * ls + i) * 64 + 16 * g + 4 * hh;
+                        lo[i][hh] = _mm256_or_si256(lo[i][hh], fifth_bits(fm));
+                        hi[i][hh] = _mm256_or_si256(hi[i][hh], fifth_bits(fm + 8));
+                    }
                 }
             }
             for (int r = 0; r < RB; r++) {
@@ -472,10 +486,15 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
             const int8_t *xr = xq + (size_t)r * ldq;
             for (int b = 0; b < nb; b++)
                 for (int l = 0; l < TILE; l++) {
-                    int32_t acc = -8 * block_sum8(xr + (size_t)b * QBLOCK);
+                    int32_t acc = -OFF * block_sum8(xr + (size_t)b * QBLOCK);
+                    const uint8_t *fm = wt + (((size_t)b * LB + 4) * ls + i) * 64; /* FIVE: masks */
                     for (int j = 0; j < QBLOCK / 2; j++) { /* byte j of the row's block */
-                        const uint8_t q = wt[(((size_t)b * 4 + (size_t)(j / 4)) * ls + i) * 64 + l * 4 + j % 4];
-                        acc += (int32_t)(q & 15) * xr[b * QBLOCK + j] + (int32_t)(q >> 4) * xr[b * QBLOCK + 16 + j];
+                        const int g = j / 4, bit = l * 4 + j % 4; /* the byte's place in its line */
+                        const uint8_t q = wt[(((size_t)b * LB + (size_t)g) * ls + i) * 64 + bit];
+                        const int f0 = FIVE ? (fm[16 * g + bit / 8] >> (bit % 8)) & 1 : 0;
+                        const int f1 = FIVE ? (fm[16 * g + 8 + bit / 8] >> (bit % 8)) & 1 : 0;
+                        acc += (int32_t)((q & 15) | f0 << 4) * xr[b * QBLOCK + j] +
+                               (int32_t)((q >> 4) | f1 << 4) * xr[b * QBLOCK + 16 + j];
                     }
                     const float d = sm_f16_to_f32(st[((size_t)b * ss + i) * TILE + l]) *
                                     xs[(size_t)r * lds + b];
@@ -487,11 +506,14 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
 }
 /* --8<-- [end:q4_block] */
 
+
 /* One block of work, its shape chosen from a few compiled ones. */
 #define Q4_TILES(w) ((w)->kind == KIND_BLOCKS && (w)->type == T_Q4_0)
+#define Q5_TILES(w) ((w)->kind == KIND_BLOCKS && (w)->type == T_Q5_0)
 #define INT_BLOCK(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc)                                    \
-    (Q4_TILES(w) ? q4_block(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc, ahead)                   \
-                 : q8_block(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc, ahead))
+    (Q4_TILES(w)   ? q4_block(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc, ahead, 0)              \
+     : Q5_TILES(w) ? q4_block(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc, ahead, 1)              \
+                   : q8_block(w, t0, NT, RB, xq, ldq, xs, y, ldy, acc, ahead))
 #define BLOCK(NT, RB) (w->kind ? INT_BLOCK(w, t0, NT, RB, xq, K32, xs, y, N, acc) \
                                : f32_block(w, t0, NT, RB, x, K, y, N, acc))
 static void run_block(const sm_mat *w, int t0, int nt, int rb, const float *x,

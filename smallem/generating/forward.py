@@ -51,10 +51,15 @@ GGML_IDS = {k.upper(): v for k, v in build.header_enum("T", "forward.h").items()
             if k != "q8_0x2"}
 Q8_0_ID = GGML_IDS["Q8_0"]
 Q4_0_ID = GGML_IDS["Q4_0"]
-# the GGUF types with a decode layout in tiles (:class:`Tiled`): their ids, and the bytes of
-# tile two weights take (Q8_0's int8, Q4_0's nibbles kept)
-TILE_TYPES = {Q8_0_ID: 2, Q4_0_ID: 1}
-TILE_TYPE_NAMES = tuple(n for n, i in GGML_IDS.items() if i in TILE_TYPES)  # ("Q4_0", "Q8_0")
+Q4_K_ID = GGML_IDS["Q4_K"]
+Q5_0_ID = GGML_IDS["Q5_0"]
+# the GGUF types with a decode layout in tiles (:class:`Tiled`), by id: the C function that
+# repacks them, the bytes of tile a row takes per 32 weights (Q8_0's int8, the others' nibbles
+# kept, Q5_0's fifth bits beside them), the halves of scales a row takes per 256 weights, and
+# what K must be a multiple of
+TILE_TYPES = {Q8_0_ID: ("sm_g_tile_q8_0", 32, 8, 32), Q4_0_ID: ("sm_g_tile_q4_0", 16, 8, 32),
+              Q5_0_ID: ("sm_g_tile_q5_0", 20, 8, 32), Q4_K_ID: ("sm_g_tile_q4_k", 16, 10, 256)}
+TILE_TYPE_NAMES = tuple(next(n for n, i in GGML_IDS.items() if i == t) for t in TILE_TYPES)
 
 ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
           -4: "a token id outside the vocabulary",
@@ -125,25 +130,26 @@ class Blocks:
 
 
 class Tiled:
-    """A GGUF Q8_0 or Q4_0 tensor with its decode layout: the file's blocks (the prompt's GEMM
-    and the embedding read them) and, beside them, the same integers and f16 scales repacked
-    once into chapter 4's tiles (``sm_g_tile_q8_0``, ``sm_g_tile_q4_0``: Q4_0 keeps its
+    """A GGUF Q8_0, Q4_0, Q5_0 or Q4_K tensor with its decode layout: the file's blocks (the
+    prompt's GEMM and the embedding read them) and, beside them, the same integers and scales
+    repacked once into chapter 4's tiles (:data:`TILE_TYPES`: Q4_0, Q5_0 and Q4_K keep their
     nibbles), which every product below the GEMM branch streams instead of the rows.
     ``nbytes``: the tiles' bytes, what a token reads."""
 
     def __init__(self, blocks: Blocks, ffi, lib):
         if not tileable(blocks):
-            raise ValueError("only a Q8_0 or Q4_0 matrix of a K a multiple of 32 has tiles")
+            raise ValueError("only a Q8_0, Q4_0 or Q5_0 matrix of a K a multiple of 32, or a "
+                             "Q4_K one, has tiles")
         self.blocks, self.K, self.N, self.type = blocks, blocks.K, blocks.N, blocks.type
         n16 = -(-self.N // 16) * 16
-        per = TILE_TYPES[self.type]  # bytes of tile a weight holds, over two
-        self.q = np.zeros(n16 * self.K * per // 2, np.uint8)
-        self.s = np.zeros(n16 * self.K // 32, np.uint16)
+        fn, per, halves, _ = TILE_TYPES[self.type]
+        self.q = np.zeros(n16 * self.K * per // 32, np.uint8)
+        self.s = np.zeros(n16 * self.K * halves // 256, np.uint16)
         src = ffi.new("sm_mat *")
         blocks.fill(ffi, src)
-        repack = lib.sm_g_tile_q8_0 if self.type == Q8_0_ID else lib.sm_g_tile_q4_0
         ctype = "int8_t *" if self.type == Q8_0_ID else "uint8_t *"
-        if repack(src, ffi.cast(ctype, self.q.ctypes.data), ffi.cast("uint16_t *", self.s.ctypes.data)):
+        if getattr(lib, fn)(src, ffi.cast(ctype, self.q.ctypes.data),
+                            ffi.cast("uint16_t *", self.s.ctypes.data)):
             raise ValueError("the C side refused to tile the matrix")
         self.nbytes = self.q.nbytes + self.s.nbytes
 
@@ -154,9 +160,10 @@ class Tiled:
 
 
 def tileable(w) -> bool:
-    """Whether a matrix has a decode layout in tiles: a GGUF Q8_0 or Q4_0 tensor, K a
-    multiple of 32 (:data:`TILE_TYPES`)."""
-    return isinstance(w, Blocks) and w.type in TILE_TYPES and w.K % 32 == 0
+    """Whether a matrix has a decode layout in tiles: a GGUF Q8_0, Q4_0 or Q5_0 tensor of a K
+    a multiple of 32, or a Q4_K one (:data:`TILE_TYPES`)."""
+    return (isinstance(w, Blocks) and w.type in TILE_TYPES
+            and w.K % TILE_TYPES[w.type][3] == 0)
 
 
 class Rows:

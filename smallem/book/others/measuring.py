@@ -240,7 +240,7 @@ def bench_others(quick: bool | None = None, progress: bool = True, threads=None)
         "llama_cpp": llama.peer_settings(tools),
         # the types the forward decodes through tiles, and whether the tiles are prefetched
         # as the rows are (older records: Q8_0 alone, not prefetched)
-        "tile_types": sorted(TILE_TYPE_NAMES, reverse=True), "tiles_prefetch": True})
+        "tile_types": list(TILE_TYPE_NAMES), "tiles_prefetch": True})
     missing = {}
     if why or llama.find() is None:
         missing["llama.cpp"] = why or "not found (`make llama`)"

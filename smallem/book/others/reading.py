@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from smallem.plumbing import build
 from smallem.generating.gguf_file import TYPES
-from smallem.generating.forward import TILE_TYPE_NAMES
 from .. import ch1, compare, figures, records
 from ..ch4 import llama
 from .measuring import CASES, RECORD
@@ -79,9 +78,9 @@ def _missing(note: str) -> dict:
 
 
 def _tile_values(rec) -> dict:
-    """The types the code decodes through tiles (the page's description), and whether the
-    record's tiles took the rows' prefetch (older records: no)."""
-    return {"others.tile_types": list(TILE_TYPE_NAMES[::-1]),
+    """Whether the record's tiles took the rows' prefetch (older records: no), and the types
+    its forward decoded through tiles."""
+    return {"others.record_tile_types": record_tile_types(rec),
             "others.tiles_prefetch": bool((rec or {}).get("settings", {}).get("tiles_prefetch"))}
 
 
@@ -253,7 +252,7 @@ def _tiles(rec, facts) -> dict:
         ["file", "decode on the rows (tokens/s)", "decode in tiles (tokens/s)",
          "arithmetic on the rows", "arithmetic in tiles", "rows ÷ read bound",
          "tiles ÷ read bound", "tiles against rows"],
-        f"The same decoder, its {' and '.join(record_tile_types(rec))} matrices multiplied on "
+        f"The same decoder, its {compare.listing(record_tile_types(rec), '')} matrices multiplied on "
         "the file's rows or on the tiles made from them once, timed in the same rounds "
         "(medians). Arithmetic: as in the rates "
         "table (GB/s of weights, the products over rows held in L2). The read bound: chapter "
@@ -303,7 +302,7 @@ def _rates_table(rec, rows: list, threads: int):
          "the step against no prefetch"],
         "GB/s of weights a decode step reads, every matrix on the file's rows, the path the "
         f"prefetch's distance is timed on (where the forward decodes "
-        f"{' and '.join(record_tile_types(rec))} through tiles, the same decoder kept on "
+        f"{compare.listing(record_tile_types(rec), '')} through tiles, the same decoder kept on "
         "the rows, timed in the same rounds; the tiles' figures are in the table of rows against "
         "tiles). Arithmetic: each type's products over the first "
         "rows of one of its matrices in L2, on one core, weighted by the type's bytes in the "
