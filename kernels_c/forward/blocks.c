@@ -109,6 +109,17 @@ static inline void prefetch_span(const uint8_t *p, size_t n, const uint8_t *end)
 }
 /* --8<-- [end:ahead] */
 
+/* each row's Q8_K scale of block sb (dx) and its sum over sub-block sub times it (sx) */
+static inline void q8k_factors(const uint8_t *act, long long ab, int rows, int sb, int sub,
+                               float *dx, float *sx)
+{
+    for (int r = 0; r < rows; r++) {
+        const blk_q8_K *a = (const blk_q8_K *)(act + (size_t)r * (size_t)ab) + sb;
+        dx[r] = a->d;
+        sx[r] = dx[r] * (float)(a->bsums[2 * sub] + a->bsums[2 * sub + 1]);
+    }
+}
+
 /* --8<-- [start:q4k_block] */
 /* A Q4_K matrix in tiles (sm_g_tile_q4_k): per 256-weight block, each pair of 32-weight
  * sub-blocks is 8 lines of 16 rows' 4 bytes, the low nibbles sub-block 2j, the high ones
@@ -160,11 +171,7 @@ INLINE void q4k_block(const sm_mat *w, int t0, const int NT, const int NROW, con
             for (int h = 0; h < 2; h++) {
                 const int sub = 2 * j + h;
                 float dx[MAXRB], sx[MAXRB];
-                for (int r = 0; r < NROW; r++) {
-                    const blk_q8_K *a = (const blk_q8_K *)(act + (size_t)r * (size_t)ab) + sb;
-                    dx[r] = a->d;
-                    sx[r] = dx[r] * (float)(a->bsums[2 * sub] + a->bsums[2 * sub + 1]);
-                }
+                q8k_factors(act, ab, NROW, sb, sub, dx, sx);
                 for (int i = 0; i < NT; i++) {
                     const uint16_t *e = st + ((size_t)sb * ss + i) * Q4K_ENTRY;
                     const uint8_t *sm = (const uint8_t *)(e + 32);
@@ -181,11 +188,8 @@ INLINE void q4k_block(const sm_mat *w, int t0, const int NT, const int NROW, con
             }
         }
     for (int i = 0; i < NT; i++)
-        for (int r = 0; r < NROW; r++) {
-            float v[TILE];
-            _mm512_storeu_ps(v, facc[r][i]);
-            finish(v, y + (size_t)r * ldy, NULL, (t0 + i) * TILE, w->N, 0);
-        }
+        for (int r = 0; r < NROW; r++)
+            finish_zmm(facc[r][i], y + (size_t)r * ldy, NULL, (t0 + i) * TILE, w->N, 0);
 #elif defined(SM_AVX2)
 #if defined(SM_AVX_VNNI)
 #define Q4_DOT(acc, u, x) _mm256_dpbusd_avx_epi32(acc, u, x)
@@ -225,11 +229,7 @@ INLINE void q4k_block(const sm_mat *w, int t0, const int NT, const int NROW, con
             for (int h = 0; h < 2; h++) {
                 const int sub = 2 * j + h;
                 float dx[MAXRB], sx[MAXRB];
-                for (int r = 0; r < NROW; r++) {
-                    const blk_q8_K *a = (const blk_q8_K *)(act + (size_t)r * (size_t)ab) + sb;
-                    dx[r] = a->d;
-                    sx[r] = dx[r] * (float)(a->bsums[2 * sub] + a->bsums[2 * sub + 1]);
-                }
+                q8k_factors(act, ab, NROW, sb, sub, dx, sx);
                 for (int i = 0; i < NT; i++) {
                     const uint16_t *e = st + ((size_t)sb * ss + i) * Q4K_ENTRY;
                     const uint8_t *sm = (const uint8_t *)(e + 32);
@@ -248,12 +248,8 @@ INLINE void q4k_block(const sm_mat *w, int t0, const int NT, const int NROW, con
         }
 #undef Q4_DOT
     for (int i = 0; i < NT; i++)
-        for (int r = 0; r < NROW; r++) {
-            float v[TILE];
-            _mm256_storeu_ps(v, facc[r][i][0]);
-            _mm256_storeu_ps(v + 8, facc[r][i][1]);
-            finish(v, y + (size_t)r * ldy, NULL, (t0 + i) * TILE, w->N, 0);
-        }
+        for (int r = 0; r < NROW; r++)
+            finish_ymm2(facc[r][i][0], facc[r][i][1], y + (size_t)r * ldy, NULL, (t0 + i) * TILE, w->N, 0);
 #else
     (void)ahead;
     for (int r = 0; r < NROW; r++)
@@ -343,95 +339,62 @@ static void rows_span(const sm_mat *w, const uint8_t *act, long long ab, int row
 /* A Q8_0 matrix's decode layout: its rows repacked once into chapter 4's int8 tiles (tiles.c,
  * forward.c's opening comment), the same int8 values and f16 scales in the order the tile
  * product streams them: 16 rows side by side, four values of each in a 4-byte group, so one
- * 64-byte line meets one broadcast of four activations and no row ends in a reduction. q
- * holds N16 K bytes and s N16 K / 32 halves, both zeroed by the caller (the padding rows stay
- * zero). Returns 0, or -1 for a matrix that is not Q8_0 of a K a multiple of 32. */
-int sm_g_tile_q8_0(const sm_mat *w, int8_t *q, uint16_t *s)
+ * 64-byte line meets one broadcast of four activations and no row ends in a reduction.
+ * tile_blocks does it for every type whose block is an f16 scale and then bytes (at qs, nqs
+ * of them): block b's groups of 4 bytes, group g of the 16 rows side by side in the block's
+ * line g; Q5_0 (qh) adds a line of its fifth bits. q holds N16 K nqs / 32 bytes (Q5_0: + N16 K
+ * / 8), s N16 K / 32 halves, both zeroed by the caller (the padding rows stay zero). Returns
+ * 0, or -1 for a matrix not of `type`, or of a K not a multiple of 32. */
+static int tile_blocks(const sm_mat *w, uint8_t *q, uint16_t *s, int type, int qs, int nqs, int qh)
 {
-    if (w->kind != KIND_BLOCKS || w->type != T_Q8_0 || w->K % QBLOCK) return -1;
-    const int nb = w->K / QBLOCK, tiles = PAD(w->N, TILE) / TILE;
+    if (w->kind != KIND_BLOCKS || w->type != type || w->K % QBLOCK) return -1;
+    const int nb = w->K / QBLOCK, tiles = PAD(w->N, TILE) / TILE, lines = nqs / 4 + (qh > 0);
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < tiles; t++) {
         size_t base, ls, sbase, ss;
-        lines_of(t, tiles, (size_t)w->K / 4, &base, &ls);
+        lines_of(t, tiles, (size_t)nb * (size_t)lines, &base, &ls);
         lines_of(t, tiles, (size_t)nb, &sbase, &ss);
         for (int l = 0; l < TILE && t * TILE + l < w->N; l++) {
-            const blk_q8_0 *row = (const blk_q8_0 *)(w->w + (size_t)(t * TILE + l) * (size_t)w->row_bytes);
+            const uint8_t *row = w->w + (size_t)(t * TILE + l) * (size_t)w->row_bytes;
             for (int b = 0; b < nb; b++) {
-                s[(sbase + (size_t)b * ss) * TILE + l] = row[b].d;
-                for (int g = 0; g < QBLOCK / 4; g++)
-                    memcpy(q + (base + ((size_t)b * (QBLOCK / 4) + g) * ls) * 64 + 4 * l,
-                           row[b].qs + 4 * g, 4);
-            }
-        }
-    }
-    return 0;
-}
-/* --8<-- [end:tile_q8_0] */
-
-/* --8<-- [start:tile_q4_0] */
-/* A Q4_0 matrix's decode layout, as sm_g_tile_q8_0's but with the file's nibbles kept: a
- * block's 16 bytes of each row cut into 4 groups of 4 bytes, 16 rows' group side by side in a
- * 64-byte line (tiles.c's q4_block), the f16 scales as Q8_0's. q holds N16 K / 2 bytes, s
- * N16 K / 32 halves, zeroed by the caller. Returns 0, or -1 for a matrix that is not Q4_0 of
- * a K a multiple of 32. */
-int sm_g_tile_q4_0(const sm_mat *w, uint8_t *q, uint16_t *s)
-{
-    if (w->kind != KIND_BLOCKS || w->type != T_Q4_0 || w->K % QBLOCK) return -1;
-    const int nb = w->K / QBLOCK, tiles = PAD(w->N, TILE) / TILE;
-    #pragma omp parallel for schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        size_t base, ls, sbase, ss;
-        lines_of(t, tiles, (size_t)w->K / 8, &base, &ls);
-        lines_of(t, tiles, (size_t)nb, &sbase, &ss);
-        for (int l = 0; l < TILE && t * TILE + l < w->N; l++) {
-            const blk_q4_0 *row = (const blk_q4_0 *)(w->w + (size_t)(t * TILE + l) * (size_t)w->row_bytes);
-            for (int b = 0; b < nb; b++) {
-                s[(sbase + (size_t)b * ss) * TILE + l] = row[b].d;
-                for (int g = 0; g < QBLOCK / 8; g++)
-                    memcpy(q + (base + ((size_t)b * (QBLOCK / 8) + g) * ls) * 64 + 4 * l,
-                           row[b].qs + 4 * g, 4);
-            }
-        }
-    }
-    return 0;
-}
-/* --8<-- [end:tile_q4_0] */
-
-/* --8<-- [start:tile_q5_0] */
-/* A Q5_0 matrix's decode layout: Q4_0's four lines of nibbles a block, and a fifth line that
- * holds their fifth bits as eight 64-bit masks over the lines' bytes (for each line, the low
- * nibbles' bits, then the high ones': tiles.c's q4_block with FIVE). The same 22 bytes a row
- * and block as the file's. q holds N16 K 5 / 8 bytes, s N16 K / 32 halves, zeroed by the
- * caller. Returns 0, or -1 for a matrix that is not Q5_0 of a K a multiple of 32. */
-int sm_g_tile_q5_0(const sm_mat *w, uint8_t *q, uint16_t *s)
-{
-    if (w->kind != KIND_BLOCKS || w->type != T_Q5_0 || w->K % QBLOCK) return -1;
-    const int nb = w->K / QBLOCK, tiles = PAD(w->N, TILE) / TILE;
-    #pragma omp parallel for schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        size_t base, ls, sbase, ss;
-        lines_of(t, tiles, (size_t)nb * 5, &base, &ls);
-        lines_of(t, tiles, (size_t)nb, &sbase, &ss);
-        for (int l = 0; l < TILE && t * TILE + l < w->N; l++) {
-            const blk_q5_0 *row = (const blk_q5_0 *)(w->w + (size_t)(t * TILE + l) * (size_t)w->row_bytes);
-            for (int b = 0; b < nb; b++) {
-                uint32_t qh;
-                memcpy(&qh, row[b].qh, 4);
-                uint8_t *fm = q + (base + ((size_t)b * 5 + 4) * ls) * 64; /* the masks' line */
-                s[(sbase + (size_t)b * ss) * TILE + l] = row[b].d;
-                for (int g = 0; g < QBLOCK / 8; g++) {
-                    memcpy(q + (base + ((size_t)b * 5 + g) * ls) * 64 + 4 * l, row[b].qs + 4 * g, 4);
-                    /* bits 4l..4l+3 of line g's masks: values 4g.. (low) and 16 + 4g.. (high) */
-                    fm[16 * g + l / 2] |= (uint8_t)(((qh >> (4 * g)) & 15) << (4 * (l % 2)));
-                    fm[16 * g + 8 + l / 2] |= (uint8_t)(((qh >> (16 + 4 * g)) & 15) << (4 * (l % 2)));
+                const uint8_t *blk = row + (size_t)b * (size_t)(w->row_bytes / nb);
+                memcpy(&s[(sbase + (size_t)b * ss) * TILE + l], blk, 2); /* the f16 scale */
+                for (int g = 0; g < nqs / 4; g++)
+                    memcpy(q + (base + ((size_t)b * lines + g) * ls) * 64 + 4 * l, blk + qs + 4 * g, 4);
+                if (qh) { /* bits 4l..4l+3 of line g's masks: values 4g.. (low), 16 + 4g.. (high) */
+                    uint32_t h;
+                    memcpy(&h, blk + qh, 4);
+                    uint8_t *fm = q + (base + ((size_t)b * lines + 4) * ls) * 64;
+                    for (int g = 0; g < 4; g++) {
+                        fm[16 * g + l / 2] |= (uint8_t)(((h >> (4 * g)) & 15) << (4 * (l % 2)));
+                        fm[16 * g + 8 + l / 2] |= (uint8_t)(((h >> (16 + 4 * g)) & 15) << (4 * (l % 2)));
+                    }
                 }
             }
         }
     }
     return 0;
 }
-/* --8<-- [end:tile_q5_0] */
+int sm_g_tile_q8_0(const sm_mat *w, int8_t *q, uint16_t *s)
+{
+    return tile_blocks(w, (uint8_t *)q, s, T_Q8_0, offsetof(blk_q8_0, qs), 32, 0);
+}
+/* --8<-- [end:tile_q8_0] */
+
+/* --8<-- [start:tile_q4_0] */
+/* Q4_0's tiles keep the file's nibbles: a block's 16 bytes in 4 lines, the low nibbles of a
+ * group values 4g..4g+3, the high ones 16+4g..16+4g+3 (tiles.c's q4_block). Q5_0's add a fifth
+ * line, its fifth bits as eight 64-bit masks over the four lines' bytes (for each line the low
+ * nibbles' bits, then the high ones'); both as many bytes as the file's rows. */
+int sm_g_tile_q4_0(const sm_mat *w, uint8_t *q, uint16_t *s)
+{
+    return tile_blocks(w, q, s, T_Q4_0, offsetof(blk_q4_0, qs), 16, 0);
+}
+int sm_g_tile_q5_0(const sm_mat *w, uint8_t *q, uint16_t *s)
+{
+    return tile_blocks(w, q, s, T_Q5_0, offsetof(blk_q5_0, qs), 16, offsetof(blk_q5_0, qh));
+}
+/* --8<-- [end:tile_q4_0] */
 
 /* --8<-- [start:tile_q4_k] */
 /* A Q4_K matrix's decode layout: each 256-weight block's nibbles as Q4_0's tiles keep theirs

@@ -115,6 +115,25 @@ INLINE void finish(const float *v, float *y, const float *bias, int j0, int N, i
         y[j0 + l] = (accumulate ? y[j0 + l] : 0.0f) + (bias ? bias[j0 + l] : 0.0f) + v[l];
 }
 
+/* one tile's 16 outputs of one row from its accumulator(s) into y, as finish */
+#if defined(SM_AVX512)
+INLINE void finish_zmm(__m512 f, float *y, const float *bias, int j0, int N, int accumulate)
+{
+    float v[TILE];
+    _mm512_storeu_ps(v, f);
+    finish(v, y, bias, j0, N, accumulate);
+}
+#endif
+#if defined(SM_AVX2)
+INLINE void finish_ymm2(__m256 f0, __m256 f1, float *y, const float *bias, int j0, int N, int accumulate)
+{
+    float v[TILE];
+    _mm256_storeu_ps(v, f0);
+    _mm256_storeu_ps(v + 8, f1);
+    finish(v, y, bias, j0, N, accumulate);
+}
+#endif
+
 /* ------------------------------------------------------------------ f32 tiles */
 /* --8<-- [start:f32_block] */
 /* Rows 0..RB-1 of y, tiles t0..t0+NT-1: RB x NT accumulators of 16 floats; each weight
@@ -236,11 +255,8 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
         }
     }
     for (int i = 0; i < NT; i++)
-        for (int r = 0; r < RB; r++) {
-            float v[TILE];
-            _mm512_storeu_ps(v, facc[r][i]);
-            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
-        }
+        for (int r = 0; r < RB; r++)
+            finish_zmm(facc[r][i], y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
 #elif defined(SM_AVX2)
     /* Each 64-byte line is two ymm halves of 8 outputs. With AVX-VNNI the same vpdpbusd on
      * ymm, activations as p + 128 and the weight sums taken back out per block; without it
@@ -304,12 +320,8 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
 #undef Q8_SUM
 #undef Q8_EXACT
     for (int i = 0; i < NT; i++)
-        for (int r = 0; r < RB; r++) {
-            float v[TILE];
-            _mm256_storeu_ps(v, facc[r][i][0]);
-            _mm256_storeu_ps(v + 8, facc[r][i][1]);
-            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
-        }
+        for (int r = 0; r < RB; r++)
+            finish_ymm2(facc[r][i][0], facc[r][i][1], y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
 #else
     (void)ahead;
     for (int r = 0; r < RB; r++)
@@ -409,11 +421,8 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
         }
     }
     for (int i = 0; i < NT; i++)
-        for (int r = 0; r < RB; r++) {
-            float v[TILE];
-            _mm512_storeu_ps(v, facc[r][i]);
-            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
-        }
+        for (int r = 0; r < RB; r++)
+            finish_zmm(facc[r][i], y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
 #elif defined(SM_AVX2)
     /* each line as two ymm halves of 8 outputs: vpdpbusd on ymm with AVX-VNNI, else
      * vpmaddubsw (q unsigned, at most 15 x 128 x 2 a pair: no saturation) and vpmaddwd */
@@ -472,12 +481,8 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
     }
 #undef Q4_DOT
     for (int i = 0; i < NT; i++)
-        for (int r = 0; r < RB; r++) {
-            float v[TILE];
-            _mm256_storeu_ps(v, facc[r][i][0]);
-            _mm256_storeu_ps(v + 8, facc[r][i][1]);
-            finish(v, y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
-        }
+        for (int r = 0; r < RB; r++)
+            finish_ymm2(facc[r][i][0], facc[r][i][1], y + (size_t)r * ldy, w->bias, (t0 + i) * TILE, w->N, accumulate);
 #else
     (void)ahead;
     for (int r = 0; r < RB; r++)
