@@ -105,9 +105,9 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
 #
 # A Q8_0, Q4_0 or Q5_0 matrix repacked once into chapter 4's tiles (the 4- and 5-bit types
 # keep their nibbles) gives the same products as its rows (the same integers and scales,
-# another order of float additions); the decoder streams the tiles. (Q4_K's tiles round the
-# activation per 32, its rows per 256: its K must be a multiple of 256, wider than this
-# file's.) Both layouts, timed in the same rounds.
+# another order of float additions); the decoder streams the tiles. (Q4_K has tiles too, on
+# its rows' activation, but its K must be a multiple of 256, wider than this file's.) Both
+# layouts, timed in the same rounds.
 
 # %%
 for qt in ("Q8_0", "Q4_0", "Q5_0"):

@@ -120,7 +120,6 @@ static inline void q8k_factors(const uint8_t *act, long long ab, int rows, int s
     }
 }
 
-/* --8<-- [start:q4k_block] */
 /* A Q4_K matrix in tiles (sm_g_tile_q4_k): per 256-weight block, each pair of 32-weight
  * sub-blocks is 8 lines of 16 rows' 4 bytes, the low nibbles sub-block 2j, the high ones
  * 2j + 1; beside them, for each block and tile, the rows' f16 d and dmin and their 6-bit
@@ -279,7 +278,6 @@ INLINE void q4k_block(const sm_mat *w, int t0, const int NT, const int NROW, con
         }
 #endif
 }
-/* --8<-- [end:q4k_block] */
 
 /* y (rows, N) = the rows' Q8_K activations (act, ab bytes each) by a Q4_K matrix's tiles, its
  * rows j0..j1 (multiples of 16): tile by tile within each group of GROUP, DNT at a time for
@@ -396,7 +394,6 @@ int sm_g_tile_q5_0(const sm_mat *w, uint8_t *q, uint16_t *s)
 }
 /* --8<-- [end:tile_q4_0] */
 
-/* --8<-- [start:tile_q4_k] */
 /* A Q4_K matrix's decode layout: each 256-weight block's nibbles as Q4_0's tiles keep theirs
  * (a sub-block pair's 32 bytes of each row cut into 8 groups of 4), and per block and tile an
  * entry of Q4K_ENTRY halves: the 16 rows' d, their dmin, then their 8 sub-blocks' 6-bit scales
@@ -431,7 +428,6 @@ int sm_g_tile_q4_k(const sm_mat *w, uint8_t *q, uint16_t *s)
     }
     return 0;
 }
-/* --8<-- [end:tile_q4_k] */
 
 /* y (rows, N) = the int8 rows (xq, their block scales xs: sm_quantize_rows) by w's tiles,
  * for its rows j0..j1 (j0 a multiple of 16 TILE_RUN: whole runs of tiles inside a group),

@@ -343,7 +343,6 @@ INLINE void q8_block(const sm_mat *w, int t0, const int NT, const int RB, const 
 }
 /* --8<-- [end:q8_block] */
 
-/* --8<-- [start:q4_block] */
 /* A Q4_0 matrix in tiles (blocks.c, sm_g_tile_q4_0): as q8_block, but each 64-byte line holds
  * 16 rows' 4 bytes of one block's nibbles, the low nibbles values 4g..4g+3 of the block, the
  * high ones 16+4g..16+4g+3, so a line is two vpdpbusd of 16 outputs, the weights unsigned
@@ -509,7 +508,6 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
         }
 #endif
 }
-/* --8<-- [end:q4_block] */
 
 
 /* One block of work, its shape chosen from a few compiled ones. */

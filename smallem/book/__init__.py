@@ -116,13 +116,15 @@ ROUNDS_NAMES = {"ch2": "chapter 2", "ch3": "chapter 3", "ch4": "chapter 4",
 
 def rounds_by_chapter() -> str:
     """"15 rounds in chapter 2; 7 in chapter 3, chapter 4 and ...": each chapter's own number of
-    paired rounds (its measuring module's ROUNDS; chapter 2 takes compare.paired's)."""
+    paired rounds at most (its measuring module's MOST_ROUNDS where it has comparisons of more
+    than one length, else its ROUNDS; chapter 2 takes compare.paired's)."""
     from . import compare
 
     by: dict[int, list[str]] = {}
     for name, label in ROUNDS_NAMES.items():
         m = importlib.import_module(f"{__name__}.{name}.measuring")
-        by.setdefault(int(getattr(m, "ROUNDS", compare.ROUNDS)), []).append(label)
+        most = getattr(m, "MOST_ROUNDS", getattr(m, "ROUNDS", compare.ROUNDS))  # its longest
+        by.setdefault(int(most), []).append(label)
     parts = [f"{n}{' rounds' if i == 0 else ''} in {compare.listing(labels, '')}"
              for i, (n, labels) in enumerate(sorted(by.items(), reverse=True))]
     return "; ".join(parts)

@@ -343,28 +343,39 @@ class Forward:
         """Below how many bytes a product (or an attention) runs on one thread: the bytes one
         core streams in SYNC_SHARE fork-joins of the team (the cheapest of several tries of
         each: the machine's cost, not a neighbour's noise). A team that met for less would
-        spend more of the token meeting than working. Measured once on this machine for the
-        team, the level and the largest matrix's form, and kept (:func:`machine.kept`), so every
-        process decodes with the same threshold."""
+        spend more of the token meeting than working. One core's rate is that of a pass over
+        every matrix of the model, one product each, as a token reads them (from the level
+        that holds the model, not from the L2 that one matrix timed again and again would sit
+        in: that rate, three times the L3's on a Xeon, kept products on one core that the team
+        streams faster). Measured once on this machine for the team, the level and the
+        model's matrices, and kept (:func:`machine.kept`), so every process decodes with the
+        same threshold."""
         if self.threads == 1:
             return 0
-        big = max(self.mats, key=lambda w: w.nbytes)
-        dst = self.ffi.new("sm_mat *")
-        big.fill(self.ffi, dst)
-        form = [int(dst.kind), int(dst.type), int(dst.K), int(dst.N), int(big.nbytes)]
+        dsts = []
+        for w in self.mats:
+            d = self.ffi.new("sm_mat *")
+            w.fill(self.ffi, d)
+            dsts.append(d)
+        total = sum(w.nbytes for w in self.mats)
+        form = [[int(d.kind), int(d.type), int(d.K), int(d.N)] for d in dsts]
 
         def measure_it():
             fj = min(_pool.fork_join_seconds(self.team.runtime, self.threads, 500)
                      for _ in range(9))
-            secs = min(self.lib.sm_time_product(dst, 20) for _ in range(3))
-            if secs <= 0:
-                raise MemoryError("no memory for the product's timing")
-            return int(self.SYNC_SHARE * fj * big.nbytes / secs)
+            passes = []
+            for _ in range(4):  # the first pass brings the weights to their level
+                t = [self.lib.sm_time_product(d, 1) for d in dsts]
+                if min(t) <= 0:
+                    raise MemoryError("no memory for the product's timing")
+                passes.append(sum(t))
+            return int(self.SYNC_SHARE * fj * total / min(passes[1:]))
 
         level = self.level or isa.selected()
         return int(machine.kept("par_min_bytes", [level, sorted(isa.extensions(level)),
                                                   self.team.runtime, self.threads,
-                                                  self.SYNC_SHARE, form], measure_it))
+                                                  self.SYNC_SHARE, "a pass over the model",
+                                                  total, form], measure_it))
 
     @property
     def weight_bytes(self) -> int:

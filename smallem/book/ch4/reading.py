@@ -312,6 +312,7 @@ def _peer_values(rec, values) -> None:
     values["ch4.llama_amx_off"] = llama.amx_off_reason(opts, values["ch4.has_amx"],
                                                        bool(build.get("safe_build")))
     values["ch4.prompt_amx"] = st.get("prompt_int8_path") == "amx"  # rung 5's integer prompt
+    values["ch4.prompt_path_kept"] = st.get("prompt_int8_path") is not None  # older: no key
     t = _one(rec, "decode", case="torch-f32")
     values["ch4.torch_measured"] = t is not None
     values["ch4.torch_version"] = st.get("torch") if isinstance(st.get("torch"), str) else None
@@ -743,7 +744,7 @@ def report(rec_dir) -> dict:
     values["ch4.llama_measured"] = values["ch4.torch_measured"] = False
     values["ch4.llama_amx"] = values["ch4.llama_amx_off"] = None
     values["ch4.llama_safe"] = values["ch4.has_amx"] = values["ch4.vs_llama_big_measured"] = False
-    values["ch4.prompt_amx"] = False
+    values["ch4.prompt_amx"] = values["ch4.prompt_path_kept"] = False
     values["ch4.big_resident_explains"] = False
     values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     values["ch4.measured"] = records.exists(RECORD, rec_dir)

@@ -44,6 +44,11 @@ def report(rec_dir=None) -> dict:
     values = reading.differences(cols)
     values["machines.count"] = len(cols)
     values["machines.gpu"] = gpu["_name"] if gpu else None
+    # the column whose records these pages were built from (a captured folder's, rendered as
+    # the book), else None
+    values["machines.own_column"] = next(
+        (reading.reader_name(d) for d in reading.folders()
+         if (d / "records").resolve() == rec_dir.resolve()), None)
     here, _ = reading.harvest(rec_dir)
     here.update(reading._cells(reading.numbers(rec_dir, here)))
     g_rows, g_header = reading.glance_rows(here, rec_dir, gpu)
