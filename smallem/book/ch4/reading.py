@@ -257,6 +257,9 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         first = max(0, -(-pm // (8 * d)) - 1) if pm is not None else None
         last = s["prompt"] + s["decode_tokens"] - 1
         values["ch4.rung4_attn_from"] = first if first is not None and first <= last else None
+        # whether any region of a timed token went to the team at rung 4
+        values["ch4.rung4_teamed"] = bool(values["ch4.rung4_team_n"]) or \
+            values["ch4.rung4_attn_from"] is not None
     if r4 and r5:
         d = compare.difference(r5, r4)
         values["ch4.rung5_vs_rung4_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0
@@ -745,6 +748,7 @@ def report(rec_dir) -> dict:
     values["ch4.llama_amx"] = values["ch4.llama_amx_off"] = None
     values["ch4.llama_safe"] = values["ch4.has_amx"] = values["ch4.vs_llama_big_measured"] = False
     values["ch4.prompt_amx"] = values["ch4.prompt_path_kept"] = False
+    values["ch4.rung4_teamed"] = True  # unknown: the page keeps the general account
     values["ch4.big_resident_explains"] = False
     values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     values["ch4.measured"] = records.exists(RECORD, rec_dir)
