@@ -136,6 +136,23 @@ def test_the_thread_threshold_is_measured(level, monkeypatch):
                  rtol=1e-5, atol=1e-5)
 
 
+def test_the_threshold_times_a_pass_over_every_matrix(monkeypatch):
+    """One core's rate is a pass over every matrix of the model, as a token reads them (one
+    matrix timed again and again sits in the L2: on a Xeon that rate, three times the L3's,
+    kept every product of chapter 4's xl model on one core): the kept key names every
+    matrix and their bytes, and the threshold is SYNC_SHARE fork-joins of that pass's rate."""
+    seen = {}
+
+    def keep(name, key, measure_it):
+        seen[name] = key
+        return measure_it()
+    monkeypatch.setattr(decode.machine, "kept", keep)
+    dec = decode.Decoder(_model(d=64, layers=2), "int8", 2)
+    key = seen["par_min_bytes"]
+    assert key[-2] == dec.weight_bytes and len(key[-1]) == len(dec.mats) > 4
+    assert dec.par_min_bytes > 0
+
+
 def test_int8_layout(rng):
     """The tile order is the documented one."""
     w = rng.normal(0, 1, (64, 20)).astype(np.float32)
