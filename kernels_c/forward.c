@@ -370,6 +370,7 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
     const float *xs[3] = {NULL, NULL, NULL};
     long long ab[3], start[4] = {0};
     uint8_t *a = wk->act;
+    double t0 = part_now(m);
     for (int i = 0; i < count; i++) {
         /* int8 per 32 for tiles; a Q4_K matrix's tiles take its rows' Q8_K */
         const int tiled = ws[i]->q != NULL && ws[i]->type != T_Q4_K, K32 = PAD(ws[i]->K, QBLOCK);
@@ -392,6 +393,8 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
     }
     const long long total = start[count];
     const int nt = team(m, total, nthreads);
+    part_add(m, PART_ROUND, t0);
+    t0 = part_now(m);
     #pragma omp parallel for schedule(static) num_threads(nt)
     for (int t = 0; t < nt; t++) {
         const long long p0 = total * t / nt, p1 = total * (t + 1) / nt;
@@ -409,6 +412,7 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
                 rows_span(ws[i], act[i], ab[i], rows, ys[i], j0, j1, m->ahead);
         }
     }
+    part_add(m, PART_PRODUCTS, t0);
 }
 
 /* --8<-- [start:products] */
@@ -421,16 +425,22 @@ static void products(const sm_model *m, const sm_mat *const *ws, float *const *y
 {
     if (m->gemm_block_rows > 0 && rows >= m->gemm_rows) {
         int done = 1;
+        const double t0 = part_now(m);
         for (int i = 0; i < count; i++) done &= gemm_product(m, ws[i], x, rows, ys[i], acc, w, nthreads);
+        part_add(m, PART_PRODUCTS, t0);
         if (done) return;
     }
     if (ws[0]->kind != KIND_BLOCKS) {
         for (int i = 0; i < count; i++) {
             const sm_mat *W = ws[i];
             const long long bytes = (long long)PAD(W->K, QBLOCK) * PAD(W->N, TILE) * (W->kind ? 1 : 4);
+            double t0 = part_now(m);
             if (W->kind == KIND_INT8) sm_quantize_rows(x, rows, W->K, (int8_t *)w->act, w->xs);
+            part_add(m, PART_ROUND, t0);
+            t0 = part_now(m);
             sm_matmul(W, x, W->kind ? (int8_t *)w->act : NULL, W->kind ? w->xs : NULL, ys[i], rows,
                       acc, team(m, bytes * rows, nthreads));
+            part_add(m, PART_PRODUCTS, t0);
         }
         return;
     }
@@ -442,7 +452,9 @@ static void products(const sm_model *m, const sm_mat *const *ws, float *const *y
         const int N = ws[i]->N;
         float *tmp = w->o;
         block_products(m, &ws[i], &tmp, 1, x, rows, w, nthreads);
+        const double t0 = part_now(m);
         for (size_t k = 0; k < (size_t)rows * N; k++) ys[i][k] += tmp[k];
+        part_add(m, PART_NORM, t0);
     }
 }
 /* --8<-- [end:products] */
@@ -459,8 +471,10 @@ static void product(const sm_model *m, const sm_mat *W, const float *x, int rows
 static void residual(const sm_model *m, const float *post, float *x, float *o, int rows)
 {
     const int d = m->d;
+    const double t0 = part_now(m);
     if (post) norm_rows(m, o, post, NULL, o, rows, d);
     for (size_t i = 0; i < (size_t)rows * d; i++) x[i] += o[i];
+    part_add(m, PART_NORM, t0);
 }
 
 static void add_bias(float *y, size_t stride, const float *b, int rows, int N)
@@ -493,12 +507,15 @@ static void attention(const sm_model *m, int l, work_t *w, int rows, int p0, int
         float *ys[3] = {qb, kb, vb};
         products(m, ws, ys, 3, w->t, rows, 0, w, nthreads);
     }
+    double t0 = part_now(m);
     add_bias(qb, qs, L->bq, rows, qd);
     add_bias(kb, ks, L->bk, rows, kd);
     add_bias(vb, vs, L->bv, rows, vdt);
     sm_qkv x = {qb, kb, vb, qs, ks, vs, NULL};
     if (m->cache == CACHE_STATE) {  /* the recurrent block: its gates' logits */
+        part_add(m, PART_POSITIONS, t0);
         product(m, &L->decay, w->t, rows, w->scores, 0, w, nthreads);
+        t0 = part_now(m);
         x.gate = w->scores;
     } else {
         for (int r = 0; r < rows; r++) {
@@ -513,8 +530,11 @@ static void attention(const sm_model *m, int l, work_t *w, int rows, int p0, int
                 if (m->rope) rope(m, L, kr + h * hd, p);
             }
         }
+        part_add(m, PART_POSITIONS, t0);
+        t0 = part_now(m);
     }
     ATTEND[m->cache](m, l, &x, w->att, w->scores, rows, p0, nthreads);
+    part_add(m, PART_ATTEND, t0);
 }
 /* --8<-- [end:attention] */
 
@@ -525,15 +545,21 @@ static void mlp(const sm_model *m, const sm_layer *L, work_t *w, int rows, int n
     float *out = L->post2_w ? w->o : w->x;   /* added straight into x, or normed first */
     if (m->mlp == MLP_GELU) {
         product(m, &L->up, w->t, rows, w->u, 0, w, nthreads);
+        const double t0 = part_now(m);
         activation(m, w->u, NULL, hid, w->g, rows, hid);
+        part_add(m, PART_ACTIVATION, t0);
     } else if (L->gate.N > 0) {              /* gate and up: two matrices of one input */
         const sm_mat *ws[2] = {&L->gate, &L->up};
         float *ys[2] = {w->u, w->u + (size_t)rows * hid};
         products(m, ws, ys, 2, w->t, rows, 0, w, nthreads);
+        const double t0 = part_now(m);
         activation(m, w->u, w->u + (size_t)rows * hid, hid, w->g, rows, hid);
+        part_add(m, PART_ACTIVATION, t0);
     } else {                                 /* one fused matrix: each row [gate | up] */
         product(m, &L->up, w->t, rows, w->u, 0, w, nthreads);
+        const double t0 = part_now(m);
         activation(m, w->u, w->u + hid, 2 * hid, w->g, rows, hid);
+        part_add(m, PART_ACTIVATION, t0);
     }
     const int direct = !L->post2_w && L->down.kind != KIND_BLOCKS;
     product(m, &L->down, w->g, rows, direct ? out : w->o, direct, w, nthreads);
@@ -566,6 +592,7 @@ int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logi
     carve(m, &w);
     for (int r0 = 0; r0 < n; r0 += block) {
         const int rows = n - r0 < block ? n - r0 : block, p0 = pos + r0;
+        double t0 = part_now(m);
         for (int r = 0; r < rows; r++) {           /* the embeddings */
             float *xr = w.x + (size_t)r * d;
             sm_g_row(&m->embd, tokens[r0 + r], xr);
@@ -574,20 +601,27 @@ int sm_forward(const sm_model *m, const int *tokens, int n, int pos, float *logi
             if (m->wpe)
                 for (int c = 0; c < d; c++) xr[c] += m->wpe[(size_t)(p0 + r) * d + c];
         }
+        part_add(m, PART_EMBED, t0);
         for (int l = 0; l < m->n_layer; l++) {
             const sm_layer *L = m->layers + l;
+            t0 = part_now(m);
             norm_rows(m, w.x, L->norm1_w, L->norm1_b, w.t, rows, d);
+            part_add(m, PART_NORM, t0);
             attention(m, l, &w, rows, p0, nthreads);
             const int direct = !L->post1_w && L->o.kind != KIND_BLOCKS;  /* x += att Wo */
             product(m, &L->o, w.att, rows, direct ? w.x : w.o, direct, &w, nthreads);
             if (!direct) residual(m, L->post1_w, w.x, w.o, rows);
+            t0 = part_now(m);
             norm_rows(m, w.x, L->norm2_w, L->norm2_b, w.t, rows, d);
+            part_add(m, PART_NORM, t0);
             mlp(m, L, &w, rows, nthreads);
         }
         if (!all_logits && r0 + rows < n) continue;
         const int first = all_logits ? 0 : rows - 1;  /* the head */
         float *out = logits + (all_logits ? (size_t)r0 * V : 0);
+        t0 = part_now(m);
         norm_rows(m, w.x + (size_t)first * d, m->out_norm_w, m->out_norm_b, w.t, rows - first, d);
+        part_add(m, PART_NORM, t0);
         product(m, &m->head, w.t, rows - first, out, 0, &w, nthreads);
         if (m->softcap > 0.0f)
             for (size_t i = 0; i < (size_t)(rows - first) * V; i++)

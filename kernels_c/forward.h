@@ -5,6 +5,11 @@ enum { NORM_LAYER = 0, NORM_RMS = 1 };                             /* sm_model.n
 enum { MLP_GELU = 0, MLP_SWIGLU = 1, MLP_GEGLU = 2 };              /* sm_model.mlp */
 enum { ROPE_NONE = 0, ROPE_PAIRS = 1, ROPE_NEOX = 2 };             /* sm_model.rope */
 enum { CACHE_TILES = 0, CACHE_F16 = 1, CACHE_STATE = 2 };          /* sm_model.cache */
+/* sm_model.parts: a call's seconds by part (the parallel regions of the products, with the
+ * threads' meetings, apart from the rounding of their inputs), and the count of regions that
+ * met as a team */
+enum { PART_EMBED = 0, PART_NORM = 1, PART_ROUND = 2, PART_PRODUCTS = 3, PART_POSITIONS = 4,
+       PART_ATTEND = 5, PART_ACTIVATION = 6, PART_TEAMED = 7, PART_COUNT = 8 };
 /* ggml's type numbers (sm_mat.type), and one of ours: Q8_0 in pairs of blocks laid out for
  * the nibbles */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14,
@@ -46,6 +51,7 @@ typedef struct {
     long long par_min_bytes;
     long long ahead; /* bytes a decode step's weight rows are prefetched ahead (blocks.c) */
     int products_off; /* a probe: GGUF products write zeros and read no weight (appendix B) */
+    double *parts;    /* a probe: where not NULL, PART_COUNT sums a call adds to (appendix B) */
 } sm_model;
 int sm_rows(void);
 int sm_block_rows(void);

@@ -234,6 +234,9 @@ def test_a_peer_dying_in_the_rounds_leaves_its_rows_out_and_says_why(tmp_path, m
     assert ("llama_tg", "tiny-llama") in names and ("llama_tg", "tiny-qwen2") not in names
     note = figures.peer_notes(rec.data["settings"]["llama_cpp"], missing)
     assert "not measured (llama-bench died of SIGSEGV" in note
+    parts = {(r["params"]["model"], r["params"]["decoder"]) for r in rec.data["results"]
+             if r["name"] == "decode_parts"}  # the step's parts, each file, both decoders
+    assert parts == {(m, d) for m in ("tiny-qwen2", "tiny-llama") for d in ("step", "rest")}
 
 
 @pytest.mark.parametrize("name", captured.NAMES)
@@ -385,3 +388,40 @@ def test_our_reader_reads_a_model_as_the_gguf_package_does(tmp_path, qtype):
         p = q
     ours = _same_as_the_packages(p)
     assert len(ours.tensors) > 10
+
+
+def test_the_rest_part_by_part_names_its_largest_part(tmp_path, monkeypatch):
+    """Appendix B's parts of a step: with a record whose rest is mostly attention, the page
+    gets the attention as the largest part (the regions aside), each meeting's cost (the
+    regions' time over their count), and the table a row a file; a record without the probe
+    gets no table and parts_measured False."""
+    from smallem.book import figures
+    from smallem.book.others import reading
+    from smallem.book.others.measuring import CASES
+
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path))
+    monkeypatch.setattr(figures, "figures_dir", lambda: tmp_path)
+    m = {"cpu": "test", "cores": 2, "isa": {"isa": "avx2", "extensions": []}}
+    rec = {"machine": m, "date": "2026-12-07", "commit": "abc", "settings": {"feed": 32},
+           "results": []}
+    parts = {"embed": 1e-6, "norm": 5e-6, "round": 4e-6, "products": 30e-6, "positions": 2e-6,
+             "attend": 60e-6, "activation": 3e-6, "call": 10e-6}
+    for shape, qtype in CASES:
+        for which, total in (("step", 2e-3), ("rest", 115e-6)):
+            rec["results"].append({"name": "decode_parts", "unit": "s",
+                                   "value": {"median": total, "min": total, "max": total, "n": 5},
+                                   "params": {"model": shape, "type": qtype, "decoder": which,
+                                              "parts": parts, "teamed": 150.0,
+                                              "fork_join": 0.1e-6}})
+    got = reading._parts(rec)
+    key = f"others.{reading.slug(*CASES[-1])}."
+    assert got["others.parts_measured"]
+    assert got[key + "rest_largest"] == reading.PART_NAMES["attend"]
+    assert abs(got[key + "rest_largest_share"] - 60 / 115) < 1e-9
+    assert abs(got[key + "meeting_us"] - 0.2) < 1e-9
+    assert abs(got[key + "meetings_share"] - 30e-6 / 2e-3) < 1e-9
+    table = (tmp_path / "tables" / "others_parts.md").read_text()
+    assert table.count("\n| ") >= len(CASES) and "attention" in table
+    rec["results"] = []
+    got = reading._parts(rec)
+    assert not got["others.parts_measured"] and got[key + "rest_largest"] is None

@@ -318,6 +318,39 @@ def test_the_rest_of_a_step_reads_no_weight(tmp_path):
         Forward.from_gguf(mf, ahead=-4096)
 
 
+def test_the_parts_of_a_step_are_counted_and_add_up(tmp_path):
+    """The probe of a call's parts (Forward.parts_on): on two threads with every product
+    teamed (par_min_bytes 0), a token's regions that meet as a team are each layer's four
+    product regions (q, k and v together; o; gate and up together; down) and its attention,
+    and the head's; each part that runs takes time, their sum stays below the call's wall
+    time, and after parts_off nothing more is added. On one thread nothing meets."""
+    import time
+
+    from smallem.generating.forward import PARTS
+
+    src = gguf_models.write(tmp_path / "m.gguf", "llama", None, d=64, hidden=96, n_layer=3)
+    mf = gguf_file.open_model(_quantised_copy(src, tmp_path / "q.gguf", "Q8_0"))
+    fw = Forward.from_gguf(mf, threads=2, par_min_bytes=0)
+    fw.forward([3, 1, 4])
+    sums = fw.parts_on()
+    t0 = time.perf_counter()
+    for t in (1, 5, 9, 2):
+        fw.forward([t])
+    wall = time.perf_counter() - t0
+    fw.parts_off()
+    got = dict(zip(PARTS, sums.copy()))
+    assert got["teamed"] == 4 * (5 * 3 + 1)
+    for p in ("norm", "round", "products", "positions", "attend", "activation", "embed"):
+        assert got[p] > 0, p
+    assert sum(v for k, v in got.items() if k != "teamed") < wall
+    fw.forward([7])
+    assert np.array_equal(sums, [got[p] for p in PARTS])
+    one = Forward.from_gguf(mf, threads=1)
+    sums = one.parts_on()
+    one.forward([3, 1])
+    assert sums[PARTS.index("teamed")] == 0 and sums[PARTS.index("products")] > 0
+
+
 def _q4_0_tiles(blocks: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     """A Q4_0 matrix's tiles as sm_g_tile_q4_0 lays them out, in numpy: tiles of 16 rows in
     groups of 8; in a group, block b's 4-byte group g of every tile's 16 rows is one line per

@@ -246,9 +246,66 @@ static void attend_f32(const sm_model *m, int l, const float *qb, size_t qs, flo
  * is divided by S at the end, in f32. The query arrives rounded to f16 (as ggml rounds the
  * operand an f16 matrix meets), in place by the caller, and already scaled by 1/sqrt(hd)
  * where the architecture scales it first (q_prescaled: phi3, gemma3). One expf a key, as ggml's.
+ * The same sums in the same order, in three passes over AT_KEYS keys at a time: the scores
+ * (each key's dot on its own, so the core overlaps them), the factors in order, then the
+ * values with the accumulator held in registers; in one pass a key each, every step waited
+ * on the one before through memory.
  * A sliding window (gemma3's local layers) starts the keys at lo: ggml skips the keys its mask
  * hides, so the sum is the same one over the visible keys in order. */
 static inline float round_f16(float x) { return h2f(f2h(x)); }
+
+#define AT_KEYS 64 /* keys a pass: their scores, then their factors, then their values */
+
+/* one key's score: the query's dot with the key (f16), 8 lanes at a time, then the rest */
+static inline float key_dot(const float *q, const uint16_t *kt, int hd)
+{
+    float d = 0.0f;
+    int i = 0;
+#if defined(SM_AVX2)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= hd; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kt + i))), acc);
+    d = hsum8(acc);
+#endif
+    for (; i < hd; i++) d += q[i] * h2f(kt[i]);
+    return d;
+}
+
+/* The accumulator o (vd features, f16 values in f32) through n keys' values: at key j, first
+ * o = f16(o ms[j]) where a new largest score came (ms[j] != 1: an f16 value times 1 is
+ * itself), then o = f16(o + ws[j] v_j). 64 features at a time stay in registers across the
+ * keys, so a step waits on the one before only through its own lanes. */
+static void accumulate_f16(float *o, const uint16_t *V, size_t vstride, const float *ms,
+                           const float *ws, int n, int vd)
+{
+    int i = 0;
+#if defined(SM_AVX2)
+    for (; i + 64 <= vd; i += 64) {
+        __m256 a[8];
+        for (int b = 0; b < 8; b++) a[b] = _mm256_loadu_ps(o + i + 8 * b);
+        for (int j = 0; j < n; j++) {
+            const uint16_t *vt = V + (size_t)j * vstride + i;
+            if (ms[j] != 1.0f) {
+                const __m256 f = _mm256_set1_ps(ms[j]);
+                for (int b = 0; b < 8; b++)
+                    a[b] = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a[b], f), 0));
+            }
+            const __m256 w = _mm256_set1_ps(ws[j]);
+            for (int b = 0; b < 8; b++)
+                a[b] = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_fmadd_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vt + 8 * b))), w, a[b]), 0));
+        }
+        for (int b = 0; b < 8; b++) _mm256_storeu_ps(o + i + 8 * b, a[b]);
+    }
+#endif
+    if (i == vd) return;
+    for (int j = 0; j < n; j++) {  /* the features past the last 64, in memory */
+        const uint16_t *vt = V + (size_t)j * vstride;
+        if (ms[j] != 1.0f)
+            for (int c = i; c < vd; c++) o[c] = round_f16(o[c] * ms[j]);
+        for (int c = i; c < vd; c++) o[c] = round_f16(fmaf(h2f(vt[c]), ws[j], o[c]));
+    }
+}
 
 static void attend_f16(const sm_model *m, int l, const float *q, int lo, int p, int kvh, float *o)
 {
@@ -257,40 +314,22 @@ static void attend_f16(const sm_model *m, int l, const float *q, int lo, int p, 
     const uint16_t *K = (const uint16_t *)m->k_cache + (size_t)l * m->context * kstride + (size_t)kvh * hd;
     const uint16_t *V = (const uint16_t *)m->v_cache + (size_t)l * m->context * vstride + (size_t)kvh * vd;
     const float scale = m->q_prescaled ? 1.0f : m->attn_scale;
-    float M = -INFINITY, S = 0.0f;
+    float M = -INFINITY, S = 0.0f, sc[AT_KEYS], ms[AT_KEYS], ws[AT_KEYS];
     for (int i = 0; i < vd; i++) o[i] = 0.0f; /* the accumulator: f16 values, kept in f32 */
-    for (int t = lo; t <= p; t++) {
-        const uint16_t *kt = K + (size_t)t * kstride, *vt = V + (size_t)t * vstride;
-        float d = 0.0f;
-        int i = 0;
-#if defined(SM_AVX2)
-        __m256 acc = _mm256_setzero_ps();
-        for (; i + 8 <= hd; i += 8)
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kt + i))), acc);
-        d = hsum8(acc);
-#endif
-        for (; i < hd; i++) d += q[i] * h2f(kt[i]);
-        const float sc = d * scale;
-        float ms = 1.0f, vs = 1.0f;
-        if (sc > M) { /* a new largest score: what is summed so far shrinks by exp(M_old - M) */
-            const float old = M;
-            M = sc;
-            ms = expf(old - M);
-            for (i = 0; i < vd; i++) o[i] = round_f16(o[i] * ms);
-        } else {
-            vs = expf(sc - M);
+    for (int t0 = lo; t0 <= p; t0 += AT_KEYS) {
+        const int n = p + 1 - t0 < AT_KEYS ? p + 1 - t0 : AT_KEYS;
+        for (int j = 0; j < n; j++)  /* the scores: no key's waits on another's */
+            sc[j] = key_dot(q, K + (size_t)(t0 + j) * kstride, hd) * scale;
+        for (int j = 0; j < n; j++) { /* the factors, in order */
+            if (sc[j] > M) { /* a new largest score: what is summed so far shrinks by exp(M_old - M) */
+                ms[j] = expf(M - sc[j]), ws[j] = 1.0f;
+                M = sc[j];
+            } else {
+                ms[j] = 1.0f, ws[j] = expf(sc[j] - M);
+            }
+            S = S * ms[j] + ws[j];
         }
-        i = 0;
-#if defined(SM_AVX2)
-        const __m256 wv = _mm256_set1_ps(vs);
-        for (; i + 8 <= vd; i += 8) {
-            const __m256 a = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vt + i))), wv,
-                                             _mm256_loadu_ps(o + i));
-            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm256_cvtps_ph(a, 0)));
-        }
-#endif
-        for (; i < vd; i++) o[i] = round_f16(fmaf(h2f(vt[i]), vs, o[i]));
-        S = S * ms + vs;
+        accumulate_f16(o, V + (size_t)t0 * vstride, vstride, ms, ws, n, vd);
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int i = 0; i < vd; i++) o[i] *= inv;

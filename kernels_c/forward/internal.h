@@ -51,6 +51,23 @@ INLINE __m256i fifth_bits(const uint8_t *qh4)
  * meet (the caller derives the threshold from the measured fork-join and bandwidth). */
 static inline int team(const sm_model *m, long long bytes, int nthreads)
 {
-    return bytes >= m->par_min_bytes ? nthreads : 1;
+    const int nt = bytes >= m->par_min_bytes ? nthreads : 1;
+    if (m->parts && nt > 1) m->parts[PART_TEAMED] += 1.0;
+    return nt;
+}
+
+/* The probe of a call's parts (sm_model.parts): the clock where it is on, else nothing read;
+ * part_add adds the seconds since t0 to a part. */
+static inline double part_now(const sm_model *m)
+{
+    if (!m->parts) return 0.0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline void part_add(const sm_model *m, int part, double t0)
+{
+    if (m->parts) m->parts[part] += part_now(m) - t0;
 }
 #endif

@@ -41,6 +41,11 @@ MLPS = _names("MLP")        # gelu, swiglu, geglu
 ROPES = tuple(None if r == "none" else r for r in _names("ROPE"))   # None, pairs, neox
 CACHES = _names("CACHE")    # chapter 4's f32 key tiles, llama.cpp's f16 rows, or the
 #                             recurrent block's state (appendix D)
+# a call's parts as the C side sums them where sm_model.parts is set (forward.h's PART_*: each
+# part's seconds, and "teamed", the count of parallel regions that met as a team)
+_PART_IDS = build.header_enum("PART", "forward.h")
+PART_COUNT = _PART_IDS.pop("count")
+PARTS = tuple(sorted(_PART_IDS, key=_PART_IDS.get))
 INT_MAX = 2**31 - 1
 GEMM_BLOCK = 512   # a prompt's rows per C call on the GEMM branch: wide enough for the GEMM
 KIND_BLOCKS = build.header_enum("KIND", "forward.h")["blocks"]  # sm_mat.kind of a GGUF
@@ -441,6 +446,22 @@ class Forward:
         if rc:
             raise ForwardError(f"sm_forward: {ERRORS.get(rc, rc)}")
         self.pos += t.size
+
+    def parts_on(self) -> np.ndarray:
+        """From now on every call adds its parts (:data:`PARTS`) to the array returned, which
+        starts at zero: the seconds of the embedding, the norms (and the residual adds), the
+        rounding of the products' inputs, the products' parallel regions (the threads'
+        meetings included), the positions (biases, the heads' norms and RoPE), the attention
+        and the MLP's activation, and the count of regions that met as a team. What a call
+        spends besides (its checks, Python's call) is its time less their sum. The clock is
+        read twice a part, some 400 times a token."""
+        self._parts = np.zeros(PART_COUNT, np.float64)
+        self._m.parts = self.ffi.cast("double *", self._parts.ctypes.data)
+        return self._parts
+
+    def parts_off(self):
+        """Calls stop adding to the array of :meth:`parts_on`."""
+        self._m.parts = self.ffi.NULL
 
     def step(self, token: int) -> np.ndarray:
         """The next token's logits (a view that the next call overwrites)."""

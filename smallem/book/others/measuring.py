@@ -13,7 +13,8 @@ import numpy as np
 from smallem import checks
 from smallem.generating import gguf_file, gguf_products
 from smallem.cpu import timing
-from smallem.generating.forward import TILE_TYPE_NAMES, Blocks, Forward, Tiled, tileable
+from smallem.generating.forward import PARTS, TILE_TYPE_NAMES, Blocks, Forward, Tiled, tileable
+from smallem.plumbing import pool as _pool
 from smallem.cpu.timing import Timing, quick_mode
 from .. import records
 from ..ch4 import llama
@@ -32,6 +33,7 @@ PAUSE = 0.05
 AHEADS = (0, 2048, 8192, 16384)
 DOT_BYTES = 256 << 10  # the arithmetic's probe: this much of a matrix, in every captured L2
 LLAMA_REPS = 1     # llama-bench repetitions a round, after llama-bench's own warm-up run
+PART_ROUNDS = 5    # rounds of the step's parts: the decoder and its rest in turn, each a decode
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -113,6 +115,10 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     for a in other:
         _add(rec, "decode_ahead", ts[f"tg_ahead_{a}"], feed, **params, ahead=a)
     _add(rec, "decode_rest", ts["tg_rest"], feed, **params)
+    for which, t in measure_parts({"step": fw, "rest": rest}, prompt_ids, feed_ids,
+                                  2 if quick else PART_ROUNDS).items():
+        rec.add("decode_parts", "s", t["total"], **params, decoder=which, parts=t["parts"],
+                teamed=t["teamed"], fork_join=t["fork_join"])
     rec.add("dot_rate", "GB/s", dot_rate(mf, threads, 5 if quick else 40, tiles=tiled),
             **params, tiles=tiled)
     if tiled:
@@ -130,6 +136,42 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
         elif vals.why:  # the peer died on this file: said under the table, never fatal
             rec.data["settings"].setdefault("missing", {})[
                 f"llama.cpp {test} ({shape} {qtype})"] = vals.why
+
+
+def measure_parts(decoders: dict, prompt_ids: list, feed_ids: list, rounds: int) -> dict:
+    """Each decoder's step part by part (:meth:`Forward.parts_on`): in each of ``rounds``
+    rounds, each decoder in turn decodes ``feed_ids`` after ``prompt_ids``, its parts on.
+    For each: the seconds a token of the call (``total``: median, min, max over the rounds),
+    of each part (:data:`PARTS` but "teamed", the medians) and "call", what the call spends
+    besides them (Python's call, the checks, the head's few lines); the regions a token that
+    met as a team; and a fork-join of the team timed alone in a tight loop (the best of 9
+    runs of 500), the meeting's cost where nothing else runs."""
+    got: dict = {k: {"total": [], "parts": []} for k in decoders}
+    for _ in range(rounds):
+        for name, f in decoders.items():
+            f.reset()
+            f.forward(prompt_ids)
+            sums = f.parts_on()
+            t0 = time.perf_counter()
+            for t in feed_ids:
+                f.forward([t])
+            total = (time.perf_counter() - t0) / len(feed_ids)
+            f.parts_off()
+            got[name]["total"].append(total)
+            got[name]["parts"].append(sums / len(feed_ids))
+    out = {}
+    for name, f in decoders.items():
+        per = np.median(np.array(got[name]["parts"]), axis=0)
+        parts = {p: float(per[i]) for i, p in enumerate(PARTS) if p != "teamed"}
+        tot = sorted(got[name]["total"])
+        parts["call"] = max(0.0, tot[len(tot) // 2] - sum(parts.values()))
+        fj = (min(_pool.fork_join_seconds(f.team.runtime, f.threads, 500) for _ in range(9))
+              if f.threads > 1 else 0.0)
+        out[name] = {"total": {"median": tot[len(tot) // 2], "min": tot[0], "max": tot[-1],
+                               "n": len(tot)},
+                     "parts": parts, "teamed": float(per[PARTS.index("teamed")]),
+                     "fork_join": fj}
+    return out
 
 
 def dot_rate(mf, threads: int, reps: int, tiles: bool = False) -> dict:

@@ -74,7 +74,70 @@ def _missing(note: str) -> dict:
                "others.prefetch_loss_most": None, "others.prompt_amx_files": None,
                "others.ch1_measured": False,
                "others.below_rest": None, "others.below_model": None}
-            | _tile_values(None))
+            | _tile_values(None) | _parts(None))
+
+
+# the parts of a step (measuring.measure_parts; the C side's PART_*), as the page names them
+PART_NAMES = {"products": "the products' parallel regions", "attend": "the attention",
+              "norm": "the norms and residual adds", "round": "the rounding of the products' inputs",
+              "positions": "the biases, heads' norms and RoPE", "activation": "the MLP's activation",
+              "embed": "the embedding", "call": "the call around them (Python's, the checks)"}
+
+
+def _parts(rec) -> dict:
+    """The rest of each file's step part by part (``decode_parts``, the products-off
+    decoder): the table, and for the page each file's largest part of the rest and its share,
+    the regions a token that met as a team, and one meeting's cost there (the regions' time in
+    the rest, where they only write zeros, over their count) beside the fork-join timed alone."""
+    rows, values, any_ = [], {}, False
+    for shape, qtype in CASES:
+        key = f"others.{slug(shape, qtype)}."
+        rest = _one(rec, "decode_parts", model=shape, type=qtype, decoder="rest") if rec else None
+        step = _one(rec, "decode_parts", model=shape, type=qtype, decoder="step") if rec else None
+        if not rest or not step:
+            values.update({key + k: None for k in PART_FIELDS})
+            continue
+        any_ = True
+        rp, sp, n = rest["params"]["parts"], step["params"]["parts"], rest["params"]["teamed"]
+        whole = sum(rp.values())
+        largest = max((k for k in rp if k != "products"), key=rp.get)
+        meeting = rp["products"] / n if n >= 1 else None
+        values.update({key + "rest_largest": PART_NAMES[largest],
+                       key + "rest_largest_share": rp[largest] / whole if whole else None,
+                       key + "regions": n, key + "meeting_us": 1e6 * meeting if meeting else None,
+                       key + "fork_join_us": 1e6 * rest["params"]["fork_join"],
+                       key + "meetings_share": (rp["products"] / records.median(step)
+                                                if records.median(step) else None),
+                       key + "attend_step_share": sp["attend"] / records.median(step)})
+        rows.append([f"{shape} {qtype}", f(1e6 * records.median(step)), f(1e6 * whole)]
+                    + [f(1e6 * rp[k]) for k in PART_NAMES] + [f(n)]
+                    + [f(1e6 * meeting) if meeting else "—",
+                       f(1e6 * rest["params"]["fork_join"]) if rest["params"]["fork_join"] else "—"])
+    if rec is None or not rows:
+        figures.write_table("others_parts", [], ["(nothing measured)"],
+                            "no record of the step's parts here")
+    else:
+        figures.write_table(
+            "others_parts", rows,
+            ["file", "the step (µs)", "the rest (µs)",
+             *(PART_NAMES[k].replace("the ", "", 1) for k in PART_NAMES),
+             "regions met as a team", "one meeting in the rest (µs)", "a fork-join alone (µs)"],
+            "Microseconds a token, medians of "
+            f"{(step or rest or {}).get('value', {}).get('n', '?')} rounds in turn of "
+            f"{rec['settings']['feed']} decode steps, each part's clock read at its start and end "
+            "in the C forward. The rest: the decoder with every product writing zeros instead of "
+            "reading its weights (the same regions, the same threads); its regions then hold the "
+            "threads' meetings and the zeros' writes. One meeting: the regions' time over their "
+            "count. A fork-join alone: the team around an empty region in a tight loop, the "
+            f"best of 9 runs of 500. {figures.machine_line(rec)}.")
+    values["others.parts_measured"] = any_
+    # the keys a pass of the decode step's attention (kernels_c/forward/attend.c's AT_KEYS)
+    values["others.at_keys"] = int(build.header_constant("AT_KEYS", "forward/attend.c"))
+    return values
+
+
+PART_FIELDS = ("rest_largest", "rest_largest_share", "regions", "meeting_us", "fork_join_us",
+               "meetings_share", "attend_step_share")
 
 
 def _tile_values(rec) -> dict:
@@ -473,7 +536,8 @@ def report(rec_dir=None) -> dict:
     values["others.prompt_amx_files"] = (
         None if not amx else "every file" if len(amx) == len(timed) > 1
         else ", ".join(amx[:-1]) + " and " + amx[-1] if len(amx) > 1 else amx[0])
-    return values | _ahead(rec) | _tiles(rec, facts) | _settings(rec, facts, int8_ins, pp_target)
+    return (values | _ahead(rec) | _tiles(rec, facts) | _parts(rec)
+            | _settings(rec, facts, int8_ins, pp_target))
 
 
 def _llama_amx_share(rec) -> dict:
