@@ -33,7 +33,6 @@ PAUSE = 0.05
 AHEADS = (0, 2048, 8192, 16384)
 DOT_BYTES = 256 << 10  # the arithmetic's probe: this much of a matrix, in every captured L2
 LLAMA_REPS = 1     # llama-bench repetitions a round, after llama-bench's own warm-up run
-PART_ROUNDS = 5    # rounds of the step's parts: the decoder and its rest in turn, each a decode
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -69,9 +68,11 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
                                   par_min_bytes=fw.par_min_bytes, repack=False) for a in aheads}
     rows = (Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, repack=False,
                               par_min_bytes=fw.par_min_bytes) if tiled else None)
-    # the rest of a step: the same decoder with every product writing zeros, reading nothing
+    # the rest of a step: the same decoder with every product writing zeros, reading nothing,
+    # its parts summed by the C forward's clock (Forward.parts_on) in each round
     rest = Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, products=False,
                              par_min_bytes=fw.par_min_bytes)
+    rest_sums, rest_parts = rest.parts_on(), []
 
     def decode_case(f):
         def setup():
@@ -79,8 +80,12 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
             f.forward(prompt_ids)
 
         def run():
+            if f is rest:
+                rest_sums[:] = 0.0
             for t in feed_ids:
-                f.forward([t])
+                f.step(t)
+            if f is rest:
+                rest_parts.append(rest_sums / len(feed_ids))
         return setup, run
 
     def prefill():
@@ -115,10 +120,8 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     for a in other:
         _add(rec, "decode_ahead", ts[f"tg_ahead_{a}"], feed, **params, ahead=a)
     _add(rec, "decode_rest", ts["tg_rest"], feed, **params)
-    for which, t in measure_parts({"step": fw, "rest": rest}, prompt_ids, feed_ids,
-                                  2 if quick else PART_ROUNDS).items():
-        rec.add("decode_parts", "s", t["total"], **params, decoder=which, parts=t["parts"],
-                teamed=t["teamed"], fork_join=t["fork_join"])
+    value, extra = rest_part_values(rest_parts, ts["tg_rest"], feed, rest)
+    rec.add("decode_parts", "s", value, **params, **extra)
     rec.add("dot_rate", "GB/s", dot_rate(mf, threads, 5 if quick else 40, tiles=tiled),
             **params, tiles=tiled)
     if tiled:
@@ -138,40 +141,22 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
                 f"llama.cpp {test} ({shape} {qtype})"] = vals.why
 
 
-def measure_parts(decoders: dict, prompt_ids: list, feed_ids: list, rounds: int) -> dict:
-    """Each decoder's step part by part (:meth:`Forward.parts_on`): in each of ``rounds``
-    rounds, each decoder in turn decodes ``feed_ids`` after ``prompt_ids``, its parts on.
-    For each: the seconds a token of the call (``total``: median, min, max over the rounds),
-    of each part (:data:`PARTS` but "teamed", the medians) and "call", what the call spends
-    besides them (Python's call, the checks, the head's few lines); the regions a token that
-    met as a team; and a fork-join of the team timed alone in a tight loop (the best of 9
-    runs of 500), the meeting's cost where nothing else runs."""
-    got: dict = {k: {"total": [], "parts": []} for k in decoders}
-    for _ in range(rounds):
-        for name, f in decoders.items():
-            f.reset()
-            f.forward(prompt_ids)
-            sums = f.parts_on()
-            t0 = time.perf_counter()
-            for t in feed_ids:
-                f.forward([t])
-            total = (time.perf_counter() - t0) / len(feed_ids)
-            f.parts_off()
-            got[name]["total"].append(total)
-            got[name]["parts"].append(sums / len(feed_ids))
-    out = {}
-    for name, f in decoders.items():
-        per = np.median(np.array(got[name]["parts"]), axis=0)
-        parts = {p: float(per[i]) for i, p in enumerate(PARTS) if p != "teamed"}
-        tot = sorted(got[name]["total"])
-        parts["call"] = max(0.0, tot[len(tot) // 2] - sum(parts.values()))
-        fj = (min(_pool.fork_join_seconds(f.team.runtime, f.threads, 500) for _ in range(9))
-              if f.threads > 1 else 0.0)
-        out[name] = {"total": {"median": tot[len(tot) // 2], "min": tot[0], "max": tot[-1],
-                               "n": len(tot)},
-                     "parts": parts, "teamed": float(per[PARTS.index("teamed")]),
-                     "fork_join": fj}
-    return out
+def rest_part_values(sums: list, t: Timing, tokens: int, f) -> tuple[dict, dict]:
+    """The rest of a step part by part, from its rounds: the seconds a token of each part
+    (:data:`PARTS` but "teamed": the medians over the rounds of the C forward's sums) and
+    "call", what the step spends besides them (the median step less their sum: Python's
+    :meth:`Forward.step`, the head's last lines); the regions a token that met as a team; and
+    a fork-join of the team alone in a tight loop (the best of 9 runs of 500), the meeting's
+    cost where nothing else runs. Returns the value (the rounds' seconds a token) and the
+    parameters."""
+    per = np.median(np.array(sums), axis=0)
+    parts = {p: float(per[i]) for i, p in enumerate(PARTS) if p != "teamed"}
+    step = Timing([s / tokens for s in t.seconds])
+    parts["call"] = max(0.0, float(np.median(step.seconds)) - sum(parts.values()))
+    fj = (min(_pool.fork_join_seconds(f.team.runtime, f.threads, 500) for _ in range(9))
+          if f.threads > 1 else 0.0)
+    return step.stats(), {"parts": parts, "teamed": float(per[PARTS.index("teamed")]),
+                          "fork_join": fj}
 
 
 def dot_rate(mf, threads: int, reps: int, tiles: bool = False) -> dict:

@@ -81,38 +81,37 @@ def _missing(note: str) -> dict:
 PART_NAMES = {"products": "the products' parallel regions", "attend": "the attention",
               "norm": "the norms and residual adds", "round": "the rounding of the products' inputs",
               "positions": "the biases, heads' norms and RoPE", "activation": "the MLP's activation",
-              "embed": "the embedding", "call": "the call around them (Python's, the checks)"}
+              "embed": "the embedding", "call": "the call around them (Python's step, the head's last lines)"}
 
 
 def _parts(rec) -> dict:
-    """The rest of each file's step part by part (``decode_parts``, the products-off
-    decoder): the table, and for the page each file's largest part of the rest and its share,
-    the regions a token that met as a team, and one meeting's cost there (the regions' time in
-    the rest, where they only write zeros, over their count) beside the fork-join timed alone."""
-    rows, values, any_ = [], {}, False
+    """The rest of each file's step part by part (``decode_parts``: the products-off decoder
+    in the rounds, its parts summed by the C forward's clock): the table, and for the page
+    each file's largest part of the rest but its regions, and its share, the regions a token
+    that met as a team, one meeting's cost there (the regions' time in the rest, where they
+    only write zeros, over their count) beside the fork-join timed alone, and the meetings'
+    share of the step."""
+    rows, values, any_, n_rounds = [], {}, False, None
     for shape, qtype in CASES:
         key = f"others.{slug(shape, qtype)}."
-        rest = _one(rec, "decode_parts", model=shape, type=qtype, decoder="rest") if rec else None
-        step = _one(rec, "decode_parts", model=shape, type=qtype, decoder="step") if rec else None
+        rest = _one(rec, "decode_parts", model=shape, type=qtype) if rec else None
+        step = _one(rec, "decode", model=shape, type=qtype) if rec else None
         if not rest or not step:
             values.update({key + k: None for k in PART_FIELDS})
             continue
-        any_ = True
-        rp, sp, n = rest["params"]["parts"], step["params"]["parts"], rest["params"]["teamed"]
-        whole = sum(rp.values())
+        any_, n_rounds = True, rest["value"]["n"]
+        rp, n, fj = rest["params"]["parts"], rest["params"]["teamed"], rest["params"]["fork_join"]
+        whole, step_s = sum(rp.values()), 1 / records.median(step)
         largest = max((k for k in rp if k != "products"), key=rp.get)
         meeting = rp["products"] / n if n >= 1 else None
         values.update({key + "rest_largest": PART_NAMES[largest],
                        key + "rest_largest_share": rp[largest] / whole if whole else None,
                        key + "regions": n, key + "meeting_us": 1e6 * meeting if meeting else None,
-                       key + "fork_join_us": 1e6 * rest["params"]["fork_join"],
-                       key + "meetings_share": (rp["products"] / records.median(step)
-                                                if records.median(step) else None),
-                       key + "attend_step_share": sp["attend"] / records.median(step)})
-        rows.append([f"{shape} {qtype}", f(1e6 * records.median(step)), f(1e6 * whole)]
+                       key + "fork_join_us": 1e6 * fj if fj else None,
+                       key + "meetings_share": rp["products"] / step_s})
+        rows.append([f"{shape} {qtype}", f(1e6 * step_s), f(1e6 * whole)]
                     + [f(1e6 * rp[k]) for k in PART_NAMES] + [f(n)]
-                    + [f(1e6 * meeting) if meeting else "—",
-                       f(1e6 * rest["params"]["fork_join"]) if rest["params"]["fork_join"] else "—"])
+                    + [f(1e6 * meeting) if meeting else "—", f(1e6 * fj) if fj else "—"])
     if rec is None or not rows:
         figures.write_table("others_parts", [], ["(nothing measured)"],
                             "no record of the step's parts here")
@@ -122,14 +121,15 @@ def _parts(rec) -> dict:
             ["file", "the step (µs)", "the rest (µs)",
              *(PART_NAMES[k].replace("the ", "", 1) for k in PART_NAMES),
              "regions met as a team", "one meeting in the rest (µs)", "a fork-join alone (µs)"],
-            "Microseconds a token, medians of "
-            f"{(step or rest or {}).get('value', {}).get('n', '?')} rounds in turn of "
-            f"{rec['settings']['feed']} decode steps, each part's clock read at its start and end "
-            "in the C forward. The rest: the decoder with every product writing zeros instead of "
-            "reading its weights (the same regions, the same threads); its regions then hold the "
-            "threads' meetings and the zeros' writes. One meeting: the regions' time over their "
-            "count. A fork-join alone: the team around an empty region in a tight loop, the "
-            f"best of 9 runs of 500. {figures.machine_line(rec)}.")
+            f"Microseconds a token, medians of the {n_rounds} rounds of the table of rates above "
+            f"({rec['settings']['feed']} decode steps each). The step: the decoder's; the rest: "
+            "the same decoder with every product writing zeros instead of reading its weights "
+            "(the same regions, the same threads), its parts summed by the C forward, which "
+            "reads the clock at the start and the end of each; its regions then hold the "
+            "threads' meetings and the zeros' writes, and the call is the rest less its parts. "
+            "One meeting: the regions' time over their count. A fork-join alone: the team "
+            f"around an empty region in a tight loop, the best of 9 runs of 500. "
+            f"{figures.machine_line(rec)}.")
     values["others.parts_measured"] = any_
     # the keys a pass of the decode step's attention (kernels_c/forward/attend.c's AT_KEYS)
     values["others.at_keys"] = int(build.header_constant("AT_KEYS", "forward/attend.c"))
@@ -137,7 +137,7 @@ def _parts(rec) -> dict:
 
 
 PART_FIELDS = ("rest_largest", "rest_largest_share", "regions", "meeting_us", "fork_join_us",
-               "meetings_share", "attend_step_share")
+               "meetings_share")
 
 
 def _tile_values(rec) -> dict:
