@@ -131,8 +131,8 @@
 double sm_time_product(const sm_mat *w, int reps)
 {
     const int K = w->K, K32 = PAD(K, QBLOCK),
-              tiled = w->kind == KIND_INT8 || tiles_int8(w); /* a K-quant's tiles: its rows'
-                                                              * activation */
+              tiled = w->kind == KIND_INT8 || (w->q && w->type != T_Q4_K); /* Q4_K's tiles: its
+                                                                          * rows' activation */
     const long long act = tiled ? K32 : sm_g_act_bytes(w->type, K);
     float *x = malloc(sizeof(float) * ((size_t)K + (size_t)w->N + (size_t)(K32 / QBLOCK) + 16));
     uint8_t *a = malloc((size_t)act + 64);
@@ -372,11 +372,11 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
     uint8_t *a = wk->act;
     double t0 = part_now(m);
     for (int i = 0; i < count; i++) {
-        /* int8 per 32 for tiles; a K-quant's tiles take its rows' Q8_K */
-        const int tiled = tiles_int8(ws[i]), K32 = PAD(ws[i]->K, QBLOCK);
+        /* int8 per 32 for tiles; a Q4_K matrix's tiles take its rows' Q8_K */
+        const int tiled = ws[i]->q != NULL && ws[i]->type != T_Q4_K, K32 = PAD(ws[i]->K, QBLOCK);
         ab[i] = tiled ? K32 : sm_g_act_bytes(ws[i]->type, ws[i]->K);
         start[i + 1] = start[i] + (long long)ws[i]->N * ws[i]->row_bytes;
-        if (i > 0 && tiled == tiles_int8(ws[i - 1]) && ws[i]->K == ws[i - 1]->K &&
+        if (i > 0 && tiled == (ws[i - 1]->q != NULL && ws[i - 1]->type != T_Q4_K) && ws[i]->K == ws[i - 1]->K &&
             (tiled || sm_g_act_type(ws[i]->type) == sm_g_act_type(ws[i - 1]->type))) {
             act[i] = act[i - 1], xs[i] = xs[i - 1]; /* the same rounding of the same input: made once */
             continue;
@@ -404,7 +404,7 @@ static void block_products(const sm_model *m, const sm_mat *const *ws, float *co
             if (m->products_off) /* the probe of the rest of a step: the same regions, no weight read */
                 for (int r = 0; r < rows; r++)
                     memset(ys[i] + (size_t)r * ws[i]->N + j0, 0, sizeof(float) * (size_t)(j1 - j0));
-            else if (tiles_int8(ws[i]))
+            else if (ws[i]->q && ws[i]->type != T_Q4_K)
                 tiles_span(ws[i], (const int8_t *)act[i], xs[i], rows, ys[i], j0, j1,
                            ws[i]->kind == KIND_BLOCKS ? m->ahead : 0); /* a GGUF file's tiles
                                                                         * are read ahead as its rows */

@@ -72,7 +72,6 @@ int sm_g_tile_q8_0(const sm_mat *w, int8_t *q, uint16_t *s);
 int sm_g_tile_q4_0(const sm_mat *w, uint8_t *q, uint16_t *s);
 int sm_g_tile_q4_k(const sm_mat *w, uint8_t *q, uint16_t *s);
 int sm_g_tile_q5_0(const sm_mat *w, uint8_t *q, uint16_t *s);
-int sm_g_tile_q6_k(const sm_mat *w, uint8_t *q, uint16_t *s);
 void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads, long long ahead);
 double sm_time_product(const sm_mat *w, int reps);
 const char *sm_q_instruction(void);

@@ -135,9 +135,9 @@ def test_every_int8_path(lvl, without, monkeypatch, rng):
         a = np.stack([gguf_products.quantize(qtype, r)[1] for r in x])
         assert_product(gguf_products.matmul(t, x, threads=2), a, t.dequantize().astype(np.float64),
                        f"{qtype} {lvl} without {without or 'nothing'}")
-        if qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"):  # the decode layout in tiles
-            # the tiles' rounding: int8 per 32 (the K-quants' tiles: their rows' Q8_K)
-            a8 = a if qtype in ("Q4_K", "Q6_K") else np.stack([gguf_products.quantize("Q8_0", r)[1] for r in x])
+        if qtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K"):  # the decode layout in tiles, same path
+            # the tiles' rounding: int8 per 32 (Q4_K's tiles: its rows' Q8_K)
+            a8 = a if qtype == "Q4_K" else np.stack([gguf_products.quantize("Q8_0", r)[1] for r in x])
             assert_product(gguf_products.matmul(t, x, threads=2, tiles=True), a8,
                            t.dequantize().astype(np.float64), f"tiles {qtype} {lvl}")
         if qtype in gguf_products.INT8_TYPES:  # the prompt's integer GEMM on the same path
@@ -162,21 +162,20 @@ def test_every_block_count_and_prefetch_distance(qtype, level, rng):
             assert np.array_equal(got, y), (qtype, K, ahead, threads)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q5_0", "Q4_K"])
 def test_tiles_against_float64(qtype, level, rng):
-    """A Q8_0, Q4_0, Q5_0, Q4_K or Q6_K matrix repacked into chapter 4's tiles (forward.TILE_TYPES)
-    and multiplied there: the activations rounded as the tiles round them (int8 per 32; the
-    K-quants' as their rows, Q8_K) by the file's values, in float64, at block counts that leave every tail, outputs short of a
+    """A Q8_0, Q4_0, Q5_0 or Q4_K matrix repacked into chapter 4's tiles (forward.TILE_TYPES) and
+    multiplied there: the activations rounded as the tiles round them (int8 per 32; Q4_K's
+    as its rows, Q8_K) by the file's values, in float64, at block counts that leave every tail, outputs short of a
     tile, past one and past a thread's run of tiles, one row and several (a prompt's four and
     the rest), one thread and two; an all-zero block of activations (scale 0) included; the
     prefetch distance changes no bit."""
-    kq = qtype in ("Q4_K", "Q6_K")
-    for K in ((256, 512, 1280) if kq else (32, 64, 96, 288, 896)):
+    for K in ((256, 512, 1280) if qtype == "Q4_K" else (32, 64, 96, 288, 896)):
         for rows, N in ((1, 1), (1, 17), (2, 33), (5, 40), (1, 300), (3, 129), (9, 131)):
             t = random_tensor(qtype, N, K, rng)
             x = rng.normal(0, 1, (rows, K)).astype(np.float32)
             x[0, :32] = 0
-            a = np.stack([gguf_products.quantize(qtype if kq else "Q8_0", r, level)[1]
+            a = np.stack([gguf_products.quantize("Q4_K" if qtype == "Q4_K" else "Q8_0", r, level)[1]
                           for r in x])
             w = t.dequantize().astype(np.float64)
             for threads in (1, 2):
@@ -188,7 +187,7 @@ def test_tiles_against_float64(qtype, level, rng):
 
 
 def test_only_the_tile_types_have_tiles(rng):
-    for qtype in ("F16", "F32"):
+    for qtype in ("Q6_K", "F16", "F32"):
         t = random_tensor(qtype, 4, 256, rng)
         with pytest.raises(ValueError, match="only a Q8_0, Q4_0 or Q5_0"):
             gguf_products.matmul(t, np.zeros((1, 256), np.float32), tiles=True)

@@ -279,211 +279,24 @@ INLINE void q4k_block(const sm_mat *w, int t0, const int NT, const int NROW, con
 #endif
 }
 
-/* A Q6_K matrix in tiles (sm_g_tile_q6_k). A weight is d sc (q - 32), q of 6 bits, sc a
- * signed byte a 16 weights. Per 256-weight block, each 64 weights j are 8 lines of 16 rows' 4
- * bytes holding q's low 4 bits, weights 64j + 4g + c in line g's low nibbles and 64j + 32 +
- * 4g + c in its high ones (as Q4_K's tiles), then 4 lines of their top 2 bits: line p serves
- * lines 2p and 2p + 1, byte c's bits 0-1 and 2-3 the low- and high-nibble weights of line 2p,
- * bits 4-5 and 6-7 those of line 2p + 1. A block's 48 lines are its 32 of nibbles, then its
- * 16 of top bits: as many bytes as the file's ql and qh. Beside them, per block and tile, the
- * 16 rows' f16 d, then their 16 scales (Q6K_ENTRY halves). On the rows' Q8_K activation (one
- * scale a_b, the sums of each 16): a 16's part is d sc a_b (sum q x - 32 sum x), q unsigned
- * for vpdpbusd, and exact. */
-#define Q6K_ENTRY 144 /* halves a tile and block: d[16], then sc[16][16] bytes */
-#define Q6K_LINES 48  /* lines a tile and block: 32 of low nibbles, 16 of top bits */
-#define Q6K_DNT DNT /* tiles a decode block: a group's lines whole, as Q4_K's */
-INLINE void q6k_block(const sm_mat *w, int t0, const int NT, const int NROW, const uint8_t *act,
-                      long long ab, float *y, int ldy, long long ahead)
+/* y (rows, N) = the rows' Q8_K activations (act, ab bytes each) by a Q4_K matrix's tiles, its
+ * rows j0..j1 (multiples of 16): tile by tile within each group of GROUP, DNT at a time for
+ * one row, one at a time for several */
+static void q4k_span(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
+                     int j0, int j1, long long ahead)
 {
-    const int nsb = w->K / 256;
-    size_t base, ls, sbase, ss;
-    lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)nsb * Q6K_LINES, &base, &ls);
-    lines_of(t0, PAD(w->N, TILE) / TILE, (size_t)nsb, &sbase, &ss);
-    const uint8_t *wt = (const uint8_t *)w->q + base * 64;
-    const uint16_t *st = w->s + sbase * Q6K_ENTRY;
-#if defined(SM_AVX512_VNNI)
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    __m512 facc[MAXRB][MAXNT];
-    for (int r = 0; r < NROW; r++)
-        for (int i = 0; i < NT; i++) facc[r][i] = _mm512_setzero_ps();
-    for (int sb = 0; sb < nsb; sb++)
-        for (int j = 0; j < 4; j++)
-            for (int hf = 0; hf < 2; hf++) { /* lines 4hf .. 4hf+3: the 16s 4j+hf and 4j+2+hf */
-                __m512i iacc[MAXRB][MAXNT][2];
-                for (int r = 0; r < NROW; r++)
-                    for (int i = 0; i < NT; i++) iacc[r][i][0] = iacc[r][i][1] = _mm512_setzero_si512();
-                for (int g = 4 * hf; g < 4 * hf + 4; g++) {
-                    const size_t kk = (size_t)sb * Q6K_LINES + (size_t)j * 8 + g,
-                                 kh = (size_t)sb * Q6K_LINES + 32 + (size_t)j * 4 + g / 2;
-                    __m512i lo[MAXNT], hi[MAXNT];
-                    for (int i = 0; i < NT; i++) {
-                        const __m512i v = _mm512_loadu_si512((const void *)(wt + (kk * ls + i) * 64));
-                        const __m512i h = _mm512_loadu_si512((const void *)(wt + (kh * ls + i) * 64));
-                        if (ahead > 0) {
-                            __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
-                            if (g % 2 == 0) __builtin_prefetch(wt + (kh * ls + i) * 64 + ahead, 0, 1);
-                        }
-                        const __m512i hl = g % 2 ? _mm512_and_si512(h, m30)
-                                                 : _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
-                        const __m512i hh = g % 2 ? _mm512_and_si512(_mm512_srli_epi16(h, 2), m30)
-                                                 : _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
-                        lo[i] = _mm512_or_si512(_mm512_and_si512(v, m4), hl);
-                        hi[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), hh);
-                    }
-                    for (int r = 0; r < NROW; r++) {
-                        const int8_t *xb = ((const blk_q8_K *)(act + (size_t)r * (size_t)ab))[sb].qs + (size_t)j * 64 + 4 * g;
-                        int32_t x0, x1;
-                        memcpy(&x0, xb, 4);
-                        memcpy(&x1, xb + 32, 4);
-                        const __m512i a0 = _mm512_set1_epi32(x0), a1 = _mm512_set1_epi32(x1);
-                        for (int i = 0; i < NT; i++) {
-                            iacc[r][i][0] = _mm512_dpbusd_epi32(iacc[r][i][0], lo[i], a0);
-                            iacc[r][i][1] = _mm512_dpbusd_epi32(iacc[r][i][1], hi[i], a1);
-                        }
-                    }
-                }
-                for (int h = 0; h < 2; h++) {
-                    const int s16 = 4 * j + 2 * h + hf;
-                    for (int r = 0; r < NROW; r++) {
-                        const blk_q8_K *a = (const blk_q8_K *)(act + (size_t)r * (size_t)ab) + sb;
-                        const __m512i b32 = _mm512_set1_epi32(32 * a->bsums[s16]);
-                        const __m512 dx = _mm512_set1_ps(a->d);
-                        for (int i = 0; i < NT; i++) {
-                            const uint16_t *e = st + ((size_t)sb * ss + i) * Q6K_ENTRY;
-                            const __m512 ds = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)e)),
-                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)(e + 16) + 16 * s16)))));
-                            facc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[r][i][h], b32)),
-                                                         _mm512_mul_ps(ds, dx), facc[r][i]);
-                        }
-                    }
-                }
-            }
-    for (int i = 0; i < NT; i++)
-        for (int r = 0; r < NROW; r++)
-            finish_zmm(facc[r][i], y + (size_t)r * ldy, NULL, (t0 + i) * TILE, w->N, 0);
-#elif defined(SM_AVX2)
-#if defined(SM_AVX_VNNI)
-#define Q6_DOT(acc, u, x) _mm256_dpbusd_avx_epi32(acc, u, x)
-#else /* q < 64: a pair of products stays below 2^15 */
-#define Q6_DOT(acc, u, x) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), \
-                                                                   _mm256_set1_epi16(1)))
-#endif
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    __m256 facc[MAXRB][MAXNT][2];
-    for (int r = 0; r < NROW; r++)
-        for (int i = 0; i < NT; i++) facc[r][i][0] = facc[r][i][1] = _mm256_setzero_ps();
-    for (int sb = 0; sb < nsb; sb++)
-        for (int j = 0; j < 4; j++)
-            for (int hf = 0; hf < 2; hf++) {
-                __m256i iacc[MAXRB][MAXNT][2][2]; /* row, tile, low or high nibbles, half */
-                for (int r = 0; r < NROW; r++)
-                    for (int i = 0; i < NT; i++)
-                        iacc[r][i][0][0] = iacc[r][i][0][1] = iacc[r][i][1][0] = iacc[r][i][1][1] = _mm256_setzero_si256();
-                for (int g = 4 * hf; g < 4 * hf + 4; g++) {
-                    const size_t kk = (size_t)sb * Q6K_LINES + (size_t)j * 8 + g,
-                                 kh = (size_t)sb * Q6K_LINES + 32 + (size_t)j * 4 + g / 2;
-                    for (int r = 0; r < NROW; r++) {
-                        const int8_t *xb = ((const blk_q8_K *)(act + (size_t)r * (size_t)ab))[sb].qs + (size_t)j * 64 + 4 * g;
-                        int32_t x0, x1;
-                        memcpy(&x0, xb, 4);
-                        memcpy(&x1, xb + 32, 4);
-                        const __m256i a0 = _mm256_set1_epi32(x0), a1 = _mm256_set1_epi32(x1);
-                        for (int i = 0; i < NT; i++) {
-                            if (r == 0 && ahead > 0) {
-                                __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
-                                if (g % 2 == 0) __builtin_prefetch(wt + (kh * ls + i) * 64 + ahead, 0, 1);
-                            }
-                            for (int hh = 0; hh < 2; hh++) {
-                                const __m256i v = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
-                                const __m256i h = _mm256_loadu_si256((const __m256i *)(wt + (kh * ls + i) * 64 + 32 * hh));
-                                const __m256i hl = g % 2 ? _mm256_and_si256(h, m30)
-                                                         : _mm256_and_si256(_mm256_slli_epi16(h, 4), m30);
-                                const __m256i hu = g % 2 ? _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)
-                                                         : _mm256_and_si256(_mm256_slli_epi16(h, 2), m30);
-                                iacc[r][i][0][hh] = Q6_DOT(iacc[r][i][0][hh],
-                                                           _mm256_or_si256(_mm256_and_si256(v, m4), hl), a0);
-                                iacc[r][i][1][hh] = Q6_DOT(iacc[r][i][1][hh],
-                                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), hu), a1);
-                            }
-                        }
-                    }
-                }
-                for (int h = 0; h < 2; h++) {
-                    const int s16 = 4 * j + 2 * h + hf;
-                    for (int r = 0; r < NROW; r++) {
-                        const blk_q8_K *a = (const blk_q8_K *)(act + (size_t)r * (size_t)ab) + sb;
-                        const __m256i b32 = _mm256_set1_epi32(32 * a->bsums[s16]);
-                        const __m256 dx = _mm256_set1_ps(a->d);
-                        for (int i = 0; i < NT; i++) {
-                            const uint16_t *e = st + ((size_t)sb * ss + i) * Q6K_ENTRY;
-                            const uint8_t *sc = (const uint8_t *)(e + 16) + 16 * s16;
-                            for (int hh = 0; hh < 2; hh++) {
-                                const __m256 ds = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(e + 8 * hh))),
-                                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * hh)))));
-                                facc[r][i][hh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(iacc[r][i][h][hh], b32)),
-                                                                 _mm256_mul_ps(ds, dx), facc[r][i][hh]);
-                            }
-                        }
-                    }
-                }
-            }
-#undef Q6_DOT
-    for (int i = 0; i < NT; i++)
-        for (int r = 0; r < NROW; r++)
-            finish_ymm2(facc[r][i][0], facc[r][i][1], y + (size_t)r * ldy, NULL, (t0 + i) * TILE, w->N, 0);
-#else
-    (void)ahead;
-    for (int r = 0; r < NROW; r++)
-        for (int i = 0; i < NT; i++) {
-            float v[TILE] = {0};
-            for (int sb = 0; sb < nsb; sb++) {
-                const blk_q8_K *a = (const blk_q8_K *)(act + (size_t)r * (size_t)ab) + sb;
-                const uint16_t *e = st + ((size_t)sb * ss + i) * Q6K_ENTRY;
-                const int8_t *sc = (const int8_t *)(e + 16);
-                for (int s16 = 0; s16 < 16; s16++)
-                    for (int l = 0; l < TILE; l++) {
-                        int32_t acc = 0;
-                        for (int k = 0; k < 16; k++) { /* weight y of the block: its line and bits */
-                            const int yb = 16 * s16 + k, j = yb / 64, w64 = yb % 64, up = w64 >= 32;
-                            const int g = (w64 % 32) / 4, c = w64 % 4;
-                            const uint8_t nib = wt[(((size_t)sb * Q6K_LINES + (size_t)j * 8 + (size_t)g) * ls + i) * 64 + l * 4 + c];
-                            const uint8_t top = wt[(((size_t)sb * Q6K_LINES + 32 + (size_t)j * 4 + (size_t)(g / 2)) * ls + i) * 64 + l * 4 + c];
-                            const int q = (up ? nib >> 4 : nib & 15) | ((top >> (4 * (g % 2) + 2 * up)) & 3) << 4;
-                            acc += q * a->qs[yb];
-                        }
-                        const float ds = sm_f16_to_f32(e[l]) * (float)sc[16 * s16 + l];
-                        v[l] = fmaf((float)(acc - 32 * a->bsums[s16]), ds * a->d, v[l]);
-                    }
-            }
-            finish(v, y + (size_t)r * ldy, NULL, (t0 + i) * TILE, w->N, 0);
-        }
-#endif
-}
-
-/* y (rows, N) = the rows' Q8_K activations (act, ab bytes each) by a Q4_K or Q6_K matrix's
- * tiles, its rows j0..j1 (multiples of 16): tile by tile within each group of GROUP, DNT at a
- * time for one row (Q6_K's Q6K_DNT: four accumulators a tile), one at a time for several */
-#define KQ_BLOCK(w, t, NT, NROW, a, ab, y, ldy, ahead)                 \
-    do {                                                               \
-        if ((w)->type == T_Q4_K) q4k_block(w, t, NT, NROW, a, ab, y, ldy, ahead); \
-        else q6k_block(w, t, NT, NROW, a, ab, y, ldy, ahead);          \
-    } while (0)
-static void kq_span(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
-                    int j0, int j1, long long ahead)
-{
-    const int t1 = (j1 + TILE - 1) / TILE, dnt = w->type == T_Q4_K ? DNT : Q6K_DNT;
+    const int t1 = (j1 + TILE - 1) / TILE;
     for (int t = j0 / TILE; t < t1;) {
         const int end = (t / GROUP + 1) * GROUP < t1 ? (t / GROUP + 1) * GROUP : t1;
-        const int nt = rows == 1 && end - t >= dnt ? dnt : 1;
+        const int nt = rows == 1 && end - t >= DNT ? DNT : 1;
         for (int r0 = 0; r0 < rows; r0 += MAXRB) {
             const int rb = rows - r0 < MAXRB ? rows - r0 : MAXRB;
             const uint8_t *a = act + (size_t)r0 * (size_t)ab;
             float *yr = y + (size_t)r0 * w->N;
-            if (nt > 1 && w->type == T_Q4_K) q4k_block(w, t, DNT, 1, a, ab, yr, w->N, ahead);
-            else if (nt > 1) q6k_block(w, t, Q6K_DNT, 1, a, ab, yr, w->N, ahead);
-            else if (rb == MAXRB) KQ_BLOCK(w, t, 1, MAXRB, a, ab, yr, w->N, ahead);
+            if (nt == DNT) q4k_block(w, t, DNT, 1, a, ab, yr, w->N, ahead);
+            else if (rb == MAXRB) q4k_block(w, t, 1, MAXRB, a, ab, yr, w->N, ahead);
             else for (int r = 0; r < rb; r++)
-                KQ_BLOCK(w, t, 1, 1, a + (size_t)r * (size_t)ab, ab, yr + (size_t)r * w->N, w->N, ahead);
+                q4k_block(w, t, 1, 1, a + (size_t)r * (size_t)ab, ab, yr + (size_t)r * w->N, w->N, ahead);
         }
         t += nt;
     }
@@ -494,9 +307,8 @@ static void kq_span(const sm_mat *w, const uint8_t *act, long long ab, int rows,
 static void rows_span(const sm_mat *w, const uint8_t *act, long long ab, int rows, float *y,
                       int j0, int j1, long long ahead)
 {
-    if (w->q && (w->type == T_Q4_K || w->type == T_Q6_K)) { /* its tiles, on the same
-                                                              * activation as its rows */
-        kq_span(w, act, ab, rows, y, j0, j1, ahead);
+    if (w->q && w->type == T_Q4_K) { /* its tiles, on the same activation as its rows */
+        q4k_span(w, act, ab, rows, y, j0, j1, ahead);
         return;
     }
     int count;
@@ -617,50 +429,6 @@ int sm_g_tile_q4_k(const sm_mat *w, uint8_t *q, uint16_t *s)
     return 0;
 }
 
-/* A Q6_K matrix's decode layout (q6k_block above): each 256-weight block's low nibbles as
- * Q4_K's tiles keep theirs, then the top bits, 48 lines a block and tile; per block and tile
- * an entry of Q6K_ENTRY halves: the 16 rows' d, then their 16 scales a 16 weights. q holds
- * N16 K 3 / 4 bytes, s N16 K / 256 Q6K_ENTRY halves, zeroed by the caller. Returns 0, or -1
- * for a matrix that is not Q6_K. */
-int sm_g_tile_q6_k(const sm_mat *w, uint8_t *q, uint16_t *s)
-{
-    if (w->kind != KIND_BLOCKS || w->type != T_Q6_K || w->K % 256) return -1;
-    const int nsb = w->K / 256, tiles = PAD(w->N, TILE) / TILE;
-    #pragma omp parallel for schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        size_t base, ls, sbase, ss;
-        lines_of(t, tiles, (size_t)nsb * Q6K_LINES, &base, &ls);
-        lines_of(t, tiles, (size_t)nsb, &sbase, &ss);
-        for (int l = 0; l < TILE && t * TILE + l < w->N; l++) {
-            const blk_q6_K *row = (const blk_q6_K *)(w->w + (size_t)(t * TILE + l) * (size_t)w->row_bytes);
-            for (int b = 0; b < nsb; b++) {
-                uint16_t *e = s + (sbase + (size_t)b * ss) * Q6K_ENTRY;
-                uint8_t *sc = (uint8_t *)(e + 16), v[256];
-                e[l] = row[b].d;
-                for (int s16 = 0; s16 < 16; s16++) sc[16 * s16 + l] = (uint8_t)row[b].scales[s16];
-                for (int n = 0; n < 2; n++) /* ggml's order: q = ql's nibble | qh's 2 bits << 4 */
-                    for (int i = 0; i < 32; i++) {
-                        const uint8_t *ql = row[b].ql + 64 * n, *qh = row[b].qh + 32 * n;
-                        v[128 * n + i] = (uint8_t)((ql[i] & 15) | ((qh[i] & 3) << 4));
-                        v[128 * n + i + 32] = (uint8_t)((ql[i + 32] & 15) | (((qh[i] >> 2) & 3) << 4));
-                        v[128 * n + i + 64] = (uint8_t)((ql[i] >> 4) | (((qh[i] >> 4) & 3) << 4));
-                        v[128 * n + i + 96] = (uint8_t)((ql[i + 32] >> 4) | (((qh[i] >> 6) & 3) << 4));
-                    }
-                for (int j = 0; j < 4; j++)
-                    for (int g = 0; g < 8; g++)
-                        for (int c = 0; c < 4; c++) {
-                            const uint8_t lo = v[64 * j + 4 * g + c], hi = v[64 * j + 32 + 4 * g + c];
-                            q[(base + ((size_t)b * Q6K_LINES + (size_t)j * 8 + (size_t)g) * ls) * 64 + 4 * l + c] =
-                                (uint8_t)((lo & 15) | (hi & 15) << 4);
-                            q[(base + ((size_t)b * Q6K_LINES + 32 + (size_t)j * 4 + (size_t)(g / 2)) * ls) * 64 + 4 * l + c] |=
-                                (uint8_t)(((lo >> 4) | (hi >> 4) << 2) << (4 * (g % 2)));
-                        }
-            }
-        }
-    }
-    return 0;
-}
-
 /* y (rows, N) = the int8 rows (xq, their block scales xs: sm_quantize_rows) by w's tiles,
  * for its rows j0..j1 (j0 a multiple of 16 TILE_RUN: whole runs of tiles inside a group),
  * tile-major: one decode row takes DNT tiles at a time, a prompt's rows four at a time
@@ -717,7 +485,7 @@ static void matmul_with(const sm_mat *w, const float *x, int rows, float *y, uin
 void sm_g_matmul(const sm_mat *w, const float *x, int rows, float *y, int nthreads, long long ahead)
 {
     const int K32 = PAD(w->K, QBLOCK);
-    const int tiled = tiles_int8(w); /* a K-quant's tiles take its rows' activation */
+    const int tiled = w->q && w->type != T_Q4_K; /* Q4_K's tiles take its rows' activation */
     const size_t bytes = tiled ? (size_t)rows * ((size_t)K32 + sizeof(float) * (size_t)(K32 / QBLOCK)) + 64
                                : (size_t)rows * (size_t)sm_g_act_bytes(w->type, w->K) + 64;
     uint8_t *act = malloc(bytes);

@@ -56,14 +56,6 @@ static inline int team(const sm_model *m, long long bytes, int nthreads)
     return nt;
 }
 
-/* A matrix whose tiles take the tiles' own int8 rounding of the activation, per 32
- * (sm_quantize_rows): chapter 4's, and a GGUF Q8_0, Q4_0 or Q5_0 matrix's; the K-quants'
- * tiles (Q4_K, Q6_K) take their rows' Q8_K. */
-static inline int tiles_int8(const sm_mat *w)
-{
-    return w->q != NULL && w->type != T_Q4_K && w->type != T_Q6_K;
-}
-
 /* The probe of a call's parts (sm_model.parts): the clock where it is on, else nothing read;
  * part_add adds the seconds since t0 to a part. */
 static inline double part_now(const sm_model *m)

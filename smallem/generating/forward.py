@@ -58,18 +58,13 @@ Q8_0_ID = GGML_IDS["Q8_0"]
 Q4_0_ID = GGML_IDS["Q4_0"]
 Q4_K_ID = GGML_IDS["Q4_K"]
 Q5_0_ID = GGML_IDS["Q5_0"]
-Q6_K_ID = GGML_IDS["Q6_K"]
 # the GGUF types with a decode layout in tiles (:class:`Tiled`), by id: the C function that
 # repacks them, the bytes of tile a row takes per 32 weights (Q8_0's int8, the others' nibbles
 # kept, Q5_0's fifth bits beside them), the halves of scales a row takes per 256 weights, and
 # what K must be a multiple of
 TILE_TYPES = {Q8_0_ID: ("sm_g_tile_q8_0", 32, 8, 32), Q4_0_ID: ("sm_g_tile_q4_0", 16, 8, 32),
-              Q5_0_ID: ("sm_g_tile_q5_0", 20, 8, 32), Q4_K_ID: ("sm_g_tile_q4_k", 16, 10, 256),
-              Q6_K_ID: ("sm_g_tile_q6_k", 24, 9, 256)}
+              Q5_0_ID: ("sm_g_tile_q5_0", 20, 8, 32), Q4_K_ID: ("sm_g_tile_q4_k", 16, 10, 256)}
 TILE_TYPE_NAMES = tuple(next(n for n, i in GGML_IDS.items() if i == t) for t in TILE_TYPES)
-# which matrices have tiles, in words (the refusals say it)
-TILE_RULE = ("a Q8_0, Q4_0 or Q5_0 matrix of a K a multiple of 32, or a Q4_K or Q6_K one (a K "
-             "a multiple of 256)")
 
 ERRORS = {-1: "no tokens", -2: "past the context", -3: "workspace too small",
           -4: "a token id outside the vocabulary",
@@ -140,16 +135,16 @@ class Blocks:
 
 
 class Tiled:
-    """A GGUF Q8_0, Q4_0, Q5_0, Q4_K or Q6_K tensor with its decode layout: the file's blocks
-    (the prompt's GEMM and the embedding read them) and, beside them, the same integers and
-    scales repacked once into chapter 4's tiles (:data:`TILE_TYPES`: Q4_0, Q5_0 and the
-    K-quants keep their bits), which every product below the GEMM branch streams instead of
-    the rows.
+    """A GGUF Q8_0, Q4_0, Q5_0 or Q4_K tensor with its decode layout: the file's blocks (the
+    prompt's GEMM and the embedding read them) and, beside them, the same integers and scales
+    repacked once into chapter 4's tiles (:data:`TILE_TYPES`: Q4_0, Q5_0 and Q4_K keep their
+    nibbles), which every product below the GEMM branch streams instead of the rows.
     ``nbytes``: the tiles' bytes, what a token reads."""
 
     def __init__(self, blocks: Blocks, ffi, lib):
         if not tileable(blocks):
-            raise ValueError(f"only {TILE_RULE} has tiles")
+            raise ValueError("only a Q8_0, Q4_0 or Q5_0 matrix of a K a multiple of 32, or a "
+                             "Q4_K one, has tiles")
         self.blocks, self.K, self.N, self.type = blocks, blocks.K, blocks.N, blocks.type
         n16 = -(-self.N // 16) * 16
         fn, per, halves, _ = TILE_TYPES[self.type]
@@ -170,7 +165,8 @@ class Tiled:
 
 
 def tileable(w) -> bool:
-    """Whether a matrix has a decode layout in tiles (:data:`TILE_RULE`, :data:`TILE_TYPES`)."""
+    """Whether a matrix has a decode layout in tiles: a GGUF Q8_0, Q4_0 or Q5_0 tensor of a K
+    a multiple of 32, or a Q4_K one (:data:`TILE_TYPES`)."""
     return (isinstance(w, Blocks) and w.type in TILE_TYPES
             and w.K % TILE_TYPES[w.type][3] == 0)
 

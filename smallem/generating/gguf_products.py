@@ -16,7 +16,7 @@ import numpy as np
 
 from smallem import checks
 from smallem.plumbing import build, pool as _pool
-from smallem.generating.forward import GGUF_ROWS as ROWS, INT8_TYPES, TILE_RULE, Blocks, Tiled, tileable  # noqa: F401 (the appendix quotes ROWS)
+from smallem.generating.forward import GGUF_ROWS as ROWS, INT8_TYPES, Blocks, Tiled, tileable  # noqa: F401 (the appendix quotes ROWS)
 from smallem.generating.gguf_file import TYPES, Tensor
 
 
@@ -65,7 +65,8 @@ def matmul(t: Tensor, x, threads=1, level=None, ahead=None, tiles: bool = False)
     (:class:`smallem.generating.forward.Tiled`, repacked for this call)."""
     ahead = -1 if ahead is None else checks.nonnegative_int(ahead, "ahead")
     if tiles and not tileable(Blocks(t)):
-        raise ValueError(f"tiles: only {TILE_RULE} has them, not {t.type}")
+        raise ValueError(f"tiles: only a Q8_0, Q4_0 or Q5_0 matrix of a K a multiple of 32, or "
+                         f"a Q4_K one, has them, not {t.type}")
     team = _pool.team(threads)
     ffi, lib = _lib(team, level)
     x = np.ascontiguousarray(np.atleast_2d(x), np.float32)
@@ -87,7 +88,8 @@ def product_seconds(t: Tensor, reps: int = 20, level=None, tiles: bool = False) 
     the timing); with ``tiles``, a matrix's product in its decode layout (forward.TILE_TYPES)."""
     reps = checks.positive_int(reps, "reps")
     if tiles and not tileable(Blocks(t)):
-        raise ValueError(f"tiles: only {TILE_RULE} has them, not {t.type}")
+        raise ValueError(f"tiles: only a Q8_0, Q4_0 or Q5_0 matrix of a K a multiple of 32, or "
+                         f"a Q4_K one, has them, not {t.type}")
     ffi, lib = _lib(_pool.team(1), level)
     m = ffi.new("sm_mat *")
     w = Tiled(Blocks(t), ffi, lib) if tiles else Blocks(t)  # held until the timing returns
