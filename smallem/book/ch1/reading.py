@@ -337,6 +337,7 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.f32_peak_core": f(sm["peak"][("f32", 1)], "Gop/s"),
         "ch1.f32_peak_all": f(sm["peak"][("f32", cores)], "Gop/s"),
         "ch1.f32_fraction": f"{100 * sm['f32_fraction_of_theory']:.0f} %",
+        "ch1.f32_fraction_n": sm["f32_fraction_of_theory"],
         "ch1.bf16_peak_all": f(sm["peak"][("bf16", cores)], "Gop/s"),
         "ch1.int8_peak_all": f(sm["peak"][("int8", cores)], "Gop/s"),
         "ch1.bf16_native": "native" if sm["native"]["bf16"] else "emulated (no AVX512_BF16 here)",
