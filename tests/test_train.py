@@ -451,6 +451,12 @@ def test_the_climb_says_what_its_rounds_can_show():
     up, none, down = (compare.Difference(5.0, 1), compare.Difference(0.5, 0),
                       compare.Difference(-5.0, -1))
     assert outcome(0.1, none, 2.0) == "small" and outcome(0.1, up, 2.0) == "beyond"
+    assert outcome(-1.0, up, 8.0) == "beyond"  # below the spread, measured the other way
+    # below the spread but measured the predicted way, no further than the saving explains:
+    # judged as any other (a chapter 3 page said "more than the saving explains" of +0.74 %
+    # against a predicted +1.31 %)
+    small_up = compare.Difference(0.743, 1)
+    assert outcome(1.31, small_up, 2.15) == "missed" and outcome(0.9, small_up, 2.15) == "as"
     assert outcome(6.0, up, 2.0) == "as" and outcome(-6.0, down, 2.0) == "as"
     # the predicted sign but outside a factor of 1.5 (the changes compared): both figures
     assert outcome(10.0, up, 2.0) == "missed" and outcome(-60.0, down, 2.0) == "missed"

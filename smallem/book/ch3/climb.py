@@ -50,8 +50,10 @@ def spread(r: dict, base: dict) -> float:
 def outcome(pred_pct: float, d: compare.Difference, spread_pct: float) -> str:
     """One of OUTCOMES' keys for a switch predicted to change the step by ``pred_pct`` %."""
     small = not abs(pred_pct) >= spread_pct
-    if small:
-        return "small" if d.sign == 0 else "beyond"
+    if small and d.sign == 0:
+        return "small"
+    if small and not ((d.sign > 0) == (pred_pct > 0) and abs(d.pct) <= TOLERANCE * abs(pred_pct)):
+        return "beyond"  # the other way, or further than the switch's saving explains
     if d.sign == 0:
         return "unseen"
     if (d.sign > 0) != (pred_pct > 0):

@@ -257,9 +257,19 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         first = max(0, -(-pm // (8 * d)) - 1) if pm is not None else None
         last = s["prompt"] + s["decode_tokens"] - 1
         values["ch4.rung4_attn_from"] = first if first is not None and first <= last else None
+        values["ch4.first_timed"] = s["prompt"]  # the position of the first timed token
         # whether any region of a timed token went to the team at rung 4
         values["ch4.rung4_teamed"] = bool(values["ch4.rung4_team_n"]) or \
             values["ch4.rung4_attn_from"] is not None
+        # whether rung 4's or 5's threshold keeps a product, or the first timed token's
+        # attention, on one core (its bytes then come at one core's rate)
+        attn = {k: (max(0, -(-r["params"]["par_min_bytes"] // (8 * d)) - 1)
+                    if r and "par_min_bytes" in r["params"] else None)
+                for k, r in (("4", r4), ("5", r5))}
+        values["ch4.rungs45_one_core"] = any(
+            (values[f"ch4.rung{k}_team_n"] is not None
+             and values[f"ch4.rung{k}_team_n"] < len(sizes))
+            or (attn[k] is not None and attn[k] > s["prompt"]) for k in ("4", "5"))
     if r4 and r5:
         d = compare.difference(r5, r4)
         values["ch4.rung5_vs_rung4_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0
@@ -739,7 +749,7 @@ def report(rec_dir) -> dict:
                 "ch4.above_others",
                 "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
-                "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from",
+                "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from", "ch4.first_timed",
                 "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
                 "ch4.llama_safe_why", "ch4.threads", "ch4.torch_version", "ch4.torch_threads"):
         values.setdefault(key, None)
@@ -749,6 +759,7 @@ def report(rec_dir) -> dict:
     values["ch4.llama_safe"] = values["ch4.has_amx"] = values["ch4.vs_llama_big_measured"] = False
     values["ch4.prompt_amx"] = values["ch4.prompt_path_kept"] = False
     values["ch4.rung4_teamed"] = True  # unknown: the page keeps the general account
+    values["ch4.rungs45_one_core"] = True  # unknown: as above
     values["ch4.big_resident_explains"] = False
     values["ch4.fork_join_reps"] = FORK_JOIN_REPS
     values["ch4.measured"] = records.exists(RECORD, rec_dir)
