@@ -218,6 +218,19 @@ def _versus(r, base) -> str:
 
 
 
+def _one_core_bytes(values: dict, products: int, d: int, r4, r5, first: int) -> bool:
+    """Whether rung 4's or 5's threshold keeps one of a block's ``products``, or the first
+    timed token's attention (8 (p + 1) d bytes a layer at position p, forward.c's count), on
+    one core: those bytes then come at one core's rate."""
+    def attn_from(r):
+        pm = r["params"].get("par_min_bytes") if r else None
+        return None if pm is None else max(0, -(-pm // (8 * d)) - 1)
+    return any((values[f"ch4.rung{k}_team_n"] is not None
+                and values[f"ch4.rung{k}_team_n"] < products)
+               or (attn_from(r) is not None and attn_from(r) > first)
+               for k, r in (("4", r4), ("5", r5)))
+
+
 def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.ladder_config"] = cfg
     p5 = _one(rec, "prefill", rung=AT["prompt_path"])
@@ -261,15 +274,8 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         # whether any region of a timed token went to the team at rung 4
         values["ch4.rung4_teamed"] = bool(values["ch4.rung4_team_n"]) or \
             values["ch4.rung4_attn_from"] is not None
-        # whether rung 4's or 5's threshold keeps a product, or the first timed token's
-        # attention, on one core (its bytes then come at one core's rate)
-        attn = {k: (max(0, -(-r["params"]["par_min_bytes"] // (8 * d)) - 1)
-                    if r and "par_min_bytes" in r["params"] else None)
-                for k, r in (("4", r4), ("5", r5))}
-        values["ch4.rungs45_one_core"] = any(
-            (values[f"ch4.rung{k}_team_n"] is not None
-             and values[f"ch4.rung{k}_team_n"] < len(sizes))
-            or (attn[k] is not None and attn[k] > s["prompt"]) for k in ("4", "5"))
+        values["ch4.rungs45_one_core"] = _one_core_bytes(values, len(sizes), d, r4, r5,
+                                                         s["prompt"])
     if r4 and r5:
         d = compare.difference(r5, r4)
         values["ch4.rung5_vs_rung4_sign"] = d.sign if (d.sign > 0) == (d.pct > 0) else 0

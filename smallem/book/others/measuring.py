@@ -51,6 +51,37 @@ def _add(rec, name, t: Timing, tokens: int, **params):
             **params)
 
 
+def _decode_case(f, prompt_ids: list, feed_ids: list, parts: list | None = None) -> tuple:
+    """A decoder's case for the rounds: the prompt into its cache, then the timed steps; where
+    ``parts`` is a list, each run's parts a token (Forward.parts_on, the clock on) go to it."""
+    sums = f.parts_on() if parts is not None else None
+
+    def setup():
+        f.reset()
+        f.forward(prompt_ids)
+
+    def run():
+        if sums is not None:
+            sums[:] = 0.0
+        for t in feed_ids:
+            f.step(t)
+        if sums is not None:
+            parts.append(sums / len(feed_ids))
+    return setup, run
+
+
+def _llama_cases(peer: dict, tools, path: Path, threads: int, feed: int, pp: int) -> dict:
+    """llama-bench's decode and prompt as cases of the rounds, their rates into ``peer``."""
+    def llama_tg():
+        peer["tg"].take(lambda: llama.bench(tools, path, threads, gen=feed, depth=PROMPT,
+                                            reps=LLAMA_REPS)[-1])
+
+    def llama_pp():
+        peer["pp"].take(lambda: llama.bench(tools, path, threads, prompt=pp,
+                                            reps=LLAMA_REPS)[-1])
+    return {"llama_tg": (lambda: None, llama_tg), "llama_pp": (lambda: None, llama_pp)}
+
+
 def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, quick: bool,
                  sweep: bool = False):
     """One file's decode and prompt, ours and llama.cpp's, in the same rounds; with them our
@@ -72,40 +103,18 @@ def measure_file(rec, path: Path, shape: str, qtype: str, threads: int, tools, q
     # its parts summed by the C forward's clock (Forward.parts_on) in each round
     rest = Forward.from_gguf(mf, threads=threads, context=PROMPT + feed, products=False,
                              par_min_bytes=fw.par_min_bytes)
-    rest_sums, rest_parts = rest.parts_on(), []
+    rest_parts: list = []
 
-    def decode_case(f):
-        def setup():
-            f.reset()
-            f.forward(prompt_ids)
+    def decode_case(f, parts=None):
+        return _decode_case(f, prompt_ids, feed_ids, parts)
 
-        def run():
-            if f is rest:
-                rest_sums[:] = 0.0
-            for t in feed_ids:
-                f.step(t)
-            if f is rest:
-                rest_parts.append(rest_sums / len(feed_ids))
-        return setup, run
-
-    def prefill():
-        fw.forward(pp_ids)
-
-    cases = {"tg": decode_case(fw), "pp": (fw.reset, prefill), "tg_rest": decode_case(rest),
+    cases = {"tg": decode_case(fw), "pp": (fw.reset, lambda: fw.forward(pp_ids)),
+             "tg_rest": decode_case(rest, rest_parts),
              **{f"tg_ahead_{a}": decode_case(f) for a, f in other.items()},
              **({"tg_rows": decode_case(rows)} if rows else {})}
     peer = {"tg": llama.Rates(), "pp": llama.Rates()}
     if tools:
-        def llama_tg():
-            peer["tg"].take(lambda: llama.bench(tools, path, threads, gen=feed, depth=PROMPT,
-                                                reps=LLAMA_REPS)[-1])
-
-        def llama_pp():
-            peer["pp"].take(lambda: llama.bench(tools, path, threads, prompt=pp,
-                                                reps=LLAMA_REPS)[-1])
-
-        cases["llama_tg"] = (lambda: None, llama_tg)
-        cases["llama_pp"] = (lambda: None, llama_pp)
+        cases |= _llama_cases(peer, tools, path, threads, feed, pp)
     ts = _rounds(cases, 2 if quick else ROUNDS)
     gemm_rate = prompt_gemm_rate(fw, pp)
     mix = {t: b for t, (_, b) in mf.type_mix().items()}

@@ -96,15 +96,16 @@ def _parts(rec) -> dict:
         key = f"others.{slug(shape, qtype)}."
         rest = _one(rec, "decode_parts", model=shape, type=qtype) if rec else None
         step = _one(rec, "decode", model=shape, type=qtype) if rec else None
+        quoted = (shape, qtype) == PARTS_QUOTED  # the file the page's sentences take
         if not rest or not step:
-            values.update({key + k: None for k in PART_FIELDS})
+            values.update({key + k: None for k in PART_FIELDS} if quoted else {})
             continue
         any_, n_rounds = True, rest["value"]["n"]
         rp, n, fj = rest["params"]["parts"], rest["params"]["teamed"], rest["params"]["fork_join"]
         whole, step_s = sum(rp.values()), 1 / records.median(step)
         largest = max((k for k in rp if k != "products"), key=rp.get)
         meeting = rp["products"] / n if n >= 1 else None
-        values.update({key + "rest_largest": PART_NAMES[largest],
+        values.update({} if not quoted else {key + "rest_largest": PART_NAMES[largest],
                        key + "rest_largest_share": rp[largest] / whole if whole else None,
                        key + "regions": n, key + "meeting_us": 1e6 * meeting if meeting else None,
                        key + "fork_join_us": 1e6 * fj if fj else None,
@@ -118,11 +119,13 @@ def _parts(rec) -> dict:
     else:
         figures.write_table(
             "others_parts", rows,
-            ["file", "the step (µs)", "the rest (µs)",
+            ["file", "the forward's step (µs)", "the rest (µs)",
              *(PART_NAMES[k].replace("the ", "", 1) for k in PART_NAMES),
              "regions met as a team", "one meeting in the rest (µs)", "a fork-join alone (µs)"],
             f"Microseconds a token, medians of the {n_rounds} rounds of the table of rates above "
-            f"({rec['settings']['feed']} decode steps each). The step: the decoder's; the rest: "
+            f"({rec['settings']['feed']} decode steps each). The forward's step: the decoder as "
+            "the forward makes it, in tiles where it has them (the rates table sets the rest "
+            "against the step on the file's rows); the rest: "
             "the same decoder with every product writing zeros instead of reading its weights "
             "(the same regions, the same threads), its parts summed by the C forward, which "
             "reads the clock at the start and the end of each; its regions then hold the "
@@ -136,6 +139,7 @@ def _parts(rec) -> dict:
     return values
 
 
+PARTS_QUOTED = ("smollm2-135m", "Q4_0")  # the file whose rest the page's sentences take
 PART_FIELDS = ("rest_largest", "rest_largest_share", "regions", "meeting_us", "fork_join_us",
                "meetings_share")
 
