@@ -179,7 +179,8 @@ s = run_rec["settings"]
 for name, run in s["runs"].items():
     final = records.value(run_rec, "final_val_bpb", run=name)
     print(f"{name}: {run['total_steps']} steps of {run['batch_size']} x {run['seq_len']} tokens "
-          f"in {records.value(run_rec, 'run_seconds', run=name) / 60:.1f} min: held-out loss "
+          f"in {run['curve']['seconds'][-1]:.1f} s of training (evaluations not counted): "
+          f"held-out loss "
           f"{final:.2f} bits per byte ({'below' if final < 2.5 else 'not yet below'} 2.5)")
 print("corpus:", s["corpus"]["name"], s["corpus"]["files"], "files, sha256",
       s["corpus"]["sha256"][:16])

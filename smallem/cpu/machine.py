@@ -244,8 +244,8 @@ def peak_theory(clock_add_hz: float, clock_mul_hz: float, f32_one_hz: float, f32
                  "agrees": t_flops == flops_per_cycle,
                  "family": ident.get("family"), "model": ident.get("model")}
     return {"pipes": pipes, "pipe_bits": pipe_bits, "vector_bits": width, "lanes": lanes,
-            "source": f"measured: {pipes} FMA pipe{'s' if pipes > 1 else ''} of {pipe_bits} "
-                      f"bits ({measured:.1f} f32 operations a cycle, {rate_from}, at the "
+            "source": f"measured: {pipes} FMA{'s' if pipes > 1 else ''} of {pipe_bits} bits a cycle "
+                      f"({measured:.1f} f32 operations a cycle, {rate_from}, at the "
                       f"{chain} chain's clock)",
             "flops_per_cycle_per_core": flops_per_cycle,
             "measured_flops_per_cycle": measured,

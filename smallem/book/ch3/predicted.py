@@ -45,6 +45,14 @@ def _profile(rec, rung: int) -> dict:
     return out
 
 
+def modern_vs_gpt2(p6: dict, p7: dict) -> dict:
+    """The modern block's products and attention over GPT-2's, from the profiles of rungs 7
+    and 6 (one profiled step each; None where either lacks the part)."""
+    return {f"ch3.modern_{key}_vs6": (p7[part] / p6[part] if p6 and p7 and p6.get(part)
+                                      and p7.get(part) else None)
+            for part, key in (("matrix products (+ bias)", "products"), ("attention", "attention"))}
+
+
 def fused_saving(rec) -> tuple[float, int] | None:
     """(seconds a step saves through the fused kernels, their calls per step): each fused
     kernel's time saved per call (the fused-op timings, at the step's shapes) times its calls

@@ -14,8 +14,8 @@ from .measuring import (F32_TOP, MODERN_MARGIN, MUON_GROUP, OP_GROUPS, RECORD_RU
                         RUNGS, AT, mfu, rung_label)
 from .climb import CELL_TEST, TOLERANCE, cell, outcome_note, switches, within_times
 from .fused import fused_table, roofline
-from .predicted import (_peak, _peaks, _profile, bf16_gemm, bound_n, modern_split, predicted,
-                        products_rate)
+from .predicted import (_peak, _peaks, _profile, bf16_gemm, bound_n, modern_split,
+                        modern_vs_gpt2, predicted, products_rate)
 from .run import RUN_KEYS, run_figure_and_values
 
 f = figures.fmt
@@ -496,6 +496,7 @@ def _explain_values(rec, rec_dir, rungs, step_toks, values) -> None:
     cfg, fpt, th = s["config"], s["flops_per_token"], s["threads"]
     n_tok = s["batch_size"] * s["seq_len"]
     profs = {i: _profile(rec, i) for i in (AT["arena"], F32_TOP, AT["bf16"], AT["modern"])}
+    values.update(modern_vs_gpt2(profs[AT["bf16"]], profs[AT["modern"]]))
     p3 = profs[AT["arena"]]
     if p3:
         total = sum(p3.values())

@@ -57,7 +57,8 @@ def _scan(rec, facts) -> dict:
         f"One sequence of {p['BH']} heads of {p['hd']} features, T = {p['T']}, chunks of "
         f"{p['chunk']} steps; the rate counts the definition's operations (4 hd² a step and "
         f"head forward, three times that with the backward) whatever a rung does; medians of "
-        f"{len(step['seconds']['samples'])} rounds in turn. {figures.machine_line(rec)}.")
+        f"{len(step['seconds']['samples'])} rounds in turn. {VERSUS_NOTE} "
+        f"{figures.machine_line(rec)}.")
     v = compare.against(runs["threaded"], step, SCAN_TARGET)
     peak1 = facts["peak"].get(("f32", 1)) if facts else None
     # the step by step scan's state traffic at chapter 1's L1 rate on one core (the triad's:
@@ -74,6 +75,13 @@ def _scan(rec, facts) -> dict:
             "rec.scan_target": v.text(), "rec.scan_reached": v.met,
             "rec.step_share": records.median(step) / peak1 if peak1 else None,
             "rec.chunked_share": records.median(runs["chunked"]) / peak1 if peak1 else None}
+
+
+# what an "against" cell says: its change, and round by round in brackets
+VERSUS_NOTE = ("Against: the ratio of the two medians, \"within the noise\" where the "
+               "two-sided signed-rank test on the rounds does not pass; the brackets pair the "
+               "two round by round, so a median a little slower can sit beside more rounds "
+               "faster.")
 
 
 def _versus(r, base) -> str:
@@ -104,7 +112,7 @@ def _train(rec) -> dict:
         "The attention's MFLOP count the whole T × T square of scores, as the PaLM paper's "
         "6N + 12 L d T does; the tiles skip the keys after each query, about half of it, so "
         "at long contexts the attention model does less work than its column says, and "
-        "tokens/s times that column can exceed the peak. "
+        "tokens/s times that column can exceed the peak. " + VERSUS_NOTE + " "
         f"{figures.machine_line(rec)}.")
     ratio = lambda T: records.median(runs[("recurrent", T)]) / records.median(runs[("modern", T)])  # noqa: E731
     return {"rec.train_size": f"{runs[('modern', Ts[0])]['params']['params'] / 1e6:.1f} million parameters",
