@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 
+from smallem.generating.decode import Decoder
 from .. import ch1
+from .balance import AT, _one
 
 
 STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
@@ -89,3 +91,27 @@ def _kv_bytes(s, rung_tokens: int) -> int:
     """The keys and values a token reads at the last timed position (f32, every layer)."""
     c = s["config"]
     return 2 * c["n_layer"] * (s["prompt"] + rung_tokens) * c["d_model"] * 4
+
+
+def one_core_bytes(values: dict, products: int, d: int, r4, r5, first: int) -> bool:
+    """Whether rung 4's or 5's threshold keeps one of a block's ``products``, or the first
+    timed token's attention (8 (p + 1) d bytes a layer at position p, forward.c's count), on
+    one core: those bytes then come at one core's rate."""
+    def attn_from(r):
+        pm = r["params"].get("par_min_bytes") if r else None
+        return None if pm is None else max(0, -(-pm // (8 * d)) - 1)
+    return any((values[f"ch4.rung{k}_team_n"] is not None
+                and values[f"ch4.rung{k}_team_n"] < products)
+               or (attn_from(r) is not None and attn_from(r) > first)
+               for k, r in (("4", r4), ("5", r5)))
+
+
+def threshold_fork_join(rec, facts) -> float | None:
+    """The fork-join rung 4's threshold implies, in µs: its bytes over SYNC_SHARE fork-joins,
+    streamed at chapter 1's one-core rate of the level that holds the model's weights."""
+    r4 = _one(rec, "decode", rung=AT["threads"])
+    p = r4["params"] if r4 else {}
+    if not facts or "par_min_bytes" not in p or "weight_bytes" not in p:
+        return None
+    _, gbs = ch1.level_of(facts, p["weight_bytes"], 1, ch1.read_stream(facts))
+    return 1e6 * p["par_min_bytes"] / Decoder.SYNC_SHARE / (gbs * 1e9) if gbs else None

@@ -13,6 +13,7 @@ from .. import ch1, compare, figures, records, reference
 from . import llama
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
 from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
+from .levels import one_core_bytes, threshold_fork_join
 from .peers import _equal_cells, peer_rows
 from smallem.training.model import CONFIGS, get_config
 from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
@@ -110,6 +111,7 @@ def _ladder(rec, facts, values):
                                              "decode predicted: bytes ÷ bandwidth",
                                              "prompt", "prompt predicted: compute bound"], note)
     _ladder_values(rec, facts, s, cfg, values)
+    values["ch4.threshold_fj_us"] = threshold_fork_join(rec, facts)
 
 
 
@@ -218,19 +220,6 @@ def _versus(r, base) -> str:
 
 
 
-def _one_core_bytes(values: dict, products: int, d: int, r4, r5, first: int) -> bool:
-    """Whether rung 4's or 5's threshold keeps one of a block's ``products``, or the first
-    timed token's attention (8 (p + 1) d bytes a layer at position p, forward.c's count), on
-    one core: those bytes then come at one core's rate."""
-    def attn_from(r):
-        pm = r["params"].get("par_min_bytes") if r else None
-        return None if pm is None else max(0, -(-pm // (8 * d)) - 1)
-    return any((values[f"ch4.rung{k}_team_n"] is not None
-                and values[f"ch4.rung{k}_team_n"] < products)
-               or (attn_from(r) is not None and attn_from(r) > first)
-               for k, r in (("4", r4), ("5", r5)))
-
-
 def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.ladder_config"] = cfg
     p5 = _one(rec, "prefill", rung=AT["prompt_path"])
@@ -274,7 +263,7 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         # whether any region of a timed token went to the team at rung 4
         values["ch4.rung4_teamed"] = bool(values["ch4.rung4_team_n"]) or \
             values["ch4.rung4_attn_from"] is not None
-        values["ch4.rungs45_one_core"] = _one_core_bytes(values, len(sizes), d, r4, r5,
+        values["ch4.rungs45_one_core"] = one_core_bytes(values, len(sizes), d, r4, r5,
                                                          s["prompt"])
     if r4 and r5:
         d = compare.difference(r5, r4)
@@ -756,6 +745,7 @@ def report(rec_dir) -> dict:
                 "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
                 "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from", "ch4.first_timed",
+                "ch4.threshold_fj_us",
                 "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
                 "ch4.llama_safe_why", "ch4.threads", "ch4.torch_version", "ch4.torch_threads"):
         values.setdefault(key, None)
