@@ -123,7 +123,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     rows, prev = [], None
     values["ch4.gap_rungs"] = None  # the rungs whose bytes lie between a cache's plateau and DRAM's
     above = []  # (share, rung, level, data, level size) of decodes above their bound
-    drawn = {}  # (bytes a token reads, threads) -> the fastest rate a rung drew them at
+    draws = []  # (level held, rung, threads, bytes a token reads, the rate it drew them at)
     for i, what in s["rungs"]:
         r = _one(rec, "decode", rung=i)
         if r is None:
@@ -166,9 +166,8 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                           f"({compare.size(data / 1024)} in {where})")
             if share > 1 + NOISE:
                 above.append((share, i, h["level"], data, h["size"]))
-            _l3_miss(facts, h, i, th, data, records.median(r) * data, drawn, values)
         if h and data:
-            drawn[data, th] = max(drawn.get((data, th), 0), records.median(r) * data)
+            draws.append((h, i, th, data, records.median(r) * data))
         if i == AT["prompt_path"] and p and p["params"].get("prefill_path") in PATHS:
             # the record's label names two paths; the page's, the one this prompt took
             what = f"prompt path chosen by measurement: {PATHS[p['params']['prefill_path']]} here"
@@ -182,6 +181,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
             values[f"ch4.rung{i}_prompt_of_bound"] = records.median(p) / pp[0]
         prev = r
         values[f"ch4.rung{i}_toks"] = f(records.median(r), "tokens/s")
+    _l3_miss(facts, draws, values)
     # the decode furthest above its bound, for the sentence that says which assumption failed
     top = max(above) if above else None
     values["ch4.above_rung"] = top[1] if top else None
@@ -196,17 +196,23 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
 PATHS = {"c": "the int8 call", "gemm": "the f32 GEMM", "int8": "the integer GEMM"}  # rung 5's prompt
 
 
-def _l3_miss(facts, h, i, th, data, gbs, drawn, values) -> None:
+def _l3_miss(facts, draws: list, values) -> None:
     """The first rung charged to the L3 (its plateau's upper half) that drew its bytes nearer
-    DRAM's rate, unless a rung before drew the same bytes on as many threads nearer the L3's."""
-    dram = holding(facts, math.inf, th)["bw"]
-    near_l3 = (dram + h["bw"]) / 2
-    if (h["level"] == "L3" and not h["gap_bw"] and (1 - NOISE) * dram <= gbs < near_l3
-            and data > h["size"] / 2 and values.get("ch4.l3_miss_rung") is None
-            and drawn.get((data, th), 0) < near_l3):
+    DRAM's rate, unless another rung drew the same bytes on as many threads nearer the L3's,
+    or on any threads faster than DRAM gives them (the bytes were in the L3 then)."""
+    dram_of = lambda th: holding(facts, math.inf, th)["bw"]  # noqa: E731
+    for h, i, th, data, gbs in draws:
+        near_l3 = (dram_of(th) + h["bw"]) / 2
+        if not (h["level"] == "L3" and not h["gap_bw"] and data > h["size"] / 2
+                and (1 - NOISE) * dram_of(th) <= gbs < near_l3):
+            continue
+        if any(d == data and j != i and ((t == th and g >= near_l3) or g > (1 + NOISE) * dram_of(t))
+               for _, j, t, d, g in draws):
+            continue
         values.update({"ch4.l3_miss_rung": i, "ch4.l3_miss_gbs": gbs / 1e9,
-                       "ch4.l3_miss_dram_gbs": dram / 1e9, "ch4.l3_miss_l3_gbs": h["bw"] / 1e9,
+                       "ch4.l3_miss_dram_gbs": dram_of(th) / 1e9, "ch4.l3_miss_l3_gbs": h["bw"] / 1e9,
                        "ch4.l3_miss_mib": data / 2**20, "ch4.l3_miss_end_mib": h["size"] / 2**20})
+        return
 
 
 def _versus(r, base) -> str:
