@@ -15,6 +15,7 @@ from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, sweep_values as _swe
 from .order import order_values
 from .kernel import block_values, latency_values
 from .alone import NOISE, _plateau_of, alone_rows as _alone_rows  # noqa: F401
+from .phases import pack_b_expect
 
 # what a value needs that a record made before rung 5 had blocks of its own lacks
 
@@ -108,7 +109,8 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
             ("ch2.phase_a_narrow", "ch2.phase_a_narrow_n", "ch2.phase_a_narrow_pct",
              "ch2.phase_a_wide", "ch2.phase_a_wide_n", "ch2.phase_a_wide_pct",
              "ch2.phase_a_follows", "ch2.phase_a_odd", "ch2.phase_a_odd_n", "ch2.phase_a_odd_pct",
-             "ch2.phase_a_odd_ref", "ch2.phase_a_odd_expect", "ch2.phase_a_odd_ratio"))
+             "ch2.phase_a_odd_ref", "ch2.phase_a_odd_expect", "ch2.phase_a_odd_ratio",
+             "ch2.phase_most_expect_lo", "ch2.phase_most_expect_hi", "ch2.phase_others_spread"))
     most = max(shares, key=lambda k: shares[k][0])
     least = min(shares, key=lambda k: shares[k][0])
     # the product whose share of packing A lies furthest above 1/N: the largest share x N,
@@ -120,7 +122,7 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
     # measured shares fall in that order
     narrow = min(a_shares, key=lambda k: a_shares[k][1])
     wide = max(a_shares, key=lambda k: a_shares[k][1])
-    values = {"ch2.phase_a_narrow": narrow, "ch2.phase_a_narrow_n": a_shares[narrow][1],
+    values = pack_b_expect(shares, most) | {"ch2.phase_a_narrow": narrow, "ch2.phase_a_narrow_n": a_shares[narrow][1],
               "ch2.phase_a_narrow_pct": a_shares[narrow][0] / 100,
               "ch2.phase_a_wide": wide, "ch2.phase_a_wide_n": a_shares[wide][1],
               "ch2.phase_a_wide_pct": a_shares[wide][0] / 100,

@@ -1,0 +1,14 @@
+"""The phases of chapter 2's model products: what 1/M says packing B should cost."""
+
+from __future__ import annotations
+
+
+def pack_b_expect(shares: dict, most: str) -> dict:
+    """What 1/M predicts for the product that spends the most packing B, from each other
+    product's share times its M: the least and the most of those, as fractions (None where
+    there is no other product), and how far apart the others' own shares are."""
+    others = [(pct * m / shares[most][2]) for name, (pct, _, m) in shares.items() if name != most]
+    own = [pct for name, (pct, _, _) in shares.items() if name != most]
+    return {"ch2.phase_most_expect_lo": min(others) / 100 if others else None,
+            "ch2.phase_most_expect_hi": max(others) / 100 if others else None,
+            "ch2.phase_others_spread": max(own) / min(own) if own and min(own) > 0 else None}
