@@ -54,7 +54,8 @@ def keys() -> list[str]:
 SETTINGS_KEYS = ("others.instruction", "others.prompt_int8", "others.prompt_float_dtype",
                  "others.rate_int8", "others.rate_float", "others.int8_instruction",
                  "others.pp_target", "others.rows", "others.bf16_path", "others.prefetch_measured",
-                 "others.rate_int8_vector", "others.int8_vector_instruction")
+                 "others.rate_int8_vector", "others.int8_vector_instruction",
+                 "others.amx_predates")
 
 
 def _missing(note: str) -> dict:
@@ -607,6 +608,9 @@ def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
         # tiles, the vector kernel's beside it
         "others.rate_int8": rates.get("amx" if s.get("int8_path") == "amx" else "int8"),
         "others.rate_int8_vector": rates.get("int8") if s.get("int8_path") == "amx" else None,
+        # a CPU with AMX_INT8 whose record timed no AMX candidate: made before that path
+        "others.amx_predates": ("amx_int8" in rec["machine"]["isa"].get("extensions", [])
+                                and "amx" not in rates),
         "others.int8_vector_instruction": s.get("int8_vector_instruction"),
         "others.rate_float": rates.get("float"),
         "others.int8_instruction": int8_ins, "others.pp_target": pp_target,
