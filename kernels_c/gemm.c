@@ -13,6 +13,7 @@
  * gemm_bf16: transposes, alpha and beta, bf16 inputs) and the instruments that
  * time its parts are in gemm/, included at the end of this file.
  */
+#include <math.h>
 #include "common.h"
 #include "gemm.h"
 
