@@ -9,6 +9,7 @@ def pack_b_expect(shares: dict, most: str) -> dict:
     there is no other product), and how far apart the others' own shares are."""
     others = [(pct * m / shares[most][2]) for name, (pct, _, m) in shares.items() if name != most]
     own = [pct for name, (pct, _, _) in shares.items() if name != most]
-    return {"ch2.phase_most_expect_lo": min(others) / 100 if others else None,
+    return {"ch2.phase_most_share": shares[most][0] / 100,
+            "ch2.phase_most_expect_lo": min(others) / 100 if others else None,
             "ch2.phase_most_expect_hi": max(others) / 100 if others else None,
             "ch2.phase_others_spread": max(own) / min(own) if own and min(own) > 0 else None}

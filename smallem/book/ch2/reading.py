@@ -110,7 +110,8 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
              "ch2.phase_a_wide", "ch2.phase_a_wide_n", "ch2.phase_a_wide_pct",
              "ch2.phase_a_follows", "ch2.phase_a_odd", "ch2.phase_a_odd_n", "ch2.phase_a_odd_pct",
              "ch2.phase_a_odd_ref", "ch2.phase_a_odd_expect", "ch2.phase_a_odd_ratio",
-             "ch2.phase_most_expect_lo", "ch2.phase_most_expect_hi", "ch2.phase_others_spread"))
+             "ch2.phase_most_expect_lo", "ch2.phase_most_expect_hi", "ch2.phase_others_spread",
+             "ch2.phase_most_share"))
     most = max(shares, key=lambda k: shares[k][0])
     least = min(shares, key=lambda k: shares[k][0])
     # the product whose share of packing A lies furthest above 1/N: the largest share x N,

@@ -105,6 +105,7 @@ def switches(rungs: dict, toks: dict, pred: dict, parts_missed=frozenset()) -> t
     parts, one of which missed its own) is not as predicted even where its total is."""
     cells, values = {}, {}
     groups = {k: [] for k in OUTCOMES}
+    values["ch3.climb_beyond_other"] = False
     for r in RUNGS[AT["pool"]:]:
         i, before = r.index, r.index - 1
         # typed, for the page to format: the predicted and measured changes and the rounds'
@@ -120,6 +121,8 @@ def switches(rungs: dict, toks: dict, pred: dict, parts_missed=frozenset()) -> t
         if kind == "as" and i in parts_missed:
             kind = "parts"
         groups[kind].append(f"{r.what} (rung {i})")
+        if kind == "beyond" and (d.pct < 0) != (pred_pct < 0):
+            values["ch3.climb_beyond_other"] = True  # one of them moved the other way
         said = OUTCOMES[kind]
         if kind == "beyond":  # which way the step moved, past what the switch could explain
             said += (" the other way (slower)" if (d.pct < 0) != (pred_pct < 0)

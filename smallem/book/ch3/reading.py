@@ -716,7 +716,7 @@ FACTS = ("fused_best_op", "fused_best_gain", "fused_worst_op", "fused_worst_gain
          "rung7_other_ms", "rung6_other_ms", "torch_version", "torch_threads",
          "torch_capability", "torch_onednn", "torch_onednn_bf16", "torch_amx",
          "torch_config_known", "cpu_amx", "torch_bf16_beats_kernels", "torch_bf16_vs_kernels",
-         "kernels_torch_verdict", "fj_forever_slower",
+         "kernels_torch_verdict", "fj_forever_slower", "climb_beyond_other",
          *(f"rung{i}_{k}" for i in range(2, 8) for k in ("pred", "meas", "spread", "shows")),
          *(f"climb_any_{k}" for k in ("as", "parts", "missed", "small", "beyond", "unseen",
                                       "against")))
