@@ -93,13 +93,18 @@ def _kv_bytes(s, rung_tokens: int) -> int:
     return 2 * c["n_layer"] * (s["prompt"] + rung_tokens) * c["d_model"] * 4
 
 
+def attention_from(par_min_bytes, d: int) -> int | None:
+    """The first position whose attention reaches a threshold of ``par_min_bytes``: a token
+    at position p reads 8 (p + 1) d bytes of keys and values a layer (forward.c's count)."""
+    return None if par_min_bytes is None else max(0, -(-par_min_bytes // (8 * d)) - 1)
+
+
 def one_core_bytes(values: dict, products: int, d: int, r4, r5, first: int) -> bool:
     """Whether rung 4's or 5's threshold keeps one of a block's ``products``, or the first
     timed token's attention (8 (p + 1) d bytes a layer at position p, forward.c's count), on
     one core: those bytes then come at one core's rate."""
     def attn_from(r):
-        pm = r["params"].get("par_min_bytes") if r else None
-        return None if pm is None else max(0, -(-pm // (8 * d)) - 1)
+        return attention_from(r["params"].get("par_min_bytes") if r else None, d)
     return any((values[f"ch4.rung{k}_team_n"] is not None
                 and values[f"ch4.rung{k}_team_n"] < products)
                or (attn_from(r) is not None and attn_from(r) > first)

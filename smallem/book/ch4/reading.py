@@ -13,7 +13,7 @@ from .. import ch1, compare, figures, records, reference
 from . import llama
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
 from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
-from .levels import one_core_bytes, threshold_fork_join
+from .levels import attention_from, one_core_bytes, threshold_fork_join
 from .peers import _equal_cells, peer_rows
 from smallem.training.model import CONFIGS, get_config
 from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
@@ -262,7 +262,7 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
         # from the first position where that reaches rung 4's threshold
         pm = r4["params"].get("par_min_bytes") if r4 else None
         d = get_config(cfg).d_model
-        first = max(0, -(-pm // (8 * d)) - 1) if pm is not None else None
+        first = attention_from(pm, d)
         last = s["prompt"] + s["decode_tokens"] - 1
         values["ch4.rung4_attn_from"] = first if first is not None and first <= last else None
         values["ch4.first_timed"] = s["prompt"]  # the position of the first timed token
