@@ -105,6 +105,12 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
                              typed=("model_gap",))}
     by = {p["params"]["kc"]: records.median(p) for p in pts}
     best = max(by, key=by.get)
+    # rows whose caps the driver cuts to the same slice run one product: how far apart they
+    # measured is this sweep's own noise (None where no two rows share a slice)
+    same: dict[int, list[float]] = {}
+    for kc, rate in by.items():
+        same.setdefault(cut(kc), []).append(rate)
+    twice = [max(r) / min(r) - 1 for r in same.values() if len(r) > 1 and min(r) > 0]
     end = _l3_end(rec_dir)
     slow = chosen in by and by[chosen] < (1 - SLOW) * by[best]
     # the sweep times rung 5's row order; a machine whose loop-order model chose the columns
@@ -112,6 +118,7 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     taken = rec["settings"].get("order", "rows") == "rows"
     values.update({
         "ch2.kc_order_taken": taken,
+        "ch2.kc_twice": max(twice) if twice else None,
         "ch2.kc_model_slow": slow and taken,
         "ch2.kc_model_b": f"{b_block(cut(chosen)) / 2**20:.1f} MiB" if chosen in by else "n/a",
         "ch2.kc_best_b": f"{b_block(cut(best)) / 2**20:.1f} MiB",

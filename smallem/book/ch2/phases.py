@@ -1,4 +1,5 @@
-"""The phases of chapter 2's model products: what 1/M says packing B should cost."""
+"""The phases of chapter 2's model products: what 1/M says packing B should cost, and 1/N
+packing A."""
 
 from __future__ import annotations
 
@@ -13,3 +14,12 @@ def pack_b_expect(shares: dict, most: str) -> dict:
             "ch2.phase_most_expect_lo": min(others) / 100 if others else None,
             "ch2.phase_most_expect_hi": max(others) / 100 if others else None,
             "ch2.phase_others_spread": max(own) / min(own) if own and min(own) > 0 else None}
+
+
+def pack_a_expect(a_shares: dict, odd: str) -> dict:
+    """What 1/N predicts for product ``odd``'s share of packing A from each other product's
+    share times its N (``a_shares``: name -> (share in %, N)): the least and the most of
+    those, as fractions (None where there is no other product)."""
+    others = [pct * n / a_shares[odd][1] for name, (pct, n) in a_shares.items() if name != odd]
+    return {"ch2.phase_a_odd_expect_lo": min(others) / 100 if others else None,
+            "ch2.phase_a_odd_expect_hi": max(others) / 100 if others else None}

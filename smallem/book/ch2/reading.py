@@ -15,7 +15,7 @@ from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, sweep_values as _swe
 from .order import order_values
 from .kernel import block_values, latency_values
 from .alone import NOISE, _plateau_of, alone_rows as _alone_rows  # noqa: F401
-from .phases import pack_b_expect
+from .phases import pack_a_expect, pack_b_expect
 
 # what a value needs that a record made before rung 5 had blocks of its own lacks
 
@@ -109,16 +109,15 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
             ("ch2.phase_a_narrow", "ch2.phase_a_narrow_n", "ch2.phase_a_narrow_pct",
              "ch2.phase_a_wide", "ch2.phase_a_wide_n", "ch2.phase_a_wide_pct",
              "ch2.phase_a_follows", "ch2.phase_a_odd", "ch2.phase_a_odd_n", "ch2.phase_a_odd_pct",
-             "ch2.phase_a_odd_ref", "ch2.phase_a_odd_expect", "ch2.phase_a_odd_ratio",
+             "ch2.phase_a_odd_expect_lo", "ch2.phase_a_odd_expect_hi",
              "ch2.phase_most_expect_lo", "ch2.phase_most_expect_hi", "ch2.phase_others_spread",
              "ch2.phase_most_share"))
     most = max(shares, key=lambda k: shares[k][0])
     least = min(shares, key=lambda k: shares[k][0])
     # the product whose share of packing A lies furthest above 1/N: the largest share x N,
-    # against the smallest share x N, from which 1/N scales the share it should have had
+    # set against what 1/N scales from each other product's share
     a_odd = max(a_shares, key=lambda k: a_shares[k][0] * a_shares[k][1])
-    a_ref = min(a_shares, key=lambda k: a_shares[k][0] * a_shares[k][1])
-    a_expect = a_shares[a_ref][0] * a_shares[a_ref][1] / a_shares[a_odd][1]
+    a_expect = pack_a_expect(a_shares, a_odd)
     # the 1/N rule shown on the narrowest and the widest product (by N), and whether the
     # measured shares fall in that order
     narrow = min(a_shares, key=lambda k: a_shares[k][1])
@@ -129,14 +128,13 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
               "ch2.phase_a_wide_pct": a_shares[wide][0] / 100,
               "ch2.phase_a_follows": a_shares[narrow][0] >= a_shares[wide][0],
               # shown where it is neither product the 1/N sentence names and its share is
-              # more than 1.5 times what 1/N scales from the reference's
-              "ch2.phase_a_odd": (a_odd if a_odd not in (narrow, wide) and a_expect > 0
-                                  and a_shares[a_odd][0] > 1.5 * a_expect else None),
+              # more than what 1/N scales from every other product's
+              "ch2.phase_a_odd": (a_odd if a_odd not in (narrow, wide)
+                                  and a_expect["ch2.phase_a_odd_expect_hi"] is not None
+                                  and a_shares[a_odd][0] > 100 * a_expect["ch2.phase_a_odd_expect_hi"]
+                                  else None),
               "ch2.phase_a_odd_n": a_shares[a_odd][1],
-              "ch2.phase_a_odd_pct": a_shares[a_odd][0] / 100,
-              "ch2.phase_a_odd_ref": a_ref, "ch2.phase_a_odd_expect": a_expect / 100,
-              "ch2.phase_a_odd_ratio": (a_shares[a_odd][0] / a_expect if a_expect > 0
-                                        else None)}
+              "ch2.phase_a_odd_pct": a_shares[a_odd][0] / 100} | a_expect
     for key, name in (("most", most), ("least", least)):
         pct, mib, m = shares[name]
         values.update({f"ch2.phase_{key}": name, f"ch2.phase_{key}_pct": f"{pct:.1f} %",

@@ -241,6 +241,8 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.f32_ridges"] = (ch1.ridge_position(facts, 2 / 4, rec["settings"]["threads"])
                                 if facts else "n/a (no chapter-1 record)")
     c = s["config"]
+    # a parallel region a product and one an attention a block, and the head (forward.c)
+    values["ch4.ladder_regions"] = 5 * c["n_layer"] + 1
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
     r4 = _one(rec, "decode", rung=AT["threads"])
     r5 = _one(rec, "decode", rung=AT["prompt_path"])
@@ -588,6 +590,7 @@ def _study_small(rec, facts, small, by, values) -> None:
         L = rec["settings"]["study"]["layers"]
         per = (5 * L + 1) * records.median(fj)
         values["ch4.regions"] = 5 * L + 1
+        values["ch4.study_layers"] = L
         values["ch4.sync_share"] = per * records.median(s2)
         # all cores: one core's fixed cost per token (its measured time less its bytes at
         # their level's bandwidth: Python, the call, the sampling), plus the regions'
@@ -745,7 +748,7 @@ def report(rec_dir) -> dict:
     values["ch4.rungs"] = str(len(decode.RUNGS))
     for key in ("ch4.par_min_kib", "ch4.rung5_par_min_kib", "ch4.rung5_vs_rung4_sign",
                 "ch4.rung5_vs_rung4", "ch4.small_largest_kib", "ch4.small_par_min_kib",
-                "ch4.fork_join_us", "ch4.regions", "ch4.sync_share", "ch4.above_rung", "ch4.llama_f32_share",
+                "ch4.fork_join_us", "ch4.regions", "ch4.study_layers", "ch4.ladder_regions", "ch4.sync_share", "ch4.above_rung", "ch4.llama_f32_share",
                 "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
                 "ch4.above_others",
                 "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
