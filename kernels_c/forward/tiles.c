@@ -392,6 +392,8 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
             for (int i = 0; i < NT; i++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(wt + (kk * ls + i) * 64));
                 if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
+                if (FIVE && g == 0 && ahead > 0) /* the block's fifth line, read ahead as the four are */
+                    __builtin_prefetch(wt + (((size_t)b * LB + 4) * ls + i) * 64 + ahead, 0, 1);
                 lo[i] = _mm512_and_si512(v, m4);
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 if (FIVE) { /* this line's fifth bits: two masks in the block's last line */
@@ -446,6 +448,8 @@ INLINE void q4_block(const sm_mat *w, int t0, const int NT, const int RB, const 
             __m256i lo[MAXNT][2], hi[MAXNT][2];
             for (int i = 0; i < NT; i++) {
                 if (ahead > 0) __builtin_prefetch(wt + (kk * ls + i) * 64 + ahead, 0, 1);
+                if (FIVE && g == 0 && ahead > 0) /* the block's fifth line, read ahead as the four are */
+                    __builtin_prefetch(wt + (((size_t)b * LB + 4) * ls + i) * 64 + ahead, 0, 1);
                 for (int hh = 0; hh < 2; hh++) {
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(wt + (kk * ls + i) * 64 + 32 * hh));
                     lo[i][hh] = _mm256_and_si256(v, m4);
