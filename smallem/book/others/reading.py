@@ -75,7 +75,7 @@ def _missing(note: str) -> dict:
                "others.prefetch_loss_most": None, "others.prompt_amx_files": None,
                "others.ch1_measured": False,
                "others.below_rest": None, "others.below_model": None}
-            | _tile_values(None) | _parts(None))
+            | _tile_values(None) | _parts(None) | _above_bound(None, None))
 
 
 # the parts of a step (measuring.measure_parts; the C side's PART_*), as the page names them
@@ -483,6 +483,35 @@ def _speed_table(rec, facts, rows: list) -> None:
         + figures.peer_notes(s.get("llama_cpp"), s.get("missing") or {}))
 
 
+def _above_bound(rec, facts) -> dict:
+    """The files whose decode ran faster than their read bound, the most by which one did,
+    the level the bound read them from, and the share of that file's bytes the level above
+    it holds (what could have stayed there from one token to the next); None where none did."""
+    none = dict.fromkeys(("others.above_bound", "others.above_bound_of", "others.above_level",
+                          "others.above_inner", "others.above_inner_share"))
+    if not facts:
+        return none
+    th, found = rec["settings"]["threads"], []
+    for shape, qtype in CASES:
+        ours = _one(rec, "decode", model=shape, type=qtype)
+        if ours is None:
+            continue
+        wb = ours["params"]["weight_bytes"]
+        level, bw = ch1.level_of(facts, wb, th, ch1.read_stream(facts))
+        ratio = records.median(ours) * wb / (bw * 1e9)
+        if ratio > 1:
+            found.append((f"{shape} {qtype}", ratio, wb, level))
+    if not found:
+        return none
+    name, ratio, wb, level = max(found, key=lambda x: x[1])
+    inner = ch1.LEVELS[ch1.LEVELS.index(level) - 1] if level in ch1.LEVELS[1:] else None
+    held = ch1.level_sizes(facts["caches"], th).get(inner) if inner and facts.get("caches") else None
+    return {"others.above_bound": " and ".join(n for n, *_ in found),
+            "others.above_bound_of": ratio, "others.above_level": level,
+            "others.above_inner": inner if held else None,
+            "others.above_inner_share": min(1.0, held / wb) if held else None}
+
+
 def report(rec_dir=None) -> dict:
     if not records.exists(RECORD, rec_dir):
         return _missing("not measured here (no record others.decode: run `smallem bench-others`)")
@@ -513,6 +542,7 @@ def report(rec_dir=None) -> dict:
             below["rest" if prod and prod >= near * turn else "model"].append(f"{shape} {qtype}")
         rate_rows.append(_rate_row(f"{shape} {qtype}", key, rates))
     _speed_table(rec, facts, rows)
+    values.update(_above_bound(rec, facts))
     values.update(_llama_amx_share(rec))
     figures.write_table("others_types", *types_table(facts, weights, s["threads"]))
     values["others.prefetch_gains"] = signs.count(1)
