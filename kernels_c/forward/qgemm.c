@@ -455,10 +455,10 @@ static void qg_tiles(int form, const qg_act *a, int rows, const uint8_t *panel, 
  * bytes apart, columns 0-15 in their first 64 bytes and 16-31 in the next. The activations
  * are laid out for A's tiles once per product: for each 32 rows (zeros past the last) and
  * each block, the 32 rows' 32 integers (1 KiB, read in whole lines), and beside them the
- * rows' scales and sums. A block (a half block for QG_SPLIT, whose scale changes at 16) is
- * four tile products, 32 rows by 32 columns; its int32 sums are stored and scaled in float
- * as the vector kernel scales them: each block has its own scales, so no two blocks' sums
- * can be added as integers. */
+ * rows' scales and sums. A block (a half block for QG_SPLIT, whose scale changes at 16) is a
+ * tile product of half the instruction's depth (32 bytes of k of its 64) for each 16 rows by
+ * 16 columns; its int32 sums are stored and scaled in float as the vector kernel scales them:
+ * each block has its own scales, so no two blocks' sums can be added as integers. */
 typedef struct {
     const int8_t *q; /* chunks x nb x 32 x 32 */
     const float *d;  /* chunks x nb x 32: the rows' block scales */
@@ -498,70 +498,66 @@ static void qg_amx_layout(const qg_act *a, int rows, int8_t *q, float *d, float 
         }
 }
 
-/* rows 32 c .. 32 c + 31 (those below `rows` kept) by the panel's 32 columns, every block */
+/* rows 32 c .. 32 c + 31 (those below `rows` kept) by the panel's 32 columns, every block, a
+ * quarter at a time: 16 rows by 16 columns, one tile product a block (two for QG_SPLIT), whose
+ * int32 sums are stored and scaled into 16 float vectors that stay in registers across all the
+ * blocks. Two sets of tiles and of stored sums take turns, so that the next block's tile
+ * product need not wait for this block's scaling. */
+#define QG_AMX_STEP(C, A, B, xa, wb, sums) \
+    do {                                   \
+        SM_TILE_ZERO(C);                   \
+        SM_TILE_LOADD(A, xa, 32);          \
+        SM_TILE_LOADD(B, wb, 128);         \
+        SM_TILE_DPBSSD(C, A, B);           \
+        SM_TILE_STORED(C, sums, 64);       \
+    } while (0)
 static void qg_amx_rows(int form, const qg_tiles_act *a, int nb, int c, int rows,
                         const uint8_t *panel, float *y, int ldy, int ncols, int add)
 {
     const int kb = form == QG_SPLIT ? 16 : 32, valid = rows - 32 * c < 32 ? rows - 32 * c : 32;
-    float f[32 * QG_NR] __attribute__((aligned(64)));
-    int32_t s[32 * QG_NR] __attribute__((aligned(64)));
-    for (int b = 0; b < nb; b++) {
-        const size_t at = ((size_t)c * nb + b) * 32;
-        const int8_t *xq = a->q + at * 32;
-        const uint8_t *pb = panel + (size_t)b * QG_BLK;
-        const float *sc = (const float *)(pb + QG_INTS), *dx = a->d + at;
-        for (int h = 0; h < 32 / kb; h++) {
-            SM_TILE_ZERO(0);
-            SM_TILE_ZERO(1);
-            SM_TILE_ZERO(2);
-            SM_TILE_ZERO(3);
-            SM_TILE_LOADD(4, xq + kb * h, 32);                           /* rows 0-15 */
-            SM_TILE_LOADD(5, xq + 16 * 32 + kb * h, 32);                 /* rows 16-31 */
-            SM_TILE_LOADD(6, pb + (size_t)h * (kb / 4) * 128, 128);      /* columns 0-15 */
-            SM_TILE_LOADD(7, pb + (size_t)h * (kb / 4) * 128 + 64, 128); /* columns 16-31 */
-            SM_TILE_DPBSSD(0, 4, 6);
-            SM_TILE_DPBSSD(1, 4, 7);
-            SM_TILE_DPBSSD(2, 5, 6);
-            SM_TILE_DPBSSD(3, 5, 7);
-            SM_TILE_STORED(0, s, QG_NR * 4);
-            SM_TILE_STORED(1, s + 16, QG_NR * 4);
-            SM_TILE_STORED(2, s + 16 * QG_NR, QG_NR * 4);
-            SM_TILE_STORED(3, s + 16 * QG_NR + 16, QG_NR * 4);
-            const __m512 w0 = _mm512_loadu_ps(sc + h * QG_NR), w1 = _mm512_loadu_ps(sc + h * QG_NR + 16);
-            const int first = b == 0 && h == 0;
-            for (int i = 0; i < valid; i++) {
-                const __m512 d = _mm512_set1_ps(dx[i]);
-                float *fi = f + i * QG_NR;
-                const int32_t *si = s + i * QG_NR;
-                __m512 f0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(si)), _mm512_mul_ps(w0, d));
-                __m512 f1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(si + 16)), _mm512_mul_ps(w1, d));
-                if (!first) {
-                    f0 = _mm512_add_ps(f0, _mm512_load_ps(fi));
-                    f1 = _mm512_add_ps(f1, _mm512_load_ps(fi + 16));
-                }
-                if (form == QG_MIN) { /* the block's bias, once */
-                    const __m512 xs = _mm512_set1_ps(a->xs[at + i]);
-                    f0 = _mm512_fmadd_ps(_mm512_loadu_ps(sc + 2 * QG_NR), xs, f0);
-                    f1 = _mm512_fmadd_ps(_mm512_loadu_ps(sc + 2 * QG_NR + 16), xs, f1);
-                }
-                _mm512_store_ps(fi, f0);
-                _mm512_store_ps(fi + 16, f1);
+    int32_t s[2][16 * 16] __attribute__((aligned(64)));
+    for (int q = 0; q < 4; q++) {
+        const int rh = q >> 1, ch = q & 1; /* rows 16 rh on, columns 16 ch on */
+        const int vr = valid - 16 * rh, vc = ncols - 16 * ch;
+        if (vr <= 0 || vc <= 0) continue;
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        int u = 0;
+        for (int b = 0; b < nb; b++) {
+            const size_t at = ((size_t)c * nb + b) * 32 + 16 * (size_t)rh;
+            const int8_t *xq = a->q + at * 32;
+            const uint8_t *pb = panel + (size_t)b * QG_BLK;
+            const float *sc = (const float *)(pb + QG_INTS) + 16 * ch, *dx = a->d + at;
+            for (int h = 0; h < 32 / kb; h++, u ^= 1) {
+                const uint8_t *wb = pb + (size_t)h * (kb / 4) * 128 + 64 * ch;
+                if (u)
+                    QG_AMX_STEP(1, 5, 7, xq + kb * h, wb, s[1]);
+                else
+                    QG_AMX_STEP(0, 4, 6, xq + kb * h, wb, s[0]);
+                const __m512 w = _mm512_loadu_ps(sc + h * QG_NR);
+                float dl[16] __attribute__((aligned(64))); /* the rows' scales, one base address */
+                memcpy(dl, dx, sizeof dl);
+                const int32_t *su = s[u];
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(su + 16 * i)),
+                                             _mm512_mul_ps(w, _mm512_set1_ps(dl[i])), acc[i]);
+            }
+            if (form == QG_MIN) { /* the block's bias, once */
+                const __m512 bias = _mm512_loadu_ps(sc + 2 * QG_NR);
+                for (int i = 0; i < 16; i++)
+                    acc[i] = _mm512_fmadd_ps(bias, _mm512_set1_ps(a->xs[at + i]), acc[i]);
             }
         }
-    }
-    const __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
-    const __mmask16 m1 = ncols >= 32 ? 0xffff : ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
-    for (int i = 0; i < valid; i++) {
-        float *yr = y + (size_t)(32 * c + i) * ldy;
-        __m512 f0 = _mm512_load_ps(f + i * QG_NR), f1 = _mm512_load_ps(f + i * QG_NR + 16);
-        if (add) {
-            f0 = _mm512_add_ps(f0, _mm512_maskz_loadu_ps(m0, yr));
-            f1 = _mm512_add_ps(f1, _mm512_maskz_loadu_ps(m1, yr + 16));
+        const __mmask16 m = vc >= 16 ? 0xffff : (__mmask16)((1u << vc) - 1);
+        for (int i = 0; i < 16; i++) { /* a constant count, so that acc stays in registers */
+            if (i >= vr) break;
+            float *yr = y + (size_t)(32 * c + 16 * rh + i) * ldy + 16 * ch;
+            const __m512 f = add ? _mm512_add_ps(acc[i], _mm512_maskz_loadu_ps(m, yr)) : acc[i];
+            _mm512_mask_storeu_ps(yr, m, f);
         }
-        _mm512_mask_storeu_ps(yr, m0, f0);
-        _mm512_mask_storeu_ps(yr + 16, m1, f1);
     }
 }
+#undef QG_AMX_STEP
 /* --8<-- [end:qgemm_amx] */
 #endif
 
