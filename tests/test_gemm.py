@@ -1,5 +1,6 @@
 """Chapter 2: every rung of the ladder and the package's GEMM against numpy."""
 
+import functools
 import itertools
 import os
 import subprocess
@@ -744,6 +745,35 @@ def test_matmul_bf16(ta, tb, level, rng):
                                        epilogue=epilogue)
                 checks.assert_close(got, (want - 2.0 * c0).astype(np.float32) * 2, k=K,
                                     name=f"bf16 amx {epilogue} beta 0 {M}x{N}x{K}")
+
+
+@pytest.mark.parametrize("ta", [False, True])
+def test_matmul_bf16_tiles_through_the_emulator_where_avx512_has_no_amx(ta, rng, monkeypatch):
+    """The AMX path on a CPU with AVX-512 but no AMX_BF16 (a Zen 4 or 5), which the level
+    fixture runs natively and so never on tiles: built through SIMDe with emulate.h's tiles,
+    every epilogue, whole and sliced blocks, shapes across each edge of the 32 x 32 tiles."""
+    if not isa.supported("avx512"):
+        pytest.skip("no AVX-512 here: the level fixture's avx512-simde runs the tiles")
+    if "amx_bf16" in isa.extensions("avx512"):
+        pytest.skip("this CPU has AMX_BF16: test_matmul_bf16 runs the real tiles")
+    if isa.emulation_unavailable():
+        pytest.skip(f"AVX-512 through SIMDe: {isa.emulation_unavailable()}")
+    monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
+    monkeypatch.setenv("SMALLEM_ISA", "avx512")
+    monkeypatch.setattr(isa, "emulating", lambda level="avx512": level == "avx512")
+    # gemm keeps one build a level for the process: this test's own, put back after it
+    monkeypatch.setattr(gemm, "_loaded", {})
+    monkeypatch.setattr(gemm, "_bf16_paths",
+                        functools.lru_cache(maxsize=None)(gemm._bf16_paths.__wrapped__))
+    assert "amx" in gemm.bf16_paths("avx512")
+    for epilogue, blocks in itertools.product(gemm.AMX_EPILOGUES, (None, SMALL_BLOCKS)):
+        for M, N, K in [(33, 65, 70), (45, 70, 37), (1, 1, 1)]:
+            a = gemm.f32_to_bf16(rand(rng, *((K, M) if ta else (M, K))))
+            b = gemm.f32_to_bf16(rand(rng, K, N))
+            got = gemm.matmul_bf16(a, b, trans_a=ta, blocks=blocks, path="amx", epilogue=epilogue)
+            want = ref(gemm.bf16_to_f32(a), gemm.bf16_to_f32(b), ta, False)
+            checks.assert_close(got, want.astype(np.float32), k=K,
+                                name=f"bf16 amx emulated {epilogue} {M}x{N}x{K}")
 
 
 def test_amx_entry_points_at_every_level(level):
