@@ -134,3 +134,45 @@ def test_the_references_mfu_is_its_speed_at_this_books_count():
     from smallem.training.model import CONFIGS
     want = ref.CH3_XL_STEP_AFTER_TOKS * CONFIGS["xl"].flops_per_token() / (ref.CH1_F32_PEAK_GOPS * 1e9)
     assert ref.CH3_XL_MFU_CPU == pytest.approx(want) and 0.5 < want < 0.52
+
+
+def test_the_amx_integer_gemm_prediction_counts_what_its_kernel_does(tmp_path, monkeypatch):
+    """Appendix B's prediction of the tiles' integer GEMM reads its counts from the kernel
+    (kernels_c/forward/qgemm.c, qg_amx_rows): one tdpbssd a step of 32 of k (half the
+    instruction's 64), and per row a conversion, a product of the scales and a multiply-add;
+    on a record whose GEMM ran on the tiles (a GNR capture with the path set) the two
+    predictions bracket in turn and overlapped, and a record on vpdpbusd has none."""
+    import re
+
+    from smallem.book import others
+    from smallem.book.others import reading as br
+
+    src = (records.ROOT / "kernels_c" / "forward" / "qgemm.c").read_text()
+    rows = src[src.index("static void qg_amx_rows"):src.index("#undef QG_AMX_STEP")]
+    step = src[src.index("#define QG_AMX_STEP"):src.index("static void qg_amx_rows")]
+    assert step.count("SM_TILE_DPBSSD") == 1 and "kb = form == QG_SPLIT ? 16 : 32" in rows
+    assert br.AMX_BLOCK_OPS * 64 == br.AMX_PROBE_OPS * 32
+    scale = re.search(r"for \(int i = 0; i < 16; i\+\+\)\s*acc\[i\] = (_mm512_fmadd_ps\(_mm512_cvtepi32_ps.*?);",
+                      rows, re.S).group(1)  # the scaling of a block's sums, row by row
+    ops = re.findall(r"_mm512_(fmadd|cvtepi32|mul|add|sub)_", scale)
+    assert br.AMX_BLOCK_VECTOR == 16 * len(ops) == 48, ops
+
+    folder = tmp_path / "records"
+    folder.mkdir()
+    capture = captured.MACHINES / "intel-xeon-gnr-2c" / "records"
+    for name in ("ch1.machine.json", "ch2.gemm.json", "others.decode.json"):
+        (folder / name).write_text((capture / name).read_text())
+    monkeypatch.setenv("SMALLEM_FIGURES", str(tmp_path / "figures"))
+    (tmp_path / "figures" / "tables").mkdir(parents=True)
+    assert others.report(folder)["others.amx_pred_lo"] is None  # vpdpbusd: its own prediction
+    rec = json.loads((folder / "others.decode.json").read_text())
+    rec["settings"].update(int8_instruction="tdpbssd (AMX tiles)", int8_path="amx")
+    (folder / "others.decode.json").write_text(json.dumps(rec))
+    v = others.report(folder)
+    facts = ch1.facts(folder)
+    th = rec["settings"]["threads"]
+    tile = br.AMX_PROBE_OPS / (facts["peak"][("amx_int8", th)] * 1e9)
+    vector = 48 / (facts["peak"][("f32", th)] * 1e9 / 32)
+    assert v["others.amx_pred_lo"] == pytest.approx(br.AMX_BLOCK_OPS / (tile + vector) / 1e9)
+    assert v["others.amx_pred_hi"] == pytest.approx(br.AMX_BLOCK_OPS / max(tile, vector) / 1e9)
+    assert v["others.amx_pred_lo"] < v["others.amx_pred_hi"] and v["others.int8_predicted"] is None

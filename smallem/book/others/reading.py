@@ -235,11 +235,42 @@ def types_table(facts, weights: int | None = None, threads: int | None = None):
     return rows, head, note
 
 
+# The tiles' integer GEMM a block of 16 rows by 16 columns by 32 of k (kernels_c/forward/
+# qgemm.c, qg_amx_rows; a test reads these counts there): one tdpbssd at half its depth, and
+# three vector instructions a row (the conversion, the scales' product, the multiply-add).
+AMX_BLOCK_OPS = 2 * 16 * 16 * 32
+AMX_PROBE_OPS = 2 * 16 * 16 * 64  # one tdpbssd at its full depth, as chapter 1's probe runs it
+AMX_BLOCK_VECTOR = 3 * 16
+F32_LANES = 16                    # the tiles come with AVX-512: 16 floats a vector
+
+
+def _int8_amx_predicted(facts, threads: int) -> dict:
+    """What the tiles' integer GEMM should reach on ``threads`` cores, from chapter 1's probes:
+    each block's tdpbssd costed as a whole one at the AMX int8 probe's rate, its vector
+    instructions at the rate the f32 probe issues its FMAs (two operations a lane), the two
+    in turn (lo) or overlapped (hi); None where chapter 1 has no AMX int8 probe."""
+    none = dict.fromkeys(("others.amx_pred_lo", "others.amx_pred_hi", "others.amx_probe",
+                          "others.amx_f32_probe", "others.amx_tile_ns", "others.amx_vector_ns"))
+    amx = facts["peak"].get(("amx_int8", threads)) if facts else None
+    f32 = facts["peak"].get(("f32", threads)) if facts else None
+    if not amx or not f32:
+        return none
+    tile = AMX_PROBE_OPS / (amx * 1e9)                        # s a block, over the team
+    vector = AMX_BLOCK_VECTOR / (f32 * 1e9 / (2 * F32_LANES))
+    return {"others.amx_pred_lo": AMX_BLOCK_OPS / (tile + vector) / 1e9,
+            "others.amx_pred_hi": AMX_BLOCK_OPS / max(tile, vector) / 1e9,
+            "others.amx_probe": amx, "others.amx_f32_probe": f32,
+            # one core's time a block: the team's time a block times its threads
+            "others.amx_tile_ns": 1e9 * tile * threads, "others.amx_vector_ns": 1e9 * vector * threads}
+
+
 def _int8_predicted(facts, threads: int, instruction: str) -> dict:
     """What the integer GEMM should reach: INT8_SHARE of chapter 1's int8 peak on the same
     threads (the median chapter 1 quotes), where it runs on vpdpbusd (chapter 1's int8 probe
-    is that instruction); None where there is no such prediction."""
+    is that instruction), or :func:`_int8_amx_predicted` where it runs on the tiles; None
+    where there is no such prediction."""
     out = {"others.int8_share": INT8_SHARE, "others.int8_peak": None, "others.int8_predicted": None}
+    out |= _int8_amx_predicted(facts if "tdpbssd" in instruction else None, threads)
     if "vpdpbusd" not in instruction or not facts:
         return out
     peak = facts["peak"].get(("int8", threads))
