@@ -3,6 +3,8 @@ packing A."""
 
 from __future__ import annotations
 
+from .. import records
+
 
 def pack_b_expect(shares: dict, most: str) -> dict:
     """What 1/M predicts for the product that spends the most packing B, from each other
@@ -23,3 +25,17 @@ def pack_a_expect(a_shares: dict, odd: str) -> dict:
     others = [pct * n / a_shares[odd][1] for name, (pct, n) in a_shares.items() if name != odd]
     return {"ch2.phase_a_odd_expect_lo": min(others) / 100 if others else None,
             "ch2.phase_a_odd_expect_hi": max(others) / 100 if others else None}
+
+
+def phase_gap(rec: dict, pairs: list) -> float | None:
+    """How far the phase table's time per call lies from the time the products table's rate
+    (``pairs``: reading.shape_pairs) gives the same product: the largest gap over the
+    products, as a fraction; None where there is none above 2 %."""
+    gaps = []
+    for label, ours, _ in pairs:  # (label, our Gop/s, numpy's): the products table's
+        wall = records.results(rec, "phase", label=label, phase="wall")
+        if wall and ours:
+            p = wall[0]["params"]
+            shape_ms = 2e-6 * p["M"] * p["K"] * p["N"] / ours
+            gaps.append(abs(records.median(wall[0]) / shape_ms - 1))
+    return max(gaps) if gaps and max(gaps) > 0.02 else None

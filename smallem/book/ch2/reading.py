@@ -15,7 +15,7 @@ from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, sweep_values as _swe
 from .order import order_values
 from .kernel import block_values, latency_values
 from .alone import NOISE, _plateau_of, alone_rows as _alone_rows  # noqa: F401
-from .phases import pack_a_expect, pack_b_expect
+from .phases import pack_a_expect, pack_b_expect, phase_gap as _phase_gap
 
 # what a value needs that a record made before rung 5 had blocks of its own lacks
 
@@ -765,7 +765,10 @@ def report(rec_dir) -> dict:
                         "phase's part of the time in the parallel region (each phase the mean "
                         "over the threads, the shares of their sum), which the call's own time "
                         "exceeds by the region's start and end: a phase's time is its share of "
-                        "that sum, not of the call.")
+                        "that sum, not of the call."
+                        + (f" The calls ran in a run of their own, after the products table's rounds: a "
+                           f"product's time per call here lies up to {figures.pct(gap, 2)} from the time "
+                           f"its rate there gives." if (gap := _phase_gap(rec, shape_pairs(rec))) else ""))
     r, v, kc = alone_rows(rec, rec_dir)
     values.update(v)
     figures.write_table("ch2_alone", r,

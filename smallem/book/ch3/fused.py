@@ -11,6 +11,14 @@ from .measuring import AT, FUSED, OP_GROUPS
 f = figures.fmt
 
 
+def _rounds_said(found: dict) -> str:
+    """How many paired rounds the kernels took (fewer than the climb's: each call is short,
+    and its samples are many calls), for the table's note."""
+    n = {len(r["seconds"].get("samples") or []) for r in found.values()} - {0}
+    return (f", in {min(n)} paired rounds (fewer than the climb's: a kernel's call is short, and "
+            f"each sample is many calls)" if len(n) == 1 else "")
+
+
 def fused_table(rec, rec_dir, rungs, values):
     found = {(r["params"]["op"], r["params"]["fused"]): r for r in records.results(rec, "fused_op")}
     if not found:
@@ -37,7 +45,8 @@ def fused_table(rec, rec_dir, rungs, values):
                             "fused: bytes / time", "ch. 1's triad where it fits",
                             "fused: predicted bound"],
         f"On the shapes of the {s['config']['name']} step ({s['batch_size']} x {s['seq_len']} "
-        f"tokens, d = {s['config']['d_model']}), {th} threads, the two versions timed in turn; "
+        f"tokens, d = {s['config']['d_model']}), {th} threads, the two versions timed in turn"
+        f"{_rounds_said(found)}; "
         f"bytes are the reads and writes the code names (a write-allocating cache reads each "
         f"written line first, so it moves more); the bound is those bytes at chapter 1's "
         f"triad bandwidth for the smallest level that holds them, a level holding a working "

@@ -14,6 +14,7 @@ from . import llama
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
 from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
 from .levels import attention_from, one_core_bytes, threshold_fork_join
+from .fresh import PROCESS_SPREAD, processes as _processes
 from .peers import _equal_cells, peer_rows
 from smallem.training.model import CONFIGS, get_config
 from .measuring import (FORK_JOIN_REPS, PROMPT, PROMPTS, RECORD, RECORD_QUALITY, SAMPLE, STUDY_LAYERS,
@@ -27,7 +28,6 @@ DRAM_SHARE = 0.8      # ... there, weight bytes per second against chapter 1's D
 PP_VS_LLAMA = 1.0     # prompt processing (the ladder's prompt) against llama.cpp's pp
 INT8_VS_F32 = 2.5     # int8 decode against our f32 decode, beyond the L3
 QUALITY = 0.01        # int8's validation bits per byte within 1 % of f32's
-PROCESS_SPREAD = 0.95 # the slowest of the fresh processes at least this share of the fastest
 
 
 def target_values() -> dict:
@@ -222,7 +222,7 @@ def _versus(r, base) -> str:
     if x < 2:
         return compare.versus(r, base)
     d = compare.difference(r, base)
-    return f(x) + "×" + (compare.note(d.note()) if d.rounds is not None else "")
+    return f(x) + "×" + (compare.note(d.note()) if d.rounds is not None else " (timed apart)")
 
 
 
@@ -241,8 +241,7 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.f32_ridges"] = (ch1.ridge_position(facts, 2 / 4, rec["settings"]["threads"])
                                 if facts else "n/a (no chapter-1 record)")
     c = s["config"]
-    # a parallel region a product and one an attention a block, and the head (forward.c)
-    values["ch4.ladder_regions"] = 5 * c["n_layer"] + 1
+    values["ch4.ladder_regions"] = 5 * c["n_layer"] + 1  # 4 products, 1 attention a block, the head
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
     r4 = _one(rec, "decode", rung=AT["threads"])
     r5 = _one(rec, "decode", rung=AT["prompt_path"])
@@ -303,6 +302,10 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.last_vs_top"] = compare.versus(rl, top) if top and rl and last != t else None
     if r0 and top:
         values["ch4.climb"] = _ratio(top, r0)
+    # the top picked by its median from rungs 4 and 5, which decode with the same code: whether
+    # the rounds tell the two apart
+    values["ch4.top_tied"] = (t in (AT["threads"], AT["prompt_path"])
+                              and values.get("ch4.rung5_vs_rung4_sign") == 0)
 
 
 def _peer_values(rec, values) -> None:
@@ -591,7 +594,9 @@ def _study_small(rec, facts, small, by, values) -> None:
         per = (5 * L + 1) * records.median(fj)
         values["ch4.regions"] = 5 * L + 1
         values["ch4.study_layers"] = L
-        values["ch4.sync_share"] = per * records.median(s2)
+        # against the one-core token, the time the team's share is decided against (the
+        # all-core token already holds the fork-joins it pays)
+        values["ch4.sync_share"] = per * records.median(s1)
         # all cores: one core's fixed cost per token (its measured time less its bytes at
         # their level's bandwidth: Python, the call, the sampling), plus the regions'
         # fork-joins, plus the bytes at the bandwidth of all cores
@@ -635,44 +640,6 @@ def _small_regions(rec, d: int, r) -> tuple[int, int | None]:
     positions = len(PROMPT) + r["params"].get("decoded",
                                               rec["settings"]["study"].get("decode_tokens", 0))
     return max(products, 8 * positions * d), r["params"].get("par_min_bytes")
-
-
-def _processes(rec, values) -> list[str]:
-    """The fresh processes (measuring.measure_processes): each one's median, the slowest
-    against the fastest round by round (the pair chosen by their medians, which leans the test
-    toward "not reached"), and whether every process took the same choices."""
-    rs = sorted(records.results(rec, "process_decode"), key=lambda r: r["params"]["process"])
-    st = rec["settings"].get("processes")
-    values["ch4.procs_missing"] = rec["settings"].get("missing", {}).get("fresh processes")
-    values["ch4.procs_measured"] = bool(rs) and st is not None
-    if not values["ch4.procs_measured"]:
-        return []
-    meds = [records.median(r) for r in rs]
-    slow, fast = rs[int(np.argmin(meds))], rs[int(np.argmax(meds))]
-    v = compare.against(slow, fast, PROCESS_SPREAD)
-    pm = sorted({r["params"]["par_min_bytes"] for r in rs})
-    values.update({"ch4.procs_n": len(rs), "ch4.procs_rounds": st["rounds"],
-                   "ch4.procs_timed": st["timed_per_turn"], "ch4.procs_config": st["config"],
-                   "ch4.procs_slowest": min(meds), "ch4.procs_fastest": max(meds),
-                   "ch4.procs_ratio": v.ratio, "ch4.procs_verdict": v.text(),
-                   "ch4.procs_same_choices": len(pm) == 1
-                   and len({r["params"]["ahead"] for r in rs}) == 1,
-                   "ch4.procs_par_min_kib": [b / 1024 for b in pm],
-                   # the widest spread of one process's rounds, over its median
-                   "ch4.procs_within": max((max(compare.per_round_rates(r))
-                                            - min(compare.per_round_rates(r))) / records.median(r)
-                                           for r in rs)})
-    rows = [[r["params"]["process"] + 1, f(r["params"]["par_min_bytes"] / 1024, "KiB"),
-             f(records.median(r), "tokens/s"),
-             f"{f(min(compare.per_round_rates(r)))} to {f(max(compare.per_round_rates(r)))}"]
-            for r in rs]
-    figures.write_table("ch4_processes", rows, ["process", "thread threshold", "median",
-                                                "rounds' range"],
-                        f"Rung 4's decoder of the {st['config']} model in {len(rs)} fresh "
-                        f"processes, {st['rounds']} rounds, the processes in turn; a round's "
-                        f"sample is the median of {st['timed_per_turn']} decodes after an "
-                        f"untimed one. {figures.machine_line(rec)}.")
-    return [f"the slowest of {len(rs)} fresh processes against the fastest: " + v.text()]
 
 
 def _quality(rec, values):
@@ -742,6 +709,7 @@ def report(rec_dir) -> dict:
     values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = None
     values["ch4.small_fixed_us"] = None
     values["ch4.top_rung"] = values["ch4.top_toks"] = values["ch4.last_rung"] = None
+    values["ch4.top_tied"] = False
     values["ch4.llama_reps"] = values["ch4.rung5_prompt_path"] = "n/a"
     for key in ("ch4.vs_llama_l3", "ch4.vs_llama_ladder", "ch4.pp_vs_llama", "ch4.vs_llama_big"):
         values[key] = NOT_MEASURED  # replaced below where llama.cpp was measured

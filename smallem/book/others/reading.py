@@ -148,7 +148,13 @@ PART_FIELDS = ("rest_largest", "rest_largest_share", "regions", "meeting_us", "f
 def _tile_values(rec) -> dict:
     """Whether the record's tiles took the rows' prefetch (older records: no), and the types
     its forward decoded through tiles."""
-    return {"others.record_tile_types": record_tile_types(rec),
+    from smallem.generating.forward import TILE_TYPE_NAMES
+
+    had = record_tile_types(rec)
+    return {"others.record_tile_types": had,
+            # the types the forward takes through tiles now that this record's did not
+            "others.tiles_predate": ([t for t in TILE_TYPE_NAMES if t not in had] or None)
+            if rec else None,
             "others.tiles_prefetch": bool((rec or {}).get("settings", {}).get("tiles_prefetch"))}
 
 
@@ -335,7 +341,7 @@ def _tiles(rec, facts) -> dict:
         rows.append([f"{p['model']} {p['type']}", f(records.median(r)),
                      f(records.median(mine)), *(f(dot[t], "GB/s") if dot[t] else "—"
                                                    for t in (False, True)),
-                     *(figures.pct(share(x), 2) if bw else "—" for x in (r, mine)),
+                     *(figures.pct(share(x), 3) if bw else "—" for x in (r, mine)),
                      _bare(compare.versus(mine, r))])
         if not values:
             values = {"others.tiles_measured": True, "others.tiles_file": f"{p['model']} {p['type']}",
@@ -523,15 +529,16 @@ def _above_bound(rec, facts) -> dict:
     if not facts:
         return none
     th, found = rec["settings"]["threads"], []
-    for shape, qtype in CASES:
-        ours = _one(rec, "decode", model=shape, type=qtype)
-        if ours is None:
-            continue
-        wb = ours["params"]["weight_bytes"]
-        level, bw = ch1.level_of(facts, wb, th, ch1.read_stream(facts))
-        ratio = records.median(ours) * wb / (bw * 1e9)
-        if ratio > 1:
-            found.append((f"{shape} {qtype}", ratio, wb, level))
+    for shape, qtype in CASES:  # the forward's decode, and the same decoder on the rows
+        for name, how in (("decode", ""), ("decode_rows", " on the file's rows")):
+            ours = _one(rec, name, model=shape, type=qtype)
+            if ours is None:
+                continue
+            wb = ours["params"]["weight_bytes"]
+            level, bw = ch1.level_of(facts, wb, th, ch1.read_stream(facts))
+            ratio = records.median(ours) * wb / (bw * 1e9)
+            if ratio > 1:
+                found.append((f"{shape} {qtype}{how}", ratio, wb, level))
     if not found:
         return none
     name, ratio, wb, level = max(found, key=lambda x: x[1])

@@ -21,7 +21,9 @@ KEYS = ("chunk", "scan_shape", "chunked_vs_step", "threaded_vs_step", "scan_targ
         "bpb_recurrent",
         "run_minutes", "run_config", "decode_shape", "decode_context", "l1_gbs", "l1_ms",
         "step_ms", "l1_bound_share", "bpb_gap", "bpb_gap_share", "bpb_leader",
-        "attn_first_share", "attn_last_share")
+        "attn_first_share", "attn_last_share", "steps_attention", "steps_recurrent",
+        "above_positions", "above_count", "above_of", "above_level", "above_inner", "above_inner_last_mib",
+        "above_inner_reported_mib")
 
 
 def _missing(note: str) -> dict:
@@ -154,7 +156,7 @@ def _decode(rec, facts) -> dict:
         f"{figures.machine_line(rec)}.")
     a0, a1 = runs[("modern", ps[0])], runs[("modern", ps[-1])]
     bytes_of = lambda r: r["params"]["weight_bytes"] + r["params"]["cache_bytes"]  # noqa: E731
-    return {"rec.decode_flat": compare.against(runs[("recurrent", ps[-1])],
+    return _above(runs, ps, facts, th, bytes_of) | {"rec.decode_flat": compare.against(runs[("recurrent", ps[-1])],
                                                runs[("recurrent", ps[0])], FLAT).text(),
             "rec.attn_fall": records.median(a1) / records.median(a0),
             "rec.attn_fall_predicted": (_bound(facts, bytes_of(a1), th) / _bound(facts, bytes_of(a0), th)
@@ -169,6 +171,33 @@ def _decode(rec, facts) -> dict:
             "rec.decode_threads": f"{th} thread{'s' * (th > 1)}"}
 
 
+def _above(runs, ps, facts, th: int, bytes_of) -> dict:
+    """The positions at which the attention model decoded faster than its bound, the most by
+    which it did, the level the bound took those bytes from, and the level before it: where
+    chapter 1's read-only plateau on these threads was last measured, and its size as the
+    operating system reports it (None where no position beat its bound)."""
+    keys = ("rec.above_positions", "rec.above_count", "rec.above_of", "rec.above_level", "rec.above_inner",
+            "rec.above_inner_last_mib", "rec.above_inner_reported_mib")
+    if not facts:
+        return dict.fromkeys(keys)
+    over = [(p, records.median(runs[("modern", p)]) / _bound(facts, bytes_of(runs[("modern", p)]), th))
+            for p in ps]
+    over = [(p, x) for p, x in over if x > 1]
+    if not over:
+        return dict.fromkeys(keys)
+    top = max(over, key=lambda o: o[1])
+    level, _ = ch1.level_of(facts, bytes_of(runs[("modern", top[0])]), th, ch1.read_stream(facts))
+    spans = facts[f"{ch1.read_stream(facts)}_spans"]
+    ext = spans[th if th in spans else max(spans)]
+    i = ch1.LEVELS.index(level)
+    inner = ch1.LEVELS[i - 1] if i > 0 else None
+    reported = (facts.get("caches") or {}).get(f"{inner}_bytes") if inner else None
+    return dict(zip(keys, (compare.listing([str(p) for p, _ in over], "none"), len(over), top[1],
+                           level, inner,
+                           ext[inner]["last"] / 2**20 if inner else None,
+                           reported / 2**20 if reported else None)))
+
+
 def _runs(rec) -> dict:
     runs = {r["params"]["block"]: r for r in records.results(rec, "run")}
     a, r = runs["modern"], runs["recurrent"]
@@ -178,6 +207,7 @@ def _runs(rec) -> dict:
             "rec.bpb_leader": ("recurrent" if bpb(r) < bpb(a) else "attention")
             if gap > BPB_TOL * max(bpb(a), bpb(r)) else None,
             "rec.bpb_tol": BPB_TOL, "rec.within": PREDICTED_WITHIN,
+            "rec.steps_attention": a["params"]["steps"], "rec.steps_recurrent": r["params"]["steps"],
             "rec.bpb_modern": f"{bpb(a):.3f} bits/byte after {a['params']['steps']} steps",
             "rec.bpb_recurrent": f"{bpb(r):.3f} bits/byte after {r['params']['steps']} steps",
             "rec.run_minutes": f"{60 * rec['settings']['run_minutes']:.0f} s",
