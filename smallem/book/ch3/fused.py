@@ -50,7 +50,8 @@ def fused_table(rec, rec_dir, rungs, values):
         f"bytes are the reads and writes the code names (a write-allocating cache reads each "
         f"written line first, so it moves more); the bound is those bytes at chapter 1's "
         f"triad bandwidth for the smallest level that holds them, a level holding a working "
-        f"set up to the largest size chapter 1 measured on its plateau. {CELL_TEST} "
+        f"set up to the largest size chapter 1 measured on its plateau. "
+        f"{CELL_TEST.replace('steps', 'versions').replace('a step can', 'a version can')} "
         f"{figures.machine_line(rec)}.")
     _fused_values(ops, facts, th, rec, values)
 
