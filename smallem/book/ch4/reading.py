@@ -122,6 +122,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     holds them; rung 0's prefix at the f32 peak), its prompt against its compute bound."""
     rows, prev = [], None
     values["ch4.gap_rungs"] = None  # the rungs whose bytes lie between a cache's plateau and DRAM's
+    values["ch4.near_above"], values["ch4.noise_margin"] = None, NOISE  # above by less than NOISE
     above = []  # (share, rung, level, data, level size) of decodes above their bound
     draws = []  # (level held, rung, threads, bytes a token reads, the rate it drew them at)
     for i, what in s["rungs"]:
@@ -166,6 +167,8 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                           f"({compare.size(data / 1024)} in {where})")
             if share > 1 + NOISE:
                 above.append((share, i, h["level"], data, h["size"]))
+            elif share > 1:
+                values["ch4.near_above"] = [*(values.get("ch4.near_above") or []), i]
         if h and data:
             draws.append((h, i, th, data, records.median(r) * data))
         if i == AT["prompt_path"] and p and p["params"].get("prefill_path") in PATHS:
@@ -722,7 +725,7 @@ def report(rec_dir) -> dict:
                 "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
                 "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from", "ch4.first_timed",
-                "ch4.threshold_fj_us",
+                "ch4.threshold_fj_us", "ch4.near_above", "ch4.noise_margin",
                 "ch4.f32_vs_llama_text", "ch4.llama_commit", "ch4.llama_sdist", "ch4.llama_isa",
                 "ch4.llama_safe_why", "ch4.threads", "ch4.torch_version", "ch4.torch_threads"):
         values.setdefault(key, None)
