@@ -576,7 +576,9 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
          # the top rung named: the reference's top is an f32 step, ours may be bf16
          + (f" ({values['ch3.climb_top']})" if values.get("ch3.climb_top") else ""),
          "—", gnm],
-        ["xl step's share of the f32 peak (our f32 kernels, rung 3 of the climb)",
+        ["xl step's share of the peak: the reference's final step over its CPU's f32 peak "
+         "(recomputed at this book's FLOPs, chapter 3), ours (the climb's f32 rung 3) over this "
+         "machine's, the reference GPU's as its text gives it (its peak unnamed there)",
          f"{100 * ref.CH3_XL_MFU_CPU:.0f} %",
          v("machines.step_share", "3-training.md#the-climb"),
          f"{100 * ref.CH3_XL_MFU_GPU:.0f} %", gnm],
