@@ -183,8 +183,9 @@ def _ahead(rec, facts=None) -> dict:
           if facts else None)  # the memory's rate the rates table takes, GB/s
     fastest = max(records.median(r) * wb / 1e9 for r in every)
     beyond = (f" Where a distance read faster than chapter 1's read-only stream ({f(bw, 'GB/s')}), "
-              "the memory gave more in these rounds than in chapter 1's run."
-              if bw and fastest > bw else "")
+              "part of the weights stayed in a cache between tokens or the memory gave more in "
+              "these rounds than in chapter 1's run (after the table of speeds, how much the "
+              "cache can explain)." if bw and fastest > bw else "")
     rows = [[_kib(r["params"]["ahead"]) + (" (the forward's distance)" if r is mine else ""),
              f(records.median(r)), f(records.median(r) * wb / 1e9),
              "—" if r is mine else _bare(compare.versus(r, mine))] for r in every]
