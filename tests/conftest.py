@@ -50,6 +50,24 @@ def level(request, monkeypatch):
 
 
 @pytest.fixture
+def amx_emulated(monkeypatch):
+    """On a CPU with AVX-512 but without AMX (a Zen 4 or 5), whose avx512 level runs natively
+    and so never on tiles: the avx512 build through SIMDe with emulate.h's tiles, for one
+    test. Skips where the CPU has AMX (the level fixture runs the real tiles), where it has
+    no AVX-512 (the level fixture's avx512-simde runs them) and where SIMDe is missing."""
+    if not isa.supported("avx512"):
+        pytest.skip("no AVX-512 here: the level fixture's avx512-simde runs the tiles")
+    if {"amx_int8", "amx_bf16"} & set(isa.extensions("avx512")):
+        pytest.skip("this CPU has AMX: the level fixture runs the real tiles")
+    if isa.emulation_unavailable():
+        pytest.skip(f"AVX-512 through SIMDe: {isa.emulation_unavailable()}")
+    monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
+    monkeypatch.setenv("SMALLEM_ISA", "avx512")
+    monkeypatch.setattr(isa, "emulating", lambda level="avx512": level == "avx512")
+    return "avx512"
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)
 

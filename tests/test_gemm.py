@@ -748,19 +748,11 @@ def test_matmul_bf16(ta, tb, level, rng):
 
 
 @pytest.mark.parametrize("ta", [False, True])
-def test_matmul_bf16_tiles_through_the_emulator_where_avx512_has_no_amx(ta, rng, monkeypatch):
+def test_matmul_bf16_tiles_through_the_emulator_where_avx512_has_no_amx(ta, rng, monkeypatch,
+                                                                        amx_emulated):
     """The AMX path on a CPU with AVX-512 but no AMX_BF16 (a Zen 4 or 5), which the level
     fixture runs natively and so never on tiles: built through SIMDe with emulate.h's tiles,
     every epilogue, whole and sliced blocks, shapes across each edge of the 32 x 32 tiles."""
-    if not isa.supported("avx512"):
-        pytest.skip("no AVX-512 here: the level fixture's avx512-simde runs the tiles")
-    if "amx_bf16" in isa.extensions("avx512"):
-        pytest.skip("this CPU has AMX_BF16: test_matmul_bf16 runs the real tiles")
-    if isa.emulation_unavailable():
-        pytest.skip(f"AVX-512 through SIMDe: {isa.emulation_unavailable()}")
-    monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
-    monkeypatch.setenv("SMALLEM_ISA", "avx512")
-    monkeypatch.setattr(isa, "emulating", lambda level="avx512": level == "avx512")
     # gemm keeps one build a level for the process: this test's own, put back after it
     monkeypatch.setattr(gemm, "_loaded", {})
     monkeypatch.setattr(gemm, "_bf16_paths",

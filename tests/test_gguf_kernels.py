@@ -492,22 +492,13 @@ def test_int8_gemm_against_float64(level, qtype, rng):
 
 
 @pytest.mark.parametrize("qtype", gguf_products.INT8_TYPES)
-def test_int8_gemm_tiles_through_the_emulator_where_avx512_has_no_amx(qtype, rng, monkeypatch):
+def test_int8_gemm_tiles_through_the_emulator_where_avx512_has_no_amx(qtype, rng, amx_emulated):
     """The tiles' path of the integer GEMM on a CPU with AVX-512 but no AMX_INT8 (a Zen 4 or
     5), which the level fixture runs natively and so never on tiles: built through SIMDe with
     emulate.h's tiles, against float64 on awkward shapes (rows past and short of the 32-row
     step and of a 16-row quarter, columns short of a 16-column quarter, one block and many),
     and against the vector kernel's own bits where that kernel makes one pass over the blocks
     (16 or fewer): both then sum the blocks in the same order."""
-    if not isa.supported("avx512"):
-        pytest.skip("no AVX-512 here: the level fixture's avx512-simde runs the tiles")
-    if "amx_int8" in isa.extensions("avx512"):
-        pytest.skip("this CPU has AMX_INT8: test_int8_gemm_against_float64 runs the real tiles")
-    if isa.emulation_unavailable():
-        pytest.skip(f"AVX-512 through SIMDe: {isa.emulation_unavailable()}")
-    monkeypatch.setenv(isa.EMULATE_ENV, "avx512")
-    monkeypatch.setenv("SMALLEM_ISA", "avx512")
-    monkeypatch.setattr(isa, "emulating", lambda level="avx512": level == "avx512")
     assert gguf_products.int8_amx("avx512")
     k1 = 256 if qtype.endswith("_K") else 32
     for rows, N, K, threads in [(1, 1, k1, 1), (17, 33, 2 * k1, 2), (45, 40, 3 * k1, 2),

@@ -267,12 +267,13 @@ def _int8_amx_predicted(facts, threads: int) -> dict:
     amx = facts["peak"].get(("amx_int8", threads)) if facts else None
     f32 = facts["peak"].get(("f32", threads)) if facts else None
     if not amx or not f32:
-        return none
+        return none | {"others.amx_block_vector": AMX_BLOCK_VECTOR}
     tile = AMX_PROBE_OPS / (amx * 1e9)                        # s a block, over the team
     vector = AMX_BLOCK_VECTOR / (f32 * 1e9 / (2 * F32_LANES))
     return {"others.amx_pred_lo": AMX_BLOCK_OPS / (tile + vector) / 1e9,
             "others.amx_pred_hi": AMX_BLOCK_OPS / max(tile, vector) / 1e9,
             "others.amx_probe": amx, "others.amx_f32_probe": f32,
+            "others.amx_block_vector": AMX_BLOCK_VECTOR,
             # one core's time a block: the team's time a block times its threads
             "others.amx_tile_ns": 1e9 * tile * threads, "others.amx_vector_ns": 1e9 * vector * threads}
 
