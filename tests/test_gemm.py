@@ -922,7 +922,9 @@ def test_the_page_has_one_peak_for_all_cores_and_one_for_one_core(name):
                                                    figures.fmt(one, "Gop/s"))
     assert rows[-1][1] == v["ch2.peak"] and v["ch2.peak_source"] == "chapter 1's record"
     pred = ch2.reading.predicted(rec, facts)
-    assert pred[4][0] == one and pred[5][0] == cores
+    # rung 5: all cores' peak, or its block of B's feed where that binds (test_predicted)
+    assert pred[4][0] == one and (pred[5][0] == cores
+                                  or pred[5][1].startswith("a sliver") and pred[5][0] < cores)
     a = ch2.alone_rows(rec, rec_dir)[1]
     alone = {t: records.value(rec, "alone", threads=t, b_in="L2") for t in (1, facts["cores"])}
     assert a["ch2.alone_one_of_peak"] == pytest.approx(alone[1] / one)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from smallem.book import ch1, figures, records
+from smallem.book import ch1, compare, figures, records
 from smallem.book.ch2 import reading as ch2r
 from smallem.book.ch3 import predicted as ch3p
 from smallem.book.ch3 import reading as ch3r
@@ -36,6 +36,45 @@ def test_every_gemm_rung_has_a_prediction(name, folder):
     assert all(pred[i][0] <= one * 1.0001 for i in range(5)), pred
     assert pred[5][0] == max(g for g, _ in pred.values())
     assert pred[0][0] < pred[1][0] <= pred[3][0]
+
+
+@pytest.mark.parametrize("name,folder", _dirs(), ids=[n for n, _ in _dirs()])
+def test_rung5_is_bound_by_the_feed_of_its_block_where_that_is_tighter(name, folder):
+    """Rung 5's block of B (K_C x N, 4 bytes a float) is shared: every core reads all of it.
+    Where it is larger than one core's L2 plateau in chapter 1, the level that holds it must
+    feed 2/M_R + 4/K_C bytes an operation; on all cores at that level's measured rate, that
+    is rung 5's bound where it is below all cores' peak. A bound the rung beats by more
+    than the noise would be a wrong bound."""
+    rec, facts = records.load("ch2.gemm", folder), ch1.facts(folder)
+    s, pred = rec["settings"], ch2r.predicted(rec, facts)
+    cores = facts["peak"][("f32", facts["cores"])]
+    rows5 = s.get("blocks_rows")
+    if not rows5:
+        assert pred[5][0] == cores
+        return
+    stream = ch1.read_stream(facts)
+    block = 4 * rows5["kc"] * min(rows5["nc"], s["n_ladder"])
+    one_core = facts[f"{stream}_spans"][1]
+    beyond = block > one_core["L2"]["last"]
+    ext = facts[f"{stream}_spans"]
+    level = "L3" if block <= one_core["L3"]["last"] else "DRAM"
+    fed = ext[facts["cores"]][level]["bw"] / (2 / s["mr"] + 4 / rows5["kc"])
+    if beyond and fed < cores:
+        assert pred[5] == (pytest.approx(fed), f"a sliver of B per tile from {level}")
+    else:
+        assert pred[5] == (cores, f"{facts['cores']} cores' peak")
+    measured = records.value(rec, "rung", rung=5, M=s["n_ladder"])
+    assert measured <= pred[5][0] * (1 + compare.SWEEP_NOISE), (measured, pred[5])
+
+
+def test_the_xeons_row_order_is_fed_from_their_l3():
+    """The two Xeon captures (a 3.3 MB block of B against L2 plateaus of 1 MB a core, an L3
+    read at 29-58 GB/s): rung 5's bound is the L3's feed, below the two cores' peak; the AMD
+    captures' L3 feeds the row order faster than their cores compute."""
+    got = {n: ch2r.predicted(records.load("ch2.gemm", d), ch1.facts(d))[5][1]
+           for n, d in _dirs() if n != "book"}
+    assert got["intel-xeon-gnr-2c"] == got["intel-xeon-emr-2c"] == "a sliver of B per tile from L3"
+    assert got["amd-zen4-2c"] == "2 cores' peak"
 
 
 def test_every_climb_rung_has_a_prediction(tmp_path, monkeypatch):

@@ -84,8 +84,7 @@ def l2_ways_for_a(ways: int) -> int:
     what the hardware prefetchers bring in ahead of those streams; half leaves room for
     them. `smallem gemm` sweeps MC (table ch2_mc): on the 2-core Zen 3 this was written
     on, blocks from a quarter to three quarters of the L2 came within a few percent of
-    each other, less than the noise between two runs.
-    """
+    each other, less than the noise between two runs."""
     return max(1, ways // 2)
 
 
@@ -96,8 +95,7 @@ def l1_ways_for_b(ways: int) -> int:
     reuses it. A's sliver (MR x KC) and C's tile are read once per tile, so they only
     stream through, and two ways are enough for lines in flight. Low et al. keep A's
     sliver resident too, which caps KC lower; a larger KC means fewer passes over C
-    (K / KC of them, each reading and writing all of C).
-    """
+    (K / KC of them, each reading and writing all of C)."""
     return max(1, ways - 2)
 
 
@@ -183,6 +181,11 @@ ORDER_ENV = "SMALLEM_GEMM_ORDER"
 HEADROOM = 0.5  # the share of a level's measured bandwidth one stream of the kernel counts on
 
 
+def rows_bytes_per_op(mr: int, kc: int) -> float:
+    """The row order's bytes an operation from where its block of B lies (:func:`loop_order`)."""
+    return 2 / mr + 4 / kc
+
+
 def loop_order(mr: int, nr: int, feeds: dict, geometry: dict | None = None,
                threads: int = 1) -> tuple[str, dict]:
     """The order of the tiles, from the caches and from what they can feed, and why.
@@ -201,13 +204,10 @@ def loop_order(mr: int, nr: int, feeds: dict, geometry: dict | None = None,
 
     ``feeds``: ``f32_gops_core`` (one core's FMA rate) and ``l3_gbs_core`` (each core's
     share of the L3's triad bandwidth with every core reading), as :func:`feeds`
-    measures them or chapter 1 recorded them.
-    """
-    rows = block_sizes(mr, nr, geometry, threads, rung5=True)
-    need = feeds["f32_gops_core"] * (2 / mr + 4 / rows["kc"])  # GB/s from L3, at the peak
-    have = feeds["l3_gbs_core"]
-    why = {"need_gbs": need, "have_gbs": have, "headroom": HEADROOM,
-           "bytes_per_op": 2 / mr + 4 / rows["kc"]}
+    measures them or chapter 1 recorded them."""
+    per_op = rows_bytes_per_op(mr, block_sizes(mr, nr, geometry, threads, rung5=True)["kc"])
+    need, have = feeds["f32_gops_core"] * per_op, feeds["l3_gbs_core"]  # GB/s from L3
+    why = {"need_gbs": need, "have_gbs": have, "headroom": HEADROOM, "bytes_per_op": per_op}
     return ("rows" if need <= HEADROOM * have else "columns"), why
 
 

@@ -23,7 +23,7 @@ from .measuring import (RECORD, RECORDS, PEAK_KINDS, AMX_KINDS, DOT_INSTRUCTION,
                        poorly_scaled, slow_one_thread, measure_peaks,
                        stream_sizes, measure_numpy_copy, measure_naive_gemm, run)  # noqa: F401
 from .reading import (LEVELS, DISTINCT, STAIR_KERNELS, level_sizes, plateaus, spans, staircase_close, facts,
-                     summary, theory, record_identity, hw_values, level_of, read_stream, ridges,
+                     summary, theory, record_identity, hw_values, level_of, read_stream, read_stream_name, ridges,
                      ridge_position, staircase_distinct,
                      column_lines_held, naive_gemm_intensity, roofline_figure,
                      staircase_figure, table_rows, table_markdown, narrow_paths,

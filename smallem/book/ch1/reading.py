@@ -136,6 +136,15 @@ def read_stream(facts: dict) -> str:
     return "read" if "read_spans" in facts else "triad"
 
 
+STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}  # for prose
+
+
+def read_stream_name(facts) -> str:
+    """:func:`read_stream` for prose: "read-only stream", or "triad" in a record from before
+    it (the read-only stream's name where there are no facts at all)."""
+    return STREAM_NAMES[read_stream(facts)] if facts else STREAM_NAMES["read"]
+
+
 def level_of(facts: dict, nbytes: float, threads: int,
              stream: str = "triad") -> tuple[str, float]:
     """(the level of the measured staircase that holds a working set of ``nbytes`` on

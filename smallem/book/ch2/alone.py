@@ -12,10 +12,11 @@ NOISE = compare.SWEEP_NOISE  # a rate this far from its model is off it, not wit
 def _big_set_values(facts: dict | None, by: dict, l3_kib: float, cores: int) -> dict:
     """Where the larger set of slivers sits on chapter 1's one-core staircase (in a plateau,
     or in the gap before DRAM's), and the kernel alone from L2 against the page's peaks."""
-    values: dict = {}
+    values: dict = {"ch2.alone_stream": ch1.read_stream_name(facts)}
     if facts is not None:
         lv, also = _plateau_of(facts, l3_kib * 1024, 1)
-        span = facts["triad_spans"][1 if 1 in facts["triad_spans"] else max(facts["triad_spans"])]
+        ext = facts[f"{ch1.read_stream(facts)}_spans"]
+        span = ext[1 if 1 in ext else max(ext)]
         bw = span[lv]["bw"]
         end = span[lv]["last"] if lv != "DRAM" else None
         values.update({"ch2.alone_big_level": lv, "ch2.alone_big_level_gbs": bw,
@@ -41,12 +42,15 @@ def _big_set_values(facts: dict | None, by: dict, l3_kib: float, cores: int) -> 
 
 
 def _plateau_of(facts: dict, nbytes: float, threads: int) -> tuple[str, str | None]:
-    """Where a working set of ``nbytes`` on ``threads`` threads sits on chapter 1's triad
-    staircase: (its level, None) inside a plateau, or (the last cache's level, "DRAM") in the
-    gap between that cache's last point and the first point of DRAM's plateau, where chapter 1
-    measured no size and the data comes from both in shares its records do not give."""
-    lv, _ = ch1.level_of(facts, nbytes, threads)
-    ext = facts["triad_spans"]
+    """Where a working set of ``nbytes`` on ``threads`` threads sits on chapter 1's staircase
+    of the stream that only reads (the kernel only reads its B slivers; the triad in a record
+    from before that stream): (its level, None) inside a plateau, or (the last cache's level,
+    "DRAM") in the gap between that cache's last point and the first point of DRAM's
+    plateau, where chapter 1 measured no size and the data comes from both in shares its
+    records do not give."""
+    stream = ch1.read_stream(facts)
+    lv, _ = ch1.level_of(facts, nbytes, threads, stream)
+    ext = facts[f"{stream}_spans"]
     th = threads if threads in ext else max(ext)
     first = ext[th]["DRAM"]["first"]
     caches = [c for c in ("L1", "L2", "L3") if ext[th][c]["bw"] == ext[th][c]["bw"]]

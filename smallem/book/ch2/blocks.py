@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from smallem.product import gemm
 from smallem.product.gemm import equal_slices
 from .. import ch1, compare, figures, records
 
@@ -146,3 +147,21 @@ def b_packed_whole(rec: dict, N: int, K: int) -> bool | None:
     if not b or not nr:
         return None
     return K > b["kc"] and 2 * K * (-(-N // nr) * nr) <= b["kc"] * b["nc"]
+
+
+def rows_fed(s: dict, facts: dict, stream: str) -> tuple[float, str] | None:
+    """Rung 5's feed where its block of B lies beyond a core's L2: every core reads all of
+    the shared block, so the level is the one that holds it on one core's staircase; the
+    row order asks it for :func:`gemm.rows_bytes_per_op` bytes an operation, at the rate
+    chapter 1 measured from that level with every core reading. None where the block sits
+    in the L2 or closer, or the record predates rung 5's blocks."""
+    rows5, n = s.get("blocks_rows"), s["n_ladder"]
+    if not rows5:
+        return None
+    block = 4 * rows5["kc"] * min(rows5["nc"], n)
+    lv, _ = ch1.level_of(facts, block, 1, stream)
+    if lv in ("L1", "L2"):
+        return None
+    ext = facts[f"{stream}_spans"]
+    bw = ext[facts["cores"] if facts["cores"] in ext else max(ext)][lv]["bw"]
+    return bw / gemm.rows_bytes_per_op(s["mr"], rows5["kc"]), f"a sliver of B per tile from {lv}"

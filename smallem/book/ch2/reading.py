@@ -11,7 +11,7 @@ from .. import ch1, compare, figures, records, reference
 from .measuring import RECORD, model_shapes
 from .bf16 import DTYPE_HEADER, amx_ladder, amx_values, bf16_elsewhere, dtype_rows, native_values
 from .diffs import RUNG_SECTIONS, snippet, write_rung_diffs  # noqa: F401 (the page's)
-from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, sweep_values as _sweep_values
+from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, rows_fed, sweep_values as _sweep_values
 from .order import order_values
 from .kernel import block_values, latency_values
 from .alone import NOISE, _plateau_of, alone_rows as _alone_rows  # noqa: F401
@@ -183,9 +183,8 @@ def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
       vector FMA, at one store a cycle;
     - rung 3: the micro-kernel's FMAs against its loads (M_R broadcasts and N_R / V vectors
       per step, two loads a cycle): one core's measured peak unless the loads bind;
-    - rung 4: one core's measured peak; rung 5: all cores' measured peak, the page's one
-      peak (:func:`_peak`).
-    """
+    - rung 4: one core's measured peak; rung 5: all cores' (:func:`_peak`), or the feed of its
+      block of B where that binds first (:func:`.blocks.rows_fed`)."""
     if facts is None:
         return {}
     s = rec["settings"]
@@ -217,7 +216,7 @@ def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
     share = min(1.0, (fmas / FMA_PIPES) / (loads / 2))
     out[3] = (one * share, "one core's peak" if share == 1 else "the micro-kernel's loads")
     out[4] = (one, "one core's peak")
-    out[5] = (cores, f"{facts['cores']} cores' peak")
+    out[5] = min((cores, f"{facts['cores']} cores' peak"), rows_fed(s, facts, stream) or (math.inf, ""))
     return out
 
 
@@ -291,6 +290,7 @@ def _prediction_values(rec: dict, n: int, pred: dict) -> dict:
     values = {f"ch2.rung{i}_of_predicted": ratio.get(i) for i in range(len(LADDER))}
     values["ch2.has_predictions"] = bool(pred)
     values["ch2.rung0_by_chain"] = bool(pred) and pred[0][1].startswith("one FMA per")
+    values["ch2.rung5_fed"] = bool(pred) and pred[5][1].startswith("a sliver")
     above = [i for i in sorted(ratio) if ratio[i] > 1 + NOISE]
     values["ch2.any_above_model"] = bool(above)
     values["ch2.rung2_above_model"] = 2 in above  # typed: rung 2's prose then says so

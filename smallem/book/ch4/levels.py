@@ -10,14 +10,9 @@ from .. import ch1
 from .balance import AT, _one
 
 
-STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
-
-
-def stream_name(facts) -> str:
-    """What the decode bounds are read from, for prose: chapter 1's read-only stream (a
-    decoder reads its weights and writes almost nothing), or, in a record from before it,
-    the triad."""
-    return STREAM_NAMES[ch1.read_stream(facts)] if facts else STREAM_NAMES["read"]
+# What the decode bounds are read from, for prose: chapter 1's read-only stream (a decoder
+# reads its weights and writes almost nothing), or, in a record from before it, the triad.
+stream_name = ch1.read_stream_name
 
 
 def _l3_end(facts) -> float:

@@ -12,7 +12,7 @@ from smallem.generating import decode, quant
 from .. import ch1, compare, figures, records, reference
 from . import llama
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
-from .levels import STREAM_NAMES, _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
+from .levels import _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
 from .levels import attention_from, one_core_bytes, threshold_fork_join
 from .fresh import PROCESS_SPREAD, processes as _processes
 from .peers import _equal_cells, peer_rows

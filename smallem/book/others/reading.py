@@ -36,7 +36,6 @@ def slug(shape: str, qtype: str) -> str:
 
 # what the page calls the stream a decode bound is read at (chapter 1's read-only stream where
 # its record has it: a decoder reads its weights and writes little; else the triad)
-STREAM_NAMES = {"read": "read-only stream", "triad": "triad"}
 
 
 def fields(shape: str) -> tuple[str, ...]:
@@ -240,7 +239,7 @@ def types_table(facts, weights: int | None = None, threads: int | None = None):
         rows.append(row)
     note = ("Bytes per weight are the formats' (ggml's block layouts). "
             + (f"The bounds: {f(weights / 1e6)} million weights read per token at chapter 1's "
-               f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth, on {th} threads, of the level "
+               f"{ch1.read_stream_name(facts)} bandwidth, on {th} threads, of the level "
                f"whose plateau still ran at that many bytes."
                if facts and weights else
                "No bounds: chapter 1's record is not here." if not facts else
@@ -517,7 +516,7 @@ def _speed_table(rec, facts, rows: list) -> None:
         f"Tokens/s, medians of {s['rounds']} rounds in turn; decode: {s['feed']} tokens after "
         f"{s['prompt']} cached; {s['threads']} threads. "
         + (f"The bound: the bytes a token reads over chapter 1's "
-           f"{STREAM_NAMES[ch1.read_stream(facts)]} bandwidth of the level that holds them. "
+           f"{ch1.read_stream_name(facts)} bandwidth of the level that holds them. "
            if facts else "No bound on decoding: chapter 1's record is not here. ")
         + f"The prompt bound: the prompt's own GEMM (the integer GEMM on Q8_0 blocks where "
         f"the prompt takes int8, chapter 2's float GEMM otherwise) "
