@@ -119,6 +119,14 @@ if "mr" in _s:  # the record's own model, which chapter 2's tables ran: tile, bl
 values = ch2.report(records.records_dir())
 print(figures.plain(f"final rung: {values['ch2.final_gops']} = {values['ch2.final_pct_peak']} of "
                     f"the peak, {values['ch2.final_vs_numpy']} of numpy"))
+if values.get("ch2.numpy_runs_differ"):  # the chapter's caveat: numpy's two runs disagree
+    print(figures.plain(f"numpy ran at {figures.fmt(values['ch2.ladder_numpy_gops'], 'Gop/s')} in the "
+                        f"ladder's rounds and {figures.fmt(values['ch2.sweep_numpy_gops'], 'Gop/s')} in "
+                        f"the size sweep's, at the same size: the ratio above rests on the first"))
+if values.get("ch2.any_above_model"):  # a bound beaten: which assumption failed (chapter 2)
+    print(f"{values['ch2.above_model']} ran above its model by more than the noise: the model "
+          f"charges each rung's data to one level of the staircase, and part of it sat in a "
+          f"closer one")
 
 # %% [markdown]
 # ## The ladder

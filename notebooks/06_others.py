@@ -106,7 +106,7 @@ for k in ("qwen25_q8_0", "qwen25_q4_k_m", "smollm2_q4_0"):
 # A Q8_0, Q4_0 or Q5_0 matrix repacked once into chapter 4's tiles (the 4- and 5-bit types
 # keep their nibbles) gives the same products as its rows (the same integers and scales,
 # another order of float additions); the decoder streams the tiles. (Q4_K has tiles too, on
-# its rows' activation, but its K must be a multiple of 256, wider than this file's.) Both
+# its rows' activation; this cell checks the three above, and the tests check Q4_K's.) Both
 # layouts, timed in the same rounds.
 
 # %%

@@ -15,8 +15,9 @@
  * decode block reads them once, front to back: 8 accumulators of 16 lanes where there are 32
  * vector registers; where there are 16 (AVX2), 16 ymm halves, which the compiler keeps in
  * L1 between their uses. A block of 2 tiles read 2 lines of every 8 and came back three
- * times for the rest (on a Zen 3, a Q8_0 file decoded 40 % slower through the tiles than
- * on its rows; so did 2 tiles a pass over each block's lines: the lines must come in order). */
+ * times for the rest (on a Zen 3, a Q8_0 file decoded through the tiles at half the speed of
+ * its rows; 2 tiles a pass over each block's lines, 0.86 of it; a whole group, 1.09: the lines
+ * must come in order). */
 #define DNT 8
 
 int sm_rows(void) { return TILE_ROWS; }

@@ -127,6 +127,7 @@ def summary(rec: dict) -> dict:
     out["dram_moved_vs_numpy"] = stairs[1]["DRAM"] * 32 / 24 / out["numpy_copy"]
     out["f32_fraction_of_theory"] = out["peak"][("f32", cores)] / out["theory"]["gops_all"]
     out["naive_below_peak"] = out["peak"][("f32", cores)] / out["naive_gops"]
+    out["naive_below_core"] = out["peak"][("f32", 1)] / out["naive_gops"]  # it runs on one core
     return out
 
 
@@ -354,6 +355,7 @@ def _values(rec: dict, sm: dict) -> dict:
         "ch1.naive_n": str(n),
         "ch1.naive_gops": f(sm["naive_gops"], "Gop/s"),
         "ch1.naive_below_peak": f(sm["naive_below_peak"]),
+        "ch1.naive_below_core": f(sm["naive_below_core"]),
         "ch1.naive_ai": f(naive_gemm_intensity(n), "op/byte"),
         "ch1.naive_stride": f"{4 * n // KiB} KiB" if 4 * n >= KiB else f"{4 * n} bytes",
         "ch1.numpy_copy": f(sm["numpy_copy"], "GB/s"),

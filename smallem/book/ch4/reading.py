@@ -81,8 +81,23 @@ def _prompt_bound(facts, p, rung: int, weights: int, amx: bool = False):
     if not peaks:
         return None
     peak = peaks.get(th, peaks[max(peaks)])
-    what = "AMX int8 tile" if kind == "amx_int8" else kind
+    # chapter 1's probes: the int8 dot product's (vpdpbusd, or what stands in for it), or AMX's
+    what = {"amx_int8": "AMX int8 tile", "int8": "int8 dot"}.get(kind, kind)
     return peak * 1e9 / (2 * weights), f"{what} peak on {th} thread{'s' if th > 1 else ''}"
+
+
+def _int8_ceiling_note(facts, rung: int, threads: int, weights: int, bound: float,
+                       values: dict) -> str:
+    """Where chapter 1's int8 dot peak on ``threads`` allows an int8 rung's decode fewer
+    tokens/s (two operations a weight) than its bandwidth ``bound``: the cell's clause that
+    says so, and the rung noted in ``ch4.int8_peak_binds``; else ""."""
+    peak = facts["peak"].get(("int8", threads)) if facts and weights and rung >= AT["int8"] else None
+    ceil = peak * 1e9 / (2 * weights) if peak else None
+    if not ceil or ceil >= bound:
+        return ""
+    values["ch4.int8_peak_binds"] = [*(values.get("ch4.int8_peak_binds") or []), rung]
+    return (f"; the int8 dot peak on {figures.plural(threads, 'thread')} allows "
+            f"{figures.fmt(ceil, 'tokens/s')}")
 
 
 def _ratio(a, b) -> float:
@@ -122,6 +137,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
     holds them; rung 0's prefix at the f32 peak), its prompt against its compute bound."""
     rows, prev = [], None
     values["ch4.gap_rungs"] = None  # the rungs whose bytes lie between a cache's plateau and DRAM's
+    values["ch4.int8_peak_binds"] = None  # the int8 rungs whose arithmetic allows less than the bytes
     values["ch4.near_above"], values["ch4.noise_margin"] = None, NOISE  # above by less than NOISE
     above = []  # (share, rung, level, data, level size) of decodes above their bound
     draws = []  # (level held, rung, threads, bytes a token reads, the rate it drew them at)
@@ -159,12 +175,14 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                           f"{compare.size(h['gap_first'] / 1024)})")
             values["ch4.gap_rungs"] = values.get("ch4.gap_rungs") or []
             values["ch4.gap_rungs"].append(i)
+            bound_cell += _int8_ceiling_note(facts, i, th, weights, h["bw"] / data, values)
         elif h:
             where = (f"{h['level']}, whose plateau in chapter 1's {stream_name(facts)} on "
                      f"{figures.plural(th, 'thread')} ends at {compare.size(h['size'] / 1024)}"
                      if h["level"] != "DRAM" else "DRAM")
             bound_cell = (f"{f(h['bw'] / data, 'tokens/s')}: {100 * share:.0f} % of it "
                           f"({compare.size(data / 1024)} in {where})")
+            bound_cell += _int8_ceiling_note(facts, i, th, weights, h["bw"] / data, values)
             if share > 1 + NOISE:
                 above.append((share, i, h["level"], data, h["size"]))
             elif share > 1:
@@ -391,6 +409,7 @@ def _targets(rec, values, rec_dir=None):
     # None without chapter 1's record; "DRAM" between the L3's plateau and DRAM's (not in the L3)
     level = ("DRAM" if held["gap_bw"] else held["level"]) if held else None
     values["ch4.ladder_level"] = level
+    values["ch4.ladder_gap"] = bool(held and held["gap_bw"])  # past the L3's plateau, short of DRAM's
     values["ch4.ladder_in_l3"] = level == "L3"
     if ours and q8:
         x = _ratio(ours, q8)
@@ -414,7 +433,7 @@ def _targets(rec, values, rec_dir=None):
         x = _ratio(pp, lpp)
         values["ch4.pp_vs_llama"] = f"{f(x)} times"
         out.append(f"prompt of {rec['settings']['ladder']['prefill_tokens']} tokens (rung {pr}'s, "
-                   f"the fastest) against llama.cpp's pp: " + _verdict(pp, lpp, PP_VS_LLAMA))
+                   f"the fastest of the int8 rungs) against llama.cpp's Q8_0 pp: " + _verdict(pp, lpp, PP_VS_LLAMA))
     return out
 
 
@@ -707,6 +726,7 @@ def report(rec_dir) -> dict:
                    "ch4.prompts": str(len(PROMPTS)),
                    "ch4.sample_settings": f"temperature {SAMPLE['temperature']:g}, seed {SAMPLE['seed']}"})
     values["ch4.ladder_level"] = None  # the level that holds the ladder's model's weights
+    values["ch4.ladder_gap"] = False
     values["ch4.l3_params"] = "not measured"
     values["ch4.l3_llama_measured"] = False  # llama.cpp beside the L3 target's model
     values["ch4.small_predicted"] = values["ch4.small_of_predicted"] = None
@@ -722,7 +742,7 @@ def report(rec_dir) -> dict:
                 "ch4.fork_join_us", "ch4.regions", "ch4.study_layers", "ch4.ladder_regions", "ch4.sync_share", "ch4.above_rung", "ch4.llama_f32_share",
                 "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
                 "ch4.above_others",
-                "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.l2_end_mib", "ch4.rung0_prefix",
+                "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.int8_peak_binds", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
                 "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from", "ch4.first_timed",
                 "ch4.threshold_fj_us", "ch4.near_above", "ch4.noise_margin",

@@ -275,6 +275,8 @@ def _ch4_numbers(rec_dir: Path, facts: dict, values: dict | None = None) -> dict
             toks = records.median(r)
             out.update({"gen_top": toks, "gen_rung": rung, "gen_read_gbs": h["bw"] / 1e9,
                         "gen_level": h["level"], "gen_share": toks * data / h["bw"]})
+            if h.get("gap_bw"):  # past the cache's plateau, short of DRAM's: both, as chapter 4
+                out["gen_dram_share"] = toks * data / h["gap_bw"]
     return out
 
 
@@ -321,7 +323,7 @@ def _cells(nums: dict) -> dict:
         out["machines.f32_all"] = f(nums["f32_all"], "Gop/s")
         out["machines.fma_table"] = (f"{nums['pipes']} × {nums['pipe_bits']} bits ({nums['core']})"
                                      if nums.get("pipes") else "not in the table"
-                                     if nums["identified"] else "the record names no vendor")
+                                     if nums["identified"] else "the record predates its vendor and model fields")
         out["machines.fma_measured"] = (f"{nums['fmas']} × {nums['vector_bits']}-bit "
                                         f"({nums['lanes']} f32 lanes)")
         out["machines.clock"] = f(nums["clock"], "GHz")
@@ -345,7 +347,8 @@ def _cells(nums: dict) -> dict:
             out[f"machines.{key}"] = figures.pct(nums[key]) + (
                 "" if shown else f" of {f(nums[peak], 'Gop/s')} ({PEAK_FROM.get(source, source)})")
     if "gen_share" in nums:
-        out["machines.gen_share"] = f"{figures.pct(nums['gen_share'])} ({nums['gen_level']})"
+        out["machines.gen_share"] = f"{figures.pct(nums['gen_share'])} ({nums['gen_level']})" + (
+            f", {figures.pct(nums['gen_dram_share'])} (DRAM)" if "gen_dram_share" in nums else "")
     return out
 
 
@@ -592,7 +595,8 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
          f"{v('ch4.rung0_toks', '4-generation.md#the-ladder')} → "
          f"{v(top, '4-generation.md#the-ladder')}",
          f"{f(ref.CH4_GEN_GPU_TOKS, 'tokens/s')}", gnm],
-        ["prompt against llama.cpp (chapter 4's model)", "not published",
+        ["the prompt, our fastest int8 rung's tokens/s over llama.cpp's on the same "
+         "Q8_0 file and threads (chapter 4's model; its build: chapter 4)", "not published",
          v("ch4.pp_vs_llama", "4-generation.md#llamacpp-and-pytorch-beside-us"), "—", gnm],
         ["a training run on a one-minute budget (f32), tokens/s (bits per byte)", "not published",
          v('ch3.s_tokens_per_s', '3-training.md#a-real-run')
