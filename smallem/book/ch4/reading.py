@@ -87,17 +87,19 @@ def _prompt_bound(facts, p, rung: int, weights: int, amx: bool = False):
 
 
 def _int8_ceiling_note(facts, rung: int, threads: int, weights: int, bound: float,
-                       values: dict) -> str:
+                       values: dict, lower: float | None = None) -> str:
     """Where chapter 1's int8 dot peak on ``threads`` allows an int8 rung's decode fewer
     tokens/s (two operations a weight) than its bandwidth ``bound``: the cell's clause that
-    says so, and the rung noted in ``ch4.int8_peak_binds``; else ""."""
+    says so, and, where it is below the ``lower`` bound too (a rung between two levels: their
+    lower one), the rung noted in ``ch4.int8_peak_binds``; else ""."""
     peak = facts["peak"].get(("int8", threads)) if facts and weights and rung >= AT["int8"] else None
     ceil = peak * 1e9 / (2 * weights) if peak else None
     if not ceil or ceil >= bound:
         return ""
-    values["ch4.int8_peak_binds"] = [*(values.get("ch4.int8_peak_binds") or []), rung]
+    if lower is None or ceil < lower:
+        values["ch4.int8_peak_binds"] = [*(values.get("ch4.int8_peak_binds") or []), rung]
     return (f"; the int8 dot peak on {figures.plural(threads, 'thread')} allows "
-            f"{figures.fmt(ceil, 'tokens/s')}")
+            f"{figures.fmt(ceil, 'tokens/s')}" + (", less than the first" if lower else ""))
 
 
 def _ratio(a, b) -> float:
@@ -173,9 +175,8 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
                           f"on {figures.plural(th, 'thread')}, which ends at "
                           f"{compare.size(h['size'] / 1024)}, short of DRAM's, which starts at "
                           f"{compare.size(h['gap_first'] / 1024)})")
-            values["ch4.gap_rungs"] = values.get("ch4.gap_rungs") or []
-            values["ch4.gap_rungs"].append(i)
-            bound_cell += _int8_ceiling_note(facts, i, th, weights, h["bw"] / data, values)
+            values["ch4.gap_rungs"] = [*(values.get("ch4.gap_rungs") or []), i]
+            bound_cell += _int8_ceiling_note(facts, i, th, weights, h["bw"] / data, values, h["gap_bw"] / data)
         elif h:
             where = (f"{h['level']}, whose plateau in chapter 1's {stream_name(facts)} on "
                      f"{figures.plural(th, 'thread')} ends at {compare.size(h['size'] / 1024)}"

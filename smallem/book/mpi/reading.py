@@ -8,7 +8,7 @@ from .measuring import AVERAGE_EVERY, LINKS_GBIT, MACHINES, RECORD
 
 f = figures.fmt
 NOT_MEASURED = "not measured here (no MPI: `pip install -e '.[mpi]'`)"
-KEYS = ("mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", "mpi.ratio",
+KEYS = ("mpi.run_slower", "mpi.config", "mpi.batch", "mpi.ranks", "mpi.one_tps", "mpi.ranks_tps", "mpi.ratio",
         "mpi.rounds", "mpi.verdict", "mpi.outcome", "mpi.comm_ms", "mpi.comm_share", "mpi.mb_per_step", "mpi.grad_mb",
         "mpi.curve_steps", "mpi.curve_tokens", "mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100",
         "mpi.model_16_10", "mpi.model_16_100", "mpi.model_eff_16_10", "mpi.comm_gbs",
@@ -162,6 +162,9 @@ def report(rec_dir=None) -> dict:
         "mpi.model_eff_16_10": f"{100 * m16[low] / (top * one['value']['median']):.0f} %",
     }
     values.update(_beside_chapter3(s, rec_dir))
+    # typed: chapter 3's real run slower than this chapter's one-process step (None: no run)
+    values["mpi.run_slower"] = (values["mpi.run_tps"] < records.median(one)
+                                if values["mpi.run_tps"] is not None else None)
     for k, key in zip(AVERAGE_EVERY, ("mpi.bpb_k1", "mpi.bpb_k10", "mpi.bpb_k100")):
         values[key] = f"{last[k][1]:.3f}" if k in last else "n/a"
     assert set(values) == set(KEYS)
