@@ -102,8 +102,9 @@ def test_loop_order_and_blocks_are_what_the_machine_chose(name):
     assert order == expected[name], why
     if "order" in s:  # recorded with today's model: the same choice, the same blocks
         assert order == s["order"]
-        rows = gemm.block_sizes(mr, nr, geometry, m.cores, rung5=True)
-        cols = gemm.block_sizes(mr, nr, geometry, m.cores)
+        reach = s.get("blocks_reach")  # None: recorded before B's block was kept in the reach
+        rows = gemm.block_sizes(mr, nr, geometry, m.cores, rung5=True, reach=reach)
+        cols = gemm.block_sizes(mr, nr, geometry, m.cores, reach=reach)
         assert rows == s["blocks_rows"] and cols == s["blocks_ladder"]
         assert s["blocks"] == (rows if order == "rows" else cols)
 
@@ -116,9 +117,13 @@ def test_loop_order_the_package_takes_is_the_models(captured_machine):
     geometry = gemm.cache_geometry(m.caches)
     order = gemm.loop_order(mr, nr, m.feeds, geometry, threads=m.cores)[0]
     assert gemm.default_order() == order
+    reach = m.feeds["reach_bytes"]
     assert gemm.default_blocks() == gemm.block_sizes(mr, nr, geometry, m.cores,
-                                                     rung5=order == "rows")
-    assert gemm.ladder_blocks() == gemm.block_sizes(mr, nr, geometry, m.cores)
+                                                     rung5=order == "rows", reach=reach)
+    assert gemm.ladder_blocks() == gemm.block_sizes(mr, nr, geometry, m.cores, reach=reach)
+    # the row order's block of B within half the reach chapter 1 measured there
+    b = gemm.order_blocks("rows")
+    assert 4 * b["kc"] * b["nc"] <= reach // 2 or b["nc"] == nr
     assert gemm.kernels().amx == tuple(gemm.amx_blocks(geometry).values())  # the AMX path's
 
 

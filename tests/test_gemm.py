@@ -64,6 +64,15 @@ def test_block_sizes_for_zen3_caches():
     assert b["kc"] == 1194 and b["mc"] == 54
     assert 2 * b["mc"] * b["kc"] * 4 + b["kc"] * b["nc"] * 4 <= 32 << 20
     assert gemm.block_sizes(14, 32, g, threads=2, rung5=True)["kc"] == 512
+    # where the caches' measured reach is 16 MiB, B's block takes at most 8 MiB of it
+    wide = b["nc"]
+    b = gemm.block_sizes(6, 16, g, threads=2, rung5=True, reach=16 << 20)
+    assert b["kc"] == 1194 and b["mc"] == 54 and b["nc"] % 16 == 0
+    assert b["kc"] * b["nc"] * 4 <= 8 << 20 < b["kc"] * (b["nc"] + 16) * 4 and b["nc"] < wide
+    # a reach beyond the L3's space the model fills changes nothing
+    assert gemm.block_sizes(6, 16, g, threads=2, rung5=True, reach=1 << 30)["nc"] == wide
+    # the column order keeps each B sliver in L1 down its column: its block is not capped
+    assert gemm.block_sizes(6, 16, g, threads=2, reach=16 << 20) == gemm.block_sizes(6, 16, g, 2)
 
 
 def test_the_timing_overrules_the_order_model_only_where_it_is_clear():
@@ -104,8 +113,10 @@ def test_the_timed_order_is_the_same_in_every_process(monkeypatch):
 def test_default_blocks_come_from_this_machine(monkeypatch):
     mr, nr = gemm.kernel_shape()
     th = checks.threads(None)
-    assert gemm.order_blocks("rows") == gemm.block_sizes(mr, nr, threads=th, rung5=True)
-    assert gemm.ladder_blocks() == gemm.block_sizes(mr, nr, threads=th)
+    reach = gemm.feeds()["reach_bytes"]  # chapter 1's copy sweep, kept for this machine
+    assert gemm.order_blocks("rows") == gemm.block_sizes(mr, nr, threads=th, rung5=True,
+                                                         reach=reach)
+    assert gemm.ladder_blocks() == gemm.block_sizes(mr, nr, threads=th, reach=reach)
     model = gemm.loop_order(mr, nr, gemm.feeds(), threads=th)[0]
     if not os.environ.get(gemm.ORDER_ENV):
         assert gemm.kernels().order_model == model

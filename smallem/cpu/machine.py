@@ -461,7 +461,8 @@ def measure_stream_point(s: Stream, kernel: str, ws_bytes: int, threads: int,
 
 # ---------------------------------------------------------------- what the GEMM's model weighs
 
-FEEDS_VERSION = 3  # bump when feeds() measures differently: older files are measured again
+FEED_RUN_BYTES = 1024**3  # bytes a run of the L3 triad moves (measure_feeds)
+FEEDS_VERSION = 4  # bump when feeds() measures differently: older files are measured again
 
 
 def feeds(level: str, refresh: bool = False) -> dict:
@@ -651,7 +652,9 @@ def measure_feeds(level: str, repeats: int = 5) -> dict:
     ws = int(math.sqrt(2 * l2 * l3 / 2)) // 4096 * 4096  # between the L2s and the L3
     s = Stream(ws, cores)
     n = ws // 24
-    reps = max(1, int(64 * 1024**2 // (n * 24)))
+    # a GiB a run (about 10 ms): runs of 64 MiB, half a millisecond, read the 2-core Zen 3's
+    # L3 at 29 GB/s a core where runs of a GiB and chapter 1's sweep read 60-70
+    reps = max(1, int(FEED_RUN_BYTES // (n * 24)))
     s.run("triad", n, reps, cores)
     t = measure(lambda: s.run("triad", n, reps, cores), repeats=repeats, warmup=0)
     out["l3_gbs_core"] = t.rate(24.0 * n * reps / 1e9)["max"] / cores

@@ -34,6 +34,8 @@ import numpy as np
 from smallem import checks, ladder
 from smallem.plumbing import build, pool
 from smallem.cpu import isa, machine, machine_info
+from smallem.product.blocks import (  # noqa: F401 (the block model, gemm's names too)
+    b_block_bytes, block_sizes, cache_geometry, l1_ways_for_a, l1_ways_for_b, l2_ways_for_a)
 from smallem.generating.quant import bf16_to_f32, f32_to_bf16  # noqa: F401 (the bf16 format, gemm's names too)
 
 F32, U16 = np.dtype(np.float32), np.dtype(np.uint16)
@@ -61,86 +63,6 @@ def micro_shape(vec_floats: int, registers: int, latency: int = FMA_LATENCY,
     if mr * nr < vec_floats * latency * pipes:
         raise ValueError(f"{mr}x{nr} tile cannot hide a {latency}-cycle FMA on {pipes} pipes")
     return mr, nr
-
-
-def cache_geometry(caches: dict | None = None) -> dict:
-    """Size, ways, line size and instances of L1d, L2, L3, from ``caches`` (default
-    :func:`smallem.cpu.machine_info.caches`); a size or associativity the system does not
-    report takes a common value (32 KiB 8-way, 512 KiB 8-way, 8 MiB 16-way)."""
-    sizes = caches or machine_info.caches()
-    defaults = {"L1d": (32 * 1024, 8), "L2": (512 * 1024, 8), "L3": (8 * 1024**2, 16)}
-    return {name: {"bytes": sizes.get(f"{name}_bytes") or size,
-                   "ways": sizes.get(f"{name}_ways") or ways, "line": 64,
-                   "instances": sizes.get(f"{name}_instances", 1)}
-            for name, (size, ways) in defaults.items()}
-
-
-def l2_ways_for_a(ways: int) -> int:
-    """Ways of the L2 given to the packed block of A: half of them.
-
-    Low et al. give A every way but one spare and one for a B sliver. But the L2 also
-    holds everything the L1 holds (it is inclusive on the cores we measured), the B
-    slivers on their way from L3 to L1, the lines of C each tile reads and writes, and
-    what the hardware prefetchers bring in ahead of those streams; half leaves room for
-    them. `smallem gemm` sweeps MC (table ch2_mc): on the 2-core Zen 3 this was written
-    on, blocks from a quarter to three quarters of the L2 came within a few percent of
-    each other, less than the noise between two runs."""
-    return max(1, ways // 2)
-
-
-def l1_ways_for_b(ways: int) -> int:
-    """Ways of the L1 given to the B sliver in rungs 2 to 4: all but two.
-
-    The B sliver (KC x NR) is the one thing the L1 must keep: every tile of a column
-    reuses it. A's sliver (MR x KC) and C's tile are read once per tile, so they only
-    stream through, and two ways are enough for lines in flight. Low et al. keep A's
-    sliver resident too, which caps KC lower; a larger KC means fewer passes over C
-    (K / KC of them, each reading and writing all of C)."""
-    return max(1, ways - 2)
-
-
-def l1_ways_for_a(ways: int) -> int:
-    """Ways of the L1 given to the A sliver in rung 5: all but one.
-
-    Rung 5 walks its tiles along C's rows, so A's sliver (MR x KC) is the one every
-    tile of a row reuses, and B's slivers stream past it once each, as C's tile does.
-    With B no longer resident, KC is bounded by A's sliver, whose rows are MR floats
-    where B's are NR: on AVX-512's 14 x 32 tile KC more than doubles, and so the
-    passes over C halve. The sweep in table ch2_kc times the final GEMM with A's sliver
-    in more or fewer ways. On 2 Zen 5 cores, timed in turn against rung 4's KC, it was
-    a few percent faster on every square and model shape tried; all ways but two was no
-    faster than all but one, which also puts K = 768 in a single slice.
-    """
-    return max(1, ways - 1)
-
-
-def block_sizes(mr: int, nr: int, geometry: dict | None = None, threads: int = 1,
-                elem: int = 4, rung5: bool = False) -> dict:
-    """KC, MC, NC from the caches, after Low et al. (2016), section 4.
-
-    - L1 keeps the KC x NR sliver of B in all its ways but two (see l1_ways_for_b);
-      with ``rung5``, the MR x KC sliver of A in all its ways but one (l1_ways_for_a).
-    - L2 holds the MC x KC block of A in half its ways (see l2_ways_for_a).
-    - L3 holds the KC x NC block of B beside every thread's block of A, one way spare.
-    """
-    g = geometry or cache_geometry()
-
-    def sets(c):
-        return c["bytes"] // (c["ways"] * c["line"])
-
-    l1, l2, l3 = g["L1d"], g["L2"], g["L3"]
-    way1 = sets(l1) * l1["line"]
-    if rung5:
-        kc = max(1, l1_ways_for_a(l1["ways"]) * way1 // (mr * elem))
-    else:
-        kc = max(1, l1_ways_for_b(l1["ways"]) * way1 // (nr * elem))
-    way2 = sets(l2) * l2["line"]
-    mc = max(mr, l2_ways_for_a(l2["ways"]) * way2 // (kc * elem) // mr * mr)
-    way3 = sets(l3) * l3["line"]
-    a_blocks = max(1, threads // max(1, l3["instances"]))
-    ca3 = math.ceil(a_blocks * mc * kc * elem / way3)
-    nc = max(nr, (l3["ways"] - 1 - ca3) * way3 // (kc * elem) // nr * nr)
-    return {"mc": int(mc), "kc": int(kc), "nc": int(nc)}
 
 
 AMX_MR, AMX_KB = 32, 32  # kernels_c/gemm/bf16.c: rows of A in a block, bf16 of k in a tile row
@@ -311,8 +233,9 @@ def kernels(level: str | None = None, on_pool: bool = False) -> Kernels:
             lib.gemm_micro_shape(mr, nr)
             threads = checks.threads(None)
             # (mc, kc, nc), passed to every call that takes blocks (run_rung, _gemm): C keeps none
-            sets = [tuple(block_sizes(mr[0], nr[0], threads=threads, rung5=r5).values())
-                    for r5 in (True, False)]
+            reach = feeds(level)["reach_bytes"]
+            sets = [tuple(block_sizes(mr[0], nr[0], threads=threads, rung5=r5,
+                                      reach=reach).values()) for r5 in (True, False)]
             model = loop_order(mr[0], nr[0], feeds(level), threads=threads)[0]
             forced = os.environ.get(ORDER_ENV)
             timed = None if forced else timed_orders(level, threads, tuple(sets), ffi, lib)

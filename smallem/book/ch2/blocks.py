@@ -135,8 +135,21 @@ def kc_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         # the measured reason, where it holds: the model's B block is past the L3's plateau
         # and the fastest point's is not
         "ch2.kc_b_past_l3": bool(slow and taken and end
-                                 and b_block(cut(chosen)) > end >= b_block(cut(best)))})
+                                 and b_block(cut(chosen)) > end >= b_block(cut(best))),
+        "ch2.nc5_reach_mib": nc5_reach_mib(rec)})
     return rows, values
+
+
+def nc5_reach_mib(rec: dict) -> float | None:
+    """The caches' reach (MiB, chapter 1's copy sweep) that cut rung 5's N_C, where it did:
+    the record's row-order block is narrower than the L3 model alone gives (None where the
+    reach left it whole, or the record predates the cut)."""
+    s = rec["settings"]
+    reach, rows5, geometry = s.get("blocks_reach"), s.get("blocks_rows"), s.get("cache_geometry")
+    if not (reach and rows5 and geometry):
+        return None
+    whole = gemm.block_sizes(s["mr"], s["nr"], geometry, s["threads"], rung5=True)["nc"]
+    return reach / 2**20 if rows5["nc"] < whole else None
 
 
 def b_packed_whole(rec: dict, N: int, K: int) -> bool | None:

@@ -250,6 +250,7 @@ def _new_record(quick, cores, level, mr, nr, blocks, ladder, n_ladder, sweep) ->
         "cache_geometry": cache_geometry(), "n_ladder": n_ladder, "sweep": sweep,
         "blas": compare.blas_info(), "native_bf16": native_bf16(level), "amx_bf16": amx_bf16(level),
         "bf16_path": bf16_path(level), "order": default_order(level), "feeds": feeds(level),
+        "blocks_reach": feeds(level)["reach_bytes"],
         "amx_blocks": amx_blocks(),
         "order_why": loop_order(mr, nr, feeds(level), threads=cores)[1],
         "order_model": kernels(level).order_model, "order_timed": kernels(level).order_timed,
