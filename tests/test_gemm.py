@@ -932,6 +932,13 @@ def test_the_page_has_one_peak_for_all_cores_and_one_for_one_core(name):
     assert (v["ch2.peak"], v["ch2.peak_core"]) == (figures.fmt(cores, "Gop/s"),
                                                    figures.fmt(one, "Gop/s"))
     assert rows[-1][1] == v["ch2.peak"] and v["ch2.peak_source"] == "chapter 1's record"
+    # each ladder row's share is of the peak of the cores it ran on
+    for row in rows[:-1]:
+        rate = float(row[1].rsplit(" ", 1)[0].replace("\u202f", "").replace(" ", ""))
+        peak = one if row[0].endswith(", 1 thread") else cores
+        shown = row[2].rstrip(" %")  # to the unit, or to a tenth below 10 %
+        share = 100 * rate / peak  # the rate is shown to 3 digits: 0.3 % of it, then rounding
+        assert abs(float(shown) - share) <= 0.003 * share + (0.05 if "." in shown else 0.5)
     pred = ch2.reading.predicted(rec, facts)
     # rung 5: all cores' peak, or its block of B's feed where that binds (test_predicted)
     assert pred[4][0] == one and (pred[5][0] == cores

@@ -23,6 +23,8 @@ PEAK_KINDS = ("f32", "bf16", "int8")
 AMX_KINDS = ("amx_bf16", "amx_int8")  # measured where the CPU has AMX
 DOT_INSTRUCTION = {"bf16": "vdpbf16ps", "int8": "vpdpbusd",
                    "amx_bf16": "tdpbf16ps", "amx_int8": "tdpbssd"}
+# what the dot probes time where the CPU lacks the instruction (kernels_c/probes.c's fallbacks)
+DOT_FALLBACK = {"bf16": "widened to f32, FMAs", "int8": "vpmaddubsw, vpmaddwd, vpaddd"}
 CLOCK_AGREEMENT = 0.10  # the two clocks, and the clock the f32 probe implies, agree this well
 SCALING_FLOOR = 0.75  # all cores below this share of cores x one core: somebody else was running
 ONE_THREAD_FLOOR = 0.85  # one thread below this share of all cores' rate per core: disturbed

@@ -14,8 +14,8 @@ from smallem.cpu import isa, machine
 from smallem.cpu.machine import (FMA_PIPES, MUL_LATENCY, STREAM_KERNELS, GiB, KiB, MiB, core_facts,
                                  peak_theory)
 from .. import compare, figures, records, reference
-from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_INSTRUCTION, ONE_THREAD_FLOOR, RECORD,
-                        SCALING_FLOOR, THEORY_BAND)
+from .measuring import (AMX_KINDS, CLOCK_AGREEMENT, DOT_FALLBACK, DOT_INSTRUCTION,
+                        ONE_THREAD_FLOOR, RECORD, SCALING_FLOOR, THEORY_BAND)
 from .disturbed import PEAK_NAMES, disturbed, unscaled_peaks, disturbed_note as _disturbed_note  # noqa: F401
 from .roofline import roofline_figure  # noqa: F401  (later chapters place their kernels on it)
 from .staircase import (DISTINCT, LEVELS, level_sizes, plateaus, spans,  # noqa: F401
@@ -269,7 +269,7 @@ def _table(rec: dict, sm: dict) -> list[list]:
     low, unscaled = disturbed(sm), unscaled_peaks(sm)
 
     def peak_row(kind, what):
-        nat = "" if sm["native"][kind] else " (emulated)"
+        nat = "" if sm["native"][kind] else f": {fallback_name(kind)}"
         mark = " †" if kind in low else ""
         short = " ‡" if kind in unscaled else ""
         return [f"{what}{nat}", f(sm["peak"][(kind, 1)], "Gop/s") + mark,
@@ -285,8 +285,10 @@ def _table(rec: dict, sm: dict) -> list[list]:
         ["f32 FMA peak, theoretical", f(th["gops_per_core"], "Gop/s"),
          f(th["gops_all"], "Gop/s")] + none,
         peak_row("f32", "f32 FMA peak, measured") + ref_peak,
-        peak_row("bf16", f"bf16 dot peak ({DOT_INSTRUCTION['bf16']})") + none,
-        peak_row("int8", f"int8 dot peak ({DOT_INSTRUCTION['int8']})") + none,
+        peak_row("bf16", "bf16 dot peak" + (f" ({DOT_INSTRUCTION['bf16']})"
+                                             if sm["native"]["bf16"] else "")) + none,
+        peak_row("int8", "int8 dot peak" + (f" ({DOT_INSTRUCTION['int8']})"
+                                             if sm["native"]["int8"] else "")) + none,
     ]
     rows += [peak_row(k, f"AMX {k[4:]} tile peak ({DOT_INSTRUCTION[k]})") + none
              for k in AMX_KINDS if (k, 1) in sm["peak"]]
@@ -649,6 +651,11 @@ def table_markdown(rec: dict) -> str:
              f"thread's.")
 
 
+def fallback_name(kind: str) -> str:
+    """What the bf16 or int8 dot probe timed on a CPU without the instruction."""
+    return f"{DOT_FALLBACK[kind]} (the probe's fallback: no {DOT_INSTRUCTION[kind]})"
+
+
 def narrow_paths(sm: dict) -> dict:
     """For bf16 and int8: [(path, Gop/s on one core, on all cores)] measured here, fastest last.
 
@@ -657,12 +664,12 @@ def narrow_paths(sm: dict) -> dict:
     """
     cores = sm["cores"]
     out = {}
-    for kind, widened in (("bf16", "widened to f32, FMAs"), ("int8", None)):
+    for kind in ("bf16", "int8"):
         rows = []
-        if widened:
-            rows.append((f"{widened} (at most the f32 peak)", sm["peak"]["f32", 1],
+        if kind == "bf16" and sm["native"][kind]:  # else the probe timed the widening itself
+            rows.append((f"{DOT_FALLBACK[kind]} (at most the f32 peak)", sm["peak"]["f32", 1],
                          sm["peak"]["f32", cores]))
-        dot = DOT_INSTRUCTION[kind] if sm["native"][kind] else f"{kind} fallback without it"
+        dot = DOT_INSTRUCTION[kind] if sm["native"][kind] else fallback_name(kind)
         rows.append((dot, sm["peak"][kind, 1], sm["peak"][kind, cores]))
         if ("amx_" + kind, 1) in sm["peak"]:
             rows.append((f"AMX tiles, {DOT_INSTRUCTION['amx_' + kind]}",

@@ -143,9 +143,8 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
 
 
 def _peak(rec: dict, rec_dir) -> tuple[float, str]:
-    """The page's one f32 peak on all cores, for every '% of peak': chapter 1's FMA probe from
-    its record (the peak its roofline, chapter 1 and the home page show, and the same run as
-    the one-core peak of :func:`_peak_core`), else this run's own run of the probe."""
+    """The page's one f32 peak on all cores: chapter 1's FMA probe from its record (the peak
+    its roofline and the home page show, the run of :func:`_peak_core`), else this run's."""
     facts = ch1.facts(rec_dir)
     if facts is None:
         return records.value(rec, "peak_f32"), "this run's probe"
@@ -153,8 +152,7 @@ def _peak(rec: dict, rec_dir) -> tuple[float, str]:
 
 
 def _peak_core(rec: dict, rec_dir) -> float:
-    """One core's f32 peak for the rungs that run on one core: chapter 1's one-core probe
-    where its record exists, else the page's peak shared by the cores."""
+    """One core's f32 peak: chapter 1's one-core probe, else the page's peak over the cores."""
     facts = ch1.facts(rec_dir)
     if facts is None:
         return _peak(rec, rec_dir)[0] / rec["settings"]["threads"]
@@ -234,7 +232,8 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
     numpy_all = records.value(rec, "numpy", threads=cores, M=n)
     numpy_one = records.value(rec, "numpy", threads=1, M=n)
     pred = predicted(rec, ch1.facts(rec_dir))
-    rows, gains = _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one)
+    rows, gains = _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one,
+                                _peak_core(rec, rec_dir))
     final = records.value(rec, "rung", rung=LADDER["threads"].index, M=n)
     naive = records.value(rec, "rung", rung=LADDER["naive"].index, M=n)
     values = {
@@ -344,14 +343,14 @@ def _levels(rec: dict, rec_dir) -> dict:
             "ch2.l2_plateau_end": compare.size(end / 1024)}
 
 
-def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
-    """The ladder table's rows, and each rung's gain over the one before (by place)."""
+def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one, peak_one):
+    """The ladder's rows (each share of its cores' peak), each rung's gain over the last."""
     f = figures.fmt
     rows = [[f"numpy (OpenBLAS), {cores} threads", f(numpy_all, "Gop/s"),
              f"{100 * numpy_all / peak:.0f} %", "", "—", "—", "—", "—"]]
     if cores != 1:
         rows.append([f"numpy (OpenBLAS), 1 thread", f(numpy_one, "Gop/s"),
-                     f"{100 * numpy_one / peak:.0f} %", "", "—", "—", "—", "—"])
+                     f"{100 * numpy_one / peak_one:.0f} %", "", "—", "—", "—", "—"])
     prev = None
     ref = {LADDER["naive"].index: reference.CH2_GEMM_1024_NAIVE_GOPS,
            LADDER["threads"].index: reference.CH2_GEMM_1024_FINAL_GOPS}
@@ -360,8 +359,9 @@ def _ladder_table(rec, n, cores, peak, peak_src, pred, numpy_all, numpy_one):
         g = records.value(rec, "rung", rung=rung.index, M=n)
         gains[rung.index] = g / prev if prev else float("nan")
         th = cores if rung.threaded else 1
+        of = g / (peak if th > 1 else peak_one)
         rows.append([f"{rung.label}, {th} thread{'s' if th > 1 else ''}", f(g, "Gop/s"),
-                     f"{100 * g / peak:.1f} %" if g / peak < 0.1 else f"{100 * g / peak:.0f} %",
+                     f"{100 * of:.1f} %" if of < 0.1 else f"{100 * of:.0f} %",
                      f"× {f(g / prev)}" if prev else "",
                      f"{f(pred[rung.index][0], 'Gop/s')} ({pred[rung.index][1]})"
                      if rung.index in pred else "no chapter 1 record",
@@ -736,7 +736,7 @@ def report(rec_dir) -> dict:
     note = f"This machine: {figures.machine_line(rec)}; numpy: {_blas_line(rec)}."
     rows, values = ladder_rows(rec, rec_dir)
     figures.write_table("ch2_ladder", rows,
-                        ["Rung", f"Gop/s, {rec['settings']['n_ladder']}³", "of peak", "gain",
+                        ["Rung", f"Gop/s, {rec['settings']['n_ladder']}³", "of its cores' peak", "gain",
                          "predicted (what bounds it)", "of predicted", "Reference, per core",
                          f"Reference: {reference.MACHINE.split(' vs ')[0]}, "
                          f"{reference.CORES} threads"],

@@ -28,7 +28,10 @@ def _peak(rec_dir, kind: str, threads: int):
 def _peaks(rec, rec_dir, threads: int) -> dict:
     """Chapter 1's f32 peak and the bf16 peak of the path the step's bf16 products ran on:
     the AMX tiles' (tdpbf16ps) where the bf16 path is AMX and chapter 1 measured it, else the
-    vdpbf16ps probe's; "bf16_kind" names which."""
+    vdpbf16ps probe's; "bf16_kind" names which. None where the bf16 products widen to f32
+    (a CPU with neither): they run on the f32 FMAs, whose peak is then their precision's."""
+    if rec["settings"].get("bf16_path") == "widen":
+        return {"f32": _peak(rec_dir, "f32", threads), "bf16": None, "bf16_kind": None}
     amx = rec["settings"].get("bf16_path") == "amx" and _peak(rec_dir, "amx_bf16", threads)
     kind = "amx_bf16" if amx else "bf16"
     return {"f32": _peak(rec_dir, "f32", threads), "bf16": _peak(rec_dir, kind, threads),

@@ -228,7 +228,7 @@ def _rung_rows(rungs, toks, pred, cells, peaks, fpt, values) -> list[list[str]]:
             against = cell(rungs[i], rungs[before])
         else:  # the numpy reference is timed on its own: a ratio, no rounds
             against = f(toks[i] / toks[before]) + "× (timed apart)"
-        kind = "bf16" if kw["backend"] == "bf16" else "f32"
+        kind = "bf16" if kw["backend"] == "bf16" and peaks["bf16"] else "f32"  # else widened
         fpt_i = rungs[i]["params"].get("flops_per_token", fpt) if i in rungs else fpt
         switches_ = ", ".join(f"{k}={v}" for k, v in kw.items() if k != "backend")
         bound = i in pred and i not in cells  # rungs 0 and 1: a bound, not a change
