@@ -27,14 +27,15 @@ from .measuring import AT, RUNGS
 
 TOLERANCE = 1.5  # "as predicted": the same sign, and within this factor of the prediction
 
+# the table's cell for each outcome: the prediction's verdict in the book's three words first
 OUTCOMES = {
-    "small": "predicted too small for the rounds to show, and within the noise",
-    "beyond": "predicted too small for the rounds to show, yet measured",
-    "as": f"as predicted (within a factor of {TOLERANCE:g})",
-    "parts": f"within a factor of {TOLERANCE:g} in total, not in its parts",
-    "missed": f"the predicted direction, outside a factor of {TOLERANCE:g}",
-    "unseen": "predicted, not seen: within the noise",
-    "against": "measured against the prediction's direction",
+    "small": "not shown: predicted below the rounds' spread, and within the noise",
+    "beyond": "not reached: predicted below the rounds' spread, yet measured",
+    "as": f"reached: the predicted direction, within a factor of {TOLERANCE:g}",
+    "parts": f"not reached: within a factor of {TOLERANCE:g} in total, not in its parts",
+    "missed": f"not reached: the predicted direction, outside a factor of {TOLERANCE:g}",
+    "unseen": "not shown: within the noise",
+    "against": "not reached: measured against the predicted direction",
 }
 
 
@@ -137,7 +138,10 @@ def switches(rungs: dict, toks: dict, pred: dict, parts_missed=frozenset()) -> t
 
 
 def outcome_note() -> str:
-    return ("Predicted change: the rung's prediction over the rung before's measured step. "
+    return ("The prediction is reached where the rounds tell the two steps apart and the "
+            "change they show is one it allows, not reached where they show one it does not, "
+            "not shown where they do not tell the steps apart. "
+            "Predicted change: the rung's prediction over the rung before's measured step. "
             "A change is too small for the rounds to show where it is under half the "
             "interquartile range of the per-round changes. A measured change is as predicted "
             f"where it has the predicted sign and is within a factor of {TOLERANCE:g} of the "

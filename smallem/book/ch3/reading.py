@@ -163,7 +163,7 @@ def _rungs_table(rec, rec_dir, rungs, step_toks, values):
     figures.write_table(
         "ch3_rungs", rows, ["rung", "switched on", "training speed", "against the rung before",
                             "predicted (from what)", "predicted change",
-                            "what the rounds show", "MFU (f32 peak)",
+                            "the prediction", "MFU (f32 peak)",
                             "MFU (its precision's peak)"],
         f"The {s['config']['name']} step, batch {s['batch_size']} x {s['seq_len']}, "
         f"{th} threads. Rungs 1 and up: one trainer each, timed in turn, "
