@@ -169,14 +169,14 @@ def level_of(facts: dict, nbytes: float, threads: int,
     return "DRAM", ext[th]["DRAM"]["bw"]
 
 
-def ridges(sm: dict, threads: int | None = None) -> dict:
-    """The ridge point of each level, f32 peak over its triad bandwidth (op/byte), on
+def ridges(sm: dict, threads: int | None = None, stream: str = "triad") -> dict:
+    """The ridge point of each level, f32 peak over its ``stream`` bandwidth (op/byte), on
     ``threads`` cores (default: all of them); a level whose plateau was not reached is
     left out. ``sm`` is :func:`summary`'s (or :func:`facts`') dict."""
-    th = threads if threads in sm["triad_plateaus"] else sm["cores"]
+    plateaus = sm[f"{stream}_plateaus"]
+    th = threads if threads in plateaus else sm["cores"]
     peak = sm["peak"][("f32", th)] if ("f32", th) in sm["peak"] else sm["peak"][("f32", sm["cores"])]
-    return {lv: peak / bw for lv in LEVELS
-            if (bw := sm["triad_plateaus"][th].get(lv)) == bw and bw}
+    return {lv: peak / bw for lv in LEVELS if (bw := plateaus[th].get(lv)) == bw and bw}
 
 
 def _listing(words: list[str]) -> str:
@@ -185,11 +185,12 @@ def _listing(words: list[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def ridge_position(sm: dict, intensity: float, threads: int | None = None) -> str:
-    """Where ``intensity`` (op/byte) sits against each level's ridge, as words for a
-    sentence: "left of the DRAM, L3 and L2 ridges (7.76, 1.27 and 1.03 op/byte), right
-    of the L1's (0.45)"."""
-    r = ridges(sm, threads)
+def ridge_position(sm: dict, intensity: float, threads: int | None = None,
+                   stream: str = "triad") -> str:
+    """Where ``intensity`` (op/byte) sits against each level's ridge (on ``stream``), as
+    words for a sentence: "left of the DRAM, L3 and L2 ridges (7.76, 1.27 and 1.03
+    op/byte), right of the L1's (0.45)"."""
+    r = ridges(sm, threads, stream)
     order = [lv for lv in reversed(LEVELS) if lv in r]  # DRAM first: the highest ridge
     left = [lv for lv in order if intensity < r[lv]]
     right = [lv for lv in order if intensity >= r[lv]]

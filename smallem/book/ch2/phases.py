@@ -18,6 +18,14 @@ def pack_b_expect(shares: dict, most: str) -> dict:
             "ch2.phase_others_spread": max(own) / min(own) if own and min(own) > 0 else None}
 
 
+def block_width(rec: dict, N: int) -> float:
+    """The width of a block of B along N, N over the blocks the package's N_C cuts it into:
+    the driver packs A again for every such block (inside its jc loop), so packing A's share
+    of a product weighs as one over this width."""
+    nc = (rec["settings"].get("blocks") or {}).get("nc") or N  # no blocks recorded: N whole
+    return N / -(-N // nc)
+
+
 def pack_a_expect(a_shares: dict, odd: str) -> dict:
     """What 1/N predicts for product ``odd``'s share of packing A from each other product's
     share times its N (``a_shares``: name -> (share in %, N)): the least and the most of

@@ -15,7 +15,7 @@ from .blocks import PREDATES_ROWS, b_packed_whole, kc_rows, rows_fed, sweep_valu
 from .order import order_values
 from .kernel import block_values, latency_values
 from .alone import NOISE, _plateau_of, alone_rows as _alone_rows  # noqa: F401
-from .phases import pack_a_expect, pack_b_expect, phase_gap as _phase_gap
+from .phases import block_width, pack_a_expect, pack_b_expect, phase_gap as _phase_gap
 
 # what a value needs that a record made before rung 5 had blocks of its own lacks
 
@@ -65,10 +65,9 @@ def whole_b_values(rec: dict) -> dict:
     """The chapter's words on packing all of B at once, from the "whole_b" results."""
     f = figures.fmt
     found = {r["params"]["b"]: r for r in records.results(rec, "whole_b")}
-    if set(found) != {"whole", "slices"}:
-        na = "n/a (not measured in this record)"
-        return {k: na for k in ("ch2.whole_b_label", "ch2.whole_b_mib", "ch2.whole_b_slices",
-                                "ch2.whole_b_gops", "ch2.slices_gops", "ch2.whole_b_vs")}
+    if set(found) != {"whole", "slices"}:  # no product's B was small enough at these blocks
+        return dict.fromkeys(("ch2.whole_b_label", "ch2.whole_b_mib", "ch2.whole_b_slices",
+                              "ch2.whole_b_gops", "ch2.slices_gops", "ch2.whole_b_vs"))
     p, w, s = found["whole"]["params"], found["whole"]["value"], found["slices"]["value"]
     return {"ch2.whole_b_label": _short(p["label"]),
             "ch2.whole_b_mib": f"{p['K'] * p['N'] * 4 / 2**20:.0f} MiB",
@@ -96,7 +95,8 @@ def phase_rows(rec: dict) -> tuple[list[list], dict]:
         pct = {k: 100 * ms[k] / busy for k in PHASES}
         wait = pct["wait after packing B"] + pct["wait at the end"]
         name, mib = _short(label), p["K"] * p["N"] * 4 / 2**20
-        shares[name], a_shares[name] = (pct["pack B"], mib, p["M"]), (pct["pack A"], p["N"])
+        shares[name], a_shares[name] = (pct["pack B"], mib, p["M"]), (pct["pack A"],
+                                                                      block_width(rec, p["N"]))
         rows.append([name, f"{p['M']}", figures.fmt(mib, "MiB"),
                      figures.fmt(ms["wall"], "ms"), f"{pct['pack B']:.1f} %",
                      f"{pct['pack A']:.1f} %", f"{pct['tiles']:.1f} %", f"{wait:.1f} %"])
@@ -188,7 +188,7 @@ def predicted(rec: dict, facts: dict | None) -> dict[int, tuple[float, str]]:
     s = rec["settings"]
     n, mr, nr = s["n_ladder"], s["mr"], s["nr"]
     vec = REGISTER_FILE[s["isa"]][0]
-    ghz = facts["clock_ghz"]
+    ghz = facts["theory"]["clock_ghz"]  # the peak's clock: the larger of chapter 1's two chains
     one, cores = facts["peak"][("f32", 1)], facts["peak"][("f32", facts["cores"])]
     caches = facts["record"]["machine"]["caches"]
     out = {}
@@ -242,14 +242,14 @@ def ladder_rows(rec: dict, rec_dir=None) -> tuple[list[list], dict]:
         "ch2.threads": str(cores),
         "ch2.mr": str(s["mr"]), "ch2.nr": str(s["nr"]),
         "ch2.mc": str(ladder["mc"]), "ch2.kc": str(ladder["kc"]), "ch2.nc": str(ladder["nc"]),
+        "ch2.nc_taken": (s.get("blocks") or ladder)["nc"], "ch2.kc_taken": (s.get("blocks") or ladder)["kc"],
+        "ch2.widest_n": str(max(s["sweep"])),
         # typed facts the page chooses its sections by: an older record lacks rung 5's blocks
         "ch2.has_rows_blocks": rows5 is not None,
         "ch2.record_commit": str(rec.get("commit") or "unknown")[:7],
         "ch2.kc5": str(rows5["kc"]) if rows5 else no5,
         "ch2.nc5": str(rows5["nc"]) if rows5 else no5,
-        "ch2.widest_n": str(max(s["sweep"])),
-        "ch2.peak": f(peak, "Gop/s"),
-        "ch2.peak_source": peak_src,
+        "ch2.peak": f(peak, "Gop/s"), "ch2.peak_source": peak_src,
         "ch2.final_gops": f(final, "Gop/s"),
         "ch2.final_pct_peak": f"{100 * final / peak:.0f} %",
         "ch2.final_over_peak": final / peak,

@@ -67,7 +67,9 @@ def _fused_facts(op, un, fu, level, bw, facts, th) -> dict:
     rate = nbytes / fu["seconds"]["median"] / 1e9
     intensity = n_ops / (4.0 * passes)
     peak = _peak_facts(facts, "f32", th) if facts else None
+    d = compare.difference(fu, un)  # the table's test: fused against unfused, round by round
     return {"op": op, "gain": un["seconds"]["median"] / fu["seconds"]["median"] - 1,
+            "shown": d.sign != 0 and (d.sign > 0) == (d.pct > 0),
             "level": level, "bw": bw, "rate": rate, "of_bound": rate / bw if bw else None,
             "mib": nbytes / 2**20, "right_of_ridge": bool(peak and bw and intensity >= peak / bw)}
 
@@ -84,7 +86,8 @@ def _fused_values(ops: list[dict], facts, th, rec, values) -> None:
     took them to spill at."""
     best, worst = max(ops, key=lambda o: o["gain"]), min(ops, key=lambda o: o["gain"])
     values.update({"ch3.fused_best_op": best["op"], "ch3.fused_best_gain": best["gain"],
-                   "ch3.fused_worst_op": worst["op"], "ch3.fused_worst_gain": worst["gain"]})
+                   "ch3.fused_worst_op": worst["op"], "ch3.fused_worst_gain": worst["gain"],
+                   "ch3.fused_best_shown": best["shown"], "ch3.fused_worst_shown": worst["shown"]})
     known = [o for o in ops if o["of_bound"] is not None]
     below = [o for o in known if o["of_bound"] <= 1 + NOISE]
     above = [o for o in known if o["of_bound"] > 1 + NOISE]

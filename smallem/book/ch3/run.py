@@ -15,7 +15,7 @@ RUN_KEYS = (
     "corpus_sha", "modern_final_bpb", "modern_steps", "modern_tokens_per_s", "run_budget",
     "run_common_s", "run_long", "run_seconds", "run_short", "run_steps_s", "run_winner",
     "s_final_bpb", "s_steps", "s_tokens_per_s", "size_measured", "size_rows", "size_fastest",
-    "size_run_rung", "size_run_vs_fastest", "size_run_gap",
+    "size_run_rung", "size_run_vs_fastest", "size_run_gap", "size_run_slower",
 )
 
 
@@ -71,13 +71,17 @@ def size_values(rec, runs) -> dict:
                      and r.run.get("pool", False) == runs["f32"].get("pool", False)), None)
     if not found or run_rung not in found:
         return {"ch3.size_measured": False, "ch3.size_rows": None, "ch3.size_fastest": None,
-                "ch3.size_run_rung": None, "ch3.size_run_vs_fastest": None, "ch3.size_run_gap": None}
+                "ch3.size_run_rung": None, "ch3.size_run_vs_fastest": None, "ch3.size_run_gap": None,
+                "ch3.size_run_slower": None}
     fastest = max(found, key=lambda i: records.median(found[i]))
     return {"ch3.size_measured": True,
             "ch3.size_rows": [[i, RUNGS[i].what, records.median(found[i])] for i in sorted(found)],
             "ch3.size_fastest": fastest, "ch3.size_run_rung": run_rung,
             "ch3.size_run_vs_fastest": (compare.versus(found[run_rung], found[fastest])
                                         if fastest != run_rung else None),
+            # typed: the rounds' test shows the run's rung slower than the fastest
+            "ch3.size_run_slower": (fastest != run_rung
+                                    and compare.difference(found[run_rung], found[fastest]).sign < 0),
             # the f32 run's own rate (its tokens over its training time) against its rung's
             # timed median at this size, as a signed fraction
             "ch3.size_run_gap": (_run_rate(runs["f32"]) / records.median(found[run_rung]) - 1

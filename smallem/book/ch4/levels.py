@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from smallem.generating.decode import Decoder
-from .. import ch1
+from .. import ch1, records
 from .balance import AT, _one
 
 
@@ -115,3 +115,23 @@ def threshold_fork_join(rec, facts) -> float | None:
         return None
     _, gbs = ch1.level_of(facts, p["weight_bytes"], 1, ch1.read_stream(facts))
     return 1e6 * p["par_min_bytes"] / Decoder.SYNC_SHARE / (gbs * 1e9) if gbs else None
+
+
+def study_above(facts, widths, by, noise: float) -> dict:
+    """The study's model, int8 or f32, whose weights held in DRAM streamed furthest above
+    chapter 1's DRAM bound, where that is by more than ``noise`` and not the largest model
+    (whose share the page gives itself): its share, parameters, kind and weights' MiB
+    (typed, None each where none is)."""
+    found = None
+    for d in widths[:-1]:
+        for kind in ("int8", "f32"):
+            r = by.get((d, kind))
+            h = r and holding(facts, r["params"]["weight_bytes"], r["params"]["threads"])
+            if not h or h["level"] != "DRAM":
+                continue
+            share = records.median(r) * r["params"]["weight_bytes"] / h["bw"]
+            if share > 1 + noise and (found is None or share > found[0]):
+                found = (share, r["params"]["params"] / 1e6, kind, r["params"]["weight_bytes"] / 2**20)
+    keys = ("ch4.study_above_share", "ch4.study_above_mparams", "ch4.study_above_kind",
+            "ch4.study_above_mib")
+    return dict(zip(keys, found or (None,) * 4))

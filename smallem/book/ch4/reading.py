@@ -13,7 +13,7 @@ from .. import ch1, compare, figures, records, reference
 from . import llama
 from .balance import AT, _one, balance, top_rung  # noqa: F401  (AT, top_rung: read by others)
 from .levels import _kv_bytes, _l3_end, core_holding, holding, level_ends, stream_name  # noqa: F401
-from .levels import attention_from, one_core_bytes, threshold_fork_join
+from .levels import attention_from, one_core_bytes, study_above, threshold_fork_join
 from .fresh import PROCESS_SPREAD, processes as _processes
 from .peers import _equal_cells, peer_rows
 from smallem.training.model import CONFIGS, get_config
@@ -260,8 +260,8 @@ def _ladder_values(rec, facts, s, cfg, values) -> None:
     values["ch4.llama_reps"] = str(s.get("llama_reps", "one (a record made before steady state)"))
     _peer_values(rec, values)
     # a product y = x W reads each f32 weight (4 bytes) for one multiply-add (2 operations)
-    values["ch4.f32_ridges"] = (ch1.ridge_position(facts, 2 / 4, rec["settings"]["threads"])
-                                if facts else "n/a (no chapter-1 record)")
+    values["ch4.f32_ridges"] = (ch1.ridge_position(facts, 2 / 4, rec["settings"]["threads"],
+                                                   ch1.read_stream(facts)) if facts else None)
     c = s["config"]
     values["ch4.ladder_regions"] = 5 * c["n_layer"] + 1  # 4 products, 1 attention a block, the head
     values["ch4.kv_mib"] = compare.size(2 * c["n_layer"] * c["context"] * c["d_model"] * 4 / 1024)
@@ -462,6 +462,7 @@ def _study(rec, facts, values):
     _study_figure(rec, facts, widths, by, lla)
     out = _study_l3(facts, widths, by, lla, values)
     out += _study_big(facts, widths[-1], by, lla, values)
+    values.update(study_above(facts, widths, by, NOISE))
     _study_small(rec, facts, widths[0], by, values)
     return out
 
@@ -542,8 +543,10 @@ def _study_l3(facts, widths, by, lla, values) -> list[str]:
         m8, m32 = by[mid[-1], "int8"], by[mid[-1], "f32"]
         values["ch4.mid_params"] = f(m8["params"]["params"] / 1e6, "M parameters")
         values["ch4.mid_int8_vs_f32"] = _ratio(m8, m32)
+        # the gain fewer bytes alone give, had both come from one level
+        values["ch4.mid_bytes_ratio"] = m32["params"]["weight_bytes"] / m8["params"]["weight_bytes"]
     else:
-        values["ch4.mid_params"] = values["ch4.mid_int8_vs_f32"] = None
+        values["ch4.mid_params"] = values["ch4.mid_int8_vs_f32"] = values["ch4.mid_bytes_ratio"] = None
     return out
 
 
@@ -742,7 +745,8 @@ def report(rec_dir) -> dict:
                 "ch4.rung5_vs_rung4", "ch4.small_largest_kib", "ch4.small_par_min_kib",
                 "ch4.fork_join_us", "ch4.regions", "ch4.study_layers", "ch4.ladder_regions", "ch4.sync_share", "ch4.above_rung", "ch4.llama_f32_share",
                 "ch4.above_share", "ch4.above_level", "ch4.above_mib", "ch4.above_level_mib",
-                "ch4.above_others",
+                "ch4.above_others", "ch4.study_above_share", "ch4.study_above_mparams",
+                "ch4.study_above_kind", "ch4.study_above_mib", "ch4.mid_bytes_ratio",
                 "ch4.big_resident_gbs", "ch4.big_f32_share", "ch4.l3_end_mib", "ch4.gap_rungs", "ch4.int8_peak_binds", "ch4.l2_end_mib", "ch4.rung0_prefix",
                 "ch4.rung5_prompt_of_bound", "ch4.f32_vs_llama", "ch4.f32_vs_llama_sign",
                 "ch4.q_context", "ch4.block_products", "ch4.rung4_team_n", "ch4.rung5_team_n", "ch4.rung4_attn_from", "ch4.first_timed",

@@ -132,13 +132,13 @@ ROWS = (
     ("ch2", "1024³ product, three loops", "machines.naive_gops", "2-matmul.md#rung-0-three-loops"),
     ("ch2", "1024³ product, top f32 rung", "machines.final_gops", "2-matmul.md#rung-5-threads"),
     ("ch2", "top f32 rung's share of the f32 peak", "machines.final_share", "2-matmul.md#rung-5-threads"),
-    ("ch2", "loop order the model chose", "ch2.order", "2-matmul.md#the-packages-gemm"),
+    ("ch2", "loop order the package took (the model's, unless the timing overruled it)", "ch2.order", "2-matmul.md#the-packages-gemm"),
     ("ch2", "micro-kernel (rows x columns)", "machines.tile", "2-matmul.md#rung-3-the-micro-kernel-in-registers"),
     ("ch2", "blocks mc, kc, nc of that order", "machines.blocks", "2-matmul.md#block-sizes-from-the-caches-not-from-tuning"),
     ("ch2", "bf16 path chosen", "ch2.bf16_chosen", "2-matmul.md#bf16-inputs"),
     ("ch3", "xl step, kernels (f32)", "machines.step_toks", "3-training.md#the-climb"),
     ("ch3", "xl step, top of the climb", "ch3.climb_top_toks", "3-training.md#the-climb"),
-    ("ch3", "f32 step's share of the f32 peak (MFU, the climb's rung 3)", "machines.step_share", "3-training.md#the-climb"),
+    ("ch3", "f32 step's share of the f32 peak (MFU, the climb's top f32 rung)", "machines.step_share", "3-training.md#the-climb"),
     ("ch3", "modern block with Muon, the climb's batch", "ch3.rung7_toks", "3-training.md#the-modern-block-and-muon"),
     ("ch4", "generation, first rung", "ch4.rung0_toks", "4-generation.md#the-ladder"),
     ("ch4", "generation, top rung", "machines.gen_top", "4-generation.md#the-ladder"),
@@ -235,14 +235,16 @@ def _ch3_numbers(rec_dir: Path, facts: dict) -> dict:
     out: dict = {}
     if records.exists("ch3.train_step", rec_dir):
         rec = records.load("ch3.train_step", rec_dir)
-        from ..ch3.reading import AT
+        from ..ch3.reading import AT, F32_TOP
         step = records.results(rec, "rung_step", rung=AT["arena"])
+        # the share of the peak: the climb's top f32 rung, as the reference's is its final step
+        top = records.results(rec, "rung_step", rung=F32_TOP) or step
         if step and "flops_per_token" in rec["settings"]:
             toks = records.median(step[0])
             peak = {t: v for (k, t), v in facts["peak"].items() if k == "f32"}
             p = peak.get(rec["settings"]["threads"], peak[max(peak)])
             out["step_toks"], out["step_peak"] = toks, p
-            out["step_share"] = toks * rec["settings"]["flops_per_token"] / (p * 1e9)
+            out["step_share"] = records.median(top[0]) * rec["settings"]["flops_per_token"] / (p * 1e9)
     return out
 
 
@@ -580,7 +582,7 @@ def glance_rows(values: dict, rec_dir: Path, gpu: dict | None):
          + (f" ({values['ch3.climb_top']})" if values.get("ch3.climb_top") else ""),
          "—", gnm],
         ["xl step's share of the peak: the reference's final step over its CPU's f32 peak "
-         "(recomputed at this book's FLOPs, chapter 3), ours (the climb's f32 rung 3) over this "
+         "(recomputed at this book's FLOPs, chapter 3), ours (the climb's top f32 rung) over this "
          "machine's, the reference GPU's as its text gives it (its peak unnamed there)",
          f"{100 * ref.CH3_XL_MFU_CPU:.0f} %",
          v("machines.step_share", "3-training.md#the-climb"),

@@ -282,7 +282,10 @@ def _int8_predicted(facts, threads: int, instruction: str) -> dict:
     threads (the median chapter 1 quotes), where it runs on vpdpbusd (chapter 1's int8 probe
     is that instruction), or :func:`_int8_amx_predicted` where it runs on the tiles; None
     where there is no such prediction."""
-    out = {"others.int8_share": INT8_SHARE, "others.int8_peak": None, "others.int8_predicted": None}
+    out = {"others.int8_share": INT8_SHARE, "others.int8_peak": None, "others.int8_predicted": None,
+           # chapter 1's one-core int8 probe where it times the AVX2 fallback the GEMM runs on
+           "others.int8_probe_one": (facts["peak"].get(("int8", 1)) if facts and "vpmaddubsw"
+                                     in instruction else None)}
     out |= _int8_amx_predicted(facts if "tdpbssd" in instruction else None, threads)
     if "vpdpbusd" not in instruction or not facts:
         return out
