@@ -7,7 +7,7 @@ from smallem.product import gemm
 from .. import compare, figures, records
 
 
-MODEL_KEYS = ("ch2.order", "ch2.order_other", "ch2.order_need", "ch2.order_have",
+MODEL_KEYS = ("ch2.order", "ch2.order_other", "ch2.order_need", "ch2.order_have", "ch2.order_need_share",
               "ch2.order_headroom", "ch2.order_bytes_per_op", "ch2.order_forced",
               "ch2.order_model")
 RULE_KEYS = ("ch2.order_timed_n", "ch2.order_timed_rounds", "ch2.order_timed_ahead")
@@ -37,6 +37,8 @@ def order_values(rec: dict, facts: dict | None = None) -> dict:
         "ch2.order_have": f(why["have_gbs"], "GB/s"),
         "ch2.order_headroom": f"{100 * why['headroom']:.0f} %",
         "ch2.order_bytes_per_op": f(why["bytes_per_op"], "byte"),
+        # typed: the row order's need over what each core got from the L3
+        "ch2.order_need_share": why["need_gbs"] / why["have_gbs"] if why["have_gbs"] else None,
         "ch2.order_forced": "set" if (s.get("env") or {}).get(gemm.ORDER_ENV) else "not set",
         # the model's choice, before the timing (gemm.order_rule) kept or overruled it; a
         # record from before the timing took the model's

@@ -180,7 +180,7 @@ def _rung_rows(rec, facts, s, weights, values) -> list[list[str]]:
         elif h:
             where = (f"{h['level']}, whose plateau in chapter 1's {stream_name(facts)} on "
                      f"{figures.plural(th, 'thread')} ends at {compare.size(h['size'] / 1024)}"
-                     if h["level"] != "DRAM" else "DRAM")
+                     if h["level"] != "DRAM" else f"DRAM, read on {figures.plural(th, 'thread')}")
             bound_cell = (f"{f(h['bw'] / data, 'tokens/s')}: {100 * share:.0f} % of it "
                           f"({compare.size(data / 1024)} in {where})")
             bound_cell += _int8_ceiling_note(facts, i, th, weights, h["bw"] / data, values)

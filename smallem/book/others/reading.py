@@ -54,7 +54,7 @@ SETTINGS_KEYS = ("others.instruction", "others.prompt_int8", "others.prompt_floa
                  "others.rate_int8", "others.rate_float", "others.int8_instruction",
                  "others.pp_target", "others.rows", "others.bf16_path", "others.prefetch_measured",
                  "others.rate_int8_vector", "others.int8_vector_instruction",
-                 "others.amx_predates", "others.vnni")
+                 "others.amx_predates", "others.vnni", "others.intel")
 
 
 def _missing(note: str) -> dict:
@@ -678,6 +678,8 @@ def _settings(rec, facts, int8_ins: str, pp_target: float) -> dict:
         **_tile_values(rec),
         "others.instruction": s["instruction"],
         "others.vnni": "vpdpbusd" in s["instruction"],  # else AVX2's vpmaddubsw, or plain C
+        # the prefetch paragraph cites Intel's manual: on Intel's cores only it applies as is
+        "others.intel": rec["machine"].get("vendor") == "GenuineIntel",
         "others.prompt_int8": any(r["params"].get("prompt_dtype") == "int8"
                                   for r in records.results(rec, "prefill")),
         "others.prompt_float_dtype": next((r["params"]["prompt_dtype"] for r in
