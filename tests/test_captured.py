@@ -383,3 +383,23 @@ def test_a_disturbed_one_thread_probe_is_measured_again_once(monkeypatch):
         assert peaks["f32", 1]["value"]["median"] == again
         assert bool(warnings) is warned
         assert not warned or warnings[0].startswith("f32 peak: one thread reached only")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rung5_cut_and_pack_a_width_are_read_from_each_record(name):
+    """Chapter 2 says rung 5's N_C was cut by the reach only where the record's row blocks are
+    narrower than the L3 model alone gives, and weighs packing A by a block of B's width."""
+    from smallem.book.ch2 import blocks as ch2blocks, phases
+    rec = captured.load(name).record("ch2.gemm")
+    s = rec["settings"]
+    said = ch2blocks.nc5_reach_mib(rec)
+    if not s.get("blocks_reach") or not s.get("blocks_rows"):
+        assert said is None
+    else:
+        whole = gemm.block_sizes(s["mr"], s["nr"], s["cache_geometry"], s["threads"], rung5=True)
+        assert (said is not None) == (s["blocks_rows"]["nc"] < whole["nc"])
+        if said is not None:
+            assert said == s["blocks_reach"] / 2**20
+    nc = (s.get("blocks") or {}).get("nc")
+    if nc:
+        assert phases.block_width(rec, nc) == nc and phases.block_width(rec, nc + 1) == (nc + 1) / 2
